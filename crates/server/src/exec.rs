@@ -1,0 +1,95 @@
+//! The contract between the network loops and the protocol executors.
+//!
+//! What it is for: a network loop hands an executor the unconsumed input of one connection (or
+//! one UDP datagram's payload) and an output buffer; the executor handles exactly one request
+//! from the front, appends its reply bytes, and says how many bytes it used. The loop repeats
+//! until `Incomplete`, then writes all replies of the batch at once (coalescing).
+//!
+//! What it is not for: I/O. Executors never touch sockets, so they are unit-testable and the
+//! same executor serves TCP and UDP.
+
+use crate::stats::{ServerInfo, ThreadStats};
+use slipstream_store::Store;
+
+/// Which wire protocol a connection speaks; decided by its first byte (0x80 = binary), as
+/// memcached does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Undecided,
+    Text,
+    Binary,
+}
+
+/// Transport the request arrived on; some replies differ (UDP has no `quit`, and large
+/// replies are split into datagrams by the loop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// Per-connection protocol state that outlives one request.
+#[derive(Debug)]
+pub struct ConnState {
+    pub protocol: Protocol,
+    pub transport: Transport,
+    /// Bytes still to discard after an over-size or refused storage command (memcached's
+    /// `conn_swallow`). The text executor drains this before parsing.
+    pub swallow_bytes: usize,
+    /// Binary protocol: replies of quiet commands held back until a non-quiet one.
+    pub quiet_pending: bool,
+}
+
+impl ConnState {
+    pub fn new(transport: Transport) -> ConnState {
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false }
+    }
+}
+
+/// Server-wide settings the executors need (from the command line / config).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Longest request line without a newline before memcached's handling kicks in (2048).
+    pub line_bytes_max: usize,
+    /// `shutdown` command allowed (memcached `-A`).
+    pub shutdown_enabled: bool,
+    /// `flush_all` allowed (memcached `-F` disables it).
+    pub flush_enabled: bool,
+    /// Text reported by `version`.
+    pub version: &'static str,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            line_bytes_max: 2048,
+            shutdown_enabled: false,
+            flush_enabled: true,
+            version: crate::VERSION_STRING,
+        }
+    }
+}
+
+/// Everything an executor may use while handling one request.
+pub struct Ctx<'a> {
+    pub store: &'a Store,
+    /// This thread's counters (no sharing on the hot path).
+    pub stats: &'a ThreadStats,
+    pub settings: &'a Settings,
+    /// Server-wide gauges and all threads' counters, for `stats`.
+    pub server: &'a ServerInfo,
+    pub conn: &'a mut ConnState,
+}
+
+/// What handling one request did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Used this many bytes (> 0) of the input; replies (if any) are in `out`.
+    Consumed(usize),
+    /// The front of the input is not a whole request yet; nothing was consumed.
+    Incomplete,
+    /// Flush `out`, then close the connection (quit, or input memcached answers by closing).
+    Close,
+    /// `shutdown`: flush `out`, then stop the server.
+    Shutdown,
+}

@@ -1,0 +1,17 @@
+//! slipstream-server: the user-space serving path of the Slipstream daemon.
+//!
+//! What it is for: per-core event loops (TCP with SO_REUSEPORT listeners, UDP), connection
+//! buffers with pipelining and reply coalescing, and the executors that tie each memcached
+//! protocol to the store (`memcache_text` for text + meta, `memcache_binary` for binary).
+//!
+//! What it is not for: command-line parsing (the `slipstream` binary) or protocol byte rules
+//! (`slipstream-proto`).
+
+pub mod exec;
+pub mod memcache_binary;
+pub mod memcache_meta;
+pub mod memcache_text;
+pub mod stats;
+
+/// What `version` reports: the memcached protocol level we match, then our own name.
+pub const VERSION_STRING: &str = "1.6.18-slipstream-0.1.0";
