@@ -7,10 +7,13 @@
 //! What it is not for: command-line parsing (the `slipstream` binary) or protocol byte rules
 //! (`slipstream-proto`).
 
+pub mod admin;
 pub mod exec;
+pub mod harness;
 pub mod memcache_binary;
 pub mod memcache_meta;
 pub mod memcache_text;
+pub mod net;
 pub mod stats;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.

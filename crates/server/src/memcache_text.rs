@@ -1,10 +1,1195 @@
-//! Ties the text and meta protocols (`slipstream_proto::{text, meta}`) to the store.
-//! (Stub: being implemented.)
+//! Ties memcached's text protocol (`slipstream_proto::text`) to the store, byte-exact with
+//! memcached 1.6.18: replies, `noreply` suppression, error resynchronisation, counters and the
+//! `stats` family.
+//!
+//! What it is for: handling one text request from the front of a connection's input. Meta
+//! commands (`mg ms md ma mn me`) are recognised here and handed, whole, to
+//! `memcache_meta::execute`.
+//!
+//! Contract this relies on: `out` holds only replies not yet written to the socket (true for
+//! the TCP loop, which flushes before each batch, for UDP and for the harness). memcached drops
+//! all unsent replies when it closes on bad input, on `shutdown`, and on a `get` key over 250
+//! bytes, so this executor clears `out` in those cases.
+//!
+//! What it is not for: protocol byte rules (in `slipstream-proto`), I/O, or buffering — the
+//! network loop owns buffers and must let a connection's input grow to one whole storage
+//! request (line + item) or, for a multiget line, to `text::MULTIGET_LINE_BYTES_MAX_DEFAULT`.
 
 use crate::exec::{Ctx, Step};
+use crate::stats::ThreadStats;
+use slipstream_proto::text::{
+    self, compose_end, compose_number, compose_stat, compose_stat_u64, compose_value, Keys, Limits,
+    Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind, KEY_BYTES_MAX,
+};
+use slipstream_proto::Parsed;
+use slipstream_store::{
+    ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
+};
+use std::sync::atomic::Ordering;
+
+const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 
 /// Handle one text or meta request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
-    let _ = (ctx, input, out);
-    todo!("text executor")
+    // Drain the data block of a refused storage command first (memcached's conn_swallow).
+    if ctx.conn.swallow_bytes > 0 {
+        if input.is_empty() {
+            return Step::Incomplete;
+        }
+        let n = ctx.conn.swallow_bytes.min(input.len());
+        ctx.conn.swallow_bytes -= n;
+        return Step::Consumed(n);
+    }
+    let config = ctx.store.config();
+    let limits = Limits {
+        line_bytes_max: ctx.settings.line_bytes_max,
+        multiget_line_bytes_max: text::MULTIGET_LINE_BYTES_MAX_DEFAULT,
+        item_bytes_max: config.item_bytes_max,
+        cas_enabled: config.cas_enabled,
+    };
+    match text::parse(input, &limits) {
+        Parsed::Incomplete => Step::Incomplete,
+        Parsed::Invalid { error, consumed } => {
+            match error.kind {
+                TextErrorKind::Close => {
+                    // memcached closes without writing the replies it still holds.
+                    out.clear();
+                    return Step::Close;
+                }
+                // memcached counts the set as soon as the data block is read, before checking it.
+                TextErrorKind::BadDataChunk => ThreadStats::incr(&ctx.stats.cmd_set),
+                _ => {}
+            }
+            if let Some(reply) = error.reply() {
+                out.extend_from_slice(reply);
+            }
+            Step::Consumed(consumed)
+        }
+        Parsed::Complete { request, consumed } => run(ctx, request, consumed, input, out),
+    }
+}
+
+/// Append `line` unless the command carried `noreply`.
+#[inline]
+fn reply(out: &mut Vec<u8>, noreply: bool, line: &[u8]) {
+    if !noreply {
+        out.extend_from_slice(line);
+    }
+}
+
+fn run(
+    ctx: &mut Ctx<'_>,
+    request: Request<'_>,
+    consumed: usize,
+    input: &[u8],
+    out: &mut Vec<u8>,
+) -> Step {
+    match request {
+        Request::Get {
+            with_cas,
+            touch_exptime,
+            keys,
+        } => get(ctx, with_cas, touch_exptime, keys, out),
+        Request::Store {
+            cmd,
+            key,
+            flags,
+            exptime,
+            cas_unique,
+            data,
+            noreply,
+        } => store(
+            ctx, cmd, key, flags, exptime, cas_unique, data, noreply, out,
+        ),
+        Request::StoreTooLarge {
+            cmd,
+            key,
+            noreply,
+            swallow_bytes,
+        } => {
+            ThreadStats::incr(&ctx.stats.store_too_large);
+            reply(out, noreply, b"SERVER_ERROR object too large for cache\r\n");
+            ctx.conn.swallow_bytes = swallow_bytes;
+            // memcached: a failed set must not leave the old value readable.
+            if cmd == StoreCmd::Set {
+                ctx.store.unlink(key);
+            }
+        }
+        Request::Delete { key, noreply } => match ctx.store.delete(key, DeleteOpts::default()) {
+            DeleteResult::Deleted => {
+                ThreadStats::incr(&ctx.stats.delete_hits);
+                reply(out, noreply, b"DELETED\r\n");
+            }
+            DeleteResult::NotFound | DeleteResult::Exists => {
+                ThreadStats::incr(&ctx.stats.delete_misses);
+                reply(out, noreply, b"NOT_FOUND\r\n");
+            }
+        },
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        } => {
+            match ctx.store.arith(key, incr, delta, ArithOpts::default()) {
+                ArithResult::Ok { value, .. } => {
+                    ThreadStats::incr(if incr {
+                        &ctx.stats.incr_hits
+                    } else {
+                        &ctx.stats.decr_hits
+                    });
+                    if !noreply {
+                        compose_number(out, value);
+                    }
+                }
+                // Exists needs a CAS, which text incr/decr never sends; treat it as a miss.
+                ArithResult::NotFound | ArithResult::Exists => {
+                    ThreadStats::incr(if incr {
+                        &ctx.stats.incr_misses
+                    } else {
+                        &ctx.stats.decr_misses
+                    });
+                    reply(out, noreply, b"NOT_FOUND\r\n");
+                }
+                ArithResult::NonNumeric => reply(
+                    out,
+                    noreply,
+                    b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                ),
+                ArithResult::NoMemory => reply(out, noreply, b"SERVER_ERROR out of memory\r\n"),
+            }
+        }
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            ThreadStats::incr(&ctx.stats.cmd_touch);
+            if ctx.store.touch(key, exptime) {
+                ThreadStats::incr(&ctx.stats.touch_hits);
+                reply(out, noreply, b"TOUCHED\r\n");
+            } else {
+                ThreadStats::incr(&ctx.stats.touch_misses);
+                reply(out, noreply, b"NOT_FOUND\r\n");
+            }
+        }
+        Request::FlushAll { delay_s, noreply } => {
+            // memcached counts the command before its permission and argument checks.
+            ThreadStats::incr(&ctx.stats.cmd_flush);
+            if !ctx.settings.flush_enabled {
+                reply(out, noreply, b"CLIENT_ERROR flush_all not allowed\r\n");
+            } else if let Some(delay) = delay_s {
+                // memcached treats a negative delay like none: flush now.
+                ctx.store.flush_all(delay.max(0));
+                reply(out, noreply, b"OK\r\n");
+            } else {
+                reply(out, noreply, b"CLIENT_ERROR invalid exptime argument\r\n");
+            }
+        }
+        Request::Version => {
+            out.extend_from_slice(b"VERSION ");
+            out.extend_from_slice(ctx.settings.version.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        // memcached's verbosity only changes its stderr logging; Slipstream's logging is set
+        // on the command line, so the level is accepted and not kept (`stats settings` keeps
+        // printing 0: a per-server place to keep it would need a field in `ServerInfo`).
+        Request::Verbosity { noreply, .. } => reply(out, noreply, b"OK\r\n"),
+        Request::Stats(cmd) => stats(ctx, cmd, out),
+        Request::Quit => return Step::Close,
+        Request::Shutdown(mode) => {
+            if !ctx.settings.shutdown_enabled {
+                out.extend_from_slice(b"ERROR: shutdown not enabled\r\n");
+            } else if mode == ShutdownMode::Invalid {
+                out.extend_from_slice(b"CLIENT_ERROR invalid shutdown mode\r\n");
+            } else {
+                // memcached closes without a reply and without writing the replies it still
+                // holds; `shutdown graceful` differs only in how the server drains, which the
+                // loop decides.
+                out.clear();
+                return Step::Shutdown;
+            }
+        }
+        Request::Meta => return crate::memcache_meta::execute(ctx, input, out),
+    }
+    Step::Consumed(consumed)
+}
+
+fn get(
+    ctx: &mut Ctx<'_>,
+    with_cas: bool,
+    touch_exptime: Option<i64>,
+    keys: Keys<'_>,
+    out: &mut Vec<u8>,
+) {
+    let opts = GetOpts {
+        touch_exptime,
+        bump: true,
+        ..GetOpts::default()
+    };
+    let stats = ctx.stats;
+    for key in keys {
+        if key.len() > KEY_BYTES_MAX {
+            // memcached 1.6.18 culls every reply not yet written to the socket — this
+            // request's VALUEs and those of earlier requests in the same read batch.
+            out.clear();
+            out.extend_from_slice(BAD_FORMAT);
+            return;
+        }
+        let hit = ctx.store.get(key, opts, |o| match o.item {
+            Some(item) => {
+                compose_value(
+                    out,
+                    key,
+                    item.flags,
+                    item.value,
+                    with_cas.then_some(item.cas),
+                );
+                true
+            }
+            None => false,
+        });
+        if touch_exptime.is_some() {
+            // gat/gats count as touches, not gets (memcached's process_get_command).
+            ThreadStats::incr(&stats.cmd_touch);
+            ThreadStats::incr(if hit {
+                &stats.touch_hits
+            } else {
+                &stats.touch_misses
+            });
+        } else {
+            ThreadStats::incr(&stats.cmd_get);
+            ThreadStats::incr(if hit {
+                &stats.get_hits
+            } else {
+                &stats.get_misses
+            });
+        }
+    }
+    compose_end(out);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn store(
+    ctx: &mut Ctx<'_>,
+    cmd: StoreCmd,
+    key: &[u8],
+    flags: u32,
+    exptime: i64,
+    cas_unique: u64,
+    data: &[u8],
+    noreply: bool,
+    out: &mut Vec<u8>,
+) {
+    let mode = match cmd {
+        StoreCmd::Set => SetMode::Set,
+        StoreCmd::Add => SetMode::Add,
+        StoreCmd::Replace => SetMode::Replace,
+        StoreCmd::Append => SetMode::Append,
+        StoreCmd::Prepend => SetMode::Prepend,
+        StoreCmd::Cas => SetMode::Cas,
+    };
+    let opts = StoreOpts {
+        cas: (cmd == StoreCmd::Cas).then_some(cas_unique),
+        ..StoreOpts::default()
+    };
+    let stats = ctx.stats;
+    let result = ctx.store.store(mode, key, data, flags, exptime, opts);
+    // memcached refuses too-large / out-of-memory items before reading the data, so those are
+    // not counted as sets.
+    if !matches!(result, StoreResult::TooLarge | StoreResult::NoMemory) {
+        ThreadStats::incr(&stats.cmd_set);
+    }
+    let line: &[u8] = match result {
+        StoreResult::Stored(_) => {
+            if cmd == StoreCmd::Cas {
+                ThreadStats::incr(&stats.cas_hits);
+            }
+            b"STORED\r\n"
+        }
+        StoreResult::NotStored => b"NOT_STORED\r\n",
+        StoreResult::Exists => {
+            ThreadStats::incr(&stats.cas_badval);
+            b"EXISTS\r\n"
+        }
+        StoreResult::NotFound => {
+            ThreadStats::incr(&stats.cas_misses);
+            b"NOT_FOUND\r\n"
+        }
+        StoreResult::TooLarge => {
+            ThreadStats::incr(&stats.store_too_large);
+            if cmd == StoreCmd::Set {
+                ctx.store.unlink(key);
+            }
+            b"SERVER_ERROR object too large for cache\r\n"
+        }
+        StoreResult::NoMemory => {
+            ThreadStats::incr(&stats.store_no_memory);
+            if cmd == StoreCmd::Set {
+                ctx.store.unlink(key);
+            }
+            b"SERVER_ERROR out of memory storing object\r\n"
+        }
+    };
+    reply(out, noreply, line);
+}
+
+// ---------------------------------------------------------------------------------------------
+// stats
+
+fn rusage_s() -> ((i64, i64), (i64, i64)) {
+    // SAFETY: getrusage only writes into the zero-initialised struct we pass; rusage is plain
+    // data, so an all-zero value is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a live, properly aligned rusage; RUSAGE_SELF is always valid.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    if rc != 0 {
+        return ((0, 0), (0, 0));
+    }
+    (
+        (ru.ru_utime.tv_sec as i64, ru.ru_utime.tv_usec as i64),
+        (ru.ru_stime.tv_sec as i64, ru.ru_stime.tv_usec as i64),
+    )
+}
+
+fn compose_stat_tv(out: &mut Vec<u8>, name: &str, (sec, usec): (i64, i64)) {
+    // memcached prints "%ld.%06ld".
+    let v = format!("{sec}.{usec:06}");
+    compose_stat(out, name, v.as_bytes());
+}
+
+fn yes_no(b: bool) -> &'static [u8] {
+    if b {
+        b"yes"
+    } else {
+        b"no"
+    }
+}
+
+fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
+    match cmd {
+        StatsCmd::General => stats_general(ctx, out),
+        StatsCmd::Settings => stats_settings(ctx, out),
+        StatsCmd::Items => stats_items(ctx, out),
+        StatsCmd::Slabs => stats_slabs(ctx, out),
+        StatsCmd::Sizes => {
+            compose_stat(out, "sizes_status", b"disabled");
+            compose_end(out);
+        }
+        // No per-connection table and no extstore; per-prefix detail is not recorded, so the
+        // dumps are empty (memcached prints the same for nothing recorded).
+        StatsCmd::Conns | StatsCmd::Extstore | StatsCmd::DetailDump | StatsCmd::Cachedump => {
+            compose_end(out)
+        }
+        StatsCmd::Reset => {
+            ctx.server.reset();
+            ctx.store.reset_stats();
+            out.extend_from_slice(b"RESET\r\n");
+        }
+        // Per-prefix detail is not recorded (see DetailDump), so on/off only acknowledge.
+        StatsCmd::DetailOn | StatsCmd::DetailOff => out.extend_from_slice(b"OK\r\n"),
+        StatsCmd::Unknown => out.extend_from_slice(b"ERROR\r\n"),
+    }
+}
+
+/// `stats`: memcached 1.6.18's names, in its order. memcached internals Slipstream does not
+/// have (slab mover, LRU crawler, log watchers, hash table expansion) print 0; Slipstream's own
+/// fast-path counters follow at the end.
+fn stats_general(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+    let t = ctx.server.totals();
+    let s = ctx.store.stats();
+    let (user, system) = rusage_s();
+    let curr_conns = ctx.server.curr_connections.load(Ordering::Relaxed);
+    let u = |out: &mut Vec<u8>, name: &str, v: u64| compose_stat_u64(out, name, v);
+    out.reserve(4096);
+    u(out, "pid", u64::from(ctx.server.pid));
+    u(out, "uptime", ctx.server.uptime_s());
+    u(out, "time", ctx.store.clock().now_unix_s().max(0) as u64);
+    compose_stat(out, "version", ctx.settings.version.as_bytes());
+    compose_stat(out, "libevent", b"slipstream");
+    u(out, "pointer_size", u64::from(usize::BITS));
+    compose_stat_tv(out, "rusage_user", user);
+    compose_stat_tv(out, "rusage_system", system);
+    u(out, "max_connections", ctx.server.conn_limit as u64);
+    u(out, "curr_connections", curr_conns);
+    u(out, "total_connections", t.total_connections);
+    u(out, "rejected_connections", t.rejected_connections);
+    u(out, "connection_structures", curr_conns);
+    for name in [
+        "response_obj_oom",
+        "response_obj_count",
+        "response_obj_bytes",
+        "read_buf_count",
+        "read_buf_bytes",
+        "read_buf_bytes_free",
+        "read_buf_oom",
+        "reserved_fds",
+    ] {
+        u(out, name, 0);
+    }
+    u(out, "cmd_get", t.cmd_get);
+    u(out, "cmd_set", t.cmd_set);
+    u(out, "cmd_flush", t.cmd_flush);
+    u(out, "cmd_touch", t.cmd_touch);
+    u(out, "cmd_meta", t.cmd_meta);
+    u(out, "get_hits", t.get_hits);
+    u(out, "get_misses", t.get_misses);
+    u(out, "get_expired", t.get_expired + s.get_expired);
+    u(out, "get_flushed", t.get_flushed + s.get_flushed);
+    u(out, "delete_misses", t.delete_misses);
+    u(out, "delete_hits", t.delete_hits);
+    u(out, "incr_misses", t.incr_misses);
+    u(out, "incr_hits", t.incr_hits);
+    u(out, "decr_misses", t.decr_misses);
+    u(out, "decr_hits", t.decr_hits);
+    u(out, "cas_misses", t.cas_misses);
+    u(out, "cas_hits", t.cas_hits);
+    u(out, "cas_badval", t.cas_badval);
+    u(out, "touch_hits", t.touch_hits);
+    u(out, "touch_misses", t.touch_misses);
+    u(out, "store_too_large", t.store_too_large);
+    u(out, "store_no_memory", t.store_no_memory);
+    u(out, "auth_cmds", t.auth_cmds);
+    u(out, "auth_errors", t.auth_errors);
+    u(out, "bytes_read", t.bytes_read);
+    u(out, "bytes_written", t.bytes_written);
+    u(
+        out,
+        "limit_maxbytes",
+        ctx.store.config().memory_bytes_max as u64,
+    );
+    u(out, "accepting_conns", 1);
+    u(out, "listen_disabled_num", 0);
+    u(out, "time_in_listen_disabled_us", 0);
+    u(out, "threads", ctx.server.threads as u64);
+    u(out, "conn_yields", t.conn_yields);
+    for name in [
+        "hash_power_level",
+        "hash_bytes",
+        "hash_is_expanding",
+        "slab_reassign_rescues",
+        "slab_reassign_chunk_rescues",
+        "slab_reassign_evictions_nomem",
+        "slab_reassign_inline_reclaim",
+        "slab_reassign_busy_items",
+        "slab_reassign_busy_deletes",
+        "slab_reassign_running",
+        "slabs_moved",
+        "lru_crawler_running",
+        "lru_crawler_starts",
+        "lru_maintainer_juggles",
+        "malloc_fails",
+        "log_worker_dropped",
+        "log_worker_written",
+        "log_watcher_skipped",
+        "log_watcher_sent",
+        "log_watchers",
+        "unexpected_napi_ids",
+        "round_robin_fallback",
+    ] {
+        u(out, name, 0);
+    }
+    u(out, "bytes", s.bytes);
+    u(out, "curr_items", s.curr_items);
+    u(out, "total_items", s.total_items);
+    u(out, "slab_global_page_pool", 0);
+    u(out, "expired_unfetched", s.expired_unfetched);
+    u(out, "evicted_unfetched", s.evicted_unfetched);
+    u(out, "evicted_active", 0);
+    u(out, "evictions", s.evictions);
+    u(out, "reclaimed", s.reclaimed);
+    for name in [
+        "crawler_reclaimed",
+        "crawler_items_checked",
+        "lrutail_reflocked",
+        "moves_to_cold",
+        "moves_to_warm",
+        "moves_within_lru",
+        "direct_reclaims",
+        "lru_bumps_dropped",
+    ] {
+        u(out, name, 0);
+    }
+    // Slipstream's kernel fast path (filled in once it exists).
+    u(out, "fastpath_hits", 0);
+    u(out, "fastpath_misses", 0);
+    u(out, "fastpath_invalidations", 0);
+    compose_end(out);
+}
+
+/// `stats settings`: memcached 1.6.18's names in its order. Tunables Slipstream has print its
+/// values; memcached tunables it has no counterpart for print memcached's defaults.
+fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+    let cfg = ctx.store.config();
+    let info = ctx.server;
+    let st = ctx.settings;
+    let n = |v: u64| v.to_string().into_bytes();
+    let entries: Vec<(&str, Vec<u8>)> = vec![
+        ("maxbytes", n(cfg.memory_bytes_max as u64)),
+        ("maxconns", n(info.conn_limit as u64)),
+        ("tcpport", n(u64::from(info.tcp_port))),
+        ("udpport", n(u64::from(info.udp_port))),
+        ("inter", b"NULL".to_vec()),
+        ("verbosity", n(0)),
+        ("oldest", n(0)),
+        ("evictions", b"on".to_vec()),
+        ("domain_socket", b"NULL".to_vec()),
+        ("umask", b"700".to_vec()),
+        ("shutdown_command", yes_no(st.shutdown_enabled).to_vec()),
+        ("growth_factor", b"1.25".to_vec()),
+        ("chunk_size", n(48)),
+        ("num_threads", n(info.threads as u64)),
+        ("num_threads_per_udp", n(info.threads as u64)),
+        ("stat_key_prefix", b":".to_vec()),
+        ("detail_enabled", b"no".to_vec()),
+        ("reqs_per_event", n(20)),
+        ("cas_enabled", yes_no(cfg.cas_enabled).to_vec()),
+        ("tcp_backlog", n(1024)),
+        ("binding_protocol", b"auto-negotiate".to_vec()),
+        ("auth_enabled_sasl", b"no".to_vec()),
+        ("auth_enabled_ascii", b"no".to_vec()),
+        ("item_size_max", n(cfg.item_bytes_max as u64)),
+        ("maxconns_fast", b"yes".to_vec()),
+        ("hashpower_init", n(0)),
+        ("slab_reassign", b"yes".to_vec()),
+        ("slab_automove", n(1)),
+        ("slab_automove_ratio", b"0.80".to_vec()),
+        ("slab_automove_window", n(30)),
+        ("slab_chunk_max", n(524288)),
+        ("lru_crawler", b"yes".to_vec()),
+        ("lru_crawler_sleep", n(100)),
+        ("lru_crawler_tocrawl", n(0)),
+        ("tail_repair_time", n(0)),
+        ("flush_enabled", yes_no(st.flush_enabled).to_vec()),
+        ("dump_enabled", b"yes".to_vec()),
+        ("hash_algorithm", b"slipstream".to_vec()),
+        ("lru_maintainer_thread", b"yes".to_vec()),
+        ("lru_segmented", b"yes".to_vec()),
+        ("hot_lru_pct", n(20)),
+        ("warm_lru_pct", n(40)),
+        ("hot_max_factor", b"0.20".to_vec()),
+        ("warm_max_factor", b"2.00".to_vec()),
+        ("temp_lru", b"no".to_vec()),
+        ("temporary_ttl", n(61)),
+        ("idle_timeout", n(0)),
+        ("watcher_logbuf_size", n(262144)),
+        ("worker_logbuf_size", n(65536)),
+        ("read_buf_mem_limit", n(0)),
+        ("track_sizes", b"no".to_vec()),
+        ("inline_ascii_response", b"no".to_vec()),
+        ("ext_item_size", n(512)),
+        ("ext_item_age", n(4294967295)),
+        ("ext_low_ttl", n(0)),
+        ("ext_recache_rate", n(2000)),
+        ("ext_wbuf_size", n(4194304)),
+        ("ext_compact_under", n(0)),
+        ("ext_drop_under", n(0)),
+        ("ext_max_sleep", n(1000000)),
+        ("ext_max_frag", b"0.80".to_vec()),
+        ("slab_automove_freeratio", b"0.010".to_vec()),
+        ("ext_drop_unread", b"no".to_vec()),
+        ("ssl_enabled", b"no".to_vec()),
+        ("ssl_chain_cert", b"(null)".to_vec()),
+        ("ssl_key", b"(null)".to_vec()),
+        ("ssl_verify_mode", n(0)),
+        ("ssl_keyformat", n(1)),
+        ("ssl_ciphers", b"NULL".to_vec()),
+        ("ssl_ca_cert", b"NULL".to_vec()),
+        ("ssl_wbuf_size", n(16384)),
+        ("ssl_session_cache", b"no".to_vec()),
+        ("ssl_kernel_tls", b"no".to_vec()),
+        ("ssl_min_version", b"tlsv1.2".to_vec()),
+        ("num_napi_ids", b"(null)".to_vec()),
+        ("memory_file", b"(null)".to_vec()),
+    ];
+    for (name, value) in entries {
+        compose_stat(out, name, &value);
+    }
+    compose_end(out);
+}
+
+/// `stats items`: Slipstream has one item class, reported as memcached's class 1 when it holds
+/// items (memcached lists only non-empty classes).
+fn stats_items(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+    let s = ctx.store.stats();
+    if s.curr_items > 0 {
+        let rows: [(&str, u64); 28] = [
+            ("number", s.curr_items),
+            ("number_hot", 0),
+            ("number_warm", 0),
+            ("number_cold", s.curr_items),
+            ("age_hot", 0),
+            ("age_warm", 0),
+            ("age", s.oldest_item_age_s),
+            ("mem_requested", s.bytes),
+            ("evicted", s.evictions),
+            ("evicted_nonzero", 0),
+            ("evicted_time", 0),
+            ("outofmemory", 0),
+            ("tailrepairs", 0),
+            ("reclaimed", s.reclaimed),
+            ("expired_unfetched", s.expired_unfetched),
+            ("evicted_unfetched", s.evicted_unfetched),
+            ("evicted_active", 0),
+            ("crawler_reclaimed", 0),
+            ("crawler_items_checked", 0),
+            ("lrutail_reflocked", 0),
+            ("moves_to_cold", 0),
+            ("moves_to_warm", 0),
+            ("moves_within_lru", 0),
+            ("direct_reclaims", 0),
+            ("hits_to_hot", 0),
+            ("hits_to_warm", 0),
+            ("hits_to_cold", 0),
+            ("hits_to_temp", 0),
+        ];
+        for (name, v) in rows {
+            compose_stat_u64(out, &format!("items:1:{name}"), v);
+        }
+    }
+    compose_end(out);
+}
+
+/// `stats slabs`: one class (see `stats_items`), then the totals memcached prints.
+fn stats_slabs(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+    let s = ctx.store.stats();
+    let t = ctx.server.totals();
+    let active = u64::from(s.curr_items > 0);
+    if active == 1 {
+        let rows: [(&str, u64); 15] = [
+            ("chunk_size", 0),
+            ("chunks_per_page", 0),
+            ("total_pages", 0),
+            ("total_chunks", s.curr_items),
+            ("used_chunks", s.curr_items),
+            ("free_chunks", 0),
+            ("free_chunks_end", 0),
+            ("get_hits", t.get_hits),
+            ("cmd_set", t.cmd_set),
+            ("delete_hits", t.delete_hits),
+            ("incr_hits", t.incr_hits),
+            ("decr_hits", t.decr_hits),
+            ("cas_hits", t.cas_hits),
+            ("cas_badval", t.cas_badval),
+            ("touch_hits", t.touch_hits),
+        ];
+        for (name, v) in rows {
+            compose_stat_u64(out, &format!("1:{name}"), v);
+        }
+    }
+    compose_stat_u64(out, "active_slabs", active);
+    compose_stat_u64(out, "total_malloced", s.bytes);
+    compose_end(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::Settings;
+    use crate::harness::Harness;
+
+    fn h() -> Harness {
+        Harness::small()
+    }
+
+    /// Feed `input` whole and assert the exact reply.
+    fn check(h: &mut Harness, input: &[u8], want: &[u8]) {
+        let got = h.feed(input);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(want),
+            "input {:?}",
+            String::from_utf8_lossy(input)
+        );
+    }
+
+    fn stat(h: &mut Harness, name: &str) -> u64 {
+        let out = h.feed(b"stats\r\n");
+        let text = String::from_utf8_lossy(&out).into_owned();
+        for line in text.lines() {
+            let mut it = line.split(' ');
+            if it.next() == Some("STAT") && it.next() == Some(name) {
+                return it.next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+            }
+        }
+        panic!("no stat {name} in {text}");
+    }
+
+    #[test]
+    fn set_get_gets_and_storage_words() {
+        let mut h = h();
+        check(&mut h, b"set a 5 0 3\r\nabc\r\n", b"STORED\r\n");
+        check(&mut h, b"get a\r\n", b"VALUE a 5 3\r\nabc\r\nEND\r\n");
+        check(
+            &mut h,
+            b"get a b a\r\n",
+            b"VALUE a 5 3\r\nabc\r\nVALUE a 5 3\r\nabc\r\nEND\r\n",
+        );
+        check(&mut h, b"get zz\r\n", b"END\r\n");
+        let out = h.feed(b"gets a\r\n");
+        let s = String::from_utf8(out).unwrap();
+        let cas: u64 = s
+            .lines()
+            .next()
+            .unwrap()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        check(
+            &mut h,
+            format!("cas a 0 0 1 {}\r\nx\r\n", cas + 1000).as_bytes(),
+            b"EXISTS\r\n",
+        );
+        check(
+            &mut h,
+            format!("cas a 0 0 1 {cas}\r\nx\r\n").as_bytes(),
+            b"STORED\r\n",
+        );
+        check(&mut h, b"cas zz 0 0 1 5\r\nx\r\n", b"NOT_FOUND\r\n");
+        check(&mut h, b"add a 0 0 1\r\ny\r\n", b"NOT_STORED\r\n");
+        check(&mut h, b"replace zz 0 0 1\r\ny\r\n", b"NOT_STORED\r\n");
+        check(&mut h, b"append zz 0 0 1\r\ny\r\n", b"NOT_STORED\r\n");
+        check(
+            &mut h,
+            b"prepend a 0 0 1\r\nP\r\nappend a 0 0 1\r\nA\r\n",
+            b"STORED\r\nSTORED\r\n",
+        );
+        check(&mut h, b"get a\r\n", b"VALUE a 0 3\r\nPxA\r\nEND\r\n");
+        check(
+            &mut h,
+            b"set e 0 0 0\r\n\r\nget e\r\n",
+            b"STORED\r\nVALUE e 0 0\r\n\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"set f 4294967296 0 1\r\nx\r\nget f\r\n",
+            b"STORED\r\nVALUE f 0 1\r\nx\r\nEND\r\n",
+        );
+        assert_eq!(stat(&mut h, "cas_badval"), 1);
+        assert_eq!(stat(&mut h, "cas_hits"), 1);
+        assert_eq!(stat(&mut h, "cas_misses"), 1);
+        assert_eq!(stat(&mut h, "cmd_set"), 11);
+        assert_eq!(stat(&mut h, "cmd_get"), 9);
+        assert_eq!(stat(&mut h, "get_hits"), 7);
+        assert_eq!(stat(&mut h, "get_misses"), 2);
+    }
+
+    #[test]
+    fn noreply_suppresses_everything() {
+        let mut h = h();
+        check(
+            &mut h,
+            b"set a 0 0 1 noreply\r\nx\r\nget a\r\n",
+            b"VALUE a 0 1\r\nx\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"add a 0 0 1 noreply\r\nx\r\ndelete a noreply\r\ndelete a 0 noreply\r\n",
+            b"",
+        );
+        check(
+            &mut h,
+            b"delete a 1 noreply\r\nincr a abc noreply\r\ntouch a abc noreply\r\n",
+            b"",
+        );
+        check(
+            &mut h,
+            b"set a 0 abc 1 noreply\r\nx\r\nversion\r\n",
+            b"ERROR\r\nVERSION 1.6.18-slipstream-0.1.0\r\n",
+        );
+        check(
+            &mut h,
+            b"set a 0 0 1 noreply\r\nxyz\r\nget a\r\n",
+            b"ERROR\r\nEND\r\n",
+        );
+        check(&mut h, b"flush_all noreply\r\nflush_all 0 noreply\r\nverbosity 1 noreply\r\nverbosity noreply\r\n", b"");
+        check(
+            &mut h,
+            b"set n 0 0 1\r\n5\r\nincr n 1 noreply\r\nget n\r\n",
+            b"STORED\r\nVALUE n 0 1\r\n6\r\nEND\r\n",
+        );
+    }
+
+    #[test]
+    fn error_resynchronisation() {
+        let mut h = h();
+        check(&mut h, b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
+        // Bad command line: the data line is read as a command.
+        check(
+            &mut h,
+            b"set a 0 0 -1\r\nget a\r\n",
+            b"CLIENT_ERROR bad command line format\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"set a -1 0 1\r\nx\r\n",
+            b"CLIENT_ERROR bad command line format\r\nERROR\r\n",
+        );
+        check(&mut h, b"set a 0 0\r\nx\r\n", b"ERROR\r\nERROR\r\n");
+        check(&mut h, b"cas a 0 0 1\r\nx\r\n", b"ERROR\r\nERROR\r\n");
+        let long = [b"set ".as_slice(), &[b'k'; 251], b" 0 0 1\r\nx\r\n"].concat();
+        check(
+            &mut h,
+            &long,
+            b"CLIENT_ERROR bad command line format\r\nERROR\r\n",
+        );
+        // Bad data chunk: exactly vlen+2 bytes go, the rest is the next command; old value kept.
+        check(
+            &mut h,
+            b"set a 0 0 1\r\nxyz\r\nget a\r\n",
+            b"CLIENT_ERROR bad data chunk\r\nERROR\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"set a 0 0 1\r\nabcdef get a\r\nget a\r\n",
+            b"CLIENT_ERROR bad data chunk\r\nERROR\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"set a 0 0 1\r\nx\r\r\nget a\r\n",
+            b"CLIENT_ERROR bad data chunk\r\nERROR\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"\r\n\nx\r\nGET a\r\nmisbehave\r\n",
+            b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n",
+        );
+    }
+
+    #[test]
+    fn too_large_swallows_and_unlinks_for_set() {
+        let mut h = h();
+        check(&mut h, b"set b 0 0 1\r\ny\r\n", b"STORED\r\n");
+        let big = vec![b'x'; 2_000_000];
+        let req = [b"add b 0 0 2000000\r\n".as_slice(), &big, b"\r\nget b\r\n"].concat();
+        check(
+            &mut h,
+            &req,
+            b"SERVER_ERROR object too large for cache\r\nVALUE b 0 1\r\ny\r\nEND\r\n",
+        );
+        // The data may arrive in pieces after the refusal.
+        assert_eq!(
+            h.feed(b"set b 0 0 2000000\r\n"),
+            b"SERVER_ERROR object too large for cache\r\n"
+        );
+        for chunk in big.chunks(300_000) {
+            assert_eq!(h.feed(chunk), b"");
+        }
+        check(&mut h, b"\r\nget b\r\n", b"END\r\n");
+        check(
+            &mut h,
+            b"set b 0 0 1\r\ny\r\nset b 0 0 2000000 noreply\r\n",
+            b"STORED\r\n",
+        );
+        check(
+            &mut h,
+            &[big.as_slice(), b"\r\nget b\r\n"].concat(),
+            b"END\r\n",
+        );
+        assert_eq!(stat(&mut h, "store_too_large"), 3);
+    }
+
+    #[test]
+    fn delete_incr_decr_touch() {
+        let mut h = h();
+        check(&mut h, b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
+        check(&mut h, b"delete a 0\r\ndelete a\r\ndelete a 5\r\ndelete b x y z\r\n",
+            b"DELETED\r\nNOT_FOUND\r\nCLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\nERROR\r\n");
+        check(&mut h, b"incr n 1\r\nset n 0 0 2\r\n10\r\nincr n 5\r\ndecr n 100\r\nincr n -1\r\nincr n abc\r\nincr n\r\nincr n 18446744073709551615\r\nincr n 18446744073709551616\r\n",
+            b"NOT_FOUND\r\nSTORED\r\n15\r\n0\r\nCLIENT_ERROR invalid numeric delta argument\r\nCLIENT_ERROR invalid numeric delta argument\r\nERROR\r\n18446744073709551615\r\nCLIENT_ERROR invalid numeric delta argument\r\n");
+        check(&mut h, b"incr n 1\r\n", b"0\r\n");
+        check(&mut h, b"set t 0 0 2\r\nab\r\nincr t 1\r\ndecr zz 1\r\n",
+            b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\nNOT_FOUND\r\n");
+        check(
+            &mut h,
+            b"touch t 10\r\ntouch zz 10\r\ntouch t abc\r\ntouch t\r\n",
+            b"TOUCHED\r\nNOT_FOUND\r\nCLIENT_ERROR invalid exptime argument\r\nERROR\r\n",
+        );
+        check(&mut h, b"gat 100 t zz\r\n", b"VALUE t 0 2\r\nab\r\nEND\r\n");
+        let out = String::from_utf8(h.feed(b"gats 100 t\r\n")).unwrap();
+        assert!(
+            out.starts_with("VALUE t 0 2 ") && out.ends_with("\r\nab\r\nEND\r\n"),
+            "{out}"
+        );
+        check(
+            &mut h,
+            b"gat abc t\r\ngat 10\r\n",
+            b"CLIENT_ERROR invalid exptime argument\r\nEND\r\n",
+        );
+        assert_eq!(stat(&mut h, "delete_hits"), 1);
+        assert_eq!(stat(&mut h, "delete_misses"), 1);
+        assert_eq!(stat(&mut h, "incr_hits"), 3);
+        assert_eq!(stat(&mut h, "incr_misses"), 1);
+        assert_eq!(stat(&mut h, "decr_hits"), 1);
+        assert_eq!(stat(&mut h, "decr_misses"), 1);
+        assert_eq!(stat(&mut h, "cmd_touch"), 5);
+        assert_eq!(stat(&mut h, "touch_hits"), 3);
+        assert_eq!(stat(&mut h, "touch_misses"), 2);
+        assert_eq!(stat(&mut h, "cmd_get"), 0);
+    }
+
+    #[test]
+    fn gat_reply_details() {
+        let mut h = h();
+        check(&mut h, b"set t 3 0 2\r\nab\r\n", b"STORED\r\n");
+        let out = String::from_utf8(h.feed(b"gats 100 t zz\r\n")).unwrap();
+        assert!(
+            out.starts_with("VALUE t 3 2 ") && out.ends_with("\r\nab\r\nEND\r\n"),
+            "{out}"
+        );
+        check(
+            &mut h,
+            b"gat abc t\r\ngat 10\r\n",
+            b"CLIENT_ERROR invalid exptime argument\r\nEND\r\n",
+        );
+        // gat -1 returns the item, which then expires.
+        check(
+            &mut h,
+            b"gat -1 t\r\nget t\r\n",
+            b"VALUE t 3 2\r\nab\r\nEND\r\nEND\r\n",
+        );
+    }
+
+    #[test]
+    fn get_key_too_long_drops_earlier_values() {
+        let mut h = h();
+        check(&mut h, b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
+        let keys: Vec<u8> = (0..40).flat_map(|_| b" a".to_vec()).collect();
+        let req = [
+            b"get".as_slice(),
+            &keys,
+            b" ",
+            &[b'k'; 251],
+            b"\r\nget a\r\n",
+        ]
+        .concat();
+        check(
+            &mut h,
+            &req,
+            b"CLIENT_ERROR bad command line format\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
+        );
+        let ok250 = [b"get ".as_slice(), &[b'k'; 250], b"\r\n"].concat();
+        check(&mut h, &ok250, b"END\r\n");
+        // Many keys (memcached works in 24-token chunks; replies are identical).
+        let many = [b"get".as_slice(), &keys, b"\r\n"].concat();
+        check(
+            &mut h,
+            &many,
+            &b"VALUE a 0 1\r\nx\r\n"
+                .repeat(40)
+                .into_iter()
+                .chain(b"END\r\n".iter().copied())
+                .collect::<Vec<u8>>(),
+        );
+    }
+
+    #[test]
+    fn unsent_replies_are_culled_like_memcached() {
+        let mut h = h();
+        let req = [
+            b"version\r\nget ".as_slice(),
+            &[b'k'; 251],
+            b"\r\nversion\r\n",
+        ]
+        .concat();
+        check(
+            &mut h,
+            &req,
+            b"CLIENT_ERROR bad command line format\r\nVERSION 1.6.18-slipstream-0.1.0\r\n",
+        );
+        check(&mut h, b"version\r\nGET / HTTP/1.0\r\n", b"");
+        assert!(h.closed);
+        let mut h = self::h();
+        h.settings.shutdown_enabled = true;
+        check(&mut h, b"version\r\nshutdown\r\n", b"");
+        assert!(h.shutdown);
+    }
+
+    #[test]
+    fn flush_version_verbosity_quit_shutdown() {
+        let mut h = h();
+        check(
+            &mut h,
+            b"set a 0 0 1\r\nx\r\nflush_all\r\nget a\r\n",
+            b"STORED\r\nOK\r\nEND\r\n",
+        );
+        check(
+            &mut h,
+            b"flush_all 0\r\nflush_all abc\r\nflush_all 1 2 3\r\nflush_all -1\r\n",
+            b"OK\r\nCLIENT_ERROR invalid exptime argument\r\nERROR\r\nOK\r\n",
+        );
+        check(&mut h, b"version\r\nverbosity 1\r\nverbosity\r\nverbosity abc\r\n",
+            b"VERSION 1.6.18-slipstream-0.1.0\r\nOK\r\nERROR\r\nCLIENT_ERROR bad command line format\r\n");
+        check(&mut h, b"shutdown\r\nshutdown graceful\r\nshutdown foo\r\n",
+            b"ERROR: shutdown not enabled\r\nERROR: shutdown not enabled\r\nERROR: shutdown not enabled\r\n");
+        assert_eq!(stat(&mut h, "cmd_flush"), 4);
+        check(&mut h, b"quit\r\nget a\r\n", b"");
+        assert!(h.closed);
+
+        let mut h2 = h2_with(Settings {
+            shutdown_enabled: true,
+            flush_enabled: false,
+            ..Settings::default()
+        });
+        check(
+            &mut h2,
+            b"flush_all\r\nflush_all noreply\r\nshutdown foo\r\n",
+            b"CLIENT_ERROR flush_all not allowed\r\nCLIENT_ERROR invalid shutdown mode\r\n",
+        );
+        check(&mut h2, b"shutdown graceful\r\nversion\r\n", b"");
+        assert!(h2.shutdown);
+    }
+
+    fn h2_with(settings: Settings) -> Harness {
+        let mut h = h();
+        h.settings = settings;
+        h
+    }
+
+    #[test]
+    fn long_lines_close_unless_multiget() {
+        let mut h = h();
+        check(&mut h, &[b'x'; 2048], b"");
+        assert!(!h.closed);
+        check(&mut h, b"x", b"");
+        assert!(h.closed);
+        let mut h = self::h();
+        let mg = [b"get ".as_slice(), &b"a ".repeat(1500)].concat();
+        check(&mut h, &mg, b"");
+        check(&mut h, b"\r\n", b"END\r\n");
+        assert!(!h.closed);
+        let mut h = self::h();
+        check(&mut h, b"foo HTTP/1.1\r\nversion\r\n", b"");
+        assert!(h.closed);
+    }
+
+    #[test]
+    fn stats_family() {
+        let mut h = h();
+        let out = String::from_utf8(h.feed(b"stats\r\n")).unwrap();
+        let names: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("STAT "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        assert_eq!(
+            &names[..6],
+            &[
+                "pid",
+                "uptime",
+                "time",
+                "version",
+                "libevent",
+                "pointer_size"
+            ]
+        );
+        assert!(
+            names.contains(&"curr_items")
+                && names.contains(&"evictions")
+                && names.contains(&"rusage_user")
+        );
+        assert_eq!(
+            &names[names.len() - 3..],
+            &["fastpath_hits", "fastpath_misses", "fastpath_invalidations"]
+        );
+        assert!(out.ends_with("END\r\n"));
+        assert!(out.contains("STAT version 1.6.18-slipstream-0.1.0\r\n"));
+        let settings = String::from_utf8(h.feed(b"stats settings\r\n")).unwrap();
+        assert!(
+            settings.starts_with("STAT maxbytes 8388608\r\n")
+                && settings.contains("STAT item_size_max 1048576\r\n")
+        );
+        check(&mut h, b"stats items\r\n", b"END\r\n");
+        check(&mut h, b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
+        let items = String::from_utf8(h.feed(b"stats items\r\n")).unwrap();
+        assert!(items.starts_with("STAT items:1:number 1\r\n") && items.ends_with("END\r\n"));
+        let slabs = String::from_utf8(h.feed(b"stats slabs\r\n")).unwrap();
+        assert!(slabs.contains("STAT active_slabs 1\r\n") && slabs.ends_with("END\r\n"));
+        check(
+            &mut h,
+            b"stats sizes\r\n",
+            b"STAT sizes_status disabled\r\nEND\r\n",
+        );
+        check(&mut h, b"stats foo\r\nstats detail\r\nstats detail on\r\nstats detail dump\r\nstats detail off\r\n",
+            b"ERROR\r\nCLIENT_ERROR usage: stats detail on|off|dump\r\nOK\r\nEND\r\nOK\r\n");
+        check(&mut h, b"get a\r\n", b"VALUE a 0 1\r\nx\r\nEND\r\n");
+        assert_eq!(stat(&mut h, "get_hits"), 1);
+        check(&mut h, b"stats reset\r\n", b"RESET\r\n");
+        assert_eq!(stat(&mut h, "get_hits"), 0);
+        assert_eq!(stat(&mut h, "curr_items"), 1);
+    }
+
+    #[test]
+    fn every_split_point_gives_the_same_replies() {
+        let script: &[u8] = b"set a 1 0 5\r\nhello\r\nget a b\r\nappend a 0 0 1\r\n!\r\ngets zz\r\n\
+            incr a 1\r\nset n 0 0 2\r\n41\r\nincr n 1\r\ndecr n 2\r\ntouch a 10\r\ngat 5 a\r\n\
+            delete a 0\r\nset a 0 0 1\r\nxyz\r\nset a 0 0 -1\r\nflush_all\r\nget n\r\nversion\r\nbogus\r\n\
+            set big 0 0 2000000\r\n";
+        let mut whole = h();
+        let want = whole.feed(script);
+        assert!(!want.is_empty());
+        for cut in 0..=script.len() {
+            let mut h = h();
+            let mut got = h.feed(&script[..cut]);
+            got.extend(h.feed(&script[cut..]));
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want),
+                "split at {cut}"
+            );
+        }
+        // And byte by byte.
+        let mut h = h();
+        let mut got = Vec::new();
+        for b in script {
+            got.extend(h.feed(std::slice::from_ref(b)));
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want)
+        );
+    }
+
+    #[test]
+    fn swallow_drains_first() {
+        let mut h = h();
+        h.conn.swallow_bytes = 5;
+        check(&mut h, b"abc", b"");
+        assert_eq!(h.conn.swallow_bytes, 2);
+        check(
+            &mut h,
+            b"de\r\nversion\r\n",
+            b"ERROR\r\nVERSION 1.6.18-slipstream-0.1.0\r\n",
+        );
+        assert_eq!(h.conn.swallow_bytes, 0);
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use crate::harness::Harness;
+    use std::time::Instant;
+
+    /// Rough cost of the text path (parse + store + compose) per request; run with
+    /// `cargo test --release -p slipstream-server --lib memcache_text::bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn text_path_ns_per_request() {
+        let mut h = Harness::small();
+        h.feed(b"set key:000001 0 0 32\r\n01234567890123456789012345678901\r\n");
+        let batch_gets = b"get key:000001\r\n".repeat(1000);
+        let batch_sets =
+            b"set key:000002 0 0 32\r\n01234567890123456789012345678901\r\n".repeat(1000);
+        for (name, batch) in [("get", &batch_gets), ("set", &batch_sets)] {
+            let start = Instant::now();
+            let rounds = 200;
+            for _ in 0..rounds {
+                let out = h.feed(batch);
+                assert!(!out.is_empty());
+            }
+            let ns = start.elapsed().as_nanos() as f64 / (rounds * 1000) as f64;
+            println!("{name}: {ns:.0} ns/request");
+        }
+    }
 }

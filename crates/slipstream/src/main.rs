@@ -1,1 +1,204 @@
-fn main() {}
+//! The `slipstream` daemon: command line and config file → store + serving threads.
+//!
+//! What it is for: memcached's common flags with memcached's defaults, `--config FILE` (TOML)
+//! for the rest, one status line at start, clean shutdown on SIGINT/SIGTERM.
+//!
+//! What it is not for: request handling (slipstream-server) or item semantics
+//! (slipstream-store).
+
+mod config;
+
+use config::{Config, ConfigError};
+use slipstream_server::exec::Settings;
+use slipstream_server::net::{NetConfig, Server};
+use slipstream_server::stats::ServerInfo;
+use slipstream_store::{Store, StoreConfig};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+const USAGE: &str = "\
+slipstream — network-path acceleration for data services (memcached-compatible cache)
+
+usage: slipstream serve [options]      (or: slipstream [options])
+       slipstream --version | help
+
+options (memcached's, with memcached's defaults):
+  -p, --port=N             TCP port (11211; 0 = off)
+  -U, --udp-port=N         UDP port (0 = off)
+  -l, --listen=ADDR        interface to listen on (default 0.0.0.0; `make run` uses 127.0.0.1)
+  -t, --threads=N          worker threads (4)
+  -m, --memory-limit=MB    item memory in megabytes (64)
+  -c, --conn-limit=N       max simultaneous connections (1024)
+  -I, --max-item-size=SIZE largest item, e.g. 1m, 512k (1m)
+  -C, --disable-cas        no CAS values
+  -F, --disable-flush-all  refuse flush_all
+  -A, --enable-shutdown    allow the `shutdown` command
+  -v, -vv                  verbose
+  -u, --user=NAME          accepted for memcached compatibility (no privilege drop needed)
+slipstream's own:
+  --config=FILE            TOML file for everything (flags given on the command line win)
+  --admin=ADDR:PORT        Prometheus metrics at http://ADDR:PORT/metrics (off by default)
+  --xdp=IFACE              kernel fast path on IFACE (not built yet: reports why and serves
+                           from user space)
+";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match run(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("slipstream: {e}");
+            64
+        }
+    };
+    std::process::exit(code);
+}
+
+#[derive(Debug)]
+enum MainError {
+    Config(ConfigError),
+    Start(String),
+}
+
+impl std::fmt::Display for MainError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MainError::Config(e) => write!(f, "{e}\n(try `slipstream help`)"),
+            MainError::Start(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<ConfigError> for MainError {
+    fn from(e: ConfigError) -> Self {
+        MainError::Config(e)
+    }
+}
+
+fn run(mut args: Vec<String>) -> Result<(), MainError> {
+    match args.first().map(String::as_str) {
+        Some("help") | Some("-h") | Some("--help") => {
+            print!("{USAGE}");
+            return Ok(());
+        }
+        Some("--version") | Some("version") => {
+            println!("slipstream {}", slipstream_server::VERSION_STRING);
+            return Ok(());
+        }
+        Some("serve") => {
+            args.remove(0);
+        }
+        Some(a) if a.starts_with('-') => {}
+        None => {}
+        Some(other) => return Err(ConfigError::Usage(format!("unknown command `{other}`")).into()),
+    }
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{USAGE}");
+        return Ok(());
+    }
+    let cfg = Config::from_args(&args)?;
+    serve(cfg)
+}
+
+/// Block SIGINT/SIGTERM in every thread and wait for them in one dedicated thread, so the
+/// workers never run signal handlers and shutdown is an ordinary stop request.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise a stack sigset_t we own; pthread_sigmask only
+    // changes this thread's mask (inherited by threads spawned afterwards).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn serve(cfg: Config) -> Result<(), MainError> {
+    let sigset = block_signals();
+
+    let store_cfg = StoreConfig {
+        memory_bytes_max: cfg.memory_mb.saturating_mul(1024 * 1024),
+        item_bytes_max: cfg.item_bytes_max,
+        shards: cfg.store_shards(),
+        cas_enabled: cfg.cas_enabled,
+    };
+    let store = Arc::new(Store::new(store_cfg));
+    let settings = Settings {
+        shutdown_enabled: cfg.shutdown_enabled,
+        flush_enabled: cfg.flush_enabled,
+        ..Settings::default()
+    };
+    let net = NetConfig {
+        tcp_addr: cfg.tcp_addr(),
+        udp_addr: cfg.udp_addr(),
+        threads: cfg.threads,
+        conn_limit: cfg.conn_limit,
+        read_buf_bytes_max: cfg.item_bytes_max + 64 * 1024,
+    };
+    if net.tcp_addr.is_none() && net.udp_addr.is_none() {
+        return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
+    }
+    let info = ServerInfo {
+        started: Instant::now(),
+        pid: std::process::id(),
+        threads: cfg.threads,
+        conn_limit: cfg.conn_limit,
+        tcp_port: 0,
+        udp_port: 0,
+        item_bytes_max: cfg.item_bytes_max,
+        curr_connections: AtomicU64::new(0),
+        per_thread: Vec::new(),
+        fastpath_enabled: false,
+    };
+    let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
+
+    let fastpath = match &cfg.xdp_iface {
+        None => "kernel fast path off (not requested; --xdp IFACE turns it on)".to_string(),
+        Some(iface) => format!(
+            "kernel fast path off: requested on {iface}, but this build has no eBPF programs yet; serving from user space"
+        ),
+    };
+    let admin_line = match cfg.admin_addr {
+        Some(addr) => match slipstream_server::admin::start(addr, server.info.clone(), store.clone()) {
+            Ok(local) => format!(", metrics http://{local}/metrics"),
+            Err(e) => return Err(MainError::Start(format!("cannot listen for admin on {addr}: {e}"))),
+        },
+        None => String::new(),
+    };
+    println!(
+        "slipstream {}: tcp {}, udp {}, {} threads, {} MB memory, {} connections max, items up to {} bytes{}; {}",
+        slipstream_server::VERSION_STRING,
+        server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        cfg.threads,
+        cfg.memory_mb,
+        cfg.conn_limit,
+        cfg.item_bytes_max,
+        admin_line,
+        fastpath,
+    );
+
+    let stop = server.stop_handle();
+    std::thread::Builder::new()
+        .name("slipstream-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigwait reads the sigset we built and writes the signal number into a
+            // local; both outlive the call.
+            let rc = unsafe { libc::sigwait(&sigset, &mut sig) };
+            if rc == 0 {
+                eprintln!("slipstream: signal {sig}, shutting down");
+            }
+            stop.stop();
+        })
+        .map_err(|e| MainError::Start(format!("cannot start signal thread: {e}")))?;
+
+    server.join();
+    if cfg.verbose > 0 {
+        eprintln!("slipstream: stopped");
+    }
+    Ok(())
+}

@@ -9,15 +9,46 @@
 //! What it is not for: parsing or composing protocol bytes, sockets, or threads. The protocol
 //! executors in `slipstream-server` translate requests into calls on [`Store`].
 //!
-//! Concurrency: the key space is split into shards by hash; each shard has its own lock, LRU and
-//! memory budget (`memory_bytes_max / shards`), so there is no global lock on the hot path.
-//! CAS values come from one relaxed atomic counter (no lock).
+//! Concurrency: the key space is split into shards by the top bits of a fast 64-bit key hash;
+//! each shard has its own mutex, hash index and LRU, so there is no global lock on the hot path.
+//! CAS values come from one relaxed atomic counter (no lock); the system clock is a cached
+//! atomic second (see [`clock`]). A `get` takes one lock, allocates nothing, and touches the
+//! index slot, one cache-line entry and the item bytes (key and value in one allocation).
+//!
+//! Memory policy: every item is charged `key + value + ITEM_OVERHEAD_BYTES`; the sum over all
+//! shards is reserved in one atomic before an item is linked, so [`StoreStats::bytes`] never
+//! exceeds `memory_bytes_max`. Each shard keeps an LRU list: stores link at the head; reads
+//! only set an ACTIVE bit, and eviction moves ACTIVE tail items back to the head (second
+//! chance), which orders like LRU by last access without relinking the list on every hit.
+//! When the budget is full, a store evicts from its own shard's LRU tail while that shard holds
+//! more than `memory_bytes_max / shards`, otherwise from the tail of a shard that does
+//! (try-lock, never blocking), so one 1 MB item fits even when a shard's share is smaller.
+//! Expiry and flush_all are lazy: an item is checked when accessed, and the few items at an
+//! LRU tail are checked for expiry before a live item is evicted (`reclaimed` vs `evictions`).
+//!
+//! Known differences from memcached 1.6.18 (slab allocator, segmented LRU): no slab classes,
+//! so no slab calcification and no per-class `stats items`; `mg l` reports seconds since the
+//! last bumping access exactly (memcached updates that time at most once a minute); a store
+//! that would already be expired (negative exptime) replaces the old item but is not linked;
+//! append/prepend/incr that fail with NoMemory leave the key absent (memcached keeps the old
+//! item); the `-I` check reproduces memcached's header arithmetic (48-byte header + key + 1 +
+//! value + 2, + 4 if flags != 0, + 8 with CAS), the memory charge uses ITEM_OVERHEAD_BYTES.
 
 #![forbid(unsafe_code)]
 
 pub mod clock;
+mod hash;
+mod index;
+mod numeric;
+mod shard;
 
 pub use clock::Clock;
+pub use hash::hash_key;
+
+use numeric::{fmt_u64, parse_stored_u64};
+use shard::{Counters, Entry, Now, Shard, ACTIVE, FETCHED, NIL, STALE, TOKEN_SENT};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 /// Largest key memcached accepts, in bytes.
 pub const KEY_BYTES_MAX: usize = 250;
@@ -197,9 +228,61 @@ pub struct StoreStats {
     pub oldest_item_age_s: u64,
 }
 
+/// Aligns its content to its own cache lines so hot atomics and shard locks never share one
+/// (false sharing would make every CAS increment invalidate readers' flush-state line).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// flush_all state, read on every lookup, written only by flush_all.
+struct FlushState {
+    /// memcached's settings.oldest_live (relative second); 0 = no flush.
+    oldest_live: AtomicU32,
+    /// memcached's settings.oldest_cas: items with a smaller CAS are flushed too.
+    oldest_cas: AtomicU64,
+}
+
+/// Most lock shards a store will create (bounds memory for empty shards and the steal scan).
+const SHARDS_MAX: usize = 1 << 16;
+/// Most eviction steps one store may take before it gives up with `NoMemory`.
+const RESERVE_STEPS_MAX: usize = 1 << 20;
+/// How often a store retries when nothing could be evicted because other shards were locked.
+const STEAL_RETRIES_MAX: usize = 64;
+/// memcached's `sizeof(item)` on 64-bit builds, used only to reproduce its `-I` size check.
+const MEMCACHED_ITEM_HEADER_BYTES: usize = 48;
+
+/// Outcome of comparing a supplied CAS with the item's (memcached's cas_res).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CasCheck {
+    /// No CAS supplied (or 0).
+    NoneGiven,
+    Match,
+    /// Supplied CAS is older and invalidation was asked for.
+    Stale,
+    Mismatch,
+}
+
 /// The store. Cheap to share: wrap in `Arc`.
 pub struct Store {
-    _private: (),
+    config: StoreConfig,
+    clock: Clock,
+    shards: Box<[Padded<Mutex<Shard>>]>,
+    /// log2 of the shard count; the shard is the top `shard_bits` bits of the key hash.
+    shard_bits: u32,
+    /// memory_bytes_max / shards: a shard above this evicts its own items first.
+    fair_share_bytes: usize,
+    /// Charged bytes of all items; never above `memory_bytes_max` (reserved before insert).
+    used_bytes: Padded<AtomicUsize>,
+    /// Last CAS value handed out.
+    cas_last: Padded<AtomicU64>,
+    flush: Padded<FlushState>,
+    /// Where the next cross-shard eviction scan starts, so stealing spreads over shards.
+    steal_cursor: Padded<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("config", &self.config).finish_non_exhaustive()
+    }
 }
 
 impl Store {
@@ -207,27 +290,339 @@ impl Store {
         Store::with_clock(config, Clock::system())
     }
 
-    pub fn with_clock(config: StoreConfig, clock: Clock) -> Store {
-        let _ = (config, clock);
-        todo!("slipstream-store: implemented by the store work")
+    pub fn with_clock(mut config: StoreConfig, clock: Clock) -> Store {
+        let shards = config.shards.clamp(1, SHARDS_MAX).next_power_of_two();
+        config.shards = shards;
+        let fair_share_bytes = config.memory_bytes_max / shards;
+        Store {
+            shards: (0..shards).map(|_| Padded(Mutex::new(Shard::new()))).collect(),
+            shard_bits: shards.trailing_zeros(),
+            fair_share_bytes,
+            used_bytes: Padded(AtomicUsize::new(0)),
+            cas_last: Padded(AtomicU64::new(0)),
+            flush: Padded(FlushState { oldest_live: AtomicU32::new(0), oldest_cas: AtomicU64::new(0) }),
+            steal_cursor: Padded(AtomicUsize::new(0)),
+            config,
+            clock,
+        }
     }
 
+    /// The configuration in force (`shards` rounded up to a power of two).
     pub fn config(&self) -> &StoreConfig {
-        todo!()
+        &self.config
     }
 
     pub fn clock(&self) -> &Clock {
-        todo!()
+        &self.clock
+    }
+
+    /// Convert a raw protocol exptime to relative seconds, as memcached's `realtime()` with
+    /// the negative-to-past rule applied first: 0 = never; negative or an absolute time at or
+    /// before the start = 1 (already expired); up to 30 days = relative to now.
+    pub fn rel_exptime(&self, raw: i64) -> u32 {
+        self.realtime(raw, self.clock.now_rel_s())
+    }
+
+    #[inline]
+    fn realtime(&self, raw: i64, now: u32) -> u32 {
+        let raw = if raw < 0 { REALTIME_MAXDELTA_S + 1 } else { raw };
+        if raw == 0 {
+            return 0;
+        }
+        if raw > REALTIME_MAXDELTA_S {
+            let started = self.clock.started_unix_s();
+            if raw <= started {
+                return 1;
+            }
+            return (raw - started).min(u32::MAX as i64) as u32;
+        }
+        now.saturating_add(raw as u32)
+    }
+
+    #[inline]
+    fn shard_index(&self, hash: u64) -> usize {
+        if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (64 - self.shard_bits)) as usize
+        }
+    }
+
+    #[inline]
+    fn lock(&self, i: usize) -> MutexGuard<'_, Shard> {
+        // A panic inside a caller's `get` closure must not brick the shard for everyone.
+        self.shards[i].0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[inline]
+    fn now(&self) -> Now {
+        let now = self.clock.now_rel_s();
+        let oldest_live = self.flush.0.oldest_live.load(Ordering::Acquire);
+        let oldest_cas = self.flush.0.oldest_cas.load(Ordering::Relaxed);
+        Now { now, oldest_live, oldest_cas }
+    }
+
+    #[inline]
+    fn next_cas(&self) -> u64 {
+        if !self.config.cas_enabled {
+            return 0;
+        }
+        self.cas_last.0.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+    }
+
+    #[inline]
+    fn new_item_cas(&self, explicit: Option<u64>) -> u64 {
+        match explicit {
+            Some(c) if self.config.cas_enabled => c,
+            _ => self.next_cas(),
+        }
+    }
+
+    /// memcached's item_size_ok: header + key + NUL + value + "\r\n" (+ 4 bytes of flags when
+    /// nonzero, + 8 bytes of CAS when enabled) must fit in `-I`. Checked against memcached
+    /// 1.6.18: with key "foo", flags 0 and CAS on, a 1048514-byte value is the largest stored.
+    fn memcached_item_bytes(&self, key_len: usize, value_len: usize, flags: u32) -> usize {
+        MEMCACHED_ITEM_HEADER_BYTES
+            + key_len
+            + 1
+            + value_len
+            + 2
+            + if flags != 0 { 4 } else { 0 }
+            + if self.config.cas_enabled { 8 } else { 0 }
+    }
+
+    /// Whether an item of this shape can ever be stored: under `-I` and within the memory
+    /// budget (charged bytes = key + value + ITEM_OVERHEAD_BYTES).
+    fn fits_limits(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
+        key_len <= KEY_BYTES_MAX
+            && self.memcached_item_bytes(key_len, value_len, flags) <= self.config.item_bytes_max
+            && key_len + value_len + ITEM_OVERHEAD_BYTES <= self.config.memory_bytes_max
+    }
+
+    /// Reserve `need` charged bytes in the global budget, evicting as needed: from this shard
+    /// while it holds more than its fair share, else from a shard that does (try-lock only, so
+    /// two shards stealing from each other cannot deadlock), else from this shard anyway.
+    fn reserve(&self, si: usize, sh: &mut Shard, need: usize, t: &Now) -> bool {
+        let max = self.config.memory_bytes_max;
+        let used = &self.used_bytes.0;
+        let mut blocked_rounds = 0;
+        for _ in 0..RESERVE_STEPS_MAX {
+            let cur = used.load(Ordering::Relaxed);
+            if cur.saturating_add(need) <= max {
+                if used.compare_exchange_weak(cur, cur + need, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                    return true;
+                }
+                continue;
+            }
+            if sh.bytes + need > self.fair_share_bytes && sh.evict_one(t, used) {
+                continue;
+            }
+            if self.steal(si, t) {
+                continue;
+            }
+            if sh.evict_one(t, used) {
+                continue;
+            }
+            // Every other shard was busy or empty: give their holders a moment, then retry.
+            blocked_rounds += 1;
+            if blocked_rounds > STEAL_RETRIES_MAX {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        false
+    }
+
+    /// Evict one item from another shard; first pass only shards above their fair share.
+    fn steal(&self, si: usize, t: &Now) -> bool {
+        let n = self.shards.len();
+        if n == 1 {
+            return false;
+        }
+        let start = self.steal_cursor.0.fetch_add(1, Ordering::Relaxed);
+        for pass in 0..2 {
+            for k in 0..n {
+                let j = start.wrapping_add(k) & (n - 1);
+                if j == si {
+                    continue;
+                }
+                let mut g = match self.shards[j].0.try_lock() {
+                    Ok(g) => g,
+                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(TryLockError::WouldBlock) => continue,
+                };
+                if pass == 0 && g.bytes <= self.fair_share_bytes {
+                    continue;
+                }
+                if g.evict_one(t, &self.used_bytes.0) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Reserve memory for and link a new entry built from `data` (key then value).
+    #[allow(clippy::too_many_arguments)]
+    fn insert_new(
+        &self,
+        si: usize,
+        sh: &mut Shard,
+        data: Box<[u8]>,
+        key_len: usize,
+        tag: u32,
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+        bits: u8,
+        t: &Now,
+    ) -> Option<u32> {
+        let charge = data.len() + ITEM_OVERHEAD_BYTES;
+        if !self.reserve(si, sh, charge, t) {
+            return None;
+        }
+        Some(sh.insert(Entry {
+            data,
+            cas,
+            tag,
+            prev: NIL,
+            next: NIL,
+            flags,
+            exptime,
+            time: t.now,
+            atime: t.now,
+            key_len: key_len as u16,
+            bits,
+        }))
+    }
+
+    /// Store `value` as the new item for `key`, replacing `existing`. Same-size replacements
+    /// are written in place (no allocation); otherwise the old item is freed first so its
+    /// memory counts toward the new one (a failure then leaves the key absent, as memcached's
+    /// failed set does).
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        si: usize,
+        sh: &mut Shard,
+        existing: Option<u32>,
+        key: &[u8],
+        tag: u32,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+        cas: u64,
+        bits: u8,
+        t: &Now,
+    ) -> StoreResult {
+        let used = &self.used_bytes.0;
+        if exptime != 0 && exptime <= t.now {
+            // Already expired: memcached links it and drops it on the next access; skipping
+            // the link is indistinguishable to clients and saves the memory.
+            if let Some(i) = existing {
+                sh.remove(i, used);
+            }
+            sh.counters.total_items += 1;
+            return StoreResult::Stored(cas);
+        }
+        if let Some(i) = existing {
+            let e = &mut sh.entries[i as usize];
+            if e.data.len() == key.len() + value.len() {
+                e.data[key.len()..].copy_from_slice(value);
+                e.cas = cas;
+                e.flags = flags;
+                e.exptime = exptime;
+                e.time = t.now;
+                e.atime = t.now;
+                e.bits = bits;
+                sh.lru_bump(i);
+                sh.counters.total_items += 1;
+                return StoreResult::Stored(cas);
+            }
+            sh.remove(i, used);
+        }
+        let mut data = Vec::with_capacity(key.len() + value.len());
+        data.extend_from_slice(key);
+        data.extend_from_slice(value);
+        match self.insert_new(si, sh, data.into_boxed_slice(), key.len(), tag, flags, exptime, cas, bits, t) {
+            Some(_) => StoreResult::Stored(cas),
+            None => StoreResult::NoMemory,
+        }
     }
 
     /// Look up `key`; `f` sees the outcome while the shard lock is held (copy the value out
     /// inside `f`, do no I/O there).
     pub fn get<R>(&self, key: &[u8], opts: GetOpts, f: impl FnOnce(GetOutcome<'_>) -> R) -> R {
-        let _ = (key, opts, f);
-        todo!()
+        let miss = || GetOutcome { item: None, won: false, stale: false, win_token_sent: false };
+        let h = hash_key(key);
+        let tag = h as u32;
+        let si = self.shard_index(h);
+        let mut guard = self.lock(si);
+        let sh = &mut *guard;
+        let t = self.now();
+        let (idx, created) = match sh.lookup_live(key, tag, &t, &self.used_bytes.0) {
+            Some(i) => (i, false),
+            None => {
+                let Some(viv) = opts.vivify_exptime else { return f(miss()) };
+                if !self.fits_limits(key.len(), 0, 0) {
+                    return f(miss());
+                }
+                let exp = self.realtime(viv, t.now);
+                let cas = self.next_cas();
+                match self.insert_new(si, sh, Box::from(key), key.len(), tag, 0, exp, cas, 0, &t) {
+                    Some(i) => (i, true),
+                    None => return f(miss()),
+                }
+            }
+        };
+        // T also applies to an item N just created (memcached 1.6.18: `mg k N30 T60 t` on a
+        // miss reports t60).
+        let touch_to = opts.touch_exptime.map(|x| self.realtime(x, t.now));
+        let recache_at = opts.recache_below_s.map(|r| self.realtime(r, t.now));
+        let e = &mut sh.entries[idx as usize];
+        // h and l report the state before this access (memcached delays its bump for them).
+        let fetched_before = e.bits & FETCHED != 0;
+        let last_access_ago_s = t.now.saturating_sub(e.atime) as u64;
+        if let Some(x) = touch_to {
+            e.exptime = x;
+        }
+        let win_token_sent = e.bits & TOKEN_SENT != 0;
+        let stale = e.bits & STALE != 0;
+        let mut won = created;
+        if let Some(r) = recache_at {
+            if !win_token_sent && !created && e.exptime != 0 && e.exptime < r {
+                won = true;
+            }
+        }
+        if stale && !win_token_sent {
+            won = true;
+        }
+        if won {
+            e.bits |= TOKEN_SENT;
+        }
+        if opts.bump {
+            e.bits |= FETCHED | ACTIVE;
+            e.atime = t.now;
+        }
+        let e = &sh.entries[idx as usize];
+        let item = ItemRef {
+            key: e.key(),
+            value: e.value(),
+            flags: e.flags,
+            cas: e.cas,
+            ttl_remaining_s: ttl_remaining(e.exptime, t.now),
+            last_access_ago_s,
+            fetched_before,
+        };
+        f(GetOutcome { item: Some(item), won, stale, win_token_sent })
     }
 
     /// Store `value` under `key`. `exptime` is the raw protocol value.
+    ///
+    /// Mode rules follow memcached's do_store_item: a supplied `opts.cas` turns Set/Replace
+    /// into CAS mode (missing = NotFound, mismatch = Exists, CAS 0 never matches); Add ignores
+    /// it; Append/Prepend check it only when nonzero. Append/Prepend keep the old item's flags
+    /// and exptime; an append beyond `-I` is NotStored (as memcached's failed allocation).
     pub fn store(
         &self,
         mode: SetMode,
@@ -237,47 +632,298 @@ impl Store {
         exptime: i64,
         opts: StoreOpts,
     ) -> StoreResult {
-        let _ = (mode, key, value, flags, exptime, opts);
-        todo!()
+        if !self.fits_limits(key.len(), value.len(), flags) {
+            return StoreResult::TooLarge;
+        }
+        let h = hash_key(key);
+        let tag = h as u32;
+        let si = self.shard_index(h);
+        let mut guard = self.lock(si);
+        let sh = &mut *guard;
+        let t = self.now();
+        let cas_in = opts.cas.unwrap_or(0);
+        let cas_mode =
+            mode == SetMode::Cas || (opts.cas.is_some() && matches!(mode, SetMode::Set | SetMode::Replace));
+        let Some(idx) = sh.lookup_live(key, tag, &t, &self.used_bytes.0) else {
+            let exp_raw = match mode {
+                _ if cas_mode => return StoreResult::NotFound,
+                SetMode::Set | SetMode::Add => exptime,
+                SetMode::Append | SetMode::Prepend => match opts.vivify_exptime {
+                    Some(v) => v,
+                    None => return StoreResult::NotStored,
+                },
+                SetMode::Replace | SetMode::Cas => return StoreResult::NotStored,
+            };
+            let exp = self.realtime(exp_raw, t.now);
+            let cas = self.new_item_cas(opts.explicit_cas);
+            return self.put(si, sh, None, key, tag, value, flags, exp, cas, 0, &t);
+        };
+        let (old_cas, old_flags, old_exptime, old_bits) = {
+            let e = &sh.entries[idx as usize];
+            (e.cas, e.flags, e.exptime, e.bits)
+        };
+        let check = if cas_in == 0 {
+            CasCheck::NoneGiven
+        } else if cas_in == old_cas {
+            CasCheck::Match
+        } else if opts.invalidate && cas_in < old_cas {
+            CasCheck::Stale
+        } else {
+            CasCheck::Mismatch
+        };
+        if cas_mode {
+            let (exp, bits) = match check {
+                CasCheck::Match => (self.realtime(exptime, t.now), 0),
+                // memcached: replace the value but keep the TTL, mark stale, keep a sent token.
+                CasCheck::Stale => (old_exptime, STALE | (old_bits & TOKEN_SENT)),
+                CasCheck::NoneGiven | CasCheck::Mismatch => return StoreResult::Exists,
+            };
+            let cas = self.new_item_cas(opts.explicit_cas);
+            return self.put(si, sh, Some(idx), key, tag, value, flags, exp, cas, bits, &t);
+        }
+        match mode {
+            SetMode::Add => {
+                // memcached bumps an existing item on a failed add.
+                sh.entries[idx as usize].bits |= ACTIVE;
+                StoreResult::NotStored
+            }
+            SetMode::Append | SetMode::Prepend => {
+                if matches!(check, CasCheck::Stale | CasCheck::Mismatch) {
+                    return StoreResult::Exists;
+                }
+                let old_len = sh.entries[idx as usize].value().len();
+                let new_len = old_len + value.len();
+                if !self.fits_limits(key.len(), new_len, old_flags) {
+                    return StoreResult::NotStored;
+                }
+                let mut data = Vec::with_capacity(key.len() + new_len);
+                data.extend_from_slice(key);
+                {
+                    let old = sh.entries[idx as usize].value();
+                    if mode == SetMode::Append {
+                        data.extend_from_slice(old);
+                        data.extend_from_slice(value);
+                    } else {
+                        data.extend_from_slice(value);
+                        data.extend_from_slice(old);
+                    }
+                }
+                let cas = self.new_item_cas(opts.explicit_cas);
+                sh.remove(idx, &self.used_bytes.0);
+                let data = data.into_boxed_slice();
+                match self.insert_new(si, sh, data, key.len(), tag, old_flags, old_exptime, cas, 0, &t) {
+                    Some(_) => StoreResult::Stored(cas),
+                    None => StoreResult::NoMemory,
+                }
+            }
+            SetMode::Set | SetMode::Replace | SetMode::Cas => {
+                let exp = self.realtime(exptime, t.now);
+                let cas = self.new_item_cas(opts.explicit_cas);
+                self.put(si, sh, Some(idx), key, tag, value, flags, exp, cas, 0, &t)
+            }
+        }
     }
 
     /// memcached's `set` that failed with TooLarge/NoMemory also unlinks the old item, so a
     /// reader never sees data older than a failed write. Executors call this in that case.
+    /// Counts nothing; returns whether a visible item was removed.
     pub fn unlink(&self, key: &[u8]) -> bool {
-        let _ = key;
-        todo!()
+        let h = hash_key(key);
+        let mut guard = self.lock(self.shard_index(h));
+        let sh = &mut *guard;
+        let t = self.now();
+        let Some(idx) = sh.find(key, h as u32) else { return false };
+        let e = &sh.entries[idx as usize];
+        let live = !t.is_flushed(e) && !t.is_expired(e);
+        sh.remove(idx, &self.used_bytes.0);
+        live
     }
 
+    /// Delete, or with `invalidate` mark stale: the item stays readable with the X flag, its
+    /// win token is reset so the next reader wins, it gets a fresh CAS, and
+    /// `invalidate_exptime` (if given) becomes its TTL — as memcached's `md I`.
     pub fn delete(&self, key: &[u8], opts: DeleteOpts) -> DeleteResult {
-        let _ = (key, opts);
-        todo!()
+        let h = hash_key(key);
+        let mut guard = self.lock(self.shard_index(h));
+        let sh = &mut *guard;
+        let t = self.now();
+        let Some(idx) = sh.lookup_live(key, h as u32, &t, &self.used_bytes.0) else {
+            return DeleteResult::NotFound;
+        };
+        if let Some(c) = opts.cas {
+            if sh.entries[idx as usize].cas != c {
+                return DeleteResult::Exists;
+            }
+        }
+        if opts.invalidate {
+            let exp = opts.invalidate_exptime.map(|x| self.realtime(x, t.now));
+            let cas = self.next_cas();
+            let e = &mut sh.entries[idx as usize];
+            if let Some(x) = exp {
+                e.exptime = x;
+            }
+            e.bits = (e.bits | STALE) & !TOKEN_SENT;
+            e.cas = cas;
+        } else {
+            sh.remove(idx, &self.used_bytes.0);
+        }
+        DeleteResult::Deleted
     }
 
     /// incr (`incr = true`) or decr. incr wraps at 2^64, decr floors at 0.
+    ///
+    /// As memcached's do_add_delta: an empty value is NonNumeric; a nonzero `opts.cas` must
+    /// match; the value is read like strtoull (see `numeric`); when the new number is no longer
+    /// than the stored value it is written in place and padded with spaces ("100" decr 1 reads
+    /// back as "99 "), otherwise a new item of exactly the digits replaces it (flags and
+    /// exptime kept). Every success gets a new CAS. A vivified item holds the initial value.
     pub fn arith(&self, key: &[u8], incr: bool, delta: u64, opts: ArithOpts) -> ArithResult {
-        let _ = (key, incr, delta, opts);
-        todo!()
+        let h = hash_key(key);
+        let tag = h as u32;
+        let si = self.shard_index(h);
+        let mut guard = self.lock(si);
+        let sh = &mut *guard;
+        let t = self.now();
+        let mut buf = [0u8; 20];
+        let Some(idx) = sh.lookup_live(key, tag, &t, &self.used_bytes.0) else {
+            let Some((initial, viv)) = opts.vivify else { return ArithResult::NotFound };
+            let digits = fmt_u64(initial, &mut buf);
+            if !self.fits_limits(key.len(), digits.len(), 0) {
+                return ArithResult::NotFound;
+            }
+            // As in get, T (when given) wins over N for the new item.
+            let exp = self.realtime(opts.touch_exptime.unwrap_or(viv), t.now);
+            let cas = self.next_cas();
+            let mut data = Vec::with_capacity(key.len() + digits.len());
+            data.extend_from_slice(key);
+            data.extend_from_slice(digits);
+            return match self.insert_new(si, sh, data.into_boxed_slice(), key.len(), tag, 0, exp, cas, 0, &t) {
+                Some(_) => ArithResult::Ok { value: initial, cas, ttl_remaining_s: ttl_remaining(exp, t.now) },
+                None => ArithResult::NoMemory,
+            };
+        };
+        let e = &sh.entries[idx as usize];
+        let old = e.value();
+        if old.is_empty() {
+            return ArithResult::NonNumeric;
+        }
+        if let Some(c) = opts.cas {
+            if c != 0 && c != e.cas {
+                return ArithResult::Exists;
+            }
+        }
+        let Some(cur) = parse_stored_u64(old) else { return ArithResult::NonNumeric };
+        let value = if incr { cur.wrapping_add(delta) } else { cur.saturating_sub(delta) };
+        let digits = fmt_u64(value, &mut buf);
+        let cas = self.next_cas();
+        let touch_to = opts.touch_exptime.map(|x| self.realtime(x, t.now));
+        let idx = if digits.len() <= old.len() {
+            let e = &mut sh.entries[idx as usize];
+            let kl = e.key_len as usize;
+            let (num, pad) = e.data[kl..].split_at_mut(digits.len());
+            num.copy_from_slice(digits);
+            pad.fill(b' ');
+            e.cas = cas;
+            e.atime = t.now;
+            e.bits |= ACTIVE;
+            idx
+        } else {
+            let (flags, exptime) = (e.flags, e.exptime);
+            let mut data = Vec::with_capacity(key.len() + digits.len());
+            data.extend_from_slice(key);
+            data.extend_from_slice(digits);
+            sh.remove(idx, &self.used_bytes.0);
+            match self.insert_new(si, sh, data.into_boxed_slice(), key.len(), tag, flags, exptime, cas, 0, &t) {
+                Some(i) => i,
+                None => return ArithResult::NoMemory,
+            }
+        };
+        let e = &mut sh.entries[idx as usize];
+        if let Some(x) = touch_to {
+            e.exptime = x;
+        }
+        ArithResult::Ok { value, cas, ttl_remaining_s: ttl_remaining(e.exptime, t.now) }
     }
 
-    /// `touch`: set exptime; false if missing.
+    /// `touch`: set exptime; false if missing. Counts as a fetch (memcached's item_touch
+    /// uses DO_UPDATE), does not change the CAS.
     pub fn touch(&self, key: &[u8], exptime: i64) -> bool {
-        let _ = (key, exptime);
-        todo!()
+        let h = hash_key(key);
+        let mut guard = self.lock(self.shard_index(h));
+        let sh = &mut *guard;
+        let t = self.now();
+        let Some(idx) = sh.lookup_live(key, h as u32, &t, &self.used_bytes.0) else { return false };
+        let exp = self.realtime(exptime, t.now);
+        let e = &mut sh.entries[idx as usize];
+        e.exptime = exp;
+        e.bits |= FETCHED | ACTIVE;
+        e.atime = t.now;
+        true
     }
 
     /// `flush_all [delay]`: items stored at or before the moment the flush takes effect become
     /// invisible. `delay_s` is the raw protocol value (0 = now; same exptime rules as items).
+    ///
+    /// Exactly memcached 1.6's arithmetic: oldest_live = realtime(delay) (or now when delay
+    /// <= 0), minus one when CAS is on; with CAS on and the flush immediate, items with a CAS
+    /// below a freshly taken CAS value are flushed too, so a set right after an immediate
+    /// flush in the same second survives. With CAS off such a set stays invisible until the
+    /// next second, and a delayed flush (delay N) takes effect N-1 seconds later with CAS on.
+    /// Nothing is scanned: every lookup compares the item's store time with oldest_live.
     pub fn flush_all(&self, delay_s: i64) {
-        let _ = delay_s;
-        todo!()
+        let now = self.clock.now_rel_s();
+        let new_oldest = if delay_s > 0 { self.realtime(delay_s, now) } else { now };
+        let fs = &self.flush.0;
+        if self.config.cas_enabled {
+            let oldest_live = new_oldest.wrapping_sub(1);
+            if oldest_live <= now {
+                fs.oldest_cas.store(self.next_cas(), Ordering::Relaxed);
+            }
+            fs.oldest_live.store(oldest_live, Ordering::Release);
+        } else {
+            fs.oldest_live.store(new_oldest, Ordering::Release);
+        }
     }
 
     pub fn stats(&self) -> StoreStats {
-        todo!()
+        let now = self.clock.now_rel_s();
+        let mut s = StoreStats { limit_maxbytes: self.config.memory_bytes_max as u64, ..StoreStats::default() };
+        for i in 0..self.shards.len() {
+            let g = self.lock(i);
+            let c = &g.counters;
+            s.curr_items += g.items;
+            s.bytes += g.bytes as u64;
+            s.total_items += c.total_items;
+            s.evictions += c.evictions;
+            s.expired_unfetched += c.expired_unfetched;
+            s.evicted_unfetched += c.evicted_unfetched;
+            s.reclaimed += c.reclaimed;
+            s.get_expired += c.get_expired;
+            s.get_flushed += c.get_flushed;
+            if let Some(a) = g.tail_atime() {
+                s.oldest_item_age_s = s.oldest_item_age_s.max(now.saturating_sub(a) as u64);
+            }
+        }
+        s
     }
 
     /// `stats reset` clears counters (not gauges such as curr_items/bytes).
     pub fn reset_stats(&self) {
-        todo!()
+        for i in 0..self.shards.len() {
+            self.lock(i).counters = Counters::default();
+        }
     }
 }
+
+/// Seconds until `exptime`; -1 for never (what `mg t` prints), never below 0 otherwise.
+#[inline]
+fn ttl_remaining(exptime: u32, now: u32) -> i64 {
+    if exptime == 0 {
+        -1
+    } else {
+        (exptime as i64 - now as i64).max(0)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * slipstream_kv.h: the single source of truth for what the XDP fast path (bpf/xdp_fastpath.c)
+ * and user space (crates/fastpath, Rust mirror with compile-time size/offset asserts) share:
+ * map names, limits, and the layout of map keys and values.
+ *
+ * Not for: program logic. Any change here must be mirrored in crates/fastpath/src/abi.rs; the
+ * Rust side asserts sizes and offsets at compile time, so a mismatch fails the build.
+ *
+ * Only fixed-width types, explicit padding, all fields naturally aligned: the layout is the same
+ * for the BPF target and x86_64/aarch64 user space.
+ */
+#ifndef SLIPSTREAM_KV_H
+#define SLIPSTREAM_KV_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+/* ---- map names (the ELF symbol names user space looks up) ---- */
+/* ss_items     BPF_MAP_TYPE_HASH, BPF_F_NO_PREALLOC, key ss_key, value ss_item              */
+/* ss_config    BPF_MAP_TYPE_ARRAY, 1 entry, value ss_config                                   */
+/* ss_counters  BPF_MAP_TYPE_PERCPU_ARRAY, SS_COUNTER_COUNT entries, value __u64               */
+/* ss_scratch   BPF_MAP_TYPE_PERCPU_ARRAY, 1 entry, value ss_scratch (program-private)        */
+
+/* ---- limits ---- */
+/* memcached's KEY_MAX_LENGTH. */
+#define SS_KEY_BYTES_MAX 250
+/* Bytes of key storage in the map key (SS_KEY_BYTES_MAX rounded up to a multiple of 8). */
+#define SS_KEY_STORE_BYTES 256
+/* memcached's UDP_MAX_PAYLOAD_SIZE (1400) minus the 8-byte frame header: the most reply bytes one
+ * datagram carries. A reply that would need more is passed to user space. */
+#define SS_FRAME_HEADER_BYTES 8
+#define SS_REPLY_PAYLOAD_BYTES_MAX 1392
+/* Bytes of pre-composed reply text per item (see struct ss_item). An item whose `gets` form plus
+ * "END\r\n" exceeds SS_REPLY_PAYLOAD_BYTES_MAX is not cached, so 1424 always suffices:
+ * gets-form <= 1387 and the meta prefix "VA <n> f<flags>" <= 22 bytes. */
+#define SS_PIECE_BYTES_MAX 1424
+/* Most keys in one get/gets request the kernel answers; more go to user space. */
+#define SS_KEYS_MAX 8
+/* Longest request payload (after the frame header) the kernel parses; power of two (masking). */
+#define SS_REQUEST_BYTES_MAX 2048
+/* Default number of cached items (user space may configure another). */
+#define SS_ENTRIES_DEFAULT 16384
+
+/* ---- counters: indexes into ss_counters ---- */
+#define SS_COUNTER_HITS 0   /* get-like requests answered by XDP_TX */
+#define SS_COUNTER_MISSES 1 /* get-like requests passed to user space */
+#define SS_COUNTER_COUNT 4  /* slots 2..3 reserved */
+
+/* Map key: key bytes zero-padded, so equal keys hash and compare equal. */
+struct ss_key {
+	__u32 len;                        /* 1..=SS_KEY_BYTES_MAX */
+	__u8 bytes[SS_KEY_STORE_BYTES];   /* key bytes, then zeros */
+};                                        /* 260 bytes */
+
+/*
+ * Map value: one item's reply text, pre-composed by user space, in five segments laid out back to
+ * back in `piece` in this order:
+ *   D "VA <bytes>"                      (meta get prefix)
+ *   E " f<flags>"                       (meta get `f` flag)
+ *   A "VALUE <key> <flags> <bytes>"     (get/gets prefix)
+ *   B " <cas>"                          (gets only)
+ *   C "\r\n<data>\r\n"                  (the data block, shared by all forms)
+ * so each reply form is at most two copies: get = A,C; gets = A+B+C; mg v = D,C; mg v f = D+E,C.
+ */
+struct ss_item {
+	__u64 expiry_ns;   /* absolute CLOCK_MONOTONIC (bpf_ktime_get_ns) ns; 0 = never expires */
+	__u64 epoch;       /* ss_config.epoch when filled; any other epoch = flushed = miss */
+	__u16 d_len;
+	__u16 e_len;
+	__u16 a_len;
+	__u16 b_len;
+	__u16 c_len;
+	__u16 pad0;
+	__u32 pad1;
+	__u8 piece[SS_PIECE_BYTES_MAX];
+};                 /* 32 + 1424 = 1456 bytes */
+
+struct ss_config {
+	__u16 udp_port;    /* memcached UDP port, host byte order; 0 = fast path off */
+	__u16 pad0;
+	__u32 pad1;
+	__u64 epoch;       /* flush epoch: bumping it invalidates every cached item at once */
+};                 /* 16 bytes */
+
+/* Program-private per-CPU scratch (not read by user space; layout here only for its size). */
+#define SS_SCRATCH_REPLY_BYTES 4096
+struct ss_scratch {
+	struct ss_key key;
+	__u32 pad0;
+	__u8 req[SS_REQUEST_BYTES_MAX];    /* the request payload, copied out of the packet */
+	__u8 reply[SS_SCRATCH_REPLY_BYTES]; /* UDP header + frame header + reply payload */
+};
+
+#endif /* SLIPSTREAM_KV_H */

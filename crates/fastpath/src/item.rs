@@ -1,0 +1,130 @@
+//! Composing one item's kernel-cache value: the reply text segments the XDP program copies into
+//! its answer (see `struct ss_item` in `bpf/slipstream_kv.h`).
+//!
+//! Not for: deciding *when* to fill (the server does, under its shard lock) or map I/O.
+
+use crate::abi::{Item, Key, PIECE_BYTES_MAX, REPLY_PAYLOAD_BYTES_MAX};
+use std::io::Write;
+
+/// Why an item is not put into the kernel cache. Not an error for the caller: such items are
+/// simply served by user space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotCacheable {
+    /// Empty, longer than 250 bytes, or containing a byte the ASCII protocol cannot carry in a
+    /// key (space, CR, LF, NUL): no request could ever name it.
+    Key,
+    /// The `gets` reply for this item alone would not fit one datagram.
+    TooLarge,
+}
+
+/// Bytes `"END\r\n"` adds to get/gets replies.
+const END_BYTES: usize = 5;
+
+/// Build the map value for an item. `expiry_ns` is absolute CLOCK_MONOTONIC ns (0 = never);
+/// `epoch` is the flush epoch the value belongs to.
+pub fn compose(
+    key: &[u8],
+    flags: u32,
+    cas: u64,
+    value: &[u8],
+    expiry_ns: u64,
+    epoch: u64,
+) -> Result<Item, NotCacheable> {
+    if Key::new(key).is_none() || key.iter().any(|&b| matches!(b, b' ' | b'\r' | b'\n' | 0)) {
+        return Err(NotCacheable::Key);
+    }
+    // Cheap early bound so a huge value costs nothing.
+    if value.len() > REPLY_PAYLOAD_BYTES_MAX {
+        return Err(NotCacheable::TooLarge);
+    }
+    let mut d = Vec::with_capacity(16);
+    let mut e = Vec::with_capacity(16);
+    let mut a = Vec::with_capacity(key.len() + 32);
+    let mut b = Vec::with_capacity(24);
+    // Writes into a Vec cannot fail.
+    let _ = write!(d, "VA {}", value.len());
+    let _ = write!(e, " f{flags}");
+    a.extend_from_slice(b"VALUE ");
+    a.extend_from_slice(key);
+    let _ = write!(a, " {flags} {}", value.len());
+    let _ = write!(b, " {cas}");
+    let c_len = value.len() + 4;
+    if a.len() + b.len() + c_len + END_BYTES > REPLY_PAYLOAD_BYTES_MAX {
+        return Err(NotCacheable::TooLarge);
+    }
+    let total = d.len() + e.len() + a.len() + b.len() + c_len;
+    if total > PIECE_BYTES_MAX {
+        return Err(NotCacheable::TooLarge);
+    }
+    let mut item = Item {
+        expiry_ns,
+        epoch,
+        d_len: d.len() as u16,
+        e_len: e.len() as u16,
+        a_len: a.len() as u16,
+        b_len: b.len() as u16,
+        c_len: c_len as u16,
+        pad0: 0,
+        pad1: 0,
+        piece: [0; PIECE_BYTES_MAX],
+    };
+    let mut at = 0;
+    for seg in [&d[..], &e[..], &a[..], &b[..], b"\r\n", value, b"\r\n"] {
+        item.piece[at..at + seg.len()].copy_from_slice(seg);
+        at += seg.len();
+    }
+    Ok(item)
+}
+
+/// The five segments of an item, bounds-checked (a corrupt value yields `None`).
+pub(crate) struct Segments<'a> {
+    pub d: &'a [u8],
+    pub e: &'a [u8],
+    pub a: &'a [u8],
+    pub b: &'a [u8],
+    pub c: &'a [u8],
+}
+
+pub(crate) fn segments(item: &Item) -> Option<Segments<'_>> {
+    let lens = [item.d_len, item.e_len, item.a_len, item.b_len, item.c_len].map(usize::from);
+    if lens.iter().sum::<usize>() > PIECE_BYTES_MAX {
+        return None;
+    }
+    let mut at = 0;
+    let mut take = |n: usize| {
+        let s = item.piece.get(at..at + n);
+        at += n;
+        s
+    };
+    Some(Segments { d: take(lens[0])?, e: take(lens[1])?, a: take(lens[2])?, b: take(lens[3])?, c: take(lens[4])? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_hold_each_reply_form() {
+        let it = compose(b"foo", 5, 77, b"bar", 0, 3).unwrap();
+        let s = segments(&it).unwrap();
+        assert_eq!(s.d, b"VA 3");
+        assert_eq!(s.e, b" f5");
+        assert_eq!(s.a, b"VALUE foo 5 3");
+        assert_eq!(s.b, b" 77");
+        assert_eq!(s.c, b"\r\nbar\r\n");
+        assert_eq!(it.epoch, 3);
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_served() {
+        assert_eq!(compose(b"", 0, 0, b"x", 0, 0), Err(NotCacheable::Key));
+        assert_eq!(compose(&[b'k'; 251], 0, 0, b"x", 0, 0), Err(NotCacheable::Key));
+        assert_eq!(compose(b"a b", 0, 0, b"x", 0, 0), Err(NotCacheable::Key));
+        assert_eq!(compose(b"k", 0, 0, &[0; 2000], 0, 0), Err(NotCacheable::TooLarge));
+        // Largest that fits: "VALUE k 0 N cas\r\n" + N + "\r\nEND\r\n" <= 1392.
+        let fixed = "VALUE k 0 1360".len() + " 1".len() + 4 + 5;
+        let n = REPLY_PAYLOAD_BYTES_MAX - fixed;
+        assert!(compose(b"k", 0, 1, &vec![b'v'; n], 0, 0).is_ok());
+        assert_eq!(compose(b"k", 0, 1, &vec![b'v'; n + 1], 0, 0), Err(NotCacheable::TooLarge));
+    }
+}

@@ -1,0 +1,573 @@
+//! slipstream-fastpath: Slipstream's kernel fast path. An XDP program (`bpf/xdp_fastpath.c`)
+//! answers memcached UDP `get`/`gets` (up to 8 keys) and `mg <key> v [f]` hits from a BPF hash
+//! map in the driver's receive hook, before the network stack or user space see the packet. This
+//! crate builds that program (build.rs runs clang), loads and attaches it, and gives the server a
+//! small API to fill, invalidate and flush the kernel cache and read its counters.
+//!
+//! Not for: deciding what to cache or when (the server does, under its store's shard locks), or
+//! answering misses (the program passes them up unchanged and the user-space server answers).
+//!
+//! # Why aya (not libbpf-rs)
+//! aya is pure Rust: it parses the ELF/BTF, relocates and loads without linking the C libbpf,
+//! so the only C build step is clang compiling the BPF program itself. libbpf-rs would pull in a
+//! vendored C build of libbpf (plus libelf/zlib) on every build. Map writes are done with raw
+//! bpf(2) calls (`sys.rs`) because they must take `&self` from many server threads at once.
+//!
+//! # Coherence: user space fills, every write invalidates first
+//! The guarantee: *a GET answered by the kernel never returns a value older than the newest write
+//! the server has acknowledged.* It rests on three rules the server must follow:
+//! 1. **Fill** ([`FastPath::fill`]) only from a read that found the item, while still holding that
+//!    item's shard lock.
+//! 2. **Invalidate** ([`FastPath::invalidate`]) in every command that can change an item (set,
+//!    add, replace, append, prepend, cas, delete, incr, decr, touch, gat/gats, ms, md, ma, over
+//!    any transport), while holding the shard lock, *before* changing the store and before the
+//!    reply is sent.
+//! 3. **flush_all** calls [`FastPath::flush_all`] after the store's flush took effect and before
+//!    the reply (a delayed `flush_all N` must call it when the flush takes effect).
+//!
+//! Rules 1 and 2 serialise fill and write per key on the shard lock, so a fill can never put back
+//! a value that a write already replaced: either the fill ran first (and the write deletes it) or
+//! the write ran first (and the fill copies the new value). A kernel reader that looked the old
+//! entry up before the delete is concurrent with the write (the write was not yet acknowledged),
+//! which linearizability allows; one that starts after the acknowledgement cannot find it.
+//!
+//! The alternative the issue offered, a TC egress program that fills the map from the server's
+//! replies, is what BMC does and is why BMC can serve stale data: the reply to a GET is seen on
+//! egress *after* the store lock was released, so a write can land between the read and the
+//! egress fill, and the fill then reinstalls the old value after the write's invalidation. Fixing
+//! that needs version numbers carried through the packet path; filling directly under the lock
+//! needs nothing, and also works for TCP reads, multi-gets and large replies that TC would have to
+//! reassemble.
+//!
+//! flush_all uses an epoch instead of deleting every entry atomically (impossible on a hash map):
+//! every value records the epoch it was filled in, the program treats any other epoch as a miss,
+//! and bumping the epoch is one array-map write. A fill that read the old epoch just before the
+//! bump therefore lands dead. Entries are then deleted in the background of the call.
+//!
+//! TTL: each value carries an absolute CLOCK_MONOTONIC expiry (what `bpf_ktime_get_ns` reads);
+//! the program treats `now >= expiry` as a miss. Use [`monotonic_now_ns`] to convert.
+//!
+//! Memory: the items map is a `BPF_F_NO_PREALLOC` hash (memory grows with use; elements are
+//! RCU-freed, so XDP reads a whole old or whole new element, never a torn one), at most
+//! `entries_max` items of 1456 bytes of value each. Items whose `gets` reply would not fit one
+//! datagram are not cached. When the map is full, new fills are skipped.
+
+pub mod abi;
+pub mod fixtures;
+pub mod item;
+pub mod model;
+mod netlink;
+mod sys;
+
+pub use item::NotCacheable;
+pub use model::Verdict;
+
+use aya::programs::{Xdp, XdpFlags};
+use aya::{Ebpf, EbpfLoader};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The compiled XDP object, built by build.rs from `bpf/xdp_fastpath.c`.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_fastpath.o"));
+/// The do-nothing XDP_PASS object (`bpf/xdp_pass.c`), for test topologies.
+static PASS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_pass.o"));
+
+/// What to attach with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPathConfig {
+    /// memcached UDP port the program answers on (destination port of requests).
+    pub udp_port: u16,
+    /// Most items in the kernel cache (each up to 1456 bytes of value, allocated on use).
+    pub entries_max: u32,
+}
+
+impl Default for FastPathConfig {
+    fn default() -> Self {
+        FastPathConfig { udp_port: 11211, entries_max: abi::ENTRIES_DEFAULT }
+    }
+}
+
+/// Most `entries_max` accepted: about 1.8 GiB of kernel memory in the worst case (~1.7 KiB per
+/// element with hash overhead), and only if that many items are actually filled.
+pub const ENTRIES_MAX_LIMIT: u32 = 1 << 20;
+
+/// Why the fast path could not be set up or used.
+#[derive(Debug)]
+pub enum FastPathError {
+    /// Not root / lacking CAP_BPF+CAP_NET_ADMIN (or CAP_PERFMON for the helpers used).
+    NotPermitted { detail: String },
+    /// No such network interface.
+    InterfaceMissing { name: String },
+    /// The configuration is out of range.
+    BadConfig { detail: String },
+    /// The kernel refused to load the program or create its maps (verifier log included).
+    LoadRefused { detail: String },
+    /// The kernel refused to attach the program to the interface.
+    AttachRefused { detail: String },
+    /// A map operation failed (coherence-relevant for `invalidate`: the caller must not
+    /// acknowledge the write).
+    Map { op: &'static str, error: io::Error },
+}
+
+impl fmt::Display for FastPathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FastPathError::NotPermitted { detail } => write!(
+                f,
+                "XDP fast path needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON): {detail}"
+            ),
+            FastPathError::InterfaceMissing { name } => write!(f, "no network interface named {name:?}"),
+            FastPathError::BadConfig { detail } => write!(f, "bad fast path configuration: {detail}"),
+            FastPathError::LoadRefused { detail } => write!(f, "kernel refused the XDP program: {detail}"),
+            FastPathError::AttachRefused { detail } => write!(f, "kernel refused to attach XDP: {detail}"),
+            FastPathError::Map { op, error } => write!(f, "BPF map {op} failed: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for FastPathError {}
+
+/// How the program ended up attached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// In the driver (native XDP).
+    Native,
+    /// Generic (SKB) mode, because native attach failed for the reason given. Works everywhere
+    /// but saves much less (the skb is already allocated).
+    Generic { native_error: String },
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachMode::Native => write!(f, "native XDP"),
+            AttachMode::Generic { native_error } => write!(
+                f,
+                "generic (SKB) XDP: native mode was refused ({native_error}); the fast path works but gains less"
+            ),
+        }
+    }
+}
+
+/// Result of a fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filled {
+    Cached,
+    NotCacheable(NotCacheable),
+    /// The map is at `entries_max`; the item is served by user space.
+    MapFull,
+}
+
+/// Counter totals over all CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastPathCounters {
+    /// get-like requests answered by the kernel.
+    pub fastpath_hits: u64,
+    /// get-like requests the kernel passed to user space.
+    pub fastpath_misses: u64,
+    /// `invalidate` calls for cacheable keys plus `flush_all` calls.
+    pub fastpath_invalidations: u64,
+}
+
+/// Current CLOCK_MONOTONIC in ns (the clock `bpf_ktime_get_ns` reads), for expiry times.
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Does any error in `e`'s source chain carry errno `code`?
+fn has_errno(e: &(dyn std::error::Error + 'static), code: i32) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if io.raw_os_error() == Some(code) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        s.push_str(": ");
+        s.push_str(&err.to_string());
+        cur = err.source();
+    }
+    s
+}
+
+fn refusal(e: &(dyn std::error::Error + 'static), attach: bool) -> FastPathError {
+    let detail = chain(e);
+    if has_errno(e, libc::EPERM) || has_errno(e, libc::EACCES) && !is_root() {
+        FastPathError::NotPermitted { detail }
+    } else if attach {
+        FastPathError::AttachRefused { detail }
+    } else {
+        FastPathError::LoadRefused { detail }
+    }
+}
+
+/// The loaded (not necessarily attached) program and its maps. [`FastPath`] wraps one attached
+/// to an interface; fixtures use one directly with BPF_PROG_TEST_RUN.
+pub struct Kernel {
+    ebpf: Ebpf,
+    items_fd: RawFd,
+    config_fd: RawFd,
+    counters_fd: RawFd,
+    prog_fd: RawFd,
+    udp_port: u16,
+    epoch: AtomicU64,
+    invalidations: AtomicU64,
+    cpus: usize,
+}
+
+impl Kernel {
+    /// Load the program and create fresh (unpinned, empty) maps.
+    pub fn load(cfg: FastPathConfig) -> Result<Kernel, FastPathError> {
+        if cfg.entries_max == 0 || cfg.entries_max > ENTRIES_MAX_LIMIT {
+            return Err(FastPathError::BadConfig {
+                detail: format!("entries_max {} not in 1..={ENTRIES_MAX_LIMIT}", cfg.entries_max),
+            });
+        }
+        if cfg.udp_port == 0 {
+            return Err(FastPathError::BadConfig { detail: "udp_port 0".into() });
+        }
+        let mut ebpf = EbpfLoader::new()
+            .set_max_entries(abi::MAP_ITEMS, cfg.entries_max)
+            .load(OBJECT)
+            .map_err(|e| refusal(&e, false))?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(abi::PROG_XDP)
+            .ok_or_else(|| FastPathError::LoadRefused { detail: "program missing from object".into() })?
+            .try_into()
+            .map_err(|e| refusal(&e, false))?;
+        prog.load().map_err(|e| refusal(&e, false))?;
+        let prog_fd = prog.fd().map_err(|e| refusal(&e, false))?.as_fd().as_raw_fd();
+        let map_fd = |ebpf: &Ebpf, name: &str| -> Result<RawFd, FastPathError> {
+            let map = ebpf
+                .map(name)
+                .ok_or_else(|| FastPathError::LoadRefused { detail: format!("map {name} missing") })?;
+            let data = match map {
+                aya::maps::Map::HashMap(d) | aya::maps::Map::Array(d) | aya::maps::Map::PerCpuArray(d) => d,
+                _ => return Err(FastPathError::LoadRefused { detail: format!("map {name} has the wrong type") }),
+            };
+            Ok(data.fd().as_fd().as_raw_fd())
+        };
+        let items_fd = map_fd(&ebpf, abi::MAP_ITEMS)?;
+        let config_fd = map_fd(&ebpf, abi::MAP_CONFIG)?;
+        let counters_fd = map_fd(&ebpf, abi::MAP_COUNTERS)?;
+        let cpus = aya::util::nr_cpus().map_err(|(what, error)| FastPathError::LoadRefused {
+            detail: format!("cannot count possible CPUs ({what}): {error}"),
+        })?;
+        let k = Kernel {
+            ebpf,
+            items_fd,
+            config_fd,
+            counters_fd,
+            prog_fd,
+            udp_port: cfg.udp_port,
+            epoch: AtomicU64::new(1),
+            invalidations: AtomicU64::new(0),
+            cpus,
+        };
+        k.write_config(1)?;
+        Ok(k)
+    }
+
+    fn write_config(&self, epoch: u64) -> Result<(), FastPathError> {
+        use abi::Plain;
+        let c = abi::Config { udp_port: self.udp_port, epoch, ..Default::default() };
+        sys::map_update(self.config_fd, 0u32.as_bytes(), c.as_bytes(), sys::BPF_ANY)
+            .map_err(|error| FastPathError::Map { op: "config update", error })
+    }
+
+    /// Cache an item. `expiry_ns` is absolute CLOCK_MONOTONIC ns ([`monotonic_now_ns`]), 0 =
+    /// never. Call only while holding the item's shard lock after reading it (see crate docs).
+    pub fn fill(
+        &self,
+        key: &[u8],
+        flags: u32,
+        cas: u64,
+        value: &[u8],
+        expiry_ns: u64,
+    ) -> Result<Filled, FastPathError> {
+        use abi::Plain;
+        // The epoch is read before the value goes in: see flush_all.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let item = match item::compose(key, flags, cas, value, expiry_ns, epoch) {
+            Ok(it) => it,
+            Err(why) => return Ok(Filled::NotCacheable(why)),
+        };
+        let Some(k) = abi::Key::new(key) else { return Ok(Filled::NotCacheable(NotCacheable::Key)) };
+        match sys::map_update(self.items_fd, k.as_bytes(), item.as_bytes(), sys::BPF_ANY) {
+            Ok(()) => Ok(Filled::Cached),
+            Err(e) if e.raw_os_error() == Some(libc::E2BIG) || e.raw_os_error() == Some(libc::ENOMEM) => {
+                Ok(Filled::MapFull)
+            }
+            Err(error) => Err(FastPathError::Map { op: "fill", error }),
+        }
+    }
+
+    /// Drop the kernel copy of `key`. Call while holding the key's shard lock, before changing
+    /// the store. On `Err` the kernel may still serve the old value: fail the write.
+    pub fn invalidate(&self, key: &[u8]) -> Result<(), FastPathError> {
+        use abi::Plain;
+        // Keys that can never be cached need no delete.
+        let Some(k) = abi::Key::new(key) else { return Ok(()) };
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
+        sys::map_delete(self.items_fd, k.as_bytes())
+            .map(|_| ())
+            .map_err(|error| FastPathError::Map { op: "invalidate", error })
+    }
+
+    /// Invalidate everything at once (epoch bump), then delete the entries.
+    pub fn flush_all(&self) -> Result<(), FastPathError> {
+        let new = self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
+        self.write_config(new)?;
+        self.delete_all()
+    }
+
+    /// Best-effort removal of every entry (already dead after an epoch bump). Bounded: at most
+    /// two passes over `entries_max`-ish keys.
+    fn delete_all(&self) -> Result<(), FastPathError> {
+        let mut key = [0u8; std::mem::size_of::<abi::Key>()];
+        let mut rounds = 0u32;
+        loop {
+            // Always restart from the first key: we delete what we find.
+            match sys::map_next_key(self.items_fd, None, &mut key) {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(error) => return Err(FastPathError::Map { op: "flush iterate", error }),
+            }
+            sys::map_delete(self.items_fd, &key).map_err(|error| FastPathError::Map { op: "flush delete", error })?;
+            rounds += 1;
+            if rounds > 2 * ENTRIES_MAX_LIMIT {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Counter totals.
+    pub fn counters(&self) -> Result<FastPathCounters, FastPathError> {
+        let read = |idx: u32| -> Result<u64, FastPathError> {
+            use abi::Plain;
+            let mut buf = vec![0u8; 8 * self.cpus];
+            sys::map_lookup(self.counters_fd, idx.as_bytes(), &mut buf)
+                .map_err(|error| FastPathError::Map { op: "counters", error })?;
+            Ok(buf
+                .chunks_exact(8)
+                .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .fold(0u64, u64::wrapping_add))
+        };
+        Ok(FastPathCounters {
+            fastpath_hits: read(abi::COUNTER_HITS)?,
+            fastpath_misses: read(abi::COUNTER_MISSES)?,
+            fastpath_invalidations: self.invalidations.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The current flush epoch (values filled now carry it).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// The cached value for `key`, if any (for tests and debugging).
+    pub fn lookup(&self, key: &[u8]) -> Result<Option<abi::Item>, FastPathError> {
+        use abi::Plain;
+        let Some(k) = abi::Key::new(key) else { return Ok(None) };
+        let mut buf = vec![0u8; std::mem::size_of::<abi::Item>()];
+        let found = sys::map_lookup(self.items_fd, k.as_bytes(), &mut buf)
+            .map_err(|error| FastPathError::Map { op: "lookup", error })?;
+        if !found {
+            return Ok(None);
+        }
+        // SAFETY: `buf` holds exactly size_of::<Item>() bytes written by the kernel, Item is
+        // repr(C) of integers and byte arrays (any bit pattern valid), read_unaligned copes with
+        // the Vec's alignment.
+        Ok(Some(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<abi::Item>()) }))
+    }
+
+    /// Run the program on `packet` with BPF_PROG_TEST_RUN (no interface needed). With a
+    /// `repeat` above 1 the kernel reruns the program on the packet *as the previous run left
+    /// it* (a hit turns it into a reply, which then passes), so use [`Kernel::mean_ns`] to time
+    /// hits.
+    pub fn test_run(&self, packet: &[u8], repeat: u32) -> Result<TestRunResult, FastPathError> {
+        let r = sys::prog_test_run(self.prog_fd, packet, repeat)
+            .map_err(|error| FastPathError::Map { op: "BPF_PROG_TEST_RUN", error })?;
+        Ok(TestRunResult { retval: r.retval, verdict: Verdict::from_retval(r.retval), packet: r.data_out, mean_ns: r.duration_ns })
+    }
+
+    /// Mean ns the program takes on `packet`, over `runs` separate single runs (each on a fresh
+    /// copy, so a hit is timed as a hit). Returns the verdict of the last run too.
+    pub fn mean_ns(&self, packet: &[u8], runs: u32) -> Result<(u64, Option<Verdict>), FastPathError> {
+        let runs = runs.clamp(1, 1_000_000);
+        let mut total: u64 = 0;
+        let mut verdict = None;
+        for _ in 0..runs {
+            let r = self.test_run(packet, 1)?;
+            total += u64::from(r.mean_ns);
+            verdict = r.verdict;
+        }
+        Ok((total / u64::from(runs), verdict))
+    }
+
+    fn xdp(&mut self) -> Result<&mut Xdp, FastPathError> {
+        self.ebpf
+            .program_mut(abi::PROG_XDP)
+            .ok_or_else(|| FastPathError::LoadRefused { detail: "program missing".into() })?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| FastPathError::LoadRefused { detail: chain(&e) })
+    }
+}
+
+/// What one BPF_PROG_TEST_RUN returned.
+#[derive(Clone, Debug)]
+pub struct TestRunResult {
+    pub retval: u32,
+    pub verdict: Option<Verdict>,
+    pub packet: Vec<u8>,
+    pub mean_ns: u32,
+}
+
+/// The fast path attached to one interface. Detaches on drop; the maps die with it.
+pub struct FastPath {
+    kernel: Kernel,
+    link: Option<aya::programs::xdp::XdpLinkId>,
+    iface: String,
+    mode: AttachMode,
+}
+
+fn if_index(iface: &str) -> Result<u32, FastPathError> {
+    let missing = || FastPathError::InterfaceMissing { name: iface.to_string() };
+    let c = std::ffi::CString::new(iface).map_err(|_| missing())?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        Err(missing())
+    } else {
+        Ok(idx)
+    }
+}
+
+impl FastPath {
+    /// Load the program with fresh maps and attach it to `iface`, natively if the driver can,
+    /// else in generic mode ([`FastPath::mode`] says which and why). Any XDP program already
+    /// attached to the interface through netlink (e.g. left by `ip link` or a crashed older
+    /// tool) is replaced.
+    pub fn attach(iface: &str, cfg: FastPathConfig) -> Result<FastPath, FastPathError> {
+        let ifindex = if_index(iface)?;
+        if !is_root() {
+            // Loading would fail with EPERM anyway; say why up front. (CAP_BPF without root
+            // also fails here on purpose: the capabilities needed are several.)
+            return Err(FastPathError::NotPermitted { detail: "not running as root".into() });
+        }
+        let mut kernel = Kernel::load(cfg)?;
+        // A program attached via netlink would make the link attach fail with EBUSY.
+        netlink::detach_xdp(ifindex)
+            .map_err(|e| FastPathError::AttachRefused { detail: format!("removing the old XDP program: {e}") })?;
+        let prog = kernel.xdp()?;
+        let (link, mode) = match prog.attach_to_if_index(ifindex, XdpFlags::DRV_MODE) {
+            Ok(l) => (l, AttachMode::Native),
+            Err(native) => {
+                let native_error = chain(&native);
+                match prog.attach_to_if_index(ifindex, XdpFlags::SKB_MODE) {
+                    Ok(l) => (l, AttachMode::Generic { native_error }),
+                    Err(e) => {
+                        let mut err = refusal(&e, true);
+                        if let FastPathError::AttachRefused { detail } = &mut err {
+                            *detail = format!("native: {native_error}; generic: {detail}");
+                        }
+                        return Err(err);
+                    }
+                }
+            }
+        };
+        Ok(FastPath { kernel, link: Some(link), iface: iface.to_string(), mode })
+    }
+
+    /// How it is attached.
+    pub fn mode(&self) -> &AttachMode {
+        &self.mode
+    }
+
+    /// The interface it is attached to.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// See [`Kernel::fill`].
+    pub fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expiry_ns: u64) -> Result<Filled, FastPathError> {
+        self.kernel.fill(key, flags, cas, value, expiry_ns)
+    }
+
+    /// See [`Kernel::invalidate`].
+    pub fn invalidate(&self, key: &[u8]) -> Result<(), FastPathError> {
+        self.kernel.invalidate(key)
+    }
+
+    /// See [`Kernel::flush_all`].
+    pub fn flush_all(&self) -> Result<(), FastPathError> {
+        self.kernel.flush_all()
+    }
+
+    /// See [`Kernel::counters`].
+    pub fn counters(&self) -> Result<FastPathCounters, FastPathError> {
+        self.kernel.counters()
+    }
+
+    /// The loaded program and maps (test runs, lookups).
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+}
+
+impl Drop for FastPath {
+    fn drop(&mut self) {
+        if let (Some(link), Ok(prog)) = (self.link.take(), self.kernel.xdp()) {
+            // Dropping the Ebpf would detach too; doing it here makes the order explicit.
+            let _ = prog.detach(link);
+        }
+    }
+}
+
+/// A do-nothing XDP_PASS program attached to an interface (test topologies: a veth delivers
+/// XDP_TX frames from its peer only when it has an XDP program itself). Detaches on drop.
+pub struct PassProgram {
+    _ebpf: Ebpf,
+}
+
+impl PassProgram {
+    pub fn attach(iface: &str) -> Result<PassProgram, FastPathError> {
+        let ifindex = if_index(iface)?;
+        let mut ebpf = EbpfLoader::new().load(PASS_OBJECT).map_err(|e| refusal(&e, false))?;
+        netlink::detach_xdp(ifindex)
+            .map_err(|e| FastPathError::AttachRefused { detail: format!("removing the old XDP program: {e}") })?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(abi::PROG_XDP_PASS)
+            .ok_or_else(|| FastPathError::LoadRefused { detail: "pass program missing".into() })?
+            .try_into()
+            .map_err(|e| refusal(&e, false))?;
+        prog.load().map_err(|e| refusal(&e, false))?;
+        prog.attach_to_if_index(ifindex, XdpFlags::DRV_MODE)
+            .or_else(|_| prog.attach_to_if_index(ifindex, XdpFlags::SKB_MODE))
+            .map_err(|e| refusal(&e, true))?;
+        Ok(PassProgram { _ebpf: ebpf })
+    }
+}

@@ -1,0 +1,286 @@
+//! A pure-Rust model of the XDP program's decision: the same packet and map state in, the same
+//! verdict and output packet bytes out. Fixtures run both and demand agreement, so the model is
+//! an executable specification of `bpf/xdp_fastpath.c` (and lets tests that cannot load BPF still
+//! check what the kernel would answer).
+//!
+//! Not for: production traffic. It mirrors the C program check for check, including its limits
+//! (at most `KEYS_MAX` keys, room for "END\r\n" reserved even for `mg`).
+
+use crate::abi::{Item, FRAME_HEADER_BYTES, KEYS_MAX, KEY_BYTES_MAX, REPLY_PAYLOAD_BYTES_MAX, REQUEST_BYTES_MAX};
+use crate::item::segments;
+use std::collections::HashMap;
+
+/// XDP verdicts the program returns (numeric values are the kernel's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Drop = 1,
+    Pass = 2,
+    Tx = 3,
+}
+
+impl Verdict {
+    pub fn from_retval(v: u32) -> Option<Verdict> {
+        match v {
+            1 => Some(Verdict::Drop),
+            2 => Some(Verdict::Pass),
+            3 => Some(Verdict::Tx),
+            _ => None,
+        }
+    }
+}
+
+/// What the program did with one packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub verdict: Verdict,
+    /// The packet after the program (unchanged on PASS).
+    pub packet: Vec<u8>,
+    /// Counter deltas.
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// The map state the model reads.
+#[derive(Clone, Debug, Default)]
+pub struct ModelState {
+    pub udp_port: u16,
+    pub epoch: u64,
+    /// CLOCK_MONOTONIC ns "now" for expiry checks.
+    pub now_ns: u64,
+    pub items: HashMap<Vec<u8>, Item>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Get,
+    Gets,
+    MgV,
+    MgVf,
+}
+
+const ETH: usize = 14;
+const REPLY_END: usize = 16 + REPLY_PAYLOAD_BYTES_MAX;
+const TOK_MAX: usize = KEYS_MAX + 1;
+
+fn be16(p: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*p.get(at)?, *p.get(at + 1)?]))
+}
+
+/// Run the model on one packet.
+pub fn model(packet: &[u8], st: &ModelState) -> Outcome {
+    let pass = |misses| Outcome { verdict: Verdict::Pass, packet: packet.to_vec(), hits: 0, misses };
+    match decide(packet, st) {
+        Decision::Pass => pass(0),
+        Decision::Miss => pass(1),
+        Decision::Tx(out) => Outcome { verdict: Verdict::Tx, packet: out, hits: 1, misses: 0 },
+    }
+}
+
+enum Decision {
+    Pass,
+    Miss,
+    Tx(Vec<u8>),
+}
+
+fn decide(p: &[u8], st: &ModelState) -> Decision {
+    use Decision::{Miss, Pass};
+    if st.udp_port == 0 || p.len() < ETH {
+        return Pass;
+    }
+    let ethertype = be16(p, 12).unwrap_or(0);
+    let (v6, l4, udp_len) = match ethertype {
+        0x0800 => {
+            if p.len() < ETH + 20 {
+                return Pass;
+            }
+            let ip = &p[ETH..ETH + 20];
+            if ip[0] != 0x45 || ip[9] != 17 {
+                return Pass;
+            }
+            if be16(ip, 6).unwrap_or(0) & 0x3fff != 0 {
+                return Pass;
+            }
+            let tot = usize::from(be16(ip, 2).unwrap_or(0));
+            if tot < 28 {
+                return Pass;
+            }
+            (false, ETH + 20, tot - 20)
+        }
+        0x86dd => {
+            if p.len() < ETH + 40 {
+                return Pass;
+            }
+            let ip = &p[ETH..ETH + 40];
+            if ip[0] >> 4 != 6 || ip[6] != 17 {
+                return Pass;
+            }
+            (true, ETH + 40, usize::from(be16(ip, 4).unwrap_or(0)))
+        }
+        _ => return Pass,
+    };
+    if p.len() < l4 + 8 {
+        return Pass;
+    }
+    if be16(p, l4 + 2) != Some(st.udp_port) || be16(p, l4 + 4).map(usize::from) != Some(udp_len) {
+        return Pass;
+    }
+    if l4 + udp_len > p.len() || udp_len < 8 + FRAME_HEADER_BYTES + 4 {
+        return Pass;
+    }
+    let pay = l4 + 8 + FRAME_HEADER_BYTES;
+    let n = udp_len - 8 - FRAME_HEADER_BYTES;
+    let req = &p[pay..pay + n.min(REQUEST_BYTES_MAX)];
+    let getlike = req.starts_with(b"get ") || req.starts_with(b"gets ") || req.starts_with(b"mg ");
+    if !getlike {
+        return Pass;
+    }
+    if n > REQUEST_BYTES_MAX {
+        return Miss;
+    }
+    let fh = &p[l4 + 8..l4 + 16];
+    if fh[2..6] != [0, 0, 0, 1] {
+        return Miss;
+    }
+    if !req.ends_with(b"\r\n") {
+        return Miss;
+    }
+    let line = &req[..n - 2];
+    if line.contains(&b'\n') {
+        return Miss;
+    }
+    // memcached's tokenizer: split on ' ', skip empty tokens.
+    let mut toks: Vec<(usize, &[u8])> = Vec::new();
+    let mut start = None;
+    for (i, &c) in line.iter().enumerate().chain(std::iter::once((line.len(), &b' '))) {
+        if c == b' ' {
+            if let Some(s) = start.take() {
+                toks.push((s, &line[s..i]));
+            }
+        } else if start.is_none() {
+            start = Some(i);
+        }
+    }
+    if toks.len() > TOK_MAX || toks.len() < 2 || toks[0].0 != 0 {
+        return Miss;
+    }
+    let (mode, keys): (Mode, &[(usize, &[u8])]) = match toks[0].1 {
+        b"get" => (Mode::Get, &toks[1..]),
+        b"gets" => (Mode::Gets, &toks[1..]),
+        b"mg" => {
+            let flags: Vec<&[u8]> = toks[2..].iter().map(|t| t.1).collect();
+            let mode = match flags.as_slice() {
+                [b"v"] => Mode::MgV,
+                [b"v", b"f"] | [b"f", b"v"] => Mode::MgVf,
+                _ => return Miss,
+            };
+            (mode, &toks[1..2])
+        }
+        _ => return Miss,
+    };
+    if keys.is_empty() || keys.len() > KEYS_MAX {
+        return Miss;
+    }
+    let mut reply = vec![0u8; 16];
+    for &(_, key) in keys {
+        if key.is_empty() || key.len() > KEY_BYTES_MAX {
+            return Miss;
+        }
+        let Some(item) = st.items.get(key) else { return Miss };
+        if item.epoch != st.epoch || (item.expiry_ns != 0 && st.now_ns >= item.expiry_ns) {
+            return Miss;
+        }
+        let Some(s) = segments(item) else { return Miss };
+        let head: Vec<&[u8]> = match mode {
+            Mode::Get => vec![s.a],
+            Mode::Gets => vec![s.a, s.b],
+            Mode::MgV => vec![s.d],
+            Mode::MgVf => vec![s.d, s.e],
+        };
+        let need: usize = head.iter().map(|h| h.len()).sum::<usize>() + s.c.len();
+        if reply.len() + need + 5 > REPLY_END {
+            return Miss;
+        }
+        for h in head {
+            reply.extend_from_slice(h);
+        }
+        reply.extend_from_slice(s.c);
+    }
+    if matches!(mode, Mode::Get | Mode::Gets) {
+        reply.extend_from_slice(b"END\r\n");
+    }
+    let udp_total = reply.len();
+    // UDP header: ports swapped; frame header: same request id, seq 0, total 1.
+    reply[0..2].copy_from_slice(&p[l4 + 2..l4 + 4]);
+    reply[2..4].copy_from_slice(&p[l4..l4 + 2]);
+    reply[4..6].copy_from_slice(&(udp_total as u16).to_be_bytes());
+    reply[8..10].copy_from_slice(&fh[0..2]);
+    reply[10..16].copy_from_slice(&[0, 0, 0, 1, 0, 0]);
+
+    let mut out = Vec::with_capacity(l4 + udp_total);
+    out.extend_from_slice(&p[6..12]);
+    out.extend_from_slice(&p[0..6]);
+    out.extend_from_slice(&p[12..14]);
+    let (src, dst): (Vec<u8>, Vec<u8>);
+    if v6 {
+        let ip = &p[ETH..ETH + 40];
+        src = ip[24..40].to_vec();
+        dst = ip[8..24].to_vec();
+        out.extend_from_slice(&ip[0..4]);
+        out.extend_from_slice(&(udp_total as u16).to_be_bytes());
+        out.push(17);
+        out.push(64);
+        out.extend_from_slice(&src);
+        out.extend_from_slice(&dst);
+    } else {
+        let ip = &p[ETH..ETH + 20];
+        src = ip[16..20].to_vec();
+        dst = ip[12..16].to_vec();
+        let mut h = [0u8; 20];
+        h[0] = 0x45;
+        h[1] = ip[1];
+        h[2..4].copy_from_slice(&((20 + udp_total) as u16).to_be_bytes());
+        h[6] = 0x40;
+        h[8] = 64;
+        h[9] = 17;
+        h[12..16].copy_from_slice(&src);
+        h[16..20].copy_from_slice(&dst);
+        let c = !ones_sum(&[&h]);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        out.extend_from_slice(&h);
+    }
+    let len_bytes = (udp_total as u32).to_be_bytes();
+    let pseudo_tail: Vec<u8> = if v6 {
+        [&len_bytes[..], &[0, 0, 0, 17]].concat()
+    } else {
+        vec![0, 17, len_bytes[2], len_bytes[3]]
+    };
+    let mut c = !ones_sum(&[&src, &dst, &pseudo_tail, &reply]);
+    if c == 0 {
+        c = 0xffff;
+    }
+    reply[6..8].copy_from_slice(&c.to_be_bytes());
+    out.extend_from_slice(&reply);
+    Decision::Tx(out)
+}
+
+/// Ones'-complement 16-bit sum (folded, not inverted) of the concatenation of `parts`, each
+/// part's length a multiple of 2 except possibly the last.
+pub fn ones_sum(parts: &[&[u8]]) -> u16 {
+    let mut sum: u64 = 0;
+    let mut odd: Option<u8> = None;
+    for part in parts {
+        for &b in part.iter() {
+            match odd.take() {
+                None => odd = Some(b),
+                Some(hi) => sum += u64::from(u16::from_be_bytes([hi, b])),
+            }
+        }
+    }
+    if let Some(hi) = odd {
+        sum += u64::from(u16::from_be_bytes([hi, 0]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}

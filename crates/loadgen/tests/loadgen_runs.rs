@@ -1,0 +1,196 @@
+//! End-to-end runs of the slipstream-loadgen binary: against real memcached (TCP and UDP)
+//! when /usr/bin/memcached exists, and against tiny fake servers that misbehave, to prove
+//! errors are counted and fail the run instead of being ignored.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const MEMCACHED: &str = "/usr/bin/memcached";
+
+fn loadgen(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slipstream-loadgen")).args(args).output().expect("run loadgen")
+}
+
+/// A numeric field of the flat JSON line (nested lat_ns fields included), by name.
+fn field(json: &str, name: &str) -> f64 {
+    let pat = format!("\"{name}\":");
+    let at = json.find(&pat).unwrap_or_else(|| panic!("no field {name} in {json}")) + pat.len();
+    let rest = &json[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].parse().unwrap_or_else(|_| panic!("field {name} not a number in {json}"))
+}
+
+struct Memcached(Child);
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_memcached(udp: bool) -> Option<(Memcached, u16)> {
+    if !std::path::Path::new(MEMCACHED).exists() {
+        eprintln!("skipping: {MEMCACHED} not installed");
+        return None;
+    }
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    for attempt in 0..10u32 {
+        let port = 20000 + ((nanos / 7 + attempt * 7919 + std::process::id()) % 40000) as u16;
+        let udp_port = if udp { port.to_string() } else { "0".to_string() };
+        let child = Command::new(MEMCACHED)
+            .args(["-u", "root", "-U", &udp_port, "-l", "127.0.0.1", "-p", &port.to_string(), "-t", "1", "-m", "64"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut mc = Memcached(child);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = mc.0.try_wait() {
+                break; // port taken: try another
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some((mc, port));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = mc.0.kill();
+    }
+    None
+}
+
+#[test]
+fn tcp_against_memcached_hits_everything_without_errors() {
+    let Some((mc, port)) = start_memcached(false) else { return };
+    let server = format!("127.0.0.1:{port}");
+    let pid = mc.0.id().to_string();
+    let out = loadgen(&[
+        "--server", &server, "--conns", "4", "--pipeline", "8", "--keys", "200", "--duration-s", "0.6",
+        "--warmup-s", "0.2", "--prefill", "--server-pid", &pid,
+    ]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout {json} stderr {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json.lines().count(), 1);
+    assert_eq!(field(&json, "errors"), 0.0);
+    assert_eq!(field(&json, "conn_failures"), 0.0);
+    assert_eq!(field(&json, "misses"), 0.0, "prefilled keys must all hit");
+    assert!(field(&json, "hits") > 100.0);
+    assert!(field(&json, "sets") > 100.0);
+    assert_eq!(field(&json, "ops"), field(&json, "sets") + field(&json, "gets"));
+    assert!(field(&json, "p50") > 0.0 && field(&json, "p50") <= field(&json, "p99"));
+    assert!(field(&json, "server_cpu_s") >= 0.0);
+}
+
+#[test]
+fn tcp_without_prefill_sees_misses() {
+    let Some((_mc, port)) = start_memcached(false) else { return };
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{json}");
+    assert!(field(&json, "misses") > 0.0);
+    assert_eq!(field(&json, "hits"), 0.0);
+    assert_eq!(field(&json, "sets"), 0.0);
+}
+
+#[test]
+fn udp_against_memcached_gets_hits() {
+    let Some((_mc, port)) = start_memcached(true) else { return };
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&[
+        "--udp", "--server", &server, "--conns", "2", "--pipeline", "8", "--keys", "100", "--duration-s", "0.5",
+        "--warmup-s", "0.1", "--prefill",
+    ]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(field(&json, "errors"), 0.0);
+    assert_eq!(field(&json, "misses"), 0.0);
+    assert!(field(&json, "hits") > 100.0, "{json}");
+}
+
+/// A fake server answering every line with `reply` (or closing at once when None).
+fn fake_server(reply: Option<&'static [u8]>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let Some(reply) = reply else { continue }; // dropped: closed
+            std::thread::spawn(move || {
+                let mut w = conn.try_clone().expect("clone");
+                let mut r = BufReader::new(conn);
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    match r.read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {
+                            if w.write_all(reply).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn error_replies_are_counted_and_fail_the_run() {
+    let port = fake_server(Some(b"SERVER_ERROR out of memory\r\n"));
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{json}");
+    assert!(field(&json, "errors") > 0.0);
+    assert_eq!(field(&json, "hits") + field(&json, "misses"), 0.0);
+}
+
+#[test]
+fn closed_connections_are_counted_and_fail_the_run() {
+    let port = fake_server(None);
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&["--server", &server, "--conns", "3", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{json}");
+    assert_eq!(field(&json, "conn_failures"), 3.0);
+}
+
+#[test]
+fn bad_arguments_exit_2() {
+    let out = loadgen(&["--pipeline", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = loadgen(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--udp"));
+}
+
+#[test]
+fn silent_servers_show_as_stalled_connections() {
+    // Accepts, reads and never answers: every connection is owed replies at the end.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn);
+                let mut sink = Vec::new();
+                while matches!(r.read_until(b'\n', &mut sink), Ok(n) if n > 0) {
+                    sink.clear();
+                }
+            });
+        }
+    });
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&["--server", &server, "--conns", "2", "--duration-s", "1.2", "--warmup-s", "0"]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{json}");
+    assert_eq!(field(&json, "stalled_conns"), 2.0);
+    assert_eq!(field(&json, "ops"), 0.0);
+}

@@ -1,0 +1,112 @@
+//! A self-contained executor harness: a store, settings, counters and connection state wired
+//! together without sockets, so tests and the fuzz targets can drive the protocol executors the
+//! same way the network loop does.
+//!
+//! Not for: production serving (the network loop builds its own `Ctx` per event).
+
+use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
+use crate::stats::{ServerInfo, ThreadStats};
+use crate::{memcache_binary, memcache_text};
+use slipstream_store::{Clock, Store, StoreConfig};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Requests executed per `feed` call at most — a bound so a buggy executor cannot loop forever.
+pub const STEPS_PER_FEED_MAX: usize = 1 << 20;
+
+pub struct Harness {
+    pub store: Arc<Store>,
+    pub stats: Arc<ThreadStats>,
+    pub settings: Settings,
+    pub info: ServerInfo,
+    pub conn: ConnState,
+    /// Bytes received but not yet consumed (a request split across reads waits here).
+    pub pending: Vec<u8>,
+    pub closed: bool,
+    pub shutdown: bool,
+}
+
+impl Harness {
+    pub fn new(store_cfg: StoreConfig, clock: Clock) -> Harness {
+        let stats = Arc::new(ThreadStats::default());
+        let item_bytes_max = store_cfg.item_bytes_max;
+        Harness {
+            store: Arc::new(Store::with_clock(store_cfg, clock)),
+            stats: stats.clone(),
+            settings: Settings::default(),
+            info: ServerInfo {
+                started: Instant::now(),
+                pid: std::process::id(),
+                threads: 1,
+                conn_limit: 1024,
+                tcp_port: 0,
+                udp_port: 0,
+                item_bytes_max,
+                curr_connections: AtomicU64::new(1),
+                per_thread: vec![stats],
+                fastpath_enabled: false,
+            },
+            conn: ConnState::new(Transport::Tcp),
+            pending: Vec::new(),
+            closed: false,
+            shutdown: false,
+        }
+    }
+
+    /// Small store with a manual clock: what most tests want.
+    pub fn small() -> Harness {
+        let cfg = StoreConfig { memory_bytes_max: 8 << 20, item_bytes_max: 1 << 20, shards: 4, cas_enabled: true };
+        Harness::new(cfg, Clock::manual(1_700_000_000))
+    }
+
+    /// Feed bytes as if one read returned them; returns the replies produced. Mirrors the
+    /// network loop: protocol chosen by the connection's first byte, requests executed until
+    /// one is incomplete, the connection closes, or the server is told to shut down.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        if self.closed {
+            return out;
+        }
+        self.pending.extend_from_slice(bytes);
+        let mut start = 0usize;
+        for _ in 0..STEPS_PER_FEED_MAX {
+            let input = &self.pending[start..];
+            if input.is_empty() {
+                break;
+            }
+            if self.conn.protocol == Protocol::Undecided {
+                self.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
+            }
+            let mut ctx = Ctx {
+                store: &self.store,
+                stats: &self.stats,
+                settings: &self.settings,
+                server: &self.info,
+                conn: &mut self.conn,
+            };
+            let step = match ctx.conn.protocol {
+                Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut out),
+                _ => memcache_text::execute(&mut ctx, input, &mut out),
+            };
+            match step {
+                Step::Consumed(n) => {
+                    assert!(n > 0 && n <= input.len(), "executor consumed {n} of {} bytes", input.len());
+                    start += n;
+                }
+                Step::Incomplete => break,
+                Step::Close => {
+                    self.closed = true;
+                    break;
+                }
+                Step::Shutdown => {
+                    self.shutdown = true;
+                    self.closed = true;
+                    break;
+                }
+            }
+        }
+        self.pending.drain(..start);
+        out
+    }
+}

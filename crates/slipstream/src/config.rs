@@ -1,0 +1,347 @@
+//! Configuration: embedded defaults (memcached's), then `--config FILE` (TOML), then command-line
+//! flags, each overriding the one before.
+//!
+//! Not for: validating protocol input; only start-up settings live here.
+
+use serde::Deserialize;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// Upper bounds that keep a typo from asking for absurd resources.
+pub const THREADS_MAX: usize = 256;
+pub const CONN_LIMIT_MAX: usize = 1_000_000;
+pub const ITEM_BYTES_MIN: usize = 1024;
+pub const ITEM_BYTES_MAX: usize = 1024 * 1024 * 1024;
+pub const MEMORY_MB_MAX: usize = 1024 * 1024;
+
+#[derive(Debug)]
+pub enum ConfigError {
+    Usage(String),
+    File { path: String, message: String },
+    Value { name: &'static str, value: String, why: String },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Usage(m) => write!(f, "{m}"),
+            ConfigError::File { path, message } => write!(f, "config file {path}: {message}"),
+            ConfigError::Value { name, value, why } => write!(f, "bad value `{value}` for {name}: {why}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub port: u16,
+    pub udp_port: u16,
+    pub listen: IpAddr,
+    pub threads: usize,
+    pub memory_mb: usize,
+    pub conn_limit: usize,
+    pub item_bytes_max: usize,
+    pub cas_enabled: bool,
+    pub flush_enabled: bool,
+    pub shutdown_enabled: bool,
+    pub verbose: u8,
+    pub admin_addr: Option<SocketAddr>,
+    pub xdp_iface: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            port: 11211,
+            udp_port: 0,
+            listen: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            threads: 4,
+            memory_mb: 64,
+            conn_limit: 1024,
+            item_bytes_max: 1024 * 1024,
+            cas_enabled: true,
+            flush_enabled: true,
+            shutdown_enabled: false,
+            verbose: 0,
+            admin_addr: None,
+            xdp_iface: None,
+        }
+    }
+}
+
+/// The TOML file's shape. Every key is optional; names match the long flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    server: Option<FileServer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileServer {
+    port: Option<u16>,
+    udp_port: Option<u16>,
+    listen: Option<String>,
+    threads: Option<usize>,
+    memory_limit_mb: Option<usize>,
+    conn_limit: Option<usize>,
+    max_item_size: Option<String>,
+    disable_cas: Option<bool>,
+    disable_flush_all: Option<bool>,
+    enable_shutdown: Option<bool>,
+    admin: Option<String>,
+    xdp: Option<String>,
+}
+
+fn bad(name: &'static str, value: &str, why: &str) -> ConfigError {
+    ConfigError::Value { name, value: value.to_string(), why: why.to_string() }
+}
+
+fn parse_num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError> {
+    v.trim().parse::<T>().map_err(|_| bad(name, v, "not a number in range"))
+}
+
+/// memcached's `-I` syntax: bytes, or a number with k/m suffix.
+pub fn parse_size(name: &'static str, v: &str) -> Result<usize, ConfigError> {
+    let t = v.trim();
+    let (digits, mult) = match t.as_bytes().last() {
+        Some(b'k') | Some(b'K') => (&t[..t.len() - 1], 1024usize),
+        Some(b'm') | Some(b'M') => (&t[..t.len() - 1], 1024 * 1024),
+        Some(b'g') | Some(b'G') => (&t[..t.len() - 1], 1024 * 1024 * 1024),
+        _ => (t, 1),
+    };
+    let n: usize = parse_num(name, digits)?;
+    n.checked_mul(mult).ok_or_else(|| bad(name, v, "too large"))
+}
+
+fn parse_ip(name: &'static str, v: &str) -> Result<IpAddr, ConfigError> {
+    let t = v.trim();
+    if t == "localhost" {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    let t = t.trim_start_matches('[').trim_end_matches(']');
+    t.parse::<IpAddr>().map_err(|_| bad(name, v, "not an IPv4 or IPv6 address (one address; lists are not supported)"))
+}
+
+fn parse_sockaddr(name: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.trim().parse::<SocketAddr>().map_err(|_| bad(name, v, "expected ADDR:PORT, e.g. 127.0.0.1:9180"))
+}
+
+impl Config {
+    pub fn from_args(args: &[String]) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        // The config file first, wherever --config appears, so flags override it.
+        let mut i = 0;
+        while i < args.len() {
+            let a = &args[i];
+            if let Some(p) = a.strip_prefix("--config=") {
+                cfg.apply_file(p)?;
+            } else if a == "--config" {
+                let p = args.get(i + 1).ok_or_else(|| ConfigError::Usage("--config needs a file".into()))?;
+                cfg.apply_file(p)?;
+                i += 1;
+            }
+            i += 1;
+        }
+        let mut i = 0;
+        while i < args.len() {
+            let a = args[i].as_str();
+            // Split `--name=value`, `-p11211`, or take the next argument.
+            let (flag, inline): (&str, Option<&str>) = if let Some(rest) = a.strip_prefix("--") {
+                match rest.split_once('=') {
+                    Some((f, v)) => (f, Some(v)),
+                    None => (rest, None),
+                }
+            } else if a.len() > 2 && a.starts_with('-') && !a.starts_with("-v") {
+                (&a[1..2], Some(&a[2..]))
+            } else if let Some(rest) = a.strip_prefix('-') {
+                (rest, None)
+            } else {
+                return Err(ConfigError::Usage(format!("unexpected argument `{a}`")));
+            };
+            let takes_value = matches!(
+                flag,
+                "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
+                    | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
+            );
+            let value = if takes_value {
+                match inline {
+                    Some(v) => v.to_string(),
+                    None => {
+                        i += 1;
+                        args.get(i).cloned().ok_or_else(|| ConfigError::Usage(format!("{a} needs a value")))?
+                    }
+                }
+            } else {
+                if inline.is_some() {
+                    return Err(ConfigError::Usage(format!("{a} takes no value")));
+                }
+                String::new()
+            };
+            match flag {
+                "p" | "port" => cfg.port = parse_num("--port", &value)?,
+                "U" | "udp-port" => cfg.udp_port = parse_num("--udp-port", &value)?,
+                "l" | "listen" => cfg.listen = parse_ip("--listen", &value)?,
+                "t" | "threads" => cfg.threads = parse_num("--threads", &value)?,
+                "m" | "memory-limit" => cfg.memory_mb = parse_num("--memory-limit", &value)?,
+                "c" | "conn-limit" => cfg.conn_limit = parse_num("--conn-limit", &value)?,
+                "I" | "max-item-size" => cfg.item_bytes_max = parse_size("--max-item-size", &value)?,
+                "C" | "disable-cas" => cfg.cas_enabled = false,
+                "F" | "disable-flush-all" => cfg.flush_enabled = false,
+                "A" | "enable-shutdown" => cfg.shutdown_enabled = true,
+                "u" | "user" => {}
+                "v" | "verbose" => cfg.verbose = cfg.verbose.saturating_add(1),
+                "vv" => cfg.verbose = cfg.verbose.saturating_add(2),
+                "vvv" => cfg.verbose = cfg.verbose.saturating_add(3),
+                "config" => {}
+                "admin" => cfg.admin_addr = Some(parse_sockaddr("--admin", &value)?),
+                "xdp" => cfg.xdp_iface = Some(value),
+                _ => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
+            }
+            i += 1;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn apply_file(&mut self, path: &str) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::File { path: path.to_string(), message: e.to_string() })?;
+        let file: FileConfig =
+            toml::from_str(&text).map_err(|e| ConfigError::File { path: path.to_string(), message: e.to_string() })?;
+        if let Some(s) = file.server {
+            if let Some(v) = s.port {
+                self.port = v;
+            }
+            if let Some(v) = s.udp_port {
+                self.udp_port = v;
+            }
+            if let Some(v) = s.listen {
+                self.listen = parse_ip("server.listen", &v)?;
+            }
+            if let Some(v) = s.threads {
+                self.threads = v;
+            }
+            if let Some(v) = s.memory_limit_mb {
+                self.memory_mb = v;
+            }
+            if let Some(v) = s.conn_limit {
+                self.conn_limit = v;
+            }
+            if let Some(v) = s.max_item_size {
+                self.item_bytes_max = parse_size("server.max_item_size", &v)?;
+            }
+            if let Some(v) = s.disable_cas {
+                self.cas_enabled = !v;
+            }
+            if let Some(v) = s.disable_flush_all {
+                self.flush_enabled = !v;
+            }
+            if let Some(v) = s.enable_shutdown {
+                self.shutdown_enabled = v;
+            }
+            if let Some(v) = s.admin {
+                self.admin_addr = Some(parse_sockaddr("server.admin", &v)?);
+            }
+            if let Some(v) = s.xdp {
+                self.xdp_iface = Some(v);
+            }
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.threads == 0 || self.threads > THREADS_MAX {
+            return Err(bad("--threads", &self.threads.to_string(), &format!("must be 1..={THREADS_MAX}")));
+        }
+        if self.conn_limit == 0 || self.conn_limit > CONN_LIMIT_MAX {
+            return Err(bad("--conn-limit", &self.conn_limit.to_string(), &format!("must be 1..={CONN_LIMIT_MAX}")));
+        }
+        if self.memory_mb == 0 || self.memory_mb > MEMORY_MB_MAX {
+            return Err(bad("--memory-limit", &self.memory_mb.to_string(), &format!("must be 1..={MEMORY_MB_MAX}")));
+        }
+        if self.item_bytes_max < ITEM_BYTES_MIN || self.item_bytes_max > ITEM_BYTES_MAX {
+            return Err(bad("--max-item-size", &self.item_bytes_max.to_string(), "must be between 1k and 1g"));
+        }
+        if self.item_bytes_max > self.memory_mb * 1024 * 1024 / 2 {
+            return Err(bad(
+                "--max-item-size",
+                &self.item_bytes_max.to_string(),
+                "cannot be larger than half of --memory-limit",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        (self.port != 0).then(|| SocketAddr::new(self.listen, self.port))
+    }
+
+    pub fn udp_addr(&self) -> Option<SocketAddr> {
+        (self.udp_port != 0).then(|| SocketAddr::new(self.listen, self.udp_port))
+    }
+
+    /// Lock shards: as many as memory allows while every shard can still hold a few of the
+    /// largest items (each shard gets memory / shards), capped at 64.
+    pub fn store_shards(&self) -> usize {
+        let mem = self.memory_mb * 1024 * 1024;
+        let fit = (mem / (4 * self.item_bytes_max)).clamp(1, 64);
+        // Largest power of two not above `fit`.
+        1usize << (usize::BITS - 1 - fit.leading_zeros())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn defaults_are_memcacheds() {
+        let c = Config::from_args(&[]).unwrap();
+        assert_eq!((c.port, c.udp_port, c.threads, c.memory_mb, c.conn_limit, c.item_bytes_max), (11211, 0, 4, 64, 1024, 1 << 20));
+    }
+
+    #[test]
+    fn short_long_and_inline_flags() {
+        let c = Config::from_args(&args("-p 1234 -U5678 --threads=2 -m 128 -c 10 -I 2m -l 127.0.0.1 -A -C -vv")).unwrap();
+        assert_eq!((c.port, c.udp_port, c.threads, c.memory_mb, c.conn_limit), (1234, 5678, 2, 128, 10));
+        assert_eq!(c.item_bytes_max, 2 << 20);
+        assert!(c.shutdown_enabled && !c.cas_enabled);
+        assert_eq!(c.verbose, 2);
+        assert_eq!(c.listen, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        assert!(matches!(Config::from_args(&args("-p notaport")), Err(ConfigError::Value { .. })));
+        assert!(matches!(Config::from_args(&args("-t 0")), Err(ConfigError::Value { .. })));
+        assert!(matches!(Config::from_args(&args("-I 10")), Err(ConfigError::Value { .. })));
+        assert!(matches!(Config::from_args(&args("--bogus")), Err(ConfigError::Usage(_))));
+        assert!(matches!(Config::from_args(&args("-p")), Err(ConfigError::Usage(_))));
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = std::env::temp_dir().join(format!("slipstream-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "[server]\nport = 2000\nthreads = 3\nmax_item_size = \"512k\"\n").unwrap();
+        let c = Config::from_args(&args(&format!("--config {} -p 3000", f.display()))).unwrap();
+        assert_eq!((c.port, c.threads, c.item_bytes_max), (3000, 3, 512 * 1024));
+        std::fs::write(&f, "[server]\nprot = 2000\n").unwrap();
+        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn shards_power_of_two_and_fit() {
+        let c = Config::from_args(&args("-m 64")).unwrap();
+        assert_eq!(c.store_shards(), 16);
+        let c = Config::from_args(&args("-m 4096")).unwrap();
+        assert_eq!(c.store_shards(), 64);
+        let c = Config::from_args(&args("-m 2 -I 1m")).unwrap();
+        assert_eq!(c.store_shards(), 1);
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian machine: installs only what is missing.
+# Called by `make run`, `make test` and `make bench`. Needs root (or sudo) only when something
+# is missing.
+set -euo pipefail
+
+# Debian packages: the peer we compare against (memcached), its test tool (memccapable), the
+# eBPF toolchain for the kernel fast path, and the network tools the netns tests use.
+DEB_PKGS=(memcached libmemcached-tools clang llvm libbpf-dev iproute2 netcat-openbsd python3-pip)
+
+missing=()
+for p in "${DEB_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Rust toolchain: must already be there (rustup is not fetched by this script).
+if ! command -v cargo >/dev/null 2>&1; then
+  for d in "$HOME/.cargo/bin" /usr/local/cargo/bin; do
+    [ -x "$d/cargo" ] && export PATH="$d:$PATH"
+  done
+fi
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+
+# Python test dependencies.
+PY=${PYTHON:-python3}
+if ! $PY -c 'import pytest, pymemcache' >/dev/null 2>&1; then
+  echo "setup: installing Python test packages"
+  $PY -m pip install -q -r tests/requirements.txt 2>/dev/null || \
+    $PY -m pip install -q --break-system-packages -r tests/requirements.txt
+fi
+exit 0
