@@ -201,6 +201,13 @@ pub enum Request<'a> {
     Shutdown(ShutdownMode),
     /// A meta command (`mg ms md ma mn me`): hand the whole input to the meta parser.
     Meta,
+    /// An administrative command whose memcached answer follows from its arguments alone
+    /// (`cache_memlimit`, `slabs automove`, `lru_crawler` tuning): send `line` unless noreply.
+    /// Slipstream accepts these for compatibility without changing its own behaviour.
+    Admin {
+        line: &'static [u8],
+        noreply: bool,
+    },
 }
 
 /// How memcached answers bytes that are not a valid request.
@@ -656,8 +663,43 @@ fn parse_line<'a>(
         b"stats" => parse_stats(&t, consumed),
         // Commands memcached knows but Slipstream does not offer; memcached's own answers
         // need its slab allocator, LRU crawler or log watchers.
-        b"slabs" | b"cache_memlimit" | b"lru_crawler" | b"watch" | b"lru" | b"misbehave"
-        | b"extstore" => bad(TextErrorKind::Error),
+        b"cache_memlimit" => {
+            if n != 2 && n != 3 {
+                return bad(TextErrorKind::Error);
+            }
+            let noreply = t.noreply();
+            let line: &'static [u8] = match safe_strtoul(t.get(1)) {
+                None => b"ERROR\r\n",
+                Some(mb) if mb < 8 => b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n",
+                Some(mb) if mb > 1_000_000_000 => {
+                    b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
+                }
+                Some(_) => b"OK\r\n",
+            };
+            complete(Request::Admin { line, noreply }, consumed)
+        }
+        b"slabs" => parse_slabs(&t, consumed),
+        b"lru_crawler" => {
+            let line: &'static [u8] = match (n, t.get(1)) {
+                (3, b"tocrawl") | (3, b"sleep") => match safe_strtoul(t.get(2)) {
+                    None => b"CLIENT_ERROR bad command line format\r\n",
+                    Some(v) if t.get(1) == b"sleep" && v > 1_000_000 => {
+                        b"CLIENT_ERROR sleep must be one second or less\r\n"
+                    }
+                    Some(_) => b"OK\r\n",
+                },
+                (2, b"enable") | (2, b"disable") => b"OK\r\n",
+                _ => b"ERROR\r\n",
+            };
+            complete(
+                Request::Admin {
+                    line,
+                    noreply: false,
+                },
+                consumed,
+            )
+        }
+        b"watch" | b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
         _ => {
             // memcached closes on what looks like an HTTP request line.
             let last = t.get(n.saturating_sub(1));
@@ -740,6 +782,51 @@ fn parse_storage<'a>(
             noreply,
         },
         need,
+    )
+}
+
+/// `slabs automove <0|1|2>` / `slabs automove ratio <r>` / `slabs reassign <src> <dst>`.
+fn parse_slabs<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count;
+    let line: &'static [u8] = if n == 4 && t.get(1) == b"reassign" {
+        match (safe_strtol(t.get(2)), safe_strtol(t.get(3))) {
+            (Some(src), Some(dst)) if src == dst => b"SAME src and dst class are identical\r\n",
+            (Some(src), Some(dst)) if !(0..64).contains(&src) || !(0..64).contains(&dst) => {
+                b"BADCLASS invalid src or dst class id\r\n"
+            }
+            // Slipstream has no slab pages to move.
+            (Some(_), Some(_)) => b"NOSPARE source class has no spare pages\r\n",
+            _ => b"CLIENT_ERROR bad command line format\r\n",
+        }
+    } else if n >= 3 && t.get(1) == b"automove" {
+        let noreply = t.noreply();
+        let line: &'static [u8] = if t.get(2) == b"ratio" {
+            let ratio_ok = n >= 4 && {
+                let r = t.get(3);
+                !r.is_empty() && r.iter().all(|b| b.is_ascii_digit() || *b == b'.')
+            };
+            if ratio_ok {
+                b"OK\r\n"
+            } else {
+                b"ERROR\r\n"
+            }
+        } else {
+            match safe_strtoul(t.get(2)) {
+                None => b"CLIENT_ERROR bad command line format\r\n",
+                Some(0..=2) => b"OK\r\n",
+                Some(_) => b"ERROR\r\n",
+            }
+        };
+        return complete(Request::Admin { line, noreply }, consumed);
+    } else {
+        b"ERROR\r\n"
+    };
+    complete(
+        Request::Admin {
+            line,
+            noreply: false,
+        },
+        consumed,
     )
 }
 
@@ -1442,6 +1529,21 @@ mod tests {
         }
         assert_eq!(err(b"mx a\r\n").0, Error);
         assert_eq!(err(b"misbehave\r\n").0, Error);
+        let admin = |i: &'static [u8]| match ok(i).0 {
+            Request::Admin { line, noreply } => (line, noreply),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(admin(b"cache_memlimit 100\r\n"), (&b"OK\r\n"[..], false));
+        assert_eq!(admin(b"cache_memlimit abc\r\n"), (&b"ERROR\r\n"[..], false));
+        assert_eq!(
+            admin(b"cache_memlimit 100 noreply\r\n"),
+            (&b"OK\r\n"[..], true)
+        );
+        assert_eq!(admin(b"slabs automove 1\r\n"), (&b"OK\r\n"[..], false));
+        assert_eq!(admin(b"slabs automove 3\r\n"), (&b"ERROR\r\n"[..], false));
+        assert_eq!(admin(b"slabs\r\n"), (&b"ERROR\r\n"[..], false));
+        assert_eq!(admin(b"lru_crawler bogus\r\n"), (&b"ERROR\r\n"[..], false));
+        assert_eq!(admin(b"lru_crawler sleep 5\r\n"), (&b"OK\r\n"[..], false));
         assert_eq!(err(b"foo HTTP/1.1\r\n").0, Close);
         assert_eq!(err(b"GET / HTTP/1.1\r\n").0, Close);
         assert_eq!(err(b"foo bar\r\n").0, Error);

@@ -38,11 +38,15 @@ pub struct ConnState {
     pub swallow_bytes: usize,
     /// Binary protocol: replies of quiet commands held back until a non-quiet one.
     pub quiet_pending: bool,
+    /// UDP only: offsets in `out` where memcached would start a new response object (each
+    /// key of a multi-get is its own). The UDP loop sends each non-empty piece as its own
+    /// message, as memcached does.
+    pub udp_marks: Vec<usize>,
 }
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false }
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new() }
     }
 }
 
@@ -82,6 +86,9 @@ pub struct Ctx<'a> {
 }
 
 /// What handling one request did.
+///
+/// `out` holds only replies not yet handed to the socket; an executor may truncate it to
+/// emulate memcached discarding unsent replies (it does so on some errors and on close).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Used this many bytes (> 0) of the input; replies (if any) are in `out`.

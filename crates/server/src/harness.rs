@@ -46,6 +46,8 @@ impl Harness {
                 curr_connections: AtomicU64::new(1),
                 per_thread: vec![stats],
                 fastpath_enabled: false,
+                listen_interface: None,
+                verbosity: AtomicU64::new(0),
             },
             conn: ConnState::new(Transport::Tcp),
             pending: Vec::new(),

@@ -539,6 +539,8 @@ mod tests {
                 curr_connections: AtomicU64::new(1),
                 per_thread: vec![stats.clone()],
                 fastpath_enabled: false,
+                listen_interface: None,
+                verbosity: AtomicU64::new(0),
             };
             Rig { store, stats, settings: Settings::default(), server, conn: ConnState::new(Transport::Tcp) }
         }

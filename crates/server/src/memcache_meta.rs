@@ -80,15 +80,12 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         }
         None => false,
     };
-    // `..default()` keeps this compiling if the store grows an option (see the report on
-    // giving mg alone the win-token logic).
-    #[allow(clippy::needless_update)]
     let opts = GetOpts {
         touch_exptime: if touch_later { None } else { f.ttl.map(i64::from) },
         vivify_exptime: f.vivify.map(i64::from),
         recache_below_s: f.recache.map(i64::from),
         bump: !f.no_bump,
-        ..GetOpts::default()
+        win_tokens: true,
     };
     // A vivified item has no exptime until memcached reaches the N flag, so a `t` before
     // N prints -1.
@@ -373,6 +370,8 @@ mod tests {
                     curr_connections: AtomicU64::new(0),
                     per_thread: Vec::new(),
                     fastpath_enabled: false,
+                    listen_interface: None,
+                    verbosity: AtomicU64::new(0),
                 },
                 conn: ConnState::new(Transport::Tcp),
             }

@@ -54,6 +54,7 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
                 TextErrorKind::Close => {
                     // memcached closes without writing the replies it still holds.
                     out.clear();
+                    ctx.conn.udp_marks.clear();
                     return Step::Close;
                 }
                 // memcached counts the set as soon as the data block is read, before checking it.
@@ -191,10 +192,12 @@ fn run(
             out.extend_from_slice(ctx.settings.version.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        // memcached's verbosity only changes its stderr logging; Slipstream's logging is set
-        // on the command line, so the level is accepted and not kept (`stats settings` keeps
-        // printing 0: a per-server place to keep it would need a field in `ServerInfo`).
-        Request::Verbosity { noreply, .. } => reply(out, noreply, b"OK\r\n"),
+        // memcached's verbosity only changes its stderr logging; the level is kept so that
+        // `stats settings` reports it, as memcached does.
+        Request::Verbosity { level, noreply } => {
+            ctx.server.verbosity.store(u64::from(level), std::sync::atomic::Ordering::Relaxed);
+            reply(out, noreply, b"OK\r\n")
+        }
         Request::Stats(cmd) => stats(ctx, cmd, out),
         Request::Quit => return Step::Close,
         Request::Shutdown(mode) => {
@@ -207,10 +210,12 @@ fn run(
                 // holds; `shutdown graceful` differs only in how the server drains, which the
                 // loop decides.
                 out.clear();
+                ctx.conn.udp_marks.clear();
                 return Step::Shutdown;
             }
         }
         Request::Meta => return crate::memcache_meta::execute(ctx, input, out),
+        Request::Admin { line, noreply } => reply(out, noreply, line),
     }
     Step::Consumed(consumed)
 }
@@ -228,11 +233,17 @@ fn get(
         ..GetOpts::default()
     };
     let stats = ctx.stats;
+    let udp = ctx.conn.transport == crate::exec::Transport::Udp;
     for key in keys {
+        if udp {
+            // memcached answers each key of a UDP multi-get as its own response message.
+            ctx.conn.udp_marks.push(out.len());
+        }
         if key.len() > KEY_BYTES_MAX {
             // memcached 1.6.18 culls every reply not yet written to the socket — this
             // request's VALUEs and those of earlier requests in the same read batch.
             out.clear();
+            ctx.conn.udp_marks.clear();
             out.extend_from_slice(BAD_FORMAT);
             return;
         }
@@ -529,8 +540,8 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         ("maxconns", n(info.conn_limit as u64)),
         ("tcpport", n(u64::from(info.tcp_port))),
         ("udpport", n(u64::from(info.udp_port))),
-        ("inter", b"NULL".to_vec()),
-        ("verbosity", n(0)),
+        ("inter", ctx.server.listen_interface.as_deref().unwrap_or("NULL").as_bytes().to_vec()),
+        ("verbosity", n(ctx.server.verbosity.load(std::sync::atomic::Ordering::Relaxed))),
         ("oldest", n(0)),
         ("evictions", b"on".to_vec()),
         ("domain_socket", b"NULL".to_vec()),

@@ -198,6 +198,7 @@ impl Server {
                 udp_in: vec![0u8; UDP_DATAGRAM_BYTES_MAX],
                 udp_out: Vec::with_capacity(UDP_DATAGRAM_BYTES_MAX),
                 udp_frame: Vec::with_capacity(udp::REPLY_PAYLOAD_BYTES_MAX + udp::FRAME_HEADER_BYTES),
+                udp_state: ConnState::new(Transport::Udp),
             };
             let h = std::thread::Builder::new()
                 .name(format!("slipstream-w{i}"))
@@ -253,6 +254,8 @@ struct Worker {
     udp_in: Vec<u8>,
     udp_out: Vec<u8>,
     udp_frame: Vec<u8>,
+    /// Protocol state for UDP requests, reset per datagram (kept to reuse its buffers).
+    udp_state: ConnState,
 }
 
 /// What handling an event decided for a connection.
@@ -435,18 +438,23 @@ impl Worker {
                 continue;
             };
             self.udp_out.clear();
-            let mut state = ConnState::new(Transport::Udp);
+            let state = &mut self.udp_state;
+            state.protocol = Protocol::Undecided;
+            state.swallow_bytes = 0;
+            state.udp_marks.clear();
             let mut ctx = Ctx {
                 store: &self.store,
                 stats: &self.stats,
                 settings: &self.settings,
                 server: &self.info,
-                conn: &mut state,
+                conn: state,
             };
             let mut input = payload;
             let mut bounded = 0usize;
             while !input.is_empty() && bounded < 4096 {
                 bounded += 1;
+                // Every request starts a new response message.
+                ctx.conn.udp_marks.push(self.udp_out.len());
                 if ctx.conn.protocol == Protocol::Undecided {
                     ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
                 }
@@ -466,18 +474,40 @@ impl Worker {
             if self.udp_out.is_empty() {
                 continue;
             }
-            let total = udp::datagrams_for(self.udp_out.len());
+            // Send each response message (the pieces between marks) with its own sequence
+            // numbering; empty pieces (a missed key) send nothing, as in memcached.
+            let marks = std::mem::take(&mut self.udp_state.udp_marks);
+            let len = self.udp_out.len();
+            let mut from = 0usize;
+            for &m in marks.iter().chain(std::iter::once(&len)) {
+                let to = m.min(len);
+                if to > from {
+                    self.udp_send_message(hdr.request_id, from, to, peer);
+                    from = to;
+                }
+            }
+            self.udp_state.udp_marks = marks;
+        }
+    }
+
+    /// Send `udp_out[from..to]` as one memcached UDP message: as many datagrams as it needs,
+    /// each with the frame header (same request id, sequence numbers, total).
+    fn udp_send_message(&mut self, request_id: u16, from: usize, to: usize, peer: SocketAddr) {
+        {
+            let total = udp::datagrams_for(to - from);
             if total > u16::MAX as usize {
                 ThreadStats::incr(&self.stats.udp_bad_datagrams);
-                continue;
+                return;
             }
-            for (seq, chunk) in self.udp_out.chunks(udp::REPLY_PAYLOAD_BYTES_MAX).enumerate() {
+            for seq in 0..total {
+                let start = from + seq * udp::REPLY_PAYLOAD_BYTES_MAX;
+                let end = (start + udp::REPLY_PAYLOAD_BYTES_MAX).min(to);
                 self.udp_frame.clear();
                 udp::compose(
                     &mut self.udp_frame,
-                    udp::FrameHeader { request_id: hdr.request_id, sequence: seq as u16, total: total as u16, reserved: 0 },
+                    udp::FrameHeader { request_id, sequence: seq as u16, total: total as u16, reserved: 0 },
                 );
-                self.udp_frame.extend_from_slice(chunk);
+                self.udp_frame.extend_from_slice(&self.udp_out[start..end]);
                 if let Some(sock) = self.udp.as_ref() {
                     // A full socket buffer drops the reply, as UDP may; counted via datagrams_out.
                     if sock.send_to(&self.udp_frame, peer).is_ok() {

@@ -112,6 +112,10 @@ pub struct ServerInfo {
     pub per_thread: Vec<Arc<ThreadStats>>,
     /// Fast-path counters are filled in by the kernel fast path when it is on.
     pub fastpath_enabled: bool,
+    /// The `-l` address as given (`stats settings` prints it as `inter`); None = all.
+    pub listen_interface: Option<String>,
+    /// Last level set by the `verbosity` command (memcached keeps it for `stats settings`).
+    pub verbosity: AtomicU64,
 }
 
 impl ServerInfo {

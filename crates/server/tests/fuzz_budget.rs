@@ -5,10 +5,11 @@
 //! - no panic, and every `Consumed(n)` is within the input (asserted by the harness);
 //! - the replies are the same whether the bytes arrive at once or split at random points
 //!   (a request split across reads at any byte is handled identically), unless the input made
-//!   the server close the connection (where memcached's own behaviour depends on read sizes).
+//!   the server close the connection or answer a get with CLIENT_ERROR (in both cases
+//!   memcached's own answer depends on read boundaries, and we match memcached).
 //!
 //! Seed: `SLIPSTREAM_FUZZ_SEED` or the clock; always printed. Budget: `SLIPSTREAM_FUZZ_ITERS`
-//! (default 20000) and at most 60 seconds.
+//! (default 200000) and at most 60 seconds.
 
 use slipstream_server::harness::Harness;
 use std::time::{Duration, Instant};
@@ -142,7 +143,7 @@ fn executors_survive_mutated_input_and_splits() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1))
         | 1;
-    let iters: usize = std::env::var("SLIPSTREAM_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let iters: usize = std::env::var("SLIPSTREAM_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000);
     println!("fuzz_budget seed={seed} iters={iters} (rerun: SLIPSTREAM_FUZZ_SEED={seed})");
     let corpus = corpus();
     let mut rng = Rng(seed);
@@ -167,7 +168,10 @@ fn executors_survive_mutated_input_and_splits() {
         }
         // General stats (text or binary) carry uptime and rusage, which differ between runs.
         let volatile = out_whole.windows(6).any(|w| w == b"rusage");
-        if !whole.closed && !split.closed && !volatile {
+        // memcached drops the replies still queued in a read batch when a get fails with a
+        // CLIENT_ERROR, so there what is answered depends on read boundaries (we match that).
+        let batch_dependent = [&out_whole, &out_split].iter().any(|o| o.windows(12).any(|w| w == b"CLIENT_ERROR"));
+        if !whole.closed && !split.closed && !volatile && !batch_dependent {
             compared += 1;
             assert_eq!(
                 String::from_utf8_lossy(&out_whole),

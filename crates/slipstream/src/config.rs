@@ -35,6 +35,8 @@ pub struct Config {
     pub port: u16,
     pub udp_port: u16,
     pub listen: IpAddr,
+    /// `-l` exactly as given (memcached's `stats settings` shows it as `inter`).
+    pub listen_arg: Option<String>,
     pub threads: usize,
     pub memory_mb: usize,
     pub conn_limit: usize,
@@ -53,6 +55,7 @@ impl Default for Config {
             port: 11211,
             udp_port: 0,
             listen: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            listen_arg: None,
             threads: 4,
             memory_mb: 64,
             conn_limit: 1024,
@@ -179,7 +182,10 @@ impl Config {
             match flag {
                 "p" | "port" => cfg.port = parse_num("--port", &value)?,
                 "U" | "udp-port" => cfg.udp_port = parse_num("--udp-port", &value)?,
-                "l" | "listen" => cfg.listen = parse_ip("--listen", &value)?,
+                "l" | "listen" => {
+                    cfg.listen = parse_ip("--listen", &value)?;
+                    cfg.listen_arg = Some(value);
+                }
                 "t" | "threads" => cfg.threads = parse_num("--threads", &value)?,
                 "m" | "memory-limit" => cfg.memory_mb = parse_num("--memory-limit", &value)?,
                 "c" | "conn-limit" => cfg.conn_limit = parse_num("--conn-limit", &value)?,
@@ -216,6 +222,7 @@ impl Config {
             }
             if let Some(v) = s.listen {
                 self.listen = parse_ip("server.listen", &v)?;
+                self.listen_arg = Some(v);
             }
             if let Some(v) = s.threads {
                 self.threads = v;

@@ -152,6 +152,8 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         curr_connections: AtomicU64::new(0),
         per_thread: Vec::new(),
         fastpath_enabled: false,
+        listen_interface: cfg.listen_arg.clone(),
+        verbosity: AtomicU64::new(0),
     };
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
 

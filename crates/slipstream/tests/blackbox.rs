@@ -179,6 +179,50 @@ fn udp_get_with_frame_header() {
     let n = c.recv(&mut buf).expect("udp reply");
     assert_eq!(&buf[..8], &[0x12, 0x34, 0, 0, 0, 1, 0, 0]);
     assert_eq!(&buf[8..n], b"VALUE u 3 2\r\nhi\r\nEND\r\n");
+
+    // A multi-get answers each key as its own message, as memcached 1.6 does: two hits, one
+    // miss → VALUE u, VALUE u2, END.
+    s.write_all(b"set u2 0 0 1\r\nx\r\n").unwrap();
+    assert_eq!(read_n(&mut s, 8), b"STORED\r\n");
+    let mut dgram = vec![0, 9, 0, 0, 0, 1, 0, 0];
+    dgram.extend_from_slice(b"get u u2 missing\r\n");
+    c.send_to(&dgram, ("127.0.0.1", port)).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let n = c.recv(&mut buf).expect("udp reply message");
+        assert_eq!(&buf[..8], &[0, 9, 0, 0, 0, 1, 0, 0]);
+        got.push(buf[8..n].to_vec());
+    }
+    assert_eq!(got, vec![b"VALUE u 3 2\r\nhi\r\n".to_vec(), b"VALUE u2 0 1\r\nx\r\n".to_vec(), b"END\r\n".to_vec()]);
+
+    // A reply larger than one datagram is split with sequence numbers and the total.
+    let big = vec![b'z'; 5000];
+    let mut req = b"set big 0 0 5000\r\n".to_vec();
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\n");
+    s.write_all(&req).unwrap();
+    assert_eq!(read_n(&mut s, 8), b"STORED\r\n");
+    let mut dgram = vec![0, 10, 0, 0, 0, 1, 0, 0];
+    dgram.extend_from_slice(b"get big\r\n");
+    c.send_to(&dgram, ("127.0.0.1", port)).unwrap();
+    let mut parts: Vec<(u16, Vec<u8>)> = Vec::new();
+    let mut total = 0u16;
+    while parts.len() < 5 {
+        let n = c.recv(&mut buf).expect("udp datagram");
+        assert_eq!(&buf[..2], &[0, 10]);
+        total = u16::from_be_bytes([buf[4], buf[5]]);
+        parts.push((u16::from_be_bytes([buf[2], buf[3]]), buf[8..n].to_vec()));
+        if parts.len() == total as usize {
+            break;
+        }
+    }
+    assert_eq!(total as usize, parts.len());
+    parts.sort();
+    let joined: Vec<u8> = parts.into_iter().flat_map(|(_, p)| p).collect();
+    let mut want = b"VALUE big 0 5000\r\n".to_vec();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(b"\r\nEND\r\n");
+    assert_eq!(joined, want);
 }
 
 #[test]

@@ -140,6 +140,9 @@ pub struct GetOpts {
     /// Whether this access counts as a fetch (updates `fetched`, last access and LRU position).
     /// True for ordinary gets.
     pub bump: bool,
+    /// mg only: apply the win-token logic (hand out `W` for stale items and recache). Plain
+    /// gets, `me` and the binary/UDP paths read without touching tokens, as memcached does.
+    pub win_tokens: bool,
 }
 
 /// A borrowed view of one item, valid while the shard lock is held inside `Store::get`.
@@ -594,8 +597,11 @@ impl Store {
                 won = true;
             }
         }
-        if stale && !win_token_sent {
+        if stale && !win_token_sent && opts.win_tokens {
             won = true;
+        }
+        if !opts.win_tokens && !created {
+            won = false;
         }
         if won {
             e.bits |= TOKEN_SENT;

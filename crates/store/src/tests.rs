@@ -256,7 +256,7 @@ fn invalidate_with_older_cas_stores_stale_keeping_ttl() {
     let newer = stored_cas(set(&s, "k", "v2", 100));
     let opts = StoreOpts { cas: Some(newer - 1), invalidate: true, ..StoreOpts::default() };
     stored_cas(s.store(SetMode::Set, b"k", b"v3", 0, 5000, opts));
-    let (stale, won, ttl, v) = s.get(b"k", bump(), |o| {
+    let (stale, won, ttl, v) = s.get(b"k", GetOpts { win_tokens: true, ..bump() }, |o| {
         let i = o.item.unwrap();
         (o.stale, o.won, i.ttl_remaining_s, i.value.to_vec())
     });
@@ -671,7 +671,7 @@ fn mg(s: &Store, k: &str, opts: GetOpts) -> Option<(Vec<u8>, bool, bool, bool)> 
 #[test]
 fn meta_vivify_gives_win_once_then_z_until_replaced() {
     let s = new_store();
-    let viv = GetOpts { vivify_exptime: Some(30), bump: true, ..GetOpts::default() };
+    let viv = GetOpts { win_tokens: true, vivify_exptime: Some(30), bump: true, ..GetOpts::default() };
     assert_eq!(mg(&s, "k", viv), Some((vec![], true, false, false)), "first: W");
     assert_eq!(mg(&s, "k", viv), Some((vec![], false, false, true)), "second: Z");
     assert_eq!(mg(&s, "k", bump()), Some((vec![], false, false, true)), "plain get: Z");
@@ -680,7 +680,7 @@ fn meta_vivify_gives_win_once_then_z_until_replaced() {
     stored_cas(set(&s, "k", "real", 0));
     assert_eq!(mg(&s, "k", viv), Some((b"real".to_vec(), false, false, false)), "set clears tokens");
     // T applies to a just-vivified item as well.
-    let viv_t = GetOpts { vivify_exptime: Some(30), touch_exptime: Some(60), bump: true, ..GetOpts::default() };
+    let viv_t = GetOpts { win_tokens: true, vivify_exptime: Some(30), touch_exptime: Some(60), bump: true, ..GetOpts::default() };
     let ttl = s.get(b"k2", viv_t, |o| (o.won, o.item.map(|i| i.ttl_remaining_s)));
     assert_eq!(ttl, (true, Some(60)));
     assert!(s.get(b"miss", bump(), |o| o.item.is_none() && !o.won));
@@ -690,7 +690,7 @@ fn meta_vivify_gives_win_once_then_z_until_replaced() {
 fn meta_recache_hands_out_win_once_below_threshold() {
     let s = new_store();
     stored_cas(set(&s, "r", "x", 100));
-    let r = |t| GetOpts { recache_below_s: Some(t), bump: true, ..GetOpts::default() };
+    let r = |t| GetOpts { win_tokens: true, recache_below_s: Some(t), bump: true, ..GetOpts::default() };
     assert_eq!(mg(&s, "r", r(30)), Some((b"x".to_vec(), false, false, false)), "TTL 100 >= 30");
     assert_eq!(mg(&s, "r", r(200)), Some((b"x".to_vec(), true, false, false)), "TTL 100 < 200: W");
     assert_eq!(mg(&s, "r", r(200)), Some((b"x".to_vec(), false, false, true)), "then Z");
@@ -703,7 +703,7 @@ fn meta_recache_hands_out_win_once_below_threshold() {
 fn meta_delete_invalidate_marks_stale_and_resets_token() {
     let s = new_store();
     let c0 = stored_cas(set(&s, "s", "x", 0));
-    let viv = GetOpts { vivify_exptime: Some(30), bump: true, ..GetOpts::default() };
+    let viv = GetOpts { win_tokens: true, vivify_exptime: Some(30), bump: true, ..GetOpts::default() };
     // Hand out a token first (recache with no TTL does not; use stale path below).
     let del = DeleteOpts { invalidate: true, invalidate_exptime: Some(30), ..DeleteOpts::default() };
     assert_eq!(s.delete(b"s", del), DeleteResult::Deleted);
@@ -832,4 +832,18 @@ fn concurrent_stores_under_memory_pressure_stay_within_budget() {
     let st = s.stats();
     assert!(st.bytes as usize <= max);
     assert_eq!(st.bytes as usize, s.used_bytes.0.load(Ordering::Relaxed));
+}
+
+#[test]
+fn plain_reads_of_stale_items_leave_the_win_token_for_mg() {
+    let s = new_store();
+    stored_cas(set(&s, "p", "x", 0));
+    let del = DeleteOpts { invalidate: true, ..DeleteOpts::default() };
+    assert_eq!(s.delete(b"p", del), DeleteResult::Deleted);
+    // A text `get` (no win tokens) sees the stale item but takes no token...
+    let (stale, won) = s.get(b"p", bump(), |o| (o.stale, o.won));
+    assert!(stale && !won);
+    // ...so the next mg still wins (memcached: X W, not Z X).
+    let mgo = GetOpts { win_tokens: true, ..bump() };
+    assert_eq!(s.get(b"p", mgo, |o| (o.stale, o.won, o.win_token_sent)), (true, true, false));
 }
