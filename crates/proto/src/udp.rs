@@ -21,7 +21,8 @@ pub struct FrameHeader {
 pub enum FrameError {
     /// Datagram shorter than the header.
     Short,
-    /// memcached accepts only single-datagram requests (total == 1, sequence == 0).
+    /// memcached accepts only single-datagram requests (total == 1; it ignores the sequence
+    /// number).
     MultiDatagram,
 }
 
@@ -32,7 +33,7 @@ pub fn parse(datagram: &[u8]) -> Result<(FrameHeader, &[u8]), FrameError> {
     }
     let be = |i: usize| u16::from_be_bytes([datagram[i], datagram[i + 1]]);
     let h = FrameHeader { request_id: be(0), sequence: be(2), total: be(4), reserved: be(6) };
-    if h.total != 1 || h.sequence != 0 {
+    if h.total != 1 {
         return Err(FrameError::MultiDatagram);
     }
     Ok((h, &datagram[FRAME_HEADER_BYTES..]))
@@ -70,6 +71,9 @@ mod tests {
     fn short_and_multi_rejected() {
         assert_eq!(parse(b"1234567"), Err(FrameError::Short));
         assert_eq!(parse(&[0, 1, 0, 0, 0, 2, 0, 0]), Err(FrameError::MultiDatagram));
+        assert_eq!(parse(&[0, 1, 0, 0, 0, 0, 0, 0]), Err(FrameError::MultiDatagram));
+        // memcached answers a request whatever its sequence number.
+        assert!(parse(&[0, 1, 0, 1, 0, 1, 0, 0]).is_ok());
     }
 
     #[test]

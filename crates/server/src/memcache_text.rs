@@ -25,7 +25,6 @@ use slipstream_proto::Parsed;
 use slipstream_store::{
     ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
 };
-use std::sync::atomic::Ordering;
 
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 
@@ -348,27 +347,6 @@ fn store(
 // ---------------------------------------------------------------------------------------------
 // stats
 
-fn rusage_s() -> ((i64, i64), (i64, i64)) {
-    // SAFETY: getrusage only writes into the zero-initialised struct we pass; rusage is plain
-    // data, so an all-zero value is valid.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a live, properly aligned rusage; RUSAGE_SELF is always valid.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    if rc != 0 {
-        return ((0, 0), (0, 0));
-    }
-    (
-        (ru.ru_utime.tv_sec as i64, ru.ru_utime.tv_usec as i64),
-        (ru.ru_stime.tv_sec as i64, ru.ru_stime.tv_usec as i64),
-    )
-}
-
-fn compose_stat_tv(out: &mut Vec<u8>, name: &str, (sec, usec): (i64, i64)) {
-    // memcached prints "%ld.%06ld".
-    let v = format!("{sec}.{usec:06}");
-    compose_stat(out, name, v.as_bytes());
-}
-
 fn yes_no(b: bool) -> &'static [u8] {
     if b {
         b"yes"
@@ -403,128 +381,13 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
     }
 }
 
-/// `stats`: memcached 1.6.18's names, in its order. memcached internals Slipstream does not
-/// have (slab mover, LRU crawler, log watchers, hash table expansion) print 0; Slipstream's own
-/// fast-path counters follow at the end.
+/// `stats`: memcached 1.6.18's names, in its order (the list is shared with the binary
+/// protocol's `Stat`), then Slipstream's fast-path counters.
 fn stats_general(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
-    let t = ctx.server.totals();
-    let s = ctx.store.stats();
-    let (user, system) = rusage_s();
-    let curr_conns = ctx.server.curr_connections.load(Ordering::Relaxed);
-    let u = |out: &mut Vec<u8>, name: &str, v: u64| compose_stat_u64(out, name, v);
     out.reserve(4096);
-    u(out, "pid", u64::from(ctx.server.pid));
-    u(out, "uptime", ctx.server.uptime_s());
-    u(out, "time", ctx.store.clock().now_unix_s().max(0) as u64);
-    compose_stat(out, "version", ctx.settings.version.as_bytes());
-    compose_stat(out, "libevent", b"slipstream");
-    u(out, "pointer_size", u64::from(usize::BITS));
-    compose_stat_tv(out, "rusage_user", user);
-    compose_stat_tv(out, "rusage_system", system);
-    u(out, "max_connections", ctx.server.conn_limit as u64);
-    u(out, "curr_connections", curr_conns);
-    u(out, "total_connections", t.total_connections);
-    u(out, "rejected_connections", t.rejected_connections);
-    u(out, "connection_structures", curr_conns);
-    for name in [
-        "response_obj_oom",
-        "response_obj_count",
-        "response_obj_bytes",
-        "read_buf_count",
-        "read_buf_bytes",
-        "read_buf_bytes_free",
-        "read_buf_oom",
-        "reserved_fds",
-    ] {
-        u(out, name, 0);
+    for (name, value) in crate::stats::general_stats(ctx) {
+        compose_stat(out, name, value.as_bytes());
     }
-    u(out, "cmd_get", t.cmd_get);
-    u(out, "cmd_set", t.cmd_set);
-    u(out, "cmd_flush", t.cmd_flush);
-    u(out, "cmd_touch", t.cmd_touch);
-    u(out, "cmd_meta", t.cmd_meta);
-    u(out, "get_hits", t.get_hits);
-    u(out, "get_misses", t.get_misses);
-    u(out, "get_expired", t.get_expired + s.get_expired);
-    u(out, "get_flushed", t.get_flushed + s.get_flushed);
-    u(out, "delete_misses", t.delete_misses);
-    u(out, "delete_hits", t.delete_hits);
-    u(out, "incr_misses", t.incr_misses);
-    u(out, "incr_hits", t.incr_hits);
-    u(out, "decr_misses", t.decr_misses);
-    u(out, "decr_hits", t.decr_hits);
-    u(out, "cas_misses", t.cas_misses);
-    u(out, "cas_hits", t.cas_hits);
-    u(out, "cas_badval", t.cas_badval);
-    u(out, "touch_hits", t.touch_hits);
-    u(out, "touch_misses", t.touch_misses);
-    u(out, "store_too_large", t.store_too_large);
-    u(out, "store_no_memory", t.store_no_memory);
-    u(out, "auth_cmds", t.auth_cmds);
-    u(out, "auth_errors", t.auth_errors);
-    u(out, "bytes_read", t.bytes_read);
-    u(out, "bytes_written", t.bytes_written);
-    u(
-        out,
-        "limit_maxbytes",
-        ctx.store.config().memory_bytes_max as u64,
-    );
-    u(out, "accepting_conns", 1);
-    u(out, "listen_disabled_num", 0);
-    u(out, "time_in_listen_disabled_us", 0);
-    u(out, "threads", ctx.server.threads as u64);
-    u(out, "conn_yields", t.conn_yields);
-    for name in [
-        "hash_power_level",
-        "hash_bytes",
-        "hash_is_expanding",
-        "slab_reassign_rescues",
-        "slab_reassign_chunk_rescues",
-        "slab_reassign_evictions_nomem",
-        "slab_reassign_inline_reclaim",
-        "slab_reassign_busy_items",
-        "slab_reassign_busy_deletes",
-        "slab_reassign_running",
-        "slabs_moved",
-        "lru_crawler_running",
-        "lru_crawler_starts",
-        "lru_maintainer_juggles",
-        "malloc_fails",
-        "log_worker_dropped",
-        "log_worker_written",
-        "log_watcher_skipped",
-        "log_watcher_sent",
-        "log_watchers",
-        "unexpected_napi_ids",
-        "round_robin_fallback",
-    ] {
-        u(out, name, 0);
-    }
-    u(out, "bytes", s.bytes);
-    u(out, "curr_items", s.curr_items);
-    u(out, "total_items", s.total_items);
-    u(out, "slab_global_page_pool", 0);
-    u(out, "expired_unfetched", s.expired_unfetched);
-    u(out, "evicted_unfetched", s.evicted_unfetched);
-    u(out, "evicted_active", 0);
-    u(out, "evictions", s.evictions);
-    u(out, "reclaimed", s.reclaimed);
-    for name in [
-        "crawler_reclaimed",
-        "crawler_items_checked",
-        "lrutail_reflocked",
-        "moves_to_cold",
-        "moves_to_warm",
-        "moves_within_lru",
-        "direct_reclaims",
-        "lru_bumps_dropped",
-    ] {
-        u(out, name, 0);
-    }
-    // Slipstream's kernel fast path (filled in once it exists).
-    u(out, "fastpath_hits", 0);
-    u(out, "fastpath_misses", 0);
-    u(out, "fastpath_invalidations", 0);
     compose_end(out);
 }
 

@@ -287,7 +287,7 @@ impl Worker {
             for i in std::mem::take(&mut revisit) {
                 let again = self.conns.get_mut(i).and_then(Option::as_mut).map(|c| std::mem::replace(&mut c.needs_revisit, false));
                 if again == Some(true) {
-                    if let After::Close = self.conn_event(i, true, false) {
+                    if let After::Close = self.conn_event(i, true, false, false) {
                         self.close(i);
                     } else if self.conns.get(i).and_then(Option::as_ref).is_some_and(|c| c.needs_revisit) {
                         revisit.push(i);
@@ -307,7 +307,7 @@ impl Worker {
                     LISTENER => self.accept_all(),
                     UDP => self.udp_drain(),
                     Token(i) => {
-                        let after = self.conn_event(i, ev.is_readable() || ev.is_read_closed(), ev.is_writable());
+                        let after = self.conn_event(i, ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
                         if let After::Close = after {
                             self.close(i);
                         } else if self.conns.get(i).and_then(Option::as_ref).is_some_and(|c| c.needs_revisit) {
@@ -385,7 +385,9 @@ impl Worker {
         }
     }
 
-    fn conn_event(&mut self, idx: usize, readable: bool, writable: bool) -> After {
+    /// `peer_closed`: the event says the peer shut its side (EPOLLRDHUP) or the socket failed;
+    /// then we read to the end, so data and end-of-file that arrive together are both seen.
+    fn conn_event(&mut self, idx: usize, readable: bool, writable: bool, peer_closed: bool) -> After {
         let Some(conn) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
         let registry = self.poll.registry();
         let mut ctx_parts = CtxParts {
@@ -406,14 +408,14 @@ impl Worker {
                         return After::Close;
                     }
                     // Input may have piled up while we were blocked; execute it now.
-                    return serve(conn, idx, registry, &mut ctx_parts, self.read_buf_bytes_max, true);
+                    return serve(conn, idx, registry, &mut ctx_parts, self.read_buf_bytes_max, true, peer_closed);
                 }
                 Ok(false) => return After::Keep,
                 Err(_) => return After::Close,
             }
         }
         if readable && !conn.blocked_on_write {
-            return serve(conn, idx, registry, &mut ctx_parts, self.read_buf_bytes_max, true);
+            return serve(conn, idx, registry, &mut ctx_parts, self.read_buf_bytes_max, true, peer_closed);
         }
         After::Keep
     }
@@ -450,6 +452,7 @@ impl Worker {
                 conn: state,
             };
             let mut input = payload;
+            let mut closed = false;
             let mut bounded = 0usize;
             while !input.is_empty() && bounded < 4096 {
                 bounded += 1;
@@ -468,8 +471,24 @@ impl Worker {
                         self.stop.stop();
                         break;
                     }
+                    Step::Close => {
+                        // memcached answers a UDP `quit` with a bare frame header whose total
+                        // is 0 (its close of a UDP "connection" flushes an empty message).
+                        closed = true;
+                        break;
+                    }
                     _ => break,
                 }
+            }
+            if closed {
+                self.udp_frame.clear();
+                udp::compose(&mut self.udp_frame, udp::FrameHeader { request_id: hdr.request_id, sequence: 0, total: 0, reserved: 0 });
+                if let Some(sock) = self.udp.as_ref() {
+                    if sock.send_to(&self.udp_frame, peer).is_ok() {
+                        ThreadStats::incr(&self.stats.udp_datagrams_out);
+                    }
+                }
+                continue;
             }
             if self.udp_out.is_empty() {
                 continue;
@@ -541,6 +560,7 @@ fn serve(
     parts: &mut CtxParts<'_>,
     read_buf_bytes_max: usize,
     mut do_read: bool,
+    peer_closed: bool,
 ) -> After {
     for _ in 0..ROUNDS_PER_EVENT {
         let mut eof = false;
@@ -573,7 +593,8 @@ fn serve(
                         conn.rend += n;
                         ThreadStats::add(&parts.stats.bytes_read, n as u64);
                         ThreadStats::incr(&parts.stats.reads);
-                        if n < space {
+                        // Unless the peer has closed (then read on to the end-of-file).
+                        if n < space && !peer_closed {
                             break;
                         }
                     }
