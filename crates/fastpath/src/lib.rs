@@ -344,24 +344,51 @@ impl Kernel {
         self.delete_all()
     }
 
-    /// Best-effort removal of every entry (already dead after an epoch bump). Bounded: at most
-    /// two passes over `entries_max`-ish keys.
+    /// Best-effort removal of the entries an epoch bump made dead, to give their memory back.
+    /// Entries of the current epoch (filled after the bump, while this runs) are kept: the
+    /// server remembers which items it filled and would not offer a deleted one again until
+    /// it changes. Bounded: at most two passes' worth of `ENTRIES_MAX_LIMIT` steps.
     fn delete_all(&self) -> Result<(), FastPathError> {
-        let mut key = [0u8; std::mem::size_of::<abi::Key>()];
-        let mut rounds = 0u32;
-        loop {
-            // Always restart from the first key: we delete what we find.
-            match sys::map_next_key(self.items_fd, None, &mut key) {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                Err(error) => return Err(FastPathError::Map { op: "flush iterate", error }),
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let key_bytes = std::mem::size_of::<abi::Key>();
+        let mut cur = vec![0u8; key_bytes];
+        let mut next = vec![0u8; key_bytes];
+        let mut value = vec![0u8; std::mem::size_of::<abi::Item>()];
+        match sys::map_next_key(self.items_fd, None, &mut cur) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(error) => return Err(FastPathError::Map { op: "flush iterate", error }),
+        }
+        for _ in 0..2 * ENTRIES_MAX_LIMIT {
+            // Find the successor before deleting: a hash map restarts from its first key when
+            // asked for the successor of a key it no longer has.
+            let more = sys::map_next_key(self.items_fd, Some(&cur), &mut next)
+                .map_err(|error| FastPathError::Map { op: "flush iterate", error })?;
+            let found = sys::map_lookup(self.items_fd, &cur, &mut value)
+                .map_err(|error| FastPathError::Map { op: "flush lookup", error })?;
+            // The epoch is the second u64 of the value (abi asserts the offset).
+            let entry_epoch = u64::from_ne_bytes([
+                value[8], value[9], value[10], value[11], value[12], value[13], value[14], value[15],
+            ]);
+            if found && entry_epoch != epoch {
+                sys::map_delete(self.items_fd, &cur)
+                    .map_err(|error| FastPathError::Map { op: "flush delete", error })?;
             }
-            sys::map_delete(self.items_fd, &key).map_err(|error| FastPathError::Map { op: "flush delete", error })?;
-            rounds += 1;
-            if rounds > 2 * ENTRIES_MAX_LIMIT {
+            if !more {
                 return Ok(());
             }
+            std::mem::swap(&mut cur, &mut next);
         }
+        Ok(())
+    }
+
+    /// Stop answering anything (the program passes every packet up) without detaching: the
+    /// last resort when an invalidation failed and coherence can no longer be promised.
+    pub fn disable(&self) -> Result<(), FastPathError> {
+        use abi::Plain;
+        let c = abi::Config { udp_port: 0, epoch: self.epoch.load(Ordering::SeqCst), ..Default::default() };
+        sys::map_update(self.config_fd, 0u32.as_bytes(), c.as_bytes(), sys::BPF_ANY)
+            .map_err(|error| FastPathError::Map { op: "config update", error })
     }
 
     /// Counter totals.

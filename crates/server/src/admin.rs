@@ -102,5 +102,13 @@ pub fn render_metrics(info: &ServerInfo, store: &Store) -> String {
         "# TYPE slipstream_fastpath_enabled gauge\nslipstream_fastpath_enabled {}",
         u8::from(info.fastpath_enabled)
     );
+    let fp = info.fastpath_totals();
+    for (name, v) in [
+        ("fastpath_hits", fp.hits),
+        ("fastpath_misses", fp.misses),
+        ("fastpath_invalidations", fp.invalidations),
+    ] {
+        let _ = writeln!(out, "# TYPE slipstream_{name}_total counter\nslipstream_{name}_total {v}");
+    }
     out
 }

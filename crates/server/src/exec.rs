@@ -42,11 +42,13 @@ pub struct ConnState {
     /// key of a multi-get is its own). The UDP loop sends each non-empty piece as its own
     /// message, as memcached does.
     pub udp_marks: Vec<usize>,
+    /// This connection's key in `ServerInfo::conns` (-1 when it has none: UDP, tests).
+    pub conn_id: i32,
 }
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new() }
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1 }
     }
 }
 

@@ -8,9 +8,7 @@ use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
 use crate::stats::{ServerInfo, ThreadStats};
 use crate::{memcache_binary, memcache_text};
 use slipstream_store::{Clock, Store, StoreConfig};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Requests executed per `feed` call at most — a bound so a buggy executor cannot loop forever.
 pub const STEPS_PER_FEED_MAX: usize = 1 << 20;
@@ -35,20 +33,7 @@ impl Harness {
             store: Arc::new(Store::with_clock(store_cfg, clock)),
             stats: stats.clone(),
             settings: Settings::default(),
-            info: ServerInfo {
-                started: Instant::now(),
-                pid: std::process::id(),
-                threads: 1,
-                conn_limit: 1024,
-                tcp_port: 0,
-                udp_port: 0,
-                item_bytes_max,
-                curr_connections: AtomicU64::new(1),
-                per_thread: vec![stats],
-                fastpath_enabled: false,
-                listen_interface: None,
-                verbosity: AtomicU64::new(0),
-            },
+            info: ServerInfo::detached(vec![stats], item_bytes_max),
             conn: ConnState::new(Transport::Tcp),
             pending: Vec::new(),
             closed: false,

@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod exec;
+pub mod fastpath;
 pub mod harness;
 pub mod memcache_binary;
 pub mod memcache_meta;

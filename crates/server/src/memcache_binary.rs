@@ -61,7 +61,7 @@ fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize)
     match req.command {
         Command::Get { key, with_key } => {
             ThreadStats::incr(&stats.cmd_get);
-            let opts = GetOpts { bump: true, ..GetOpts::default() };
+            let opts = GetOpts { bump: true, kernel_fill: true, ..GetOpts::default() };
             get_reply(ctx, h, key, with_key, quiet, opts, out, false);
         }
         Command::Gat { key, exptime, with_key } => {
@@ -396,20 +396,7 @@ mod tests {
             let cfg = StoreConfig { memory_bytes_max: 8 << 20, item_bytes_max: 1 << 20, shards: 4, cas_enabled: true };
             let store = Store::with_clock(cfg, Clock::manual(1_700_000_000));
             let stats = Arc::new(ThreadStats::default());
-            let server = ServerInfo {
-                started: Instant::now(),
-                pid: 42,
-                threads: 1,
-                conn_limit: 1024,
-                tcp_port: 11211,
-                udp_port: 0,
-                item_bytes_max: 1 << 20,
-                curr_connections: AtomicU64::new(1),
-                per_thread: vec![stats.clone()],
-                fastpath_enabled: false,
-                listen_interface: None,
-                verbosity: AtomicU64::new(0),
-            };
+            let server = ServerInfo { pid: 42, tcp_port: 11211, ..ServerInfo::detached(vec![stats.clone()], 1 << 20) };
             Rig { store, stats, settings: Settings::default(), server, conn: ConnState::new(Transport::Tcp) }
         }
 

@@ -86,6 +86,8 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         recache_below_s: f.recache.map(i64::from),
         bump: !f.no_bump,
         win_tokens: true,
+        // The kernel fast path can answer `mg <key> v [f]` from a copy of this item.
+        kernel_fill: f.has(b'v') && f.ttl.is_none() && f.vivify.is_none() && f.recache.is_none(),
     };
     // A vivified item has no exptime until memcached reaches the N flag, so a `t` before
     // N prints -1.
@@ -359,20 +361,7 @@ mod tests {
                 store: Store::with_clock(StoreConfig::default(), Clock::manual(1_700_000_000)),
                 stats: ThreadStats::default(),
                 settings: Settings::default(),
-                server: ServerInfo {
-                    started: Instant::now(),
-                    pid: 0,
-                    threads: 1,
-                    conn_limit: 1024,
-                    tcp_port: 0,
-                    udp_port: 0,
-                    item_bytes_max: 1024 * 1024,
-                    curr_connections: AtomicU64::new(0),
-                    per_thread: Vec::new(),
-                    fastpath_enabled: false,
-                    listen_interface: None,
-                    verbosity: AtomicU64::new(0),
-                },
+                server: ServerInfo::detached(Vec::new(), 1024 * 1024),
                 conn: ConnState::new(Transport::Tcp),
             }
         }

@@ -229,6 +229,8 @@ fn get(
     let opts = GetOpts {
         touch_exptime,
         bump: true,
+        // get/gets replies are what the kernel fast path reproduces; gat/gats are not.
+        kernel_fill: touch_exptime.is_none(),
         ..GetOpts::default()
     };
     let stats = ctx.stats;
@@ -367,7 +369,8 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
         }
         // No per-connection table and no extstore; per-prefix detail is not recorded, so the
         // dumps are empty (memcached prints the same for nothing recorded).
-        StatsCmd::Conns | StatsCmd::Extstore | StatsCmd::DetailDump | StatsCmd::Cachedump => {
+        StatsCmd::Conns => stats_conns(ctx, out),
+        StatsCmd::Extstore | StatsCmd::DetailDump | StatsCmd::Cachedump => {
             compose_end(out)
         }
         StatsCmd::Reset => {
@@ -379,6 +382,33 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
         StatsCmd::DetailOn | StatsCmd::DetailOff => out.extend_from_slice(b"OK\r\n"),
         StatsCmd::Unknown => out.extend_from_slice(b"ERROR\r\n"),
     }
+}
+
+/// `stats conns`: one group per listener and connection, keyed by fd, as memcached prints it.
+/// The asking connection is `conn_parse_cmd`; the others are idle between requests as far as
+/// this thread can tell, so they print `conn_waiting`.
+fn stats_conns(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+    let now = ctx.server.uptime_s();
+    let entries: Vec<(i32, crate::stats::ConnEntry)> = match ctx.server.conns.lock() {
+        Ok(reg) => reg.iter().map(|(k, v)| (*k, v.clone())).collect(),
+        Err(_) => Vec::new(),
+    };
+    for (fd, e) in entries {
+        let name = |field: &str| format!("{fd}:{field}");
+        compose_stat(out, &name("addr"), e.addr.as_bytes());
+        if let Some(l) = &e.listen_addr {
+            compose_stat(out, &name("listen_addr"), l.as_bytes());
+        }
+        let state: &[u8] = match (&e.listen_addr, fd == ctx.conn.conn_id) {
+            (None, _) => b"conn_listening",
+            (Some(_), true) => b"conn_parse_cmd",
+            (Some(_), false) => b"conn_waiting",
+        };
+        compose_stat(out, &name("state"), state);
+        let since = now.saturating_sub(e.last_cmd_s.load(std::sync::atomic::Ordering::Relaxed));
+        compose_stat(out, &name("secs_since_last_cmd"), since.to_string().as_bytes());
+    }
+    compose_end(out);
 }
 
 /// `stats`: memcached 1.6.18's names, in its order (the list is shared with the binary

@@ -11,7 +11,7 @@
 //! What it is not for: protocol rules (the executors) or configuration (the binary crate).
 
 use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
-use crate::stats::{ServerInfo, ThreadStats};
+use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
 use crate::{memcache_binary, memcache_text};
 use mio::net::{TcpListener, TcpStream, UdpSocket};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -167,6 +167,13 @@ impl Server {
             udp_port: udp_local.map(|a| a.port()).unwrap_or(0),
             ..info_template
         });
+        if let (Some(Some(l)), Ok(mut reg)) = (tcp_listeners.first(), info.conns.lock()) {
+            // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
+            // thread has one, and the first stands for them all.
+            use std::os::fd::AsRawFd;
+            let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
+            reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let settings = Arc::new(settings);
 
@@ -236,6 +243,10 @@ struct Conn {
     close_after_flush: bool,
     /// Its round budget ran out with work left; the worker comes back to it after this poll.
     needs_revisit: bool,
+    /// Key in `ServerInfo::conns` (the socket's fd, as memcached numbers connections).
+    fd: i32,
+    /// When this connection last sent requests (shared with its `stats conns` entry).
+    last_cmd_s: Arc<AtomicU64>,
 }
 
 struct Worker {
@@ -329,7 +340,7 @@ impl Worker {
         loop {
             let Some(listener) = self.listener.as_ref() else { return };
             match listener.accept() {
-                Ok((mut stream, _peer)) => {
+                Ok((mut stream, peer)) => {
                     let curr = self.info.curr_connections.fetch_add(1, Ordering::Relaxed) + 1;
                     if curr as usize > self.conn_limit {
                         // memcached's answer when over the connection limit.
@@ -353,6 +364,15 @@ impl Worker {
                         self.free.push(idx);
                         continue;
                     }
+                    use std::os::fd::AsRawFd;
+                    let fd = stream.as_raw_fd();
+                    let last_cmd_s = Arc::new(AtomicU64::new(self.info.uptime_s()));
+                    if let Ok(mut reg) = self.info.conns.lock() {
+                        let listen_addr = self.listener.as_ref().and_then(|l| l.local_addr().ok()).map(|a| format!("tcp:{a}"));
+                        reg.insert(fd, ConnEntry { addr: format!("tcp:{peer}"), listen_addr, last_cmd_s: last_cmd_s.clone() });
+                    }
+                    let mut state = ConnState::new(Transport::Tcp);
+                    state.conn_id = fd;
                     self.conns[idx] = Some(Conn {
                         stream,
                         rbuf: vec![0u8; READ_BUF_BYTES_INITIAL],
@@ -360,10 +380,12 @@ impl Worker {
                         rend: 0,
                         wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
                         wstart: 0,
-                        state: ConnState::new(Transport::Tcp),
+                        state,
                         blocked_on_write: false,
                         close_after_flush: false,
                         needs_revisit: false,
+                        fd,
+                        last_cmd_s,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -380,6 +402,9 @@ impl Worker {
     fn close(&mut self, idx: usize) {
         if let Some(mut c) = self.conns.get_mut(idx).and_then(Option::take) {
             let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Ok(mut reg) = self.info.conns.lock() {
+                reg.remove(&c.fd);
+            }
             self.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
             self.free.push(idx);
         }
@@ -605,6 +630,10 @@ fn serve(
             }
         }
 
+        if conn.rend > conn.rstart {
+            // Once per batch, not per request: `stats conns` only needs seconds.
+            conn.last_cmd_s.store(parts.info.uptime_s(), Ordering::Relaxed);
+        }
         let stopped_high = execute_batch(conn, parts, read_buf_bytes_max);
 
         match flush(conn, parts.stats) {

@@ -97,6 +97,27 @@ impl ThreadStats {
     }
 }
 
+/// Kernel fast path counter totals (see `slipstream-fastpath`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastPathTotals {
+    /// get-like UDP requests the kernel answered.
+    pub hits: u64,
+    /// get-like UDP requests the kernel passed up to user space.
+    pub misses: u64,
+    /// Kernel copies dropped (per key) plus kernel flushes.
+    pub invalidations: u64,
+}
+
+/// Where `stats` and /metrics read the fast path counters from while it is attached.
+#[derive(Clone)]
+pub struct FastPathSource(pub Arc<dyn Fn() -> FastPathTotals + Send + Sync>);
+
+impl std::fmt::Debug for FastPathSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FastPathSource")
+    }
+}
+
 /// Server-wide information for `stats`: start time, threads, connection gauges and every
 /// thread's counters.
 #[derive(Debug)]
@@ -112,13 +133,50 @@ pub struct ServerInfo {
     pub per_thread: Vec<Arc<ThreadStats>>,
     /// Fast-path counters are filled in by the kernel fast path when it is on.
     pub fastpath_enabled: bool,
+    /// The kernel fast path's counters, when it is attached (zeros otherwise).
+    pub fastpath: Option<FastPathSource>,
     /// The `-l` address as given (`stats settings` prints it as `inter`); None = all.
     pub listen_interface: Option<String>,
     /// Last level set by the `verbosity` command (memcached keeps it for `stats settings`).
     pub verbosity: AtomicU64,
+    /// Open connections and listeners for `stats conns`. Locked only on accept, close and
+    /// `stats conns`, never per request.
+    pub conns: std::sync::Mutex<std::collections::BTreeMap<i32, ConnEntry>>,
+}
+
+/// One line group of `stats conns`: a listener or a client connection.
+#[derive(Clone, Debug)]
+pub struct ConnEntry {
+    /// `tcp:ADDR:PORT` of the peer (or of the socket, for a listener).
+    pub addr: String,
+    /// For client connections, the listener they arrived on.
+    pub listen_addr: Option<String>,
+    /// Relative second (`ServerInfo::uptime_s`) of the last request batch, shared with the
+    /// connection, which stores into it once per read batch.
+    pub last_cmd_s: Arc<AtomicU64>,
 }
 
 impl ServerInfo {
+    /// A ServerInfo for tests and harnesses: one thread's counters, no listeners.
+    pub fn detached(per_thread: Vec<Arc<ThreadStats>>, item_bytes_max: usize) -> ServerInfo {
+        ServerInfo {
+            started: Instant::now(),
+            pid: std::process::id(),
+            threads: per_thread.len().max(1),
+            conn_limit: 1024,
+            tcp_port: 0,
+            udp_port: 0,
+            item_bytes_max,
+            curr_connections: AtomicU64::new(1),
+            per_thread,
+            fastpath_enabled: false,
+            fastpath: None,
+            listen_interface: None,
+            verbosity: AtomicU64::new(0),
+            conns: Default::default(),
+        }
+    }
+
     pub fn totals(&self) -> CounterTotals {
         let mut t = CounterTotals::default();
         for s in &self.per_thread {
@@ -135,6 +193,11 @@ impl ServerInfo {
 
     pub fn uptime_s(&self) -> u64 {
         self.started.elapsed().as_secs()
+    }
+
+    /// The fast path counters (all zero while it is off).
+    pub fn fastpath_totals(&self) -> FastPathTotals {
+        self.fastpath.as_ref().map(|f| (f.0)()).unwrap_or_default()
     }
 }
 
@@ -254,9 +317,10 @@ pub fn general_stats(ctx: &crate::exec::Ctx<'_>) -> Vec<(&'static str, String)> 
         put(name, "0".to_string());
     }
     // Slipstream's own: the kernel fast path (0 while it is off).
-    put("fastpath_hits", "0".to_string());
-    put("fastpath_misses", "0".to_string());
-    put("fastpath_invalidations", "0".to_string());
+    let fp = server.fastpath_totals();
+    put("fastpath_hits", fp.hits.to_string());
+    put("fastpath_misses", fp.misses.to_string());
+    put("fastpath_invalidations", fp.invalidations.to_string());
     v
 }
 

@@ -12,6 +12,10 @@ pub const CONN_LIMIT_MAX: usize = 1_000_000;
 pub const ITEM_BYTES_MIN: usize = 1024;
 pub const ITEM_BYTES_MAX: usize = 1024 * 1024 * 1024;
 pub const MEMORY_MB_MAX: usize = 1024 * 1024;
+/// Default and largest kernel fast path cache size in items (each up to ~1.7 KiB of kernel
+/// memory, allocated only when filled): 16384 items is at most ~28 MiB.
+pub const XDP_ENTRIES_DEFAULT: u32 = 16384;
+pub const XDP_ENTRIES_MAX: u32 = 1 << 20;
 
 #[derive(Debug)]
 pub enum ConfigError {
@@ -47,6 +51,8 @@ pub struct Config {
     pub verbose: u8,
     pub admin_addr: Option<SocketAddr>,
     pub xdp_iface: Option<String>,
+    /// Most items the kernel fast path caches.
+    pub xdp_entries: u32,
 }
 
 impl Default for Config {
@@ -66,6 +72,7 @@ impl Default for Config {
             verbose: 0,
             admin_addr: None,
             xdp_iface: None,
+            xdp_entries: XDP_ENTRIES_DEFAULT,
         }
     }
 }
@@ -92,6 +99,7 @@ struct FileServer {
     enable_shutdown: Option<bool>,
     admin: Option<String>,
     xdp: Option<String>,
+    xdp_entries: Option<u32>,
 }
 
 fn bad(name: &'static str, value: &str, why: &str) -> ConfigError {
@@ -164,6 +172,7 @@ impl Config {
                 flag,
                 "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
                     | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
+                    | "xdp-entries"
             );
             let value = if takes_value {
                 match inline {
@@ -200,6 +209,7 @@ impl Config {
                 "config" => {}
                 "admin" => cfg.admin_addr = Some(parse_sockaddr("--admin", &value)?),
                 "xdp" => cfg.xdp_iface = Some(value),
+                "xdp-entries" => cfg.xdp_entries = parse_num("--xdp-entries", &value)?,
                 _ => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
             }
             i += 1;
@@ -251,11 +261,17 @@ impl Config {
             if let Some(v) = s.xdp {
                 self.xdp_iface = Some(v);
             }
+            if let Some(v) = s.xdp_entries {
+                self.xdp_entries = v;
+            }
         }
         Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if self.xdp_entries == 0 || self.xdp_entries > XDP_ENTRIES_MAX {
+            return Err(bad("--xdp-entries", &self.xdp_entries.to_string(), &format!("must be 1..={XDP_ENTRIES_MAX}")));
+        }
         if self.threads == 0 || self.threads > THREADS_MAX {
             return Err(bad("--threads", &self.threads.to_string(), &format!("must be 1..={THREADS_MAX}")));
         }

@@ -10,6 +10,7 @@ mod config;
 
 use config::{Config, ConfigError};
 use slipstream_server::exec::Settings;
+use slipstream_server::fastpath::KernelFastPath;
 use slipstream_server::net::{NetConfig, Server};
 use slipstream_server::stats::ServerInfo;
 use slipstream_store::{Store, StoreConfig};
@@ -39,8 +40,10 @@ options (memcached's, with memcached's defaults):
 slipstream's own:
   --config=FILE            TOML file for everything (flags given on the command line win)
   --admin=ADDR:PORT        Prometheus metrics at http://ADDR:PORT/metrics (off by default)
-  --xdp=IFACE              kernel fast path on IFACE (not built yet: reports why and serves
-                           from user space)
+  --xdp=IFACE              kernel fast path: an XDP program on IFACE answers UDP get/gets/mg
+                           hits for the -U port (needs -U and root; otherwise says why and
+                           serves from user space)
+  --xdp-entries=N          most items the kernel fast path caches (16384; allocated on use)
 ";
 
 fn main() {
@@ -101,6 +104,36 @@ fn run(mut args: Vec<String>) -> Result<(), MainError> {
     serve(cfg)
 }
 
+/// Attach the kernel fast path if asked for; returns it and the status line's last part.
+fn attach_fast_path(cfg: &Config, store: &Store) -> (Option<Arc<KernelFastPath>>, String) {
+    let Some(iface) = &cfg.xdp_iface else {
+        return (None, "kernel fast path off (not requested; --xdp IFACE turns it on)".to_string());
+    };
+    if cfg.udp_port == 0 {
+        return (
+            None,
+            format!(
+                "kernel fast path off: --xdp {iface} needs a UDP port (-U PORT), the fast path answers memcached UDP gets; serving from user space"
+            ),
+        );
+    }
+    match KernelFastPath::attach(iface, cfg.udp_port, cfg.xdp_entries) {
+        Ok(k) => {
+            if !k.install(store) {
+                return (None, "kernel fast path off: the store already has one; serving from user space".to_string());
+            }
+            let line = format!(
+                "kernel fast path on {iface} (udp port {}, up to {} items): {}",
+                cfg.udp_port,
+                cfg.xdp_entries,
+                k.mode()
+            );
+            (Some(k), line)
+        }
+        Err(e) => (None, format!("kernel fast path off: {e}; serving from user space")),
+    }
+}
+
 /// Block SIGINT/SIGTERM in every thread and wait for them in one dedicated thread, so the
 /// workers never run signal handlers and shutdown is an ordinary stop request.
 fn block_signals() -> libc::sigset_t {
@@ -141,6 +174,9 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     if net.tcp_addr.is_none() && net.udp_addr.is_none() {
         return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
     }
+    // Attach before serving, so the kernel cache starts empty and coherent from the first
+    // request; a failure leaves the daemon serving from user space with the reason shown.
+    let (kernel, fastpath) = attach_fast_path(&cfg, &store);
     let info = ServerInfo {
         started: Instant::now(),
         pid: std::process::id(),
@@ -151,18 +187,14 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         item_bytes_max: cfg.item_bytes_max,
         curr_connections: AtomicU64::new(0),
         per_thread: Vec::new(),
-        fastpath_enabled: false,
+        fastpath_enabled: kernel.is_some(),
+        fastpath: kernel.as_ref().map(KernelFastPath::source),
         listen_interface: cfg.listen_arg.clone(),
         verbosity: AtomicU64::new(0),
+        conns: Default::default(),
     };
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
 
-    let fastpath = match &cfg.xdp_iface {
-        None => "kernel fast path off (not requested; --xdp IFACE turns it on)".to_string(),
-        Some(iface) => format!(
-            "kernel fast path off: requested on {iface}, but this build has no eBPF programs yet; serving from user space"
-        ),
-    };
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(addr, server.info.clone(), store.clone()) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
@@ -199,6 +231,11 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         .map_err(|e| MainError::Start(format!("cannot start signal thread: {e}")))?;
 
     server.join();
+    if let Some(k) = kernel {
+        // Detach explicitly: the store (still referenced by the admin thread) holds the fast
+        // path too, so it would not be dropped before exit otherwise.
+        k.shutdown();
+    }
     if cfg.verbose > 0 {
         eprintln!("slipstream: stopped");
     }

@@ -96,6 +96,24 @@ impl Clock {
         self.inner.started_unix_s + self.now_rel_s() as i64
     }
 
+    /// The moment relative second `rel` begins, as an `Instant` (CLOCK_MONOTONIC on Linux): an
+    /// item with exptime `rel` is expired from then on. The cached second lags the true one, so
+    /// this is never later than the moment the store itself starts treating the item as
+    /// expired (what the kernel fast path needs: it may expire a copy early, never late). A
+    /// manual clock maps `rel` to the same distance from the current `Instant`.
+    pub fn deadline_of_rel_s(&self, rel: u32) -> Option<Instant> {
+        match &self.inner.kind {
+            Kind::System { start, .. } => {
+                start.checked_add(Duration::from_secs(u64::from(rel).saturating_sub(REL_START_S)))
+            }
+            Kind::Manual(s) => {
+                let now = s.load(Ordering::Relaxed);
+                let ahead = u64::from(rel).saturating_sub(now);
+                Instant::now().checked_add(Duration::from_secs(ahead))
+            }
+        }
+    }
+
     /// Advance a manual clock; no effect on a system clock.
     pub fn advance(&self, secs: u64) {
         if let Kind::Manual(s) = &self.inner.kind {
@@ -131,6 +149,11 @@ mod tests {
         let t1 = c.now_rel_s();
         assert!(t1 == t0 + 1 || t1 == t0 + 2, "{t0} -> {t1}");
         assert_eq!(c.now_unix_s(), c.started_unix_s() + t1 as i64);
+        // The deadline of the current second is in the past, of the next one at most one
+        // second away.
+        let now = std::time::Instant::now();
+        assert!(c.deadline_of_rel_s(t1).unwrap() <= now);
+        assert!(c.deadline_of_rel_s(t1 + 1).unwrap() <= now + std::time::Duration::from_secs(1));
     }
 
     #[test]

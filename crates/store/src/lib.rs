@@ -26,6 +26,17 @@
 //! Expiry and flush_all are lazy: an item is checked when accessed, and the few items at an
 //! LRU tail are checked for expiry before a live item is evicted (`reclaimed` vs `evictions`).
 //!
+//! Kernel cache observer: a [`KernelCache`] installed with [`Store::set_kernel_cache`] mirrors
+//! items into an outer cache that answers reads without the store (Slipstream's XDP fast path).
+//! The store keeps it coherent by itself, so no protocol executor can forget a path: reads that
+//! ask for it (`GetOpts::kernel_fill`) offer the item to `fill` while holding the shard lock,
+//! and every change to an item that may be mirrored — any store mode, delete and `md I`,
+//! incr/decr, touch, gat/`mg T`, a handed-out win token, eviction, expiry or flush removal,
+//! unlink — calls `invalidate` under the same lock *before* the item changes, so before any
+//! reply. `flush_all` calls the observer's `flush_all` after the flush is in force. A per-item
+//! bit remembers whether the observer may hold the item, so writes to items it does not hold
+//! cost nothing; another remembers a refusal so reads do not offer an uncacheable item again.
+//!
 //! Known differences from memcached 1.6.18 (slab allocator, segmented LRU): no slab classes,
 //! so no slab calcification and no per-class `stats items`; `mg l` reports seconds since the
 //! last bumping access exactly (memcached updates that time at most once a minute); a store
@@ -47,8 +58,10 @@ pub use hash::hash_key;
 
 use numeric::{fmt_u64, parse_stored_u64};
 use shard::{Counters, Entry, Now, Shard, ACTIVE, FETCHED, NIL, STALE, TOKEN_SENT};
+use shard::{IN_KERNEL, KERNEL_REFUSED};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
+use std::time::Instant;
 
 /// Largest key memcached accepts, in bytes.
 pub const KEY_BYTES_MAX: usize = 250;
@@ -80,6 +93,31 @@ impl Default for StoreConfig {
             cas_enabled: true,
         }
     }
+}
+
+/// What a [`KernelCache::fill`] did with the item offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFill {
+    /// The observer holds a copy now: the next change must invalidate it.
+    Cached,
+    /// The observer can never hold this item as it is (key or reply shape); the store does not
+    /// offer it again until the item changes.
+    NotCacheable,
+    /// Not cached this time (full, expiring now, an error); a later read may offer it again.
+    Skipped,
+}
+
+/// An outer cache that mirrors items (the kernel fast path). All three calls are made with the
+/// item's shard lock held (`flush_all`: after the store flush is in force), so they must be
+/// quick and must not call back into the store.
+pub trait KernelCache: Send + Sync {
+    /// Mirror an item just read. `expires_at` is when the store starts treating it as expired
+    /// (None = never); a copy must stop being served at or before that moment.
+    fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expires_at: Option<Instant>) -> KernelFill;
+    /// Drop the copy of `key`. Must not return before the copy can no longer be served.
+    fn invalidate(&self, key: &[u8]);
+    /// Drop every copy.
+    fn flush_all(&self);
 }
 
 /// Which storage command is being executed.
@@ -143,6 +181,9 @@ pub struct GetOpts {
     /// mg only: apply the win-token logic (hand out `W` for stale items and recache). Plain
     /// gets, `me` and the binary/UDP paths read without touching tokens, as memcached does.
     pub win_tokens: bool,
+    /// An ordinary read whose reply the kernel cache can reproduce (text get/gets, `mg <key> v`,
+    /// binary get): offer a hit to the installed [`KernelCache`], if any.
+    pub kernel_fill: bool,
 }
 
 /// A borrowed view of one item, valid while the shard lock is held inside `Store::get`.
@@ -242,6 +283,10 @@ struct FlushState {
     oldest_live: AtomicU32,
     /// memcached's settings.oldest_cas: items with a smaller CAS are flushed too.
     oldest_cas: AtomicU64,
+    /// Bumped by every flush_all after the two fields above are written. A kernel fill that
+    /// sees it change between reading the flush state and finishing the fill undoes itself
+    /// (see `Store::get`).
+    generation: AtomicU64,
 }
 
 /// Most lock shards a store will create (bounds memory for empty shards and the steal scan).
@@ -280,6 +325,8 @@ pub struct Store {
     flush: Padded<FlushState>,
     /// Where the next cross-shard eviction scan starts, so stealing spreads over shards.
     steal_cursor: Padded<AtomicUsize>,
+    /// The kernel cache observer, once installed (each shard holds a clone too).
+    kernel: OnceLock<Arc<dyn KernelCache>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -303,11 +350,33 @@ impl Store {
             fair_share_bytes,
             used_bytes: Padded(AtomicUsize::new(0)),
             cas_last: Padded(AtomicU64::new(0)),
-            flush: Padded(FlushState { oldest_live: AtomicU32::new(0), oldest_cas: AtomicU64::new(0) }),
+            flush: Padded(FlushState {
+                oldest_live: AtomicU32::new(0),
+                oldest_cas: AtomicU64::new(0),
+                generation: AtomicU64::new(0),
+            }),
             steal_cursor: Padded(AtomicUsize::new(0)),
+            kernel: OnceLock::new(),
             config,
             clock,
         }
+    }
+
+    /// Install the kernel cache observer (once; later calls return false and change nothing).
+    /// Install it before the observer holds anything: the store assumes it starts empty.
+    pub fn set_kernel_cache(&self, kernel: Arc<dyn KernelCache>) -> bool {
+        if self.kernel.set(kernel.clone()).is_err() {
+            return false;
+        }
+        for i in 0..self.shards.len() {
+            self.lock(i).kernel = Some(kernel.clone());
+        }
+        true
+    }
+
+    /// Whether a kernel cache observer is installed.
+    pub fn has_kernel_cache(&self) -> bool {
+        self.kernel.get().is_some()
     }
 
     /// The configuration in force (`shards` rounded up to a power of two).
@@ -519,6 +588,10 @@ impl Store {
         t: &Now,
     ) -> StoreResult {
         let used = &self.used_bytes.0;
+        if let Some(i) = existing {
+            // Before the item changes (in place or by removal), not after.
+            sh.kernel_invalidate(i);
+        }
         if exptime != 0 && exptime <= t.now {
             // Already expired: memcached links it and drops it on the next access; skipping
             // the link is indistinguishable to clients and saves the memory.
@@ -562,6 +635,8 @@ impl Store {
         let si = self.shard_index(h);
         let mut guard = self.lock(si);
         let sh = &mut *guard;
+        // Read before the flush state (see FlushState::generation and the fill below).
+        let flush_generation = self.flush.0.generation.load(Ordering::SeqCst);
         let t = self.now();
         let (idx, created) = match sh.lookup_live(key, tag, &t, &self.used_bytes.0) {
             Some(i) => (i, false),
@@ -582,13 +657,10 @@ impl Store {
         // miss reports t60).
         let touch_to = opts.touch_exptime.map(|x| self.realtime(x, t.now));
         let recache_at = opts.recache_below_s.map(|r| self.realtime(r, t.now));
-        let e = &mut sh.entries[idx as usize];
+        let e = &sh.entries[idx as usize];
         // h and l report the state before this access (memcached delays its bump for them).
         let fetched_before = e.bits & FETCHED != 0;
         let last_access_ago_s = t.now.saturating_sub(e.atime) as u64;
-        if let Some(x) = touch_to {
-            e.exptime = x;
-        }
         let win_token_sent = e.bits & TOKEN_SENT != 0;
         let stale = e.bits & STALE != 0;
         let mut won = created;
@@ -603,12 +675,23 @@ impl Store {
         if !opts.win_tokens && !created {
             won = false;
         }
+        if touch_to.is_some() || (won && !win_token_sent) {
+            // A new TTL, or a token that meta replies report (Z): the kernel copy is stale.
+            sh.kernel_invalidate(idx);
+        }
+        let e = &mut sh.entries[idx as usize];
+        if let Some(x) = touch_to {
+            e.exptime = x;
+        }
         if won {
             e.bits |= TOKEN_SENT;
         }
         if opts.bump {
             e.bits |= FETCHED | ACTIVE;
             e.atime = t.now;
+        }
+        if opts.kernel_fill && !created && touch_to.is_none() {
+            self.kernel_fill(sh, idx, &t, flush_generation);
         }
         let e = &sh.entries[idx as usize];
         let item = ItemRef {
@@ -621,6 +704,48 @@ impl Store {
             fetched_before,
         };
         f(GetOutcome { item: Some(item), won, stale, win_token_sent })
+    }
+
+    /// Offer item `idx` to the kernel cache (shard lock held; `t` and `flush_generation` are
+    /// what this operation read before looking the item up).
+    ///
+    /// Not offered: items the cache may already hold or refused, stale items and items with a
+    /// win token out (meta replies flag those, the kernel's would not), and anything while a
+    /// delayed `flush_all` is pending (the kernel could not stop serving it on time; the
+    /// command already emptied the kernel cache). A flush_all that lands during the fill is
+    /// caught by the generation check: it bumps the generation after its flush state is in
+    /// force and before it flushes the kernel, so either the fill read the old kernel epoch
+    /// (the copy is dead) or this check sees the new generation and drops the copy.
+    fn kernel_fill(&self, sh: &mut Shard, idx: u32, t: &Now, flush_generation: u64) {
+        let Some(kernel) = sh.kernel.clone() else { return };
+        let e = &sh.entries[idx as usize];
+        if e.bits & (IN_KERNEL | KERNEL_REFUSED | STALE | TOKEN_SENT) != 0 {
+            return;
+        }
+        if t.oldest_live > t.now {
+            return;
+        }
+        let expires_at = if e.exptime == 0 {
+            None
+        } else {
+            match self.clock.deadline_of_rel_s(e.exptime) {
+                Some(d) => Some(d),
+                None => return,
+            }
+        };
+        let r = kernel.fill(e.key(), e.flags, e.cas, e.value(), expires_at);
+        let e = &mut sh.entries[idx as usize];
+        match r {
+            KernelFill::Cached => {
+                if self.flush.0.generation.load(Ordering::SeqCst) != flush_generation {
+                    kernel.invalidate(e.key());
+                } else {
+                    e.bits |= IN_KERNEL;
+                }
+            }
+            KernelFill::NotCacheable => e.bits |= KERNEL_REFUSED,
+            KernelFill::Skipped => {}
+        }
     }
 
     /// Store `value` under `key`. `exptime` is the raw protocol value.
@@ -762,6 +887,7 @@ impl Store {
             }
         }
         if opts.invalidate {
+            sh.kernel_invalidate(idx);
             let exp = opts.invalidate_exptime.map(|x| self.realtime(x, t.now));
             let cas = self.next_cas();
             let e = &mut sh.entries[idx as usize];
@@ -824,6 +950,7 @@ impl Store {
         let cas = self.next_cas();
         let touch_to = opts.touch_exptime.map(|x| self.realtime(x, t.now));
         let idx = if digits.len() <= old.len() {
+            sh.kernel_invalidate(idx);
             let e = &mut sh.entries[idx as usize];
             let kl = e.key_len as usize;
             let (num, pad) = e.data[kl..].split_at_mut(digits.len());
@@ -859,6 +986,7 @@ impl Store {
         let sh = &mut *guard;
         let t = self.now();
         let Some(idx) = sh.lookup_live(key, h as u32, &t, &self.used_bytes.0) else { return false };
+        sh.kernel_invalidate(idx);
         let exp = self.realtime(exptime, t.now);
         let e = &mut sh.entries[idx as usize];
         e.exptime = exp;
@@ -888,6 +1016,13 @@ impl Store {
             fs.oldest_live.store(oldest_live, Ordering::Release);
         } else {
             fs.oldest_live.store(new_oldest, Ordering::Release);
+        }
+        // After the flush state, before the kernel flush: see `kernel_fill`.
+        fs.generation.fetch_add(1, Ordering::SeqCst);
+        // A delayed flush empties the kernel cache now too; fills stay off until it is in
+        // force, so nothing filled meanwhile can outlive it there.
+        if let Some(k) = self.kernel.get() {
+            k.flush_all();
         }
     }
 
@@ -933,3 +1068,6 @@ fn ttl_remaining(exptime: u32, now: u32) -> i64 {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod kernel_tests;

@@ -5,8 +5,9 @@
 //! here with the lock held. Every operation here is O(1) (index growth amortised).
 
 use crate::index::Index;
-use crate::ITEM_OVERHEAD_BYTES;
+use crate::{KernelCache, ITEM_OVERHEAD_BYTES};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -20,6 +21,12 @@ pub(crate) const TOKEN_SENT: u8 = 4;
 /// an entry already in cache) instead of relinking the list; eviction gives such an item a
 /// second chance by moving it to the head. The result orders like LRU by last access.
 pub(crate) const ACTIVE: u8 = 8;
+/// The kernel cache (see [`KernelCache`]) may hold a copy of this item: every change or removal
+/// must invalidate it first. Cleared by that invalidation.
+pub(crate) const IN_KERNEL: u8 = 16;
+/// The kernel cache refused this item (key or reply cannot be served there); do not offer it
+/// again until the item changes.
+pub(crate) const KERNEL_REFUSED: u8 = 32;
 
 /// How many LRU tail items an eviction inspects for an expired one before evicting a live one
 /// (memcached's lru_pull_tail searches the same small window).
@@ -106,6 +113,8 @@ pub(crate) struct Shard {
     pub(crate) bytes: usize,
     pub(crate) items: u64,
     pub(crate) counters: Counters,
+    /// The kernel cache observer, if one is installed (same one in every shard).
+    pub(crate) kernel: Option<Arc<dyn KernelCache>>,
 }
 
 impl Shard {
@@ -119,7 +128,22 @@ impl Shard {
             bytes: 0,
             items: 0,
             counters: Counters::default(),
+            kernel: None,
         }
+    }
+
+    /// Drop the kernel's copy of item `idx` (if it may have one) before the item changes:
+    /// called with this shard's lock held, so no fill of the same key can interleave. Also
+    /// forgets an earlier refusal, since the changed item may be cacheable.
+    #[inline]
+    pub(crate) fn kernel_invalidate(&mut self, idx: u32) {
+        let e = &mut self.entries[idx as usize];
+        if e.bits & IN_KERNEL != 0 {
+            if let Some(k) = &self.kernel {
+                k.invalidate(e.key());
+            }
+        }
+        e.bits &= !(IN_KERNEL | KERNEL_REFUSED);
     }
 
     /// Slot of `key` whatever its state (expired and flushed included).
@@ -223,6 +247,10 @@ impl Shard {
 
     /// Like `remove` for an item already taken off the LRU.
     pub(crate) fn remove_detached(&mut self, idx: u32, used: &AtomicUsize) {
+        // Every removal (delete, replacement, eviction, expiry, flush, unlink) passes here:
+        // a kernel copy must never outlive the item, or a later write to a key the store no
+        // longer has would find no IN_KERNEL bit to tell it to invalidate.
+        self.kernel_invalidate(idx);
         let free_head = self.free_head;
         let e = &mut self.entries[idx as usize];
         let charge = e.charge();

@@ -1,0 +1,179 @@
+//! The kernel fast path wired into the server: attaches `slipstream-fastpath`'s XDP program and
+//! installs it in the store as its [`KernelCache`] observer, so the store's shard locks order
+//! every fill against every write (see the store's crate doc and the fastpath crate doc for
+//! the argument). Also the source of the `fastpath_*` counters for `stats` and /metrics.
+//!
+//! Not for: deciding what is cached (the store offers items on ordinary reads) or packet
+//! handling (the XDP program).
+//!
+//! The guarantee, as documented in README and the fastpath crate: *a GET answered by the
+//! kernel never returns a value older than the newest write acknowledged by the server.*
+//!
+//! Failure policy: an invalidation the kernel refuses would break that guarantee, so the
+//! first failure turns the kernel side off for good (the program is told to pass every packet
+//! up, then all entries are flushed) and says so on stderr; the server keeps serving from user
+//! space. Fill failures only mean "not cached".
+
+use crate::stats::{FastPathSource, FastPathTotals};
+use slipstream_fastpath::{monotonic_now_ns, AttachMode, FastPath, FastPathConfig, FastPathError, Filled};
+use slipstream_store::{KernelCache, KernelFill, Store};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Instant;
+
+pub use slipstream_fastpath::{FastPathError as Error, ENTRIES_MAX_LIMIT};
+
+/// The attached fast path, shared by the store (as its observer) and the daemon (to detach on
+/// exit). The `RwLock` is only write-locked once, by [`KernelFastPath::shutdown`]; its read lock
+/// is taken only on calls that make a bpf(2) syscall anyway.
+pub struct KernelFastPath {
+    fp: RwLock<Option<FastPath>>,
+    /// Set after a failed invalidation turned the kernel side off.
+    broken: AtomicBool,
+    iface: String,
+    mode: AttachMode,
+}
+
+impl KernelFastPath {
+    /// Load and attach on `iface` for memcached UDP port `udp_port`, caching at most
+    /// `entries_max` items.
+    pub fn attach(iface: &str, udp_port: u16, entries_max: u32) -> Result<Arc<KernelFastPath>, FastPathError> {
+        let fp = FastPath::attach(iface, FastPathConfig { udp_port, entries_max })?;
+        let mode = fp.mode().clone();
+        Ok(Arc::new(KernelFastPath {
+            fp: RwLock::new(Some(fp)),
+            broken: AtomicBool::new(false),
+            iface: iface.to_string(),
+            mode,
+        }))
+    }
+
+    /// Native or generic, and why.
+    pub fn mode(&self) -> &AttachMode {
+        &self.mode
+    }
+
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// Make `store` keep the kernel cache coherent (call before serving; the kernel cache
+    /// starts empty). False if the store already had an observer.
+    pub fn install(self: &Arc<Self>, store: &Store) -> bool {
+        store.set_kernel_cache(self.clone())
+    }
+
+    /// Counter source for `ServerInfo::fastpath`.
+    pub fn source(self: &Arc<Self>) -> FastPathSource {
+        let me = self.clone();
+        FastPathSource(Arc::new(move || me.totals()))
+    }
+
+    /// Current counters (zeros after shutdown).
+    pub fn totals(&self) -> FastPathTotals {
+        let g = self.fp.read().unwrap_or_else(PoisonError::into_inner);
+        match g.as_ref().map(FastPath::counters) {
+            Some(Ok(c)) => FastPathTotals {
+                hits: c.fastpath_hits,
+                misses: c.fastpath_misses,
+                invalidations: c.fastpath_invalidations,
+            },
+            _ => FastPathTotals::default(),
+        }
+    }
+
+    /// Detach the program and free the maps now (idempotent). Afterwards fills are skipped and
+    /// invalidations are no-ops: nothing in the kernel can answer any more.
+    pub fn shutdown(&self) {
+        let fp = self.fp.write().unwrap_or_else(PoisonError::into_inner).take();
+        drop(fp);
+    }
+
+    /// Whether the program is attached and answering.
+    pub fn active(&self) -> bool {
+        !self.broken.load(Ordering::SeqCst) && self.fp.read().map(|g| g.is_some()).unwrap_or(false)
+    }
+
+    /// An invalidation or flush failed: stop the kernel answering before anything else.
+    fn give_up(&self, fp: &FastPath, e: &FastPathError) {
+        if self.broken.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let disabled = fp.kernel().disable();
+        let flushed = fp.flush_all();
+        eprintln!(
+            "slipstream: kernel fast path turned off: {e} (disable: {}, flush: {}); serving from user space",
+            disabled.map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string()),
+            flushed.map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string()),
+        );
+    }
+}
+
+/// Absolute CLOCK_MONOTONIC ns for `deadline`, rounded down, or None if it has passed.
+/// `Instant` reads CLOCK_MONOTONIC on Linux, the clock `bpf_ktime_get_ns` reads; the monotonic
+/// clock is read *before* `Instant::now()`, so `mono + (deadline - now)` is never later than
+/// the deadline itself.
+fn monotonic_ns_of(deadline: Instant) -> Option<u64> {
+    let mono = monotonic_now_ns();
+    let now = Instant::now();
+    let left = deadline.checked_duration_since(now)?;
+    if left.is_zero() || mono == 0 {
+        return None;
+    }
+    Some(mono.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX)))
+}
+
+impl KernelCache for KernelFastPath {
+    fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expires_at: Option<Instant>) -> KernelFill {
+        if self.broken.load(Ordering::Relaxed) {
+            return KernelFill::Skipped;
+        }
+        let expiry_ns = match expires_at {
+            None => 0,
+            Some(d) => match monotonic_ns_of(d) {
+                Some(ns) => ns,
+                None => return KernelFill::Skipped,
+            },
+        };
+        let g = self.fp.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(fp) = g.as_ref() else { return KernelFill::Skipped };
+        match fp.fill(key, flags, cas, value, expiry_ns) {
+            Ok(Filled::Cached) => KernelFill::Cached,
+            Ok(Filled::NotCacheable(_)) => KernelFill::NotCacheable,
+            Ok(Filled::MapFull) | Err(_) => KernelFill::Skipped,
+        }
+    }
+
+    fn invalidate(&self, key: &[u8]) {
+        let g = self.fp.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(fp) = g.as_ref() else { return };
+        if let Err(e) = fp.invalidate(key) {
+            self.give_up(fp, &e);
+        }
+    }
+
+    fn flush_all(&self) {
+        let g = self.fp.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(fp) = g.as_ref() else { return };
+        if let Err(e) = fp.flush_all() {
+            self.give_up(fp, &e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_down_and_past_ones_are_refused() {
+        let d = Instant::now() + std::time::Duration::from_millis(500);
+        let before = monotonic_now_ns();
+        let ns = monotonic_ns_of(d).expect("future deadline");
+        let after = monotonic_now_ns();
+        // Within the 500 ms window, and not past the deadline as read around the call.
+        assert!(ns > before && ns <= after + 500_000_000, "{before} {ns} {after}");
+        let past = Instant::now().checked_sub(std::time::Duration::from_millis(1)).expect("uptime above 1 ms");
+        assert_eq!(monotonic_ns_of(past), None);
+    }
+}
