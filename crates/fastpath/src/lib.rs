@@ -22,8 +22,18 @@
 //!    add, replace, append, prepend, cas, delete, incr, decr, touch, gat/gats, ms, md, ma, over
 //!    any transport), while holding the shard lock, *before* changing the store and before the
 //!    reply is sent.
-//! 3. **flush_all** calls [`FastPath::flush_all`] after the store's flush took effect and before
-//!    the reply (a delayed `flush_all N` must call it when the flush takes effect).
+//! 3. **flush_all** calls [`FastPath::flush_all`] after the store's flush is in force and before
+//!    the reply. A delayed `flush_all N` also flushes the kernel at once, and the store then
+//!    fills nothing until the flush is in force (so nothing the flush will hide can be in the
+//!    kernel when it does). A fill racing with a flush is caught by a flush generation that
+//!    the store bumps between its flush state and the kernel flush: a fill that sees the
+//!    generation change under it deletes what it just filled.
+//!
+//! The server implements these rules once, inside the store (`slipstream_store::KernelCache`,
+//! installed by `slipstream_server::fastpath`), so every protocol path — text, meta, binary,
+//! TCP or UDP — and every internal change (eviction, expiry, unlink) is covered. A per-item
+//! bit remembers whether the kernel may hold an item, so writes to items it does not hold cost
+//! no syscall; eviction, expiry and unlink of an item with the bit set invalidate too.
 //!
 //! Rules 1 and 2 serialise fill and write per key on the shard lock, so a fill can never put back
 //! a value that a write already replaced: either the fill ran first (and the write deletes it) or

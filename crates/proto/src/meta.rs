@@ -783,8 +783,14 @@ fn push_i64(out: &mut Vec<u8>, v: i64) {
 
 /// ` k<key>` (base64 plus ` b` for binary keys), as memcached's META_KEY.
 fn push_key_flag(out: &mut Vec<u8>, key: &MetaKey<'_>) {
+    push_key_flag_as(out, key, key.is_binary());
+}
+
+/// ` k<key>`, base64 plus ` b` when `binary` (memcached echoes an item's key the way it was
+/// stored, whatever form the request used).
+fn push_key_flag_as(out: &mut Vec<u8>, key: &MetaKey<'_>, binary: bool) {
     out.extend_from_slice(b" k");
-    if key.is_binary() {
+    if binary {
         base64_encode(key.bytes(), out);
         out.extend_from_slice(b" b");
     } else {
@@ -823,6 +829,8 @@ pub struct GetHit<'v> {
     pub won: bool,
     pub stale: bool,
     pub win_token_sent: bool,
+    /// The item was stored under a base64 key: `k` echoes it base64-encoded with ` b`.
+    pub key_binary: bool,
 }
 
 /// `mg` hit: `VA <len> <flags>*\r\n<data>\r\n` with `v`, else `HD <flags>*\r\n`. Flags follow
@@ -858,7 +866,7 @@ pub fn compose_get_hit(out: &mut Vec<u8>, req: &MetaRequest<'_>, hit: &GetHit<'_
             }
             b'h' => out.extend_from_slice(if hit.fetched_before { b" h1" } else { b" h0" }),
             b'O' => push_token(out, f.token),
-            b'k' => push_key_flag(out, &req.key),
+            b'k' => push_key_flag_as(out, &req.key, hit.key_binary),
             _ => {}
         }
     }
@@ -987,6 +995,8 @@ pub struct DebugInfo {
     pub fetched: bool,
     pub value_bytes: usize,
     pub client_flags: u32,
+    /// Stored under a base64 key: `me` prints the key base64-encoded.
+    pub key_binary: bool,
 }
 
 /// memcached's default slab classes (-n 48, -f 1.25, 1 MiB items): chunk sizes from 96 bytes,
@@ -1027,7 +1037,7 @@ pub fn slab_class(total: u64) -> usize {
 /// `me` hit: `ME <key> exp=.. la=.. cas=.. fetch=yes|no cls=.. size=..\r\n`.
 pub fn compose_debug(out: &mut Vec<u8>, key: &MetaKey<'_>, info: &DebugInfo, cas_enabled: bool) {
     out.extend_from_slice(b"ME ");
-    if key.is_binary() {
+    if info.key_binary {
         base64_encode(key.bytes(), out);
     } else {
         out.extend_from_slice(key.bytes());
@@ -1417,6 +1427,7 @@ mod tests {
             won: false,
             stale: false,
             win_token_sent: false,
+            key_binary: false,
         };
         compose_get_hit(&mut out, &r, &hit);
         assert_eq!(out, b"VA 3 kfoo c1 f0 s3 t-1 h0 l0 O123\r\nbar\r\n");
@@ -1461,6 +1472,7 @@ mod tests {
             fetched: false,
             value_bytes: 1,
             client_flags: 3,
+            key_binary: false,
         };
         compose_debug(&mut out, &r.key, &info, true);
         assert_eq!(out, b"ME t exp=-100 la=0 cas=36 fetch=no cls=1 size=65\r\n");

@@ -111,6 +111,7 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 won: outcome.won,
                 stale: outcome.stale,
                 win_token_sent: outcome.win_token_sent,
+                key_binary: item.key_binary,
             };
             meta::compose_get_hit(out, req, &hit);
             true
@@ -180,6 +181,7 @@ fn meta_set(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         invalidate: f.invalidate && mode == SetMode::Cas,
         // memcached 1.6.18 ignores `N` on ms (no append autovivify yet).
         vivify_exptime: None,
+        key_binary: req.key.is_binary(),
     };
     let exptime = i64::from(f.ttl.unwrap_or(0));
     let result = ctx.store.store(mode, key, req.data, f.client_flags, exptime, opts);
@@ -324,6 +326,7 @@ fn meta_debug(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 fetched: item.fetched_before,
                 value_bytes: item.value.len(),
                 client_flags: item.flags,
+                key_binary: item.key_binary,
             };
             meta::compose_debug(out, &req.key, &info, cas_enabled);
             true
@@ -642,10 +645,9 @@ mod tests {
             (b"me t\r\n", b"ME t exp=-100 la=0 cas=1 fetch=no cls=1 size=65\r\n"),
             (b"mg t v\r\n", b"VA 1\r\n1\r\n"),
             (b"me t\r\n", b"ME t exp=-100 la=0 cas=1 fetch=yes cls=1 size=65\r\n"),
-            // Known difference: memcached remembers per item whether its key was stored
-            // with `b` and prints `ME t ...` here; the store keeps no such bit, so the
-            // request's `b` decides the echo.
-            (b"me dA== b\r\n", b"ME dA== exp=-100 la=0 cas=1 fetch=yes cls=1 size=65\r\n"),
+            // memcached remembers per item whether its key was stored with `b`: `t` was
+            // stored plainly, so `me` prints it plainly even when asked in base64.
+            (b"me dA== b\r\n", b"ME t exp=-100 la=0 cas=1 fetch=yes cls=1 size=65\r\n"),
             (b"me nope\r\n", b"EN\r\n"),
             (b"ms Zm9v 2 b\r\nhi\r\n", b"HD\r\n"),
             (b"me Zm9v b\r\n", b"ME Zm9v exp=-1 la=0 cas=2 fetch=no cls=1 size=64\r\n"),

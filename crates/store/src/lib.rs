@@ -57,7 +57,7 @@ pub use clock::Clock;
 pub use hash::hash_key;
 
 use numeric::{fmt_u64, parse_stored_u64};
-use shard::{Counters, Entry, Now, Shard, ACTIVE, FETCHED, NIL, STALE, TOKEN_SENT};
+use shard::{Counters, Entry, Now, Shard, ACTIVE, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
@@ -145,6 +145,9 @@ pub struct StoreOpts {
     pub invalidate: bool,
     /// Meta append/prepend with `N<ttl>`: autovivify a missing item with this raw exptime.
     pub vivify_exptime: Option<i64>,
+    /// Meta `ms <key> ... b`: the key arrived base64-encoded; the item remembers it (see
+    /// `ItemRef::key_binary`). Append/prepend keep the item's existing mark.
+    pub key_binary: bool,
 }
 
 /// Result of a store request.
@@ -199,6 +202,8 @@ pub struct ItemRef<'a> {
     pub last_access_ago_s: u64,
     /// Whether the item had been fetched before this access (`mg h`).
     pub fetched_before: bool,
+    /// Stored under a base64 key (`ms ... b`): meta echoes of its key are base64 plus ` b`.
+    pub key_binary: bool,
 }
 
 /// What a read found, with the meta-protocol tokens.
@@ -702,6 +707,7 @@ impl Store {
             ttl_remaining_s: ttl_remaining(e.exptime, t.now),
             last_access_ago_s,
             fetched_before,
+            key_binary: e.bits & KEY_BINARY != 0,
         };
         f(GetOutcome { item: Some(item), won, stale, win_token_sent })
     }
@@ -773,6 +779,7 @@ impl Store {
         let sh = &mut *guard;
         let t = self.now();
         let cas_in = opts.cas.unwrap_or(0);
+        let key_bit = if opts.key_binary { KEY_BINARY } else { 0 };
         let cas_mode =
             mode == SetMode::Cas || (opts.cas.is_some() && matches!(mode, SetMode::Set | SetMode::Replace));
         let Some(idx) = sh.lookup_live(key, tag, &t, &self.used_bytes.0) else {
@@ -787,12 +794,13 @@ impl Store {
             };
             let exp = self.realtime(exp_raw, t.now);
             let cas = self.new_item_cas(opts.explicit_cas);
-            return self.put(si, sh, None, key, tag, value, flags, exp, cas, 0, &t);
+            return self.put(si, sh, None, key, tag, value, flags, exp, cas, key_bit, &t);
         };
         let (old_cas, old_flags, old_exptime, old_bits) = {
             let e = &sh.entries[idx as usize];
             (e.cas, e.flags, e.exptime, e.bits)
         };
+        let old_key_bit = old_bits & KEY_BINARY;
         let check = if cas_in == 0 {
             CasCheck::NoneGiven
         } else if cas_in == old_cas {
@@ -804,9 +812,9 @@ impl Store {
         };
         if cas_mode {
             let (exp, bits) = match check {
-                CasCheck::Match => (self.realtime(exptime, t.now), 0),
+                CasCheck::Match => (self.realtime(exptime, t.now), key_bit),
                 // memcached: replace the value but keep the TTL, mark stale, keep a sent token.
-                CasCheck::Stale => (old_exptime, STALE | (old_bits & TOKEN_SENT)),
+                CasCheck::Stale => (old_exptime, STALE | (old_bits & TOKEN_SENT) | key_bit),
                 CasCheck::NoneGiven | CasCheck::Mismatch => return StoreResult::Exists,
             };
             let cas = self.new_item_cas(opts.explicit_cas);
@@ -842,7 +850,7 @@ impl Store {
                 let cas = self.new_item_cas(opts.explicit_cas);
                 sh.remove(idx, &self.used_bytes.0);
                 let data = data.into_boxed_slice();
-                match self.insert_new(si, sh, data, key.len(), tag, old_flags, old_exptime, cas, 0, &t) {
+                match self.insert_new(si, sh, data, key.len(), tag, old_flags, old_exptime, cas, old_key_bit, &t) {
                     Some(_) => StoreResult::Stored(cas),
                     None => StoreResult::NoMemory,
                 }
@@ -850,7 +858,7 @@ impl Store {
             SetMode::Set | SetMode::Replace | SetMode::Cas => {
                 let exp = self.realtime(exptime, t.now);
                 let cas = self.new_item_cas(opts.explicit_cas);
-                self.put(si, sh, Some(idx), key, tag, value, flags, exp, cas, 0, &t)
+                self.put(si, sh, Some(idx), key, tag, value, flags, exp, cas, key_bit, &t)
             }
         }
     }

@@ -27,6 +27,9 @@ pub(crate) const IN_KERNEL: u8 = 16;
 /// The kernel cache refused this item (key or reply cannot be served there); do not offer it
 /// again until the item changes.
 pub(crate) const KERNEL_REFUSED: u8 = 32;
+/// The item was stored under a base64 key (meta `b`): memcached echoes its key base64-encoded
+/// with a `b` flag, however it is read back.
+pub(crate) const KEY_BINARY: u8 = 64;
 
 /// How many LRU tail items an eviction inspects for an expired one before evicting a live one
 /// (memcached's lru_pull_tail searches the same small window).
