@@ -269,7 +269,8 @@ for t in sorted({k[1] for k in per_core}):
         parts = []
         if x: parts.append(f"XDP {x/m:.1f}x")
         if u: parts.append(f"user-space UDP {u/m:.1f}x")
-        lines.append(f"- {t} thread(s), requests per server CPU-second relative to memcached: " + ", ".join(parts))
+        what = "server CPU-second" if t == 1 else "CPU-second of the whole machine (client included: the cores are shared)"
+        lines.append(f"- {t} thread(s), requests per {what} relative to memcached: " + ", ".join(parts))
 lines.append("")
 if cost:
     lines.append("## XDP program cost per packet (BPF_PROG_TEST_RUN)\n")

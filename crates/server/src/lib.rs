@@ -2,7 +2,8 @@
 //!
 //! What it is for: per-core event loops (TCP with SO_REUSEPORT listeners, UDP), connection
 //! buffers with pipelining and reply coalescing, and the executors that tie each memcached
-//! protocol to the store (`memcache_text` for text + meta, `memcache_binary` for binary).
+//! protocol to the store (`memcache_text` for text + meta, `memcache_binary` for binary), and
+//! `fastpath`, which attaches the kernel XDP fast path and makes the store keep it coherent.
 //!
 //! What it is not for: command-line parsing (the `slipstream` binary) or protocol byte rules
 //! (`slipstream-proto`).
