@@ -27,6 +27,12 @@ use slipstream_store::{
 };
 
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
+/// Most reply bytes one get/gets/gat/gats request may produce. memcached streams item memory
+/// straight to the socket; we copy values into the reply buffer, so an unbounded multi-get
+/// (1 MiB of keys naming 1 MB items) would be unbounded memory. Past this bound the request is
+/// answered with memcached's own line for a get response it cannot allocate.
+pub const GET_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
+const GET_REPLY_OOM: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
 
 /// Handle one text or meta request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
@@ -235,7 +241,14 @@ fn get(
     };
     let stats = ctx.stats;
     let udp = ctx.conn.transport == crate::exec::Transport::Udp;
+    let reply_start = out.len();
     for key in keys {
+        if out.len() - reply_start > GET_REPLY_BYTES_MAX {
+            out.truncate(reply_start);
+            ctx.conn.udp_marks.retain(|&m| m <= reply_start);
+            out.extend_from_slice(GET_REPLY_OOM);
+            return;
+        }
         if udp {
             // memcached answers each key of a UDP multi-get as its own response message.
             ctx.conn.udp_marks.push(out.len());
@@ -604,6 +617,28 @@ mod tests {
             "input {:?}",
             String::from_utf8_lossy(input)
         );
+    }
+
+    #[test]
+    fn multiget_reply_is_bounded_with_memcacheds_oom_line() {
+        use slipstream_store::{Clock, StoreConfig};
+        let cfg = StoreConfig { memory_bytes_max: 64 << 20, item_bytes_max: 1 << 20, shards: 4, cas_enabled: true };
+        let mut h = Harness::new(cfg, Clock::manual(1_700_000_000));
+        let value = vec![b'v'; 1_000_000];
+        let mut set = b"set big 0 0 1000000\r\n".to_vec();
+        set.extend_from_slice(&value);
+        set.extend_from_slice(b"\r\n");
+        check(&mut h, &set, b"STORED\r\n");
+        // 40 copies of a 1 MB item would be 40 MB of reply: over the bound.
+        let mut get = b"get".to_vec();
+        for _ in 0..40 {
+            get.extend_from_slice(b" big");
+        }
+        get.extend_from_slice(b"\r\nget nothing\r\n");
+        check(&mut h, &get, b"SERVER_ERROR out of memory writing get response\r\nEND\r\n");
+        // Under the bound the same item is served as often as asked.
+        let out = h.feed(b"get big big big\r\n");
+        assert_eq!(out.len(), 3 * (b"VALUE big 0 1000000\r\n".len() + 1_000_002) + 5);
     }
 
     fn stat(h: &mut Harness, name: &str) -> u64 {

@@ -169,7 +169,8 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         udp_addr: cfg.udp_addr(),
         threads: cfg.threads,
         conn_limit: cfg.conn_limit,
-        read_buf_bytes_max: cfg.item_bytes_max + 64 * 1024,
+        // A whole storage request (line + item) or a multi-get line of up to 1 MiB of keys.
+        read_buf_bytes_max: (cfg.item_bytes_max + 64 * 1024).max((1 << 20) + 4096),
     };
     if net.tcp_addr.is_none() && net.udp_addr.is_none() {
         return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
