@@ -26,8 +26,6 @@
 /* ---- limits ---- */
 /* memcached's KEY_MAX_LENGTH. */
 #define SS_KEY_BYTES_MAX 250
-/* Bytes of key storage in the map key (SS_KEY_BYTES_MAX rounded up to a multiple of 8). */
-#define SS_KEY_STORE_BYTES 256
 /* memcached's UDP_MAX_PAYLOAD_SIZE (1400) minus the 8-byte frame header: the most reply bytes one
  * datagram carries. A reply that would need more is passed to user space. */
 #define SS_FRAME_HEADER_BYTES 8
@@ -48,11 +46,32 @@
 #define SS_COUNTER_MISSES 1 /* get-like requests passed to user space */
 #define SS_COUNTER_COUNT 4  /* slots 2..3 reserved */
 
-/* Map key: key bytes zero-padded, so equal keys hash and compare equal. */
+/*
+ * Map key: a 64-bit hash of the key bytes plus their length, so the kernel's own hash over the
+ * map key covers 16 bytes instead of a 260-byte zero-padded buffer. Two keys may share a map key
+ * (a hash collision): the value holds the full key (in segment A, "VALUE <key> ..."), and the
+ * program compares it with the requested key, so a mismatch is a miss, never a wrong answer. A
+ * fill of a colliding key just replaces the other (a miss later, never a stale read), and
+ * deleting the entry at a hash removes whatever key is there (again only a miss).
+ *
+ * ss_key_hash (computed in XDP over the key bytes in the request, and in user space, see
+ * crates/fastpath/src/abi.rs; both must agree bit for bit):
+ *   h = SS_HASH_SEED ^ (len * SS_HASH_MUL)
+ *   for each 8-byte word w of the key (little-endian; the last one zero-padded):
+ *     h = (h ^ w) * SS_HASH_MUL;  h ^= h >> 32
+ * Test vectors (asserted by the Rust side; the kernel fixtures check XDP agrees):
+ *   "key:00000001" -> SS_HASH_TEST_1, "a" -> SS_HASH_TEST_2.
+ */
+#define SS_HASH_SEED 0x736c697073747265ULL /* "slipstre" */
+#define SS_HASH_MUL 0x9e3779b97f4a7c15ULL
+#define SS_KEY_WORDS_MAX 32 /* ceil(SS_KEY_BYTES_MAX / 8) */
+#define SS_HASH_TEST_1 0x5fc65e179e0ccb65ULL
+#define SS_HASH_TEST_2 0xdcef489f533e2bfaULL
 struct ss_key {
-	__u32 len;                        /* 1..=SS_KEY_BYTES_MAX */
-	__u8 bytes[SS_KEY_STORE_BYTES];   /* key bytes, then zeros */
-};                                        /* 260 bytes */
+	__u64 hash;
+	__u32 len;  /* 1..=SS_KEY_BYTES_MAX */
+	__u32 pad0; /* 0 */
+};              /* 16 bytes */
 
 /*
  * Map value: one item's reply text, pre-composed by user space, in five segments laid out back to
@@ -87,9 +106,10 @@ struct ss_config {
 /* Program-private per-CPU scratch (not read by user space; layout here only for its size). */
 #define SS_SCRATCH_REPLY_BYTES 4096
 struct ss_scratch {
-	struct ss_key key;
-	__u32 pad0;
-	__u8 req[SS_REQUEST_BYTES_MAX];    /* the request payload, copied out of the packet */
+	/* the request payload, copied out of the packet. reply follows it directly: the program
+	 * reads the request in 8-byte words, and a word starting near the end of req may run into
+	 * reply (those bytes are masked off), which keeps the read inside the map value. */
+	__u8 req[SS_REQUEST_BYTES_MAX];
 	__u8 reply[SS_SCRATCH_REPLY_BYTES]; /* UDP header + frame header + reply payload */
 };
 

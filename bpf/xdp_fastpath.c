@@ -101,39 +101,119 @@ static __always_inline void close_token(struct tok_ctx *t, __u32 end)
 	t->in_tok = 0;
 }
 
-/* One byte of the request line per call; memcached's tokenizer splits on ' ' only and skips
- * empty tokens. A '\n' inside the line means several commands in one datagram: not ours. */
-static long tok_step(__u32 i, void *c)
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Nonzero iff some byte of x is zero. */
+static __always_inline __u64 has_zero_byte(__u64 x)
 {
-	struct tok_ctx *t = c;
-	if (i >= t->n)
-		return 1;
-	__u8 ch = t->s->req[i & REQ_MASK];
-	if (ch == '\n') {
-		t->bad = 1;
-		return 1;
-	}
-	if (ch == ' ') {
-		if (t->in_tok)
-			close_token(t, i);
-	} else if (!t->in_tok) {
-		t->in_tok = 1;
-		t->start = i;
-	}
-	return t->bad ? 1 : 0;
+	return (x - ONES) & ~x & HIGHS;
 }
 
-static __always_inline int copy_seg(struct ss_scratch *s, __u32 pos, struct bpf_dynptr *dp,
-				    __u32 off, __u32 len)
+/* Eight bytes of the request line per call (one bpf_loop callback per byte cost more than the
+ * byte work), read as one word. memcached's tokenizer splits on ' ' only and skips empty
+ * tokens; a '\n' inside the line means several commands in one datagram: not ours. A whole
+ * word with no ' ' or '\n' at most starts a token. Returns nonzero to stop. */
+static long tok_step(__u32 w, void *c)
+{
+	struct tok_ctx *t = c;
+	__u32 base = w * 8;
+	__u32 n = t->n;
+	if (base >= n)
+		return 1;
+	__u64 x = *(__u64 *)(t->s->req + (base & REQ_MASK));
+	__u32 lim = n - base;
+	__u32 in_tok = t->in_tok;
+	if (lim >= 8 && !has_zero_byte(x ^ (ONES * ' ')) && !has_zero_byte(x ^ (ONES * '\n'))) {
+		if (!in_tok) {
+			t->in_tok = 1;
+			t->start = base;
+		}
+		return 0;
+	}
+#pragma unroll
+	for (__u32 j = 0; j < 8; j++) {
+		if (j >= lim)
+			continue; /* past the line */
+		__u8 ch = (__u8)(x >> (8 * j));
+		if (ch == '\n') {
+			t->bad = 1;
+			return 1;
+		}
+		if (ch == ' ') {
+			if (in_tok) {
+				close_token(t, base + j);
+				in_tok = 0;
+				if (t->bad)
+					return 1;
+			}
+		} else if (!in_tok) {
+			in_tok = 1;
+			t->start = base + j;
+		}
+	}
+	t->in_tok = in_tok;
+	return 0;
+}
+
+/* Key word `w` (bytes 8w..8w+7) of the key at req[kstart..kstart+klen], little-endian, with
+ * bytes past the key zeroed. Reads past req's end land in reply (same map value) and are masked. */
+static __always_inline __u64 key_word(struct ss_scratch *s, __u32 kstart, __u32 klen, __u32 off)
+{
+	__u32 at = (kstart + off) & REQ_MASK;
+	__u64 x = *(__u64 *)(s->req + at);
+	__u32 rem = klen - off;
+	if (rem < 8)
+		x &= (1ULL << (rem * 8)) - 1;
+	return x;
+}
+
+/* Segments up to this long are copied in 8-byte words by ss_copy: cheaper than a dynptr
+ * helper call for the short prefixes and values that are the common case. */
+#define SMALL_COPY_BYTES 64
+
+/* Copy piece[off..off+len] to reply[pos..]. A global function (verified once): inlined, its two
+ * ways of copying multiplied the verifier's states in the per-key loop past its limit.
+ * Short segments go in whole words, so up to 7 bytes past pos + len are overwritten too:
+ * harmless, as every later write starts at pos + len and the 3 bytes past the reply's end are
+ * zeroed before the checksum. Longer ones go through one dynptr read. */
+__noinline int ss_copy(struct ss_scratch *s, struct ss_item *it, struct bpf_dynptr *dp, __u32 pos_off,
+		       __u32 len)
+{
+	/* pos (low 16 bits) and off (high 16) share one argument: BPF calls take at most 5. */
+	__u32 pos = pos_off & 0xffff, off = pos_off >> 16;
+	if (!s || !it || pos > REPLY_END || len > SS_PIECE_BYTES_MAX || off > SS_PIECE_BYTES_MAX)
+		return -1;
+	if (len <= SMALL_COPY_BYTES && off <= SS_PIECE_BYTES_MAX - SMALL_COPY_BYTES) {
+		for (__u32 w = 0; w < SMALL_COPY_BYTES / 8; w++) {
+			__u32 o = w * 8;
+			if (o >= len)
+				break;
+			__u32 src = off + o;
+			OPAQUE(src); /* keeps the bound check below next to the access */
+			if (src > SS_PIECE_BYTES_MAX - 8)
+				return -1;
+			__u32 dst = pos + o;
+			asm volatile("%0 &= 2047" : "+r"(dst));
+			*(__u64 *)(s->reply + dst) = *(__u64 *)(it->piece + src);
+		}
+		return 0;
+	}
+	/* No-ops (pos <= REPLY_END, len <= SS_PIECE_BYTES_MAX), but ones the compiler cannot drop,
+	 * so the verifier sees the bound: pos + len <= 2047 + 2047 < sizeof(reply). */
+	asm volatile("%0 &= 2047" : "+r"(pos));
+	asm volatile("%0 &= 2047" : "+r"(len));
+	return bpf_dynptr_read(s->reply + pos, len, dp, off, 0) ? -1 : 0;
+}
+
+static __always_inline int copy_seg(struct ss_scratch *s, __u32 pos, struct ss_item *it,
+				    struct bpf_dynptr *dp, __u32 off, __u32 len)
 {
 	if (len == 0)
 		return 0;
-	if (pos > REPLY_END || len > SS_PIECE_BYTES_MAX)
+	if (pos > REPLY_END || off > SS_PIECE_BYTES_MAX)
 		return -1;
-	/* A no-op for pos <= REPLY_END, but one the compiler cannot drop, so the verifier sees
-	 * the bound: pos + len <= 2047 + 1424 < sizeof(reply). */
-	asm volatile("%0 &= 2047" : "+r"(pos));
-	return bpf_dynptr_read(s->reply + pos, len, dp, off, 0) ? -1 : 0;
+	return ss_copy(s, it, dp, pos | (off << 16), len);
 }
 
 /* Write one reply byte; the masked index keeps the verifier's bound (callers keep idx small). */
@@ -150,6 +230,56 @@ static __always_inline __u32 fold(__u64 sum)
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__u32)sum;
+}
+
+/* The two key loops below are global (separately verified) functions: inlined into the per-key
+ * loop their up-to-32 iterations multiplied the verifier's states past its limit.
+ * ss_key_hash over req[kstart..kstart+klen] (see slipstream_kv.h). */
+__noinline __u64 ss_key_hash(struct ss_scratch *s, __u32 kstart, __u32 klen)
+{
+	if (!s || klen > SS_KEY_BYTES_MAX)
+		return 0;
+	__u64 h = SS_HASH_SEED ^ ((__u64)klen * SS_HASH_MUL);
+	for (__u32 w = 0; w < SS_KEY_WORDS_MAX; w++) {
+		__u32 off = w * 8;
+		if (off >= klen)
+			break;
+		h = (h ^ key_word(s, kstart, klen, off)) * SS_HASH_MUL;
+		h ^= h >> 32;
+	}
+	return h;
+}
+
+/* 1 iff it->piece holds the key req[kstart..kstart+klen] at offset kat, followed by ' '. */
+__noinline int ss_key_matches(struct ss_scratch *s, struct ss_item *it, __u32 kstart, __u32 klen,
+			      __u32 kat)
+{
+	if (!s || !it || klen > SS_KEY_BYTES_MAX || kat > SS_PIECE_BYTES_MAX)
+		return 0;
+	for (__u32 w = 0; w < SS_KEY_WORDS_MAX; w++) {
+		__u32 off = w * 8;
+		if (off >= klen)
+			break;
+		__u32 p = kat + off;
+		if (p > SS_PIECE_BYTES_MAX - 8)
+			return 0;
+		OPAQUE(p);
+		if (p > SS_PIECE_BYTES_MAX - 8)
+			return 0;
+		__u64 y = *(__u64 *)(it->piece + p);
+		__u32 rem = klen - off;
+		if (rem < 8)
+			y &= (1ULL << (rem * 8)) - 1;
+		if (y != key_word(s, kstart, klen, off))
+			return 0;
+	}
+	__u32 sp = kat + klen;
+	if (sp >= SS_PIECE_BYTES_MAX)
+		return 0;
+	OPAQUE(sp);
+	if (sp >= SS_PIECE_BYTES_MAX)
+		return 0;
+	return it->piece[sp] == ' ';
 }
 
 SEC("xdp")
@@ -254,7 +384,7 @@ int slipstream_xdp(struct xdp_md *ctx)
 	struct tok_ctx t = {};
 	t.s = s;
 	t.n = n - 2;
-	bpf_loop(SS_REQUEST_BYTES_MAX, tok_step, &t, 0);
+	bpf_loop(SS_REQUEST_BYTES_MAX / 8, tok_step, &t, 0);
 	if (t.bad)
 		goto miss;
 	if (t.in_tok)
@@ -295,7 +425,7 @@ int slipstream_xdp(struct xdp_md *ctx)
 	if (nkeys < 1 || nkeys > SS_KEYS_MAX)
 		goto miss;
 
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = 0; /* read on the first item with an expiry: most have none */
 	__u32 pos = REPLY_PAYLOAD_OFF;
 	for (__u32 k = 0; k < SS_KEYS_MAX; k++) {
 		if (k >= nkeys)
@@ -305,19 +435,29 @@ int slipstream_xdp(struct xdp_md *ctx)
 		__u32 kstart = t.tstart[ti];
 		if (klen < 1 || klen > SS_KEY_BYTES_MAX)
 			goto miss;
-		__builtin_memset(&s->key, 0, sizeof(s->key));
-		s->key.len = klen;
-		if (bpf_xdp_load_bytes(ctx, pay_off + kstart, s->key.bytes, klen))
-			goto miss;
-		struct ss_item *it = bpf_map_lookup_elem(&ss_items, &s->key);
+		/* ss_key_hash (see slipstream_kv.h), over the key bytes in req. */
+		__u64 h = ss_key_hash(s, kstart, klen);
+		struct ss_key key = { .hash = h, .len = klen, .pad0 = 0 };
+		struct ss_item *it = bpf_map_lookup_elem(&ss_items, &key);
 		if (!it)
 			goto miss;
 		if (it->epoch != epoch)
 			goto miss;
-		if (it->expiry_ns != 0 && now >= it->expiry_ns)
-			goto miss;
+		if (it->expiry_ns != 0) {
+			if (now == 0)
+				now = bpf_ktime_get_ns();
+			if (now >= it->expiry_ns)
+				goto miss;
+		}
 		__u32 d = it->d_len, e = it->e_len, a = it->a_len, b = it->b_len, c = it->c_len;
 		if (d + e + a + b + c > SS_PIECE_BYTES_MAX)
+			goto miss;
+		/* The map key is only a hash: the item must be this key's. Segment A is
+		 * "VALUE <key> ...", and keys hold no ' ', so the key bytes followed by ' ' at
+		 * offset d + e + 6 identify it exactly. */
+		if (a < 6 + klen + 1)
+			goto miss;
+		if (!ss_key_matches(s, it, kstart, klen, d + e + 6))
 			goto miss;
 		__u32 need;
 		switch (mode) {
@@ -344,25 +484,25 @@ int slipstream_xdp(struct xdp_md *ctx)
 		int err = 0;
 		switch (mode) {
 		case MODE_GET:
-			err |= copy_seg(s, pos, &dp, d + e, a);
+			err |= copy_seg(s, pos, it, &dp, d + e, a);
 			pos += a;
 			break;
 		case MODE_GETS:
-			err |= copy_seg(s, pos, &dp, d + e, a + b);
+			err |= copy_seg(s, pos, it, &dp, d + e, a + b);
 			pos += a + b;
 			break;
 		case MODE_MG_V:
-			err |= copy_seg(s, pos, &dp, 0, d);
+			err |= copy_seg(s, pos, it, &dp, 0, d);
 			pos += d;
 			break;
 		default:
-			err |= copy_seg(s, pos, &dp, 0, d + e);
+			err |= copy_seg(s, pos, it, &dp, 0, d + e);
 			pos += d + e;
 			break;
 		}
 		if (pos > REPLY_END)
 			goto miss;
-		err |= copy_seg(s, pos, &dp, c_off, c);
+		err |= copy_seg(s, pos, it, &dp, c_off, c);
 		pos += c;
 		if (err || pos > REPLY_END)
 			goto miss;

@@ -19,8 +19,13 @@ pub const PROG_XDP_PASS: &str = "slipstream_xdp_pass";
 
 /// memcached's KEY_MAX_LENGTH.
 pub const KEY_BYTES_MAX: usize = 250;
-/// Key storage bytes in [`Key`].
-pub const KEY_STORE_BYTES: usize = 256;
+/// `SS_HASH_SEED`, `SS_HASH_MUL`, `SS_KEY_WORDS_MAX`: see [`key_hash`].
+pub const HASH_SEED: u64 = 0x736c_6970_7374_7265;
+pub const HASH_MUL: u64 = 0x9e37_79b9_7f4a_7c15;
+pub const KEY_WORDS_MAX: usize = 32;
+/// `SS_HASH_TEST_1` / `SS_HASH_TEST_2`: [`key_hash`] of "key:00000001" and "a".
+pub const HASH_TEST_1: u64 = 0x5fc6_5e17_9e0c_cb65;
+pub const HASH_TEST_2: u64 = 0xdcef_489f_533e_2bfa;
 /// memcached UDP frame header bytes.
 pub const FRAME_HEADER_BYTES: usize = 8;
 /// Most reply payload bytes (after the frame header) one datagram carries.
@@ -39,12 +44,27 @@ pub const COUNTER_HITS: u32 = 0;
 pub const COUNTER_MISSES: u32 = 1;
 pub const COUNTER_COUNT: u32 = 4;
 
-/// `struct ss_key`: key bytes zero-padded so equal keys hash equal.
+/// `struct ss_key`: a 64-bit hash of the key bytes and their length. Not unique: the value holds
+/// the full key and the program compares it (see the C header).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
+    pub hash: u64,
     pub len: u32,
-    pub bytes: [u8; KEY_STORE_BYTES],
+    pub pad0: u32,
+}
+
+/// `ss_key_hash`, bit for bit as the XDP program computes it: seed mixed with the length, then
+/// per little-endian 8-byte word (the last zero-padded) `h = (h ^ w) * MUL; h ^= h >> 32`.
+pub fn key_hash(key: &[u8]) -> u64 {
+    let mut h = HASH_SEED ^ (key.len() as u64).wrapping_mul(HASH_MUL);
+    for chunk in key.chunks(8) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(HASH_MUL);
+        h ^= h >> 32;
+    }
+    h
 }
 
 /// `struct ss_item`: one item's pre-composed reply text in five segments D E A B C (see the C
@@ -74,9 +94,10 @@ pub struct Config {
     pub epoch: u64,
 }
 
-const _: () = assert!(size_of::<Key>() == 260);
-const _: () = assert!(offset_of!(Key, bytes) == 4);
-const _: () = assert!(KEY_STORE_BYTES >= KEY_BYTES_MAX);
+const _: () = assert!(size_of::<Key>() == 16);
+const _: () = assert!(offset_of!(Key, hash) == 0);
+const _: () = assert!(offset_of!(Key, len) == 8);
+const _: () = assert!(KEY_WORDS_MAX * 8 >= KEY_BYTES_MAX);
 const _: () = assert!(size_of::<Item>() == 1456);
 const _: () = assert!(offset_of!(Item, expiry_ns) == 0);
 const _: () = assert!(offset_of!(Item, epoch) == 8);
@@ -96,15 +117,7 @@ impl Key {
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
             return None;
         }
-        let mut k = Key { len: key.len() as u32, bytes: [0; KEY_STORE_BYTES] };
-        k.bytes[..key.len()].copy_from_slice(key);
-        Some(k)
-    }
-
-    /// The key bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        let n = (self.len as usize).min(KEY_STORE_BYTES);
-        &self.bytes[..n]
+        Some(Key { hash: key_hash(key), len: key.len() as u32, pad0: 0 })
     }
 }
 
@@ -123,3 +136,32 @@ impl Plain for Item {}
 impl Plain for Config {}
 impl Plain for u32 {}
 impl Plain for u64 {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared test vectors in the C header: a change to either hash must change both.
+    #[test]
+    fn key_hash_matches_the_header_vectors() {
+        assert_eq!(key_hash(b"key:00000001"), HASH_TEST_1, "{:#x}", key_hash(b"key:00000001"));
+        assert_eq!(key_hash(b"a"), HASH_TEST_2, "{:#x}", key_hash(b"a"));
+        let header = include_str!("../../../bpf/slipstream_kv.h");
+        for (name, v) in [("SS_HASH_TEST_1", HASH_TEST_1), ("SS_HASH_TEST_2", HASH_TEST_2), ("SS_HASH_SEED", HASH_SEED), ("SS_HASH_MUL", HASH_MUL)] {
+            let line = format!("#define {name} {v:#018x}ULL");
+            assert!(header.contains(&line), "header lacks `{line}`");
+        }
+    }
+
+    #[test]
+    fn key_hash_depends_on_every_byte_and_the_length() {
+        let base = key_hash(b"0123456789abcdefXYZ");
+        for i in 0..19 {
+            let mut k = b"0123456789abcdefXYZ".to_vec();
+            k[i] ^= 1;
+            assert_ne!(key_hash(&k), base, "byte {i}");
+        }
+        // Zero padding alone must not collide: the length is mixed in.
+        assert_ne!(key_hash(b"ab"), key_hash(b"ab\0"));
+    }
+}

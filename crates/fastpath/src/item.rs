@@ -99,6 +99,16 @@ pub(crate) fn segments(item: &Item) -> Option<Segments<'_>> {
     Some(Segments { d: take(lens[0])?, e: take(lens[1])?, a: take(lens[2])?, b: take(lens[3])?, c: take(lens[4])? })
 }
 
+/// Whether `item` was composed for `key`: its segment A is "VALUE <key> ...". The map is keyed
+/// by a hash of the key, so this is what tells two colliding keys apart (the XDP program makes
+/// the same check; keys never hold ' ', so the key followed by ' ' is exact).
+pub(crate) fn holds_key(item: &Item, key: &[u8]) -> bool {
+    let Some(s) = segments(item) else { return false };
+    s.a.get(..6) == Some(b"VALUE ".as_slice())
+        && s.a.get(6..6 + key.len()) == Some(key)
+        && s.a.get(6 + key.len()) == Some(&b' ')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,6 +57,14 @@
 //! TTL: each value carries an absolute CLOCK_MONOTONIC expiry (what `bpf_ktime_get_ns` reads);
 //! the program treats `now >= expiry` as a miss. Use [`monotonic_now_ns`] to convert.
 //!
+//! Map key: the items map is keyed by a 64-bit hash of the key bytes plus their length
+//! (`abi::key_hash`, computed the same way by the program over only the key's bytes), not by
+//! the key itself: the kernel then hashes and compares 16 bytes per lookup instead of a 260-byte
+//! zero-padded key buffer. The value carries the full key (its `VALUE <key> ...` segment) and the
+//! program checks it, so a colliding entry is a miss, never another key's value. A fill of a
+//! colliding key replaces the other key's entry and an invalidate deletes whatever sits at the
+//! hash; both can only turn hits into misses, so the coherence rules above hold unchanged.
+//!
 //! Memory: the items map is a `BPF_F_NO_PREALLOC` hash (memory grows with use; elements are
 //! RCU-freed, so XDP reads a whole old or whole new element, never a torn one), at most
 //! `entries_max` items of 1456 bytes of value each. Items whose `gets` reply would not fit one
@@ -334,6 +342,22 @@ impl Kernel {
         }
     }
 
+    /// Tests only: file the item composed for `key` under the map key of `under`, as a hash
+    /// collision between the two would (the program must then miss on a get of `under`).
+    #[doc(hidden)]
+    pub fn fill_colliding(&self, under: &[u8], key: &[u8], value: &[u8]) -> Result<Filled, FastPathError> {
+        use abi::Plain;
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let item = match item::compose(key, 0, 1, value, 0, epoch) {
+            Ok(it) => it,
+            Err(why) => return Ok(Filled::NotCacheable(why)),
+        };
+        let Some(k) = abi::Key::new(under) else { return Ok(Filled::NotCacheable(NotCacheable::Key)) };
+        sys::map_update(self.items_fd, k.as_bytes(), item.as_bytes(), sys::BPF_ANY)
+            .map(|()| Filled::Cached)
+            .map_err(|error| FastPathError::Map { op: "fill", error })
+    }
+
     /// Drop the kernel copy of `key`. Call while holding the key's shard lock, before changing
     /// the store. On `Err` the kernel may still serve the old value: fail the write.
     pub fn invalidate(&self, key: &[u8]) -> Result<(), FastPathError> {
@@ -438,7 +462,9 @@ impl Kernel {
         // SAFETY: `buf` holds exactly size_of::<Item>() bytes written by the kernel, Item is
         // repr(C) of integers and byte arrays (any bit pattern valid), read_unaligned copes with
         // the Vec's alignment.
-        Ok(Some(unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<abi::Item>()) }))
+        let it = unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<abi::Item>()) };
+        // The map key is a hash: the entry may hold a colliding key's item, which is not ours.
+        Ok(item::holds_key(&it, key).then_some(it))
     }
 
     /// Run the program on `packet` with BPF_PROG_TEST_RUN (no interface needed). With a

@@ -190,6 +190,13 @@ fn decide(p: &[u8], st: &ModelState) -> Decision {
             return Miss;
         }
         let Some(s) = segments(item) else { return Miss };
+        // The kernel map is keyed by a hash, so the program checks that the item is this key's:
+        // segment A is "VALUE <key> ...", the key at offset 6 followed by ' ' (it does not
+        // re-check "VALUE ", which user space always writes). The model's map is keyed exactly,
+        // but a caller may file an item under another key; the kernel would then miss too.
+        if s.a.len() < 6 + key.len() + 1 || s.a.get(6..6 + key.len()) != Some(key) || s.a.get(6 + key.len()) != Some(&b' ') {
+            return Miss;
+        }
         let head: Vec<&[u8]> = match mode {
             Mode::Get => vec![s.a],
             Mode::Gets => vec![s.a, s.b],

@@ -208,3 +208,114 @@ fn per_packet_cost_is_reported() {
     );
     assert!(hit_ns < 100_000, "a hit should take microseconds at most, took {hit_ns} ns");
 }
+
+/// The map is keyed by a hash of the key: an entry holding another key's item (what a hash
+/// collision would leave) must be a miss, in the kernel and in the model, never that item.
+#[test]
+fn an_entry_for_another_key_is_a_miss() {
+    use slipstream_fastpath::item::compose;
+    use slipstream_fastpath::model::{model, ModelState};
+    let Some(k) = kernel() else { return };
+    // Same length (so the map key could collide), differing in one byte, and in the last word.
+    for (asked, filed) in [(&b"key:00000001"[..], &b"key:00000002"[..]), (b"a", b"b"), (b"abcdefgh", b"abcdefgi")] {
+        k.flush_all().unwrap();
+        k.fill_colliding(asked, filed, b"theirs").unwrap();
+        assert!(k.lookup(asked).unwrap().is_none(), "lookup checks the key too");
+        let pkt = fixtures::memcached_frame(false, 0, 1, &[&b"get "[..], asked, b"\r\n"].concat());
+        let before = k.counters().unwrap();
+        let r = k.test_run(&pkt, 1).unwrap();
+        let after = k.counters().unwrap();
+        assert_eq!(r.verdict, Some(Verdict::Pass), "{}", String::from_utf8_lossy(asked));
+        assert_eq!(r.packet, pkt);
+        assert_eq!(after.fastpath_misses - before.fastpath_misses, 1);
+        let mut st = ModelState { udp_port: PORT, epoch: k.epoch(), ..Default::default() };
+        st.items.insert(asked.to_vec(), compose(filed, 0, 1, b"theirs", 0, k.epoch()).unwrap());
+        let m = model(&pkt, &st);
+        assert_eq!((m.verdict, m.misses), (Verdict::Pass, 1));
+        // And the real fill of the asked key answers it.
+        k.fill(asked, 0, 1, b"mine", 0).unwrap();
+        assert_eq!(k.test_run(&pkt, 1).unwrap().verdict, Some(Verdict::Tx));
+    }
+}
+
+/// Keys of every length class the word-wise hash and compare treat differently (shorter than,
+/// equal to, longer than a word; the longest key), next to other keys in the same request so
+/// the bytes after each key are not zeros. Kernel and model must agree byte for byte.
+#[test]
+fn keys_of_every_word_length_hit() {
+    use slipstream_fastpath::model::model;
+    let Some(k) = kernel() else { return };
+    let lens: Vec<usize> = (1..=17).chain([23, 24, 25, 31, 32, 33, 63, 64, 65, 127, 248, 249, 250]).collect();
+    for &n in &lens {
+        k.flush_all().unwrap();
+        let key: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut other = key.clone();
+        other.push(b'z');
+        let mut shorter = key.clone();
+        shorter.pop();
+        k.fill(&key, 3, 9, b"val", 0).unwrap();
+        let mut req = b"get ".to_vec();
+        req.extend_from_slice(&key);
+        req.extend_from_slice(b" ");
+        req.extend_from_slice(&key);
+        req.extend_from_slice(b"\r\n");
+        let pkt = fixtures::memcached_frame(n % 2 == 0, 0, 1, &req);
+        let r = k.test_run(&pkt, 1).unwrap();
+        assert_eq!(r.verdict, Some(Verdict::Tx), "key length {n}");
+        let mut st = slipstream_fastpath::model::ModelState { udp_port: PORT, epoch: k.epoch(), ..Default::default() };
+        st.items.insert(key.clone(), k.lookup(&key).unwrap().unwrap());
+        let m = model(&pkt, &st);
+        assert_eq!(m.packet, r.packet, "key length {n}: kernel and model replies differ");
+        // Neighbours of the same prefix are other keys: misses.
+        for probe in [&other, &shorter] {
+            if probe.is_empty() || probe.len() > 250 {
+                continue;
+            }
+            let req = [&b"get "[..], probe, b"\r\n"].concat();
+            let pkt = fixtures::memcached_frame(false, 0, 1, &req);
+            assert_eq!(k.test_run(&pkt, 1).unwrap().verdict, Some(Verdict::Pass), "probe of length {}", probe.len());
+        }
+    }
+}
+
+/// The tokenizer reads 8 bytes at a time and skips whole words inside a token: a space or LF
+/// anywhere in such a word (any of its 8 positions), runs of spaces, and tokens ending exactly
+/// at a word boundary must all be seen. Kernel and model must agree on each.
+#[test]
+fn tokenizer_word_boundaries_agree_with_the_model() {
+    use slipstream_fastpath::model::{model, ModelState};
+    let Some(k) = kernel() else { return };
+    k.flush_all().unwrap();
+    let keys: [&[u8]; 4] = [b"abcdefghijklmnop", b"abcdefg", b"abcdefghijklmnopq", b"x"];
+    let mut st = ModelState { udp_port: PORT, epoch: k.epoch(), ..Default::default() };
+    for key in keys {
+        k.fill(key, 1, 2, b"val", 0).unwrap();
+        st.items.insert(key.to_vec(), k.lookup(key).unwrap().unwrap());
+    }
+    let mut reqs: Vec<Vec<u8>> = vec![
+        b"get abcdefghijklmnop\r\n".to_vec(),
+        b"get abcdefghijklmnop abcdefg abcdefghijklmnopq x\r\n".to_vec(),
+        b"get        abcdefg        x        \r\n".to_vec(),
+        b"gets x abcdefghijklmnopq\r\n".to_vec(),
+    ];
+    // An LF or a space at each position of a long key (LF: miss; space: splits the key).
+    for i in 0..17 {
+        for ch in [b'\n', b' ', b'\r'] {
+            let mut r = b"get abcdefghijklmnopq x\r\n".to_vec();
+            r[4 + i] = ch;
+            reqs.push(r);
+        }
+    }
+    for (n, req) in reqs.iter().enumerate() {
+        let pkt = fixtures::memcached_frame(n % 2 == 1, 0, 1, req);
+        let r = k.test_run(&pkt, 1).unwrap();
+        let m = model(&pkt, &st);
+        assert_eq!(r.verdict, Some(m.verdict), "{:?}", String::from_utf8_lossy(req));
+        assert_eq!(r.packet, m.packet, "{:?}", String::from_utf8_lossy(req));
+    }
+    // The first four are hits.
+    for req in &reqs[..4] {
+        let r = k.test_run(&fixtures::memcached_frame(false, 0, 1, req), 1).unwrap();
+        assert_eq!(r.verdict, Some(Verdict::Tx), "{:?}", String::from_utf8_lossy(req));
+    }
+}
