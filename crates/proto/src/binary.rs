@@ -384,21 +384,28 @@ pub fn compose_error_text(out: &mut Vec<u8>, header: &Header, status: u16, text:
     compose_response(out, header.opcode, status, header.opaque, 0, &[], &[], text);
 }
 
+/// Append a request packet (what a client sends). The server never sends requests; tests,
+/// fuzzers and load generators build theirs with this.
+pub fn compose_request(out: &mut Vec<u8>, opcode: u8, key: &[u8], extras: &[u8], value: &[u8], cas: u64, opaque: u32) {
+    out.extend_from_slice(&[REQUEST_MAGIC, opcode]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.push(extras.len() as u8);
+    out.extend_from_slice(&[0, 0, 0]);
+    out.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&cas.to_be_bytes());
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn req(op: u8, key: &[u8], extras: &[u8], value: &[u8], cas: u64, opaque: u32) -> Vec<u8> {
-        let mut v = vec![REQUEST_MAGIC, op];
-        v.extend_from_slice(&(key.len() as u16).to_be_bytes());
-        v.push(extras.len() as u8);
-        v.extend_from_slice(&[0, 0, 0]);
-        v.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
-        v.extend_from_slice(&opaque.to_be_bytes());
-        v.extend_from_slice(&cas.to_be_bytes());
-        v.extend_from_slice(extras);
-        v.extend_from_slice(key);
-        v.extend_from_slice(value);
+        let mut v = Vec::new();
+        compose_request(&mut v, op, key, extras, value, cas, opaque);
         v
     }
 

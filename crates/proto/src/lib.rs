@@ -26,3 +26,22 @@ pub enum Parsed<T, E> {
     /// (memcached-compatible resynchronisation), `E` says how to answer.
     Invalid { error: E, consumed: usize },
 }
+
+/// Decimal digits of `v` in a stack buffer: (buffer, index of the first digit). Shared by the
+/// text and meta composers; no allocation.
+#[inline]
+pub(crate) fn decimal_digits(mut v: u64) -> ([u8; 20], usize) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        if let Some(slot) = buf.get_mut(i) {
+            *slot = b'0' + (v % 10) as u8;
+        }
+        v /= 10;
+        if v == 0 || i == 0 {
+            break;
+        }
+    }
+    (buf, i)
+}

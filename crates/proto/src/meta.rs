@@ -752,33 +752,12 @@ pub fn compose_error_line(out: &mut Vec<u8>, line: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Decimal digits of `v` in a stack buffer: (buffer, index of the first digit).
-fn u64_digits(mut v: u64) -> ([u8; 20], usize) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        if let Some(slot) = buf.get_mut(i) {
-            *slot = b'0' + (v % 10) as u8;
-        }
-        v /= 10;
-        if v == 0 || i == 0 {
-            break;
-        }
-    }
-    (buf, i)
-}
-
 fn push_u64(out: &mut Vec<u8>, v: u64) {
-    let (buf, i) = u64_digits(v);
-    out.extend_from_slice(buf.get(i..).unwrap_or(&[]));
+    crate::text::compose_u64(out, v);
 }
 
 fn push_i64(out: &mut Vec<u8>, v: i64) {
-    if v < 0 {
-        out.push(b'-');
-    }
-    push_u64(out, v.unsigned_abs());
+    crate::text::compose_i64(out, v);
 }
 
 /// ` k<key>` (base64 plus ` b` for binary keys), as memcached's META_KEY.
@@ -950,7 +929,7 @@ pub fn compose_arith_ok(
     cas: u64,
     ttl_remaining_s: i64,
 ) {
-    let (digits, first) = u64_digits(value);
+    let (digits, first) = crate::decimal_digits(value);
     let number = digits.get(first..).unwrap_or(&[]);
     if req.flags.value {
         out.extend_from_slice(b"VA ");

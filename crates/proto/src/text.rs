@@ -871,19 +871,8 @@ fn parse_stats<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
 
 /// Append the decimal form of `v`.
 #[inline]
-pub fn compose_u64(out: &mut Vec<u8>, mut v: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        if let Some(slot) = buf.get_mut(i) {
-            *slot = b'0' + (v % 10) as u8;
-        }
-        v /= 10;
-        if v == 0 || i == 0 {
-            break;
-        }
-    }
+pub fn compose_u64(out: &mut Vec<u8>, v: u64) {
+    let (buf, i) = crate::decimal_digits(v);
     out.extend_from_slice(buf.get(i..).unwrap_or(&[]));
 }
 

@@ -430,16 +430,8 @@ mod tests {
     }
 
     fn req(op: u8, key: &[u8], extras: &[u8], value: &[u8], cas: u64, opaque: u32) -> Vec<u8> {
-        let mut v = vec![0x80, op];
-        v.extend_from_slice(&(key.len() as u16).to_be_bytes());
-        v.push(extras.len() as u8);
-        v.extend_from_slice(&[0, 0, 0]);
-        v.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
-        v.extend_from_slice(&opaque.to_be_bytes());
-        v.extend_from_slice(&cas.to_be_bytes());
-        v.extend_from_slice(extras);
-        v.extend_from_slice(key);
-        v.extend_from_slice(value);
+        let mut v = Vec::new();
+        slipstream_proto::binary::compose_request(&mut v, op, key, extras, value, cas, opaque);
         v
     }
 

@@ -83,16 +83,8 @@ fn corpus() -> Vec<Vec<u8>> {
     let mut c: Vec<Vec<u8>> = text.iter().map(|s| s.to_vec()).collect();
     // Binary protocol: a get, a set and a noop.
     let bin = |op: u8, extras: &[u8], key: &[u8], value: &[u8]| {
-        let mut v = vec![0x80, op];
-        v.extend_from_slice(&(key.len() as u16).to_be_bytes());
-        v.push(extras.len() as u8);
-        v.extend_from_slice(&[0, 0, 0]);
-        v.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
-        v.extend_from_slice(&[0, 0, 0, 7]);
-        v.extend_from_slice(&[0; 8]);
-        v.extend_from_slice(extras);
-        v.extend_from_slice(key);
-        v.extend_from_slice(value);
+        let mut v = Vec::new();
+        slipstream_proto::binary::compose_request(&mut v, op, key, extras, value, 0, 7);
         v
     };
     c.push([bin(0x01, &[0, 0, 0, 1, 0, 0, 0, 0], b"k", b"val"), bin(0x00, &[], b"k", b""), bin(0x0a, &[], b"", b"")].concat());
