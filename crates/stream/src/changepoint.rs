@@ -174,9 +174,7 @@ impl Operator for ChangePointOp {
     }
 
     fn on_record(&mut self, rec: Record<'_>, t_ns: u64, out: &mut Vec<u8>) {
-        self.counters.records += 1;
-        let (t_ns, clamped) = self.clock.advance(t_ns);
-        self.counters.time_clamped += u64::from(clamped);
+        let t_ns = crate::begin_record(&mut self.clock, &mut self.counters, t_ns);
         self.cp.advance(t_ns);
         let Record::Value(v) = rec else {
             self.counters.ignored += 1;

@@ -88,6 +88,15 @@ pub(crate) struct Clock {
     high_ns: u64,
 }
 
+/// The prologue every operator runs for a record: count it, and move the event clock to it.
+/// Returns the event time to use (never earlier than one already seen; a clamp is counted).
+pub(crate) fn begin_record(clock: &mut Clock, counters: &mut OpCounters, t_ns: u64) -> u64 {
+    counters.records += 1;
+    let (t_ns, clamped) = clock.advance(t_ns);
+    counters.time_clamped += u64::from(clamped);
+    t_ns
+}
+
 impl Clock {
     pub(crate) fn advance(&mut self, t_ns: u64) -> (u64, bool) {
         if t_ns < self.high_ns {

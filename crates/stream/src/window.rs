@@ -259,9 +259,7 @@ impl Operator for WindowOp {
     }
 
     fn on_record(&mut self, rec: Record<'_>, t_ns: u64, out: &mut Vec<u8>) {
-        self.counters.records += 1;
-        let (t_ns, clamped) = self.clock.advance(t_ns);
-        self.counters.time_clamped += u64::from(clamped);
+        let t_ns = crate::begin_record(&mut self.clock, &mut self.counters, t_ns);
         self.on_time(t_ns, out);
         match rec {
             Record::Value(v) => self.windows.push(t_ns, v),
