@@ -379,9 +379,7 @@ mod tests {
     use crate::exec::{ConnState, Settings, Transport};
     use crate::stats::ServerInfo;
     use slipstream_store::{Clock, Store, StoreConfig};
-    use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
-    use std::time::Instant;
 
     struct Rig {
         store: Store,

@@ -344,57 +344,28 @@ mod tests {
     //! Each scenario replays requests that were sent to a fresh memcached 1.6.18
     //! (`memcached -U 0 -l 127.0.0.1`) and expects the exact bytes it answered.
     use super::*;
-    use crate::exec::{ConnState, Settings, Transport};
-    use crate::stats::ServerInfo;
-    use slipstream_store::{Clock, Store, StoreConfig};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::Instant;
+    use slipstream_store::{Clock, StoreConfig};
 
+    /// The crate's executor harness (routing, swallowing and counters as the network loop
+    /// has them), with the checks these scenarios want on top.
     struct Harness {
-        store: Store,
-        stats: ThreadStats,
-        settings: Settings,
-        server: ServerInfo,
-        conn: ConnState,
+        h: crate::harness::Harness,
     }
 
     impl Harness {
         fn new() -> Harness {
-            Harness {
-                store: Store::with_clock(StoreConfig::default(), Clock::manual(1_700_000_000)),
-                stats: ThreadStats::default(),
-                settings: Settings::default(),
-                server: ServerInfo::detached(Vec::new(), 1024 * 1024),
-                conn: ConnState::new(Transport::Tcp),
-            }
+            let cfg = StoreConfig::default();
+            Harness { h: crate::harness::Harness::new(cfg, Clock::manual(1_700_000_000)) }
         }
 
-        /// Feed `input` the way the text loop does (swallowing first), return all replies.
+        /// Feed `input` as one read; every request in it must complete without a close.
         fn send(&mut self, input: &[u8]) -> Vec<u8> {
-            let mut out = Vec::new();
-            let mut rest = input;
-            while !rest.is_empty() {
-                if self.conn.swallow_bytes > 0 {
-                    let n = self.conn.swallow_bytes.min(rest.len());
-                    self.conn.swallow_bytes -= n;
-                    rest = &rest[n..];
-                    continue;
-                }
-                let mut ctx = Ctx {
-                    store: &self.store,
-                    stats: &self.stats,
-                    settings: &self.settings,
-                    server: &self.server,
-                    conn: &mut self.conn,
-                };
-                match execute(&mut ctx, rest, &mut out) {
-                    Step::Consumed(n) => {
-                        assert!(n > 0 && n <= rest.len());
-                        rest = &rest[n..];
-                    }
-                    other => panic!("unexpected {other:?} with {} bytes left", rest.len()),
-                }
-            }
+            let out = self.h.feed(input);
+            assert!(
+                !self.h.closed && self.h.pending.is_empty(),
+                "connection closed or request incomplete with {} bytes left",
+                self.h.pending.len()
+            );
             out
         }
 
@@ -411,26 +382,11 @@ mod tests {
         }
 
         fn counter(&self, name: &str) -> u64 {
-            let c = match name {
-                "cmd_get" => &self.stats.cmd_get,
-                "cmd_set" => &self.stats.cmd_set,
-                "cmd_touch" => &self.stats.cmd_touch,
-                "cmd_meta" => &self.stats.cmd_meta,
-                "get_hits" => &self.stats.get_hits,
-                "get_misses" => &self.stats.get_misses,
-                "touch_hits" => &self.stats.touch_hits,
-                "delete_hits" => &self.stats.delete_hits,
-                "delete_misses" => &self.stats.delete_misses,
-                "incr_hits" => &self.stats.incr_hits,
-                "incr_misses" => &self.stats.incr_misses,
-                "decr_hits" => &self.stats.decr_hits,
-                "cas_hits" => &self.stats.cas_hits,
-                "cas_badval" => &self.stats.cas_badval,
-                "cas_misses" => &self.stats.cas_misses,
-                "store_too_large" => &self.stats.store_too_large,
-                other => panic!("no counter {other}"),
-            };
-            c.load(Ordering::Relaxed)
+            let totals = self.h.info.totals();
+            match totals.pairs().into_iter().find(|(n, _)| *n == name) {
+                Some((_, v)) => v,
+                None => panic!("no counter {name}"),
+            }
         }
     }
 
@@ -439,11 +395,11 @@ mod tests {
         let mut h = Harness::new();
         let mut out = Vec::new();
         let mut ctx = Ctx {
-            store: &h.store,
-            stats: &h.stats,
-            settings: &h.settings,
-            server: &h.server,
-            conn: &mut h.conn,
+            store: &h.h.store,
+            stats: &h.h.stats,
+            settings: &h.h.settings,
+            server: &h.h.info,
+            conn: &mut h.h.conn,
         };
         assert_eq!(execute(&mut ctx, b"mg foo v", &mut out), Step::Incomplete);
         assert_eq!(execute(&mut ctx, b"ms foo 5\r\nab", &mut out), Step::Incomplete);
@@ -490,7 +446,7 @@ mod tests {
     fn first_fetch_and_last_access() {
         let mut h = Harness::new();
         h.expect(&[(b"ms foo 1\r\nx\r\n", b"HD\r\n"), (b"mg foo h l t\r\n", b"HD h0 l0 t-1\r\n")]);
-        h.store.clock().advance(3);
+        h.h.store.clock().advance(3);
         h.expect(&[(b"mg foo h l\r\n", b"HD h1 l3\r\n"), (b"mg foo h l\r\n", b"HD h1 l0\r\n")]);
     }
 
@@ -504,7 +460,7 @@ mod tests {
         ]);
         assert_eq!((h.counter("cmd_touch"), h.counter("touch_hits")), (1, 1));
         assert_eq!((h.counter("cmd_get"), h.counter("get_misses")), (1, 1));
-        h.store.clock().advance(11);
+        h.h.store.clock().advance(11);
         h.expect(&[(b"mg zz v\r\n", b"EN\r\n")]);
     }
 
@@ -676,7 +632,7 @@ mod tests {
         // A refusal split across reads: the rest of the block is swallowed later.
         let mut h = Harness::new();
         assert_eq!(h.send(b"ms foo 10 zz\r\nabc"), b"CLIENT_ERROR invalid flag\r\n");
-        assert_eq!(h.conn.swallow_bytes, 9);
+        assert_eq!(h.h.conn.swallow_bytes, 9);
         assert_eq!(h.send(b"defghij\r\nmn\r\n"), b"MN\r\n");
     }
 }
