@@ -117,7 +117,7 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
             5 => {
                 let n = rng.below(300);
                 let fill = [b'a', b'9', b' ', 0xff][rng.below(4)];
-                v.splice(at..at, std::iter::repeat(fill).take(n));
+                v.splice(at..at, std::iter::repeat_n(fill, n));
             }
             _ => {
                 let other = &corpus[rng.below(corpus.len())];
