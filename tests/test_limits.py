@@ -136,7 +136,14 @@ def test_connection_churn(kind, server_factory):
     deadline = time.monotonic() + 5
     cur = None
     while time.monotonic() < deadline:
-        cur = int(stats(srv)["curr_connections"])
+        # While the closes of the last bursts are still being reaped the server may be over its
+        # limit for a moment and refuse this connection (as memcached does); that is fine, the
+        # assertion is that it settles.
+        try:
+            cur = int(stats(srv)["curr_connections"])
+        except (OSError, KeyError, ValueError):
+            time.sleep(0.1)
+            continue
         if cur <= 3:
             break
         time.sleep(0.1)
