@@ -21,6 +21,10 @@
 /* ss_items     BPF_MAP_TYPE_HASH, BPF_F_NO_PREALLOC, key ss_key, value ss_item              */
 /* ss_config    BPF_MAP_TYPE_ARRAY, 1 entry, value ss_config                                   */
 /* ss_counters  BPF_MAP_TYPE_PERCPU_ARRAY, SS_COUNTER_COUNT entries, value __u64               */
+/* ss_ports     BPF_MAP_TYPE_ARRAY, SS_PORTS entries (index = UDP port, host order),
+ *              value __u32: tenant slot + 1, 0 = not a memcached port (pass)                  */
+/* ss_tenants   BPF_MAP_TYPE_ARRAY, BPF_F_MMAPABLE, SS_TENANTS_MAX entries, value ss_tenant   */
+/* ss_tstats    BPF_MAP_TYPE_PERCPU_ARRAY, SS_TENANTS_MAX entries, value ss_tenant_stats      */
 /* ss_scratch   BPF_MAP_TYPE_PERCPU_ARRAY, 1 entry, value ss_scratch (program-private)        */
 
 /* ---- limits ---- */
@@ -40,11 +44,19 @@
 #define SS_REQUEST_BYTES_MAX 2048
 /* Default number of cached items (user space may configure another). */
 #define SS_ENTRIES_DEFAULT 16384
+/* Most tenants (slots 0..SS_TENANTS_MAX-1) the fast path serves, each on its own UDP port. */
+#define SS_TENANTS_MAX 64
+/* Entries of ss_ports: one per UDP port number. An array indexed by port (256 KiB) rather than
+ * a hash keyed by it: every UDP packet on the interface pays this lookup, and an array lookup is
+ * a bounds check and an add (the JIT inlines it), a hash lookup hashes and walks a bucket. */
+#define SS_PORTS 65536
 
 /* ---- counters: indexes into ss_counters ---- */
 #define SS_COUNTER_HITS 0   /* get-like requests answered by XDP_TX */
 #define SS_COUNTER_MISSES 1 /* get-like requests passed to user space */
-#define SS_COUNTER_COUNT 4  /* slots 2..3 reserved */
+#define SS_COUNTER_THROTTLED 2 /* get-like requests of a shaped tenant passed to user space
+				* because its allowance could not pay for them */
+#define SS_COUNTER_COUNT 4  /* slot 3 reserved */
 
 /*
  * Map key: a 64-bit hash of the key bytes plus their length, so the kernel's own hash over the
@@ -67,11 +79,16 @@
 #define SS_KEY_WORDS_MAX 32 /* ceil(SS_KEY_BYTES_MAX / 8) */
 #define SS_HASH_TEST_1 0x5fc65e179e0ccb65ULL
 #define SS_HASH_TEST_2 0xdcef489f533e2bfaULL
+/*
+ * The tenant's slot is part of the map key: the program fills it from the port the request came
+ * to (ss_ports), user space from the tenant whose store filled the item, so an item filled for
+ * one tenant can never be found by a request to another tenant's port.
+ */
 struct ss_key {
 	__u64 hash;
-	__u32 len;  /* 1..=SS_KEY_BYTES_MAX */
-	__u32 pad0; /* 0 */
-};              /* 16 bytes */
+	__u32 len;    /* 1..=SS_KEY_BYTES_MAX */
+	__u32 tenant; /* slot, 0..SS_TENANTS_MAX-1 */
+};                /* 16 bytes */
 
 /*
  * Map value: one item's reply text, pre-composed by user space, in five segments laid out back to
@@ -85,7 +102,10 @@ struct ss_key {
  */
 struct ss_item {
 	__u64 expiry_ns;   /* absolute CLOCK_MONOTONIC (bpf_ktime_get_ns) ns; 0 = never expires */
-	__u64 epoch;       /* ss_config.epoch when filled; any other epoch = flushed = miss */
+	__u64 epoch;       /* ss_config.epoch + ss_tenant.epoch of its slot when filled (wrapping
+			    * sum); any other value = flushed = miss. Both epochs only grow, so a
+			    * bump of either (flush of everything, flush of one tenant) changes the
+			    * sum for good. */
 	__u16 d_len;
 	__u16 e_len;
 	__u16 a_len;
@@ -97,11 +117,47 @@ struct ss_item {
 };                 /* 32 + 1424 = 1456 bytes */
 
 struct ss_config {
-	__u16 udp_port;    /* memcached UDP port, host byte order; 0 = fast path off */
+	__u16 enabled;     /* 0 = fast path off: every packet passes (the last resort) */
 	__u16 pad0;
 	__u32 pad1;
 	__u64 epoch;       /* flush epoch: bumping it invalidates every cached item at once */
 };                 /* 16 bytes */
+
+/*
+ * One tenant slot. The map is BPF_F_MMAPABLE: user space maps it and reads and writes the
+ * fields with atomic operations, so it can take the spent counters (atomic exchange with 0) and
+ * set allowances while the program updates them on other CPUs, without losing an update.
+ *
+ * Shaping (only when `shaped`): a get-like request is answered only if allow_in_bytes >= its
+ * request bytes and allow_out_bytes >= its reply bytes; then both are reduced by those bytes and
+ * the spent_* counters grow. Otherwise it is passed to user space (which shapes it), counted in
+ * SS_COUNTER_THROTTLED. The check and the subtraction are not one atomic step, so concurrent
+ * CPUs may overdraw an allowance by at most one reply each; user space charges what was spent
+ * to the tenant's token buckets (which allow debt) and hands out the next allowance.
+ * Request bytes: the memcached request after the 8-byte frame header; reply bytes: the reply
+ * after the frame header (what the user-space executor reads and writes for the same request).
+ * An unshaped tenant (single-tenant mode) is answered with no allowance checks and no spent_*
+ * counting (so no shared cache line is written per packet).
+ */
+struct ss_tenant {
+	__u32 active;           /* 0 = slot unused: pass */
+	__u32 shaped;
+	__u64 epoch;            /* per-tenant flush epoch (see ss_item.epoch) */
+	__s64 allow_in_bytes;   /* may go below 0 by concurrent overdraw */
+	__s64 allow_out_bytes;
+	__u64 spent_requests;   /* answered since user space last took them */
+	__u64 spent_in_bytes;
+	__u64 spent_out_bytes;
+	__u64 pad0;
+};                          /* 64 bytes: one cache line per tenant */
+
+/* Per-tenant per-CPU counters (cumulative; user space sums the CPUs). */
+struct ss_tenant_stats {
+	__u64 hits;             /* answered by XDP_TX */
+	__u64 misses;           /* get-like, passed up (not in cache, not answerable) */
+	__u64 throttled;        /* get-like, passed up for lack of allowance */
+	__u64 pad0;
+};                          /* 32 bytes */
 
 /* Program-private per-CPU scratch (not read by user space; layout here only for its size). */
 #define SS_SCRATCH_REPLY_BYTES 4096
@@ -111,6 +167,11 @@ struct ss_scratch {
 	 * reply (those bytes are masked off), which keeps the read inside the map value. */
 	__u8 req[SS_REQUEST_BYTES_MAX];
 	__u8 reply[SS_SCRATCH_REPLY_BYTES]; /* UDP header + frame header + reply payload */
+	/* The reply's Ethernet and IP headers, composed before the packet is resized (here, not on
+	 * the stack: the program's stack is near the verifier's 512-byte limit). */
+	__u8 hdr_pad[2]; /* so that hdr_ip is 8-byte aligned */
+	__u8 hdr_eth[14];
+	__u8 hdr_ip[40];
 };
 
 #endif /* SLIPSTREAM_KV_H */

@@ -7,6 +7,11 @@
  * requests, replies over one datagram, IP options, fragments, VLANs, ...) is XDP_PASSed untouched
  * to the user-space server.
  *
+ * Tenants: each tenant has its own UDP port (ss_ports gives its slot), its own keys (the slot is
+ * part of the map key), its own flush epoch, and, if shaped, an allowance from its token
+ * buckets that every answer is paid from (see struct ss_tenant); a request the allowance cannot
+ * pay for goes to user space, which shapes it. Ports with no tenant pass untouched.
+ *
  * Not for: filling or invalidating the cache. User space does both through the map while holding
  * the store's shard lock (see crates/fastpath docs for why that is coherent), so this program only
  * ever reads ss_items.
@@ -49,6 +54,29 @@ struct {
 } ss_counters SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SS_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} ss_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	/* User space maps it to take spent counters and set allowances atomically. */
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, SS_TENANTS_MAX);
+	__type(key, __u32);
+	__type(value, struct ss_tenant);
+} ss_tenants SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SS_TENANTS_MAX);
+	__type(key, __u32);
+	__type(value, struct ss_tenant_stats);
+} ss_tstats SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -85,6 +113,20 @@ static __always_inline void count(__u32 idx)
 	__u64 *v = bpf_map_lookup_elem(&ss_counters, &idx);
 	if (v)
 		*v += 1;
+}
+
+/* Per-tenant counter `idx` (SS_COUNTER_HITS, _MISSES or _THROTTLED) of `slot`. */
+static __always_inline void count_tenant(__u32 slot, __u32 idx)
+{
+	struct ss_tenant_stats *ts = bpf_map_lookup_elem(&ss_tstats, &slot);
+	if (!ts)
+		return;
+	if (idx == SS_COUNTER_HITS)
+		ts->hits += 1;
+	else if (idx == SS_COUNTER_MISSES)
+		ts->misses += 1;
+	else
+		ts->throttled += 1;
 }
 
 static __always_inline void close_token(struct tok_ctx *t, __u32 end)
@@ -290,9 +332,8 @@ int slipstream_xdp(struct xdp_md *ctx)
 	__u32 zero = 0;
 
 	struct ss_config *cfg = bpf_map_lookup_elem(&ss_config, &zero);
-	if (!cfg || cfg->udp_port == 0)
+	if (!cfg || cfg->enabled == 0)
 		return XDP_PASS;
-	__u64 epoch = cfg->epoch;
 
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end)
@@ -337,8 +378,16 @@ int slipstream_xdp(struct xdp_md *ctx)
 	struct udphdr *udp = data + l4_off;
 	if ((void *)(udp + 1) > data_end)
 		return XDP_PASS;
-	if (udp->dest != bpf_htons(cfg->udp_port))
+	/* Which tenant's port (if any): the slot selects its keys, epoch and allowance. */
+	__u32 port = bpf_ntohs(udp->dest);
+	__u32 *slot_plus1 = bpf_map_lookup_elem(&ss_ports, &port);
+	if (!slot_plus1 || *slot_plus1 == 0)
 		return XDP_PASS;
+	__u32 slot = *slot_plus1 - 1;
+	struct ss_tenant *ten = bpf_map_lookup_elem(&ss_tenants, &slot);
+	if (!ten || !ten->active)
+		return XDP_PASS;
+	__u64 epoch = cfg->epoch + ten->epoch;
 	if (bpf_ntohs(udp->len) != udp_len)
 		return XDP_PASS;
 	if ((__u64)l4_off + udp_len > (__u64)(data_end - data))
@@ -366,6 +415,11 @@ int slipstream_xdp(struct xdp_md *ctx)
 	if (!getlike)
 		return XDP_PASS;
 
+	/* A shaped tenant whose allowance cannot pay even for the request (or any reply): pass
+	 * it up before spending work on it (user space queues and shapes it). */
+	if (ten->shaped && (ten->allow_in_bytes < (__s64)n || ten->allow_out_bytes <= 0))
+		goto throttled;
+
 	/* From here on every exit that does not answer is a counted miss. */
 	if (n > SS_REQUEST_BYTES_MAX)
 		goto miss;
@@ -378,7 +432,12 @@ int slipstream_xdp(struct xdp_md *ctx)
 		goto miss;
 
 	/* Exactly one line, ending in "\r\n". */
-	if (s->req[(n - 2) & REQ_MASK] != '\r' || s->req[(n - 1) & REQ_MASK] != '\n')
+	__u32 cr = n - 2, lf = n - 1;
+	/* The masks in a form clang cannot drop as redundant with n's bound (the verifier may not
+	 * connect that bound with a copy of n it reloads). */
+	asm volatile("%0 &= 2047" : "+r"(cr));
+	asm volatile("%0 &= 2047" : "+r"(lf));
+	if (s->req[cr] != '\r' || s->req[lf] != '\n')
 		goto miss;
 
 	struct tok_ctx t = {};
@@ -437,7 +496,7 @@ int slipstream_xdp(struct xdp_md *ctx)
 			goto miss;
 		/* ss_key_hash (see slipstream_kv.h), over the key bytes in req. */
 		__u64 h = ss_key_hash(s, kstart, klen);
-		struct ss_key key = { .hash = h, .len = klen, .pad0 = 0 };
+		struct ss_key key = { .hash = h, .len = klen, .tenant = slot };
 		struct ss_item *it = bpf_map_lookup_elem(&ss_items, &key);
 		if (!it)
 			goto miss;
@@ -570,23 +629,31 @@ int slipstream_xdp(struct xdp_md *ctx)
 		ucheck = 0xffff;
 	ru->check = ucheck;
 
-	/* Compose the reply's Ethernet and IP headers on the stack first: the resize below may
+	/* Pay for the answer from the tenant's allowance before the packet is touched, so that a
+	 * request it cannot pay for still goes up unchanged. */
+	__s64 in_bytes = n, out_bytes = pos - REPLY_PAYLOAD_OFF;
+	if (ten->shaped) {
+		if (ten->allow_in_bytes < in_bytes || ten->allow_out_bytes < out_bytes)
+			goto throttled;
+		__sync_fetch_and_add(&ten->allow_in_bytes, -in_bytes);
+		__sync_fetch_and_add(&ten->allow_out_bytes, -out_bytes);
+		__sync_fetch_and_add(&ten->spent_requests, 1);
+		__sync_fetch_and_add(&ten->spent_in_bytes, in_bytes);
+		__sync_fetch_and_add(&ten->spent_out_bytes, out_bytes);
+	}
+
+	/* Compose the reply's Ethernet and IP headers in scratch first: the resize below may
 	 * move the packet start, after which the request headers are gone. */
-	struct {
-		__u8 pad[2]; /* so that ip[] is 8-byte aligned: the verifier wants aligned stack words */
-		__u8 eth[ETH_HLEN];
-		__u8 ip[sizeof(struct ipv6hdr)];
-	} __attribute__((aligned(8))) hdr;
 	if ((void *)(eth + 1) > data_end)
 		goto miss;
-	__builtin_memcpy(hdr.eth, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(hdr.eth + ETH_ALEN, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(hdr.eth + 2 * ETH_ALEN, &eth->h_proto, 2);
+	__builtin_memcpy(s->hdr_eth, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(s->hdr_eth + ETH_ALEN, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(s->hdr_eth + 2 * ETH_ALEN, &eth->h_proto, 2);
 	if (v6) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > data_end)
 			goto miss;
-		struct ipv6hdr *o6 = (void *)hdr.ip;
+		struct ipv6hdr *o6 = (void *)s->hdr_ip;
 		__builtin_memcpy(o6, ip6, sizeof(*o6)); /* keeps version, traffic class, flow label */
 		__builtin_memcpy(&o6->saddr, &pseudo[0], 16);
 		__builtin_memcpy(&o6->daddr, &pseudo[4], 16);
@@ -596,7 +663,7 @@ int slipstream_xdp(struct xdp_md *ctx)
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > data_end)
 			goto miss;
-		struct iphdr *o4 = (void *)hdr.ip;
+		struct iphdr *o4 = (void *)s->hdr_ip;
 		__builtin_memcpy(o4, ip, sizeof(*o4)); /* keeps version/IHL, TOS, protocol */
 		o4->saddr = pseudo[0];
 		o4->daddr = pseudo[1];
@@ -614,14 +681,23 @@ int slipstream_xdp(struct xdp_md *ctx)
 	 * little tailroom but XDP_PACKET_HEADROOM in front). Neither: leave it to user space. */
 	__s32 delta = (__s32)(l4_off + pos) - (__s32)(data_end - data);
 	if (bpf_xdp_adjust_tail(ctx, delta)) {
-		if (delta <= 0 || bpf_xdp_adjust_head(ctx, -delta))
-			goto miss_untouched;
+		if (delta <= 0 || bpf_xdp_adjust_head(ctx, -delta)) {
+			if (ten->shaped) {
+				/* Not answered after all: give the payment back. */
+				__sync_fetch_and_add(&ten->allow_in_bytes, in_bytes);
+				__sync_fetch_and_add(&ten->allow_out_bytes, out_bytes);
+				__sync_fetch_and_add(&ten->spent_requests, -1);
+				__sync_fetch_and_add(&ten->spent_in_bytes, -in_bytes);
+				__sync_fetch_and_add(&ten->spent_out_bytes, -out_bytes);
+			}
+			goto miss;
+		}
 	}
 	if (v6) {
-		if (bpf_xdp_store_bytes(ctx, 0, hdr.eth, ETH_HLEN + sizeof(struct ipv6hdr)))
+		if (bpf_xdp_store_bytes(ctx, 0, s->hdr_eth, ETH_HLEN + sizeof(struct ipv6hdr)))
 			return XDP_DROP; /* cannot happen: the packet is at least that long */
 	} else {
-		if (bpf_xdp_store_bytes(ctx, 0, hdr.eth, ETH_HLEN + sizeof(struct iphdr)))
+		if (bpf_xdp_store_bytes(ctx, 0, s->hdr_eth, ETH_HLEN + sizeof(struct iphdr)))
 			return XDP_DROP;
 	}
 	__u64 out_len = pos;
@@ -634,11 +710,17 @@ int slipstream_xdp(struct xdp_md *ctx)
 	if (bpf_xdp_store_bytes(ctx, l4_off, s->reply, out_len))
 		return XDP_DROP;
 	count(SS_COUNTER_HITS);
+	count_tenant(slot, SS_COUNTER_HITS);
 	return XDP_TX;
 
 miss:
-miss_untouched:
 	count(SS_COUNTER_MISSES);
+	count_tenant(slot, SS_COUNTER_MISSES);
+	return XDP_PASS;
+
+throttled:
+	count(SS_COUNTER_THROTTLED);
+	count_tenant(slot, SS_COUNTER_THROTTLED);
 	return XDP_PASS;
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Not for: end-to-end figures (bench/xdp_bench.sh measures those across a veth pair).
 
-use slipstream_fastpath::fixtures::{memcached_frame, udp_frame, PORT};
+use slipstream_fastpath::fixtures::{memcached_frame, memcached_frame_to, udp_frame, PORT, PORT_B, PORT_NONE};
 use slipstream_fastpath::{FastPathConfig, Kernel};
 
 fn main() {
@@ -28,6 +28,17 @@ fn main() {
             std::process::exit(1);
         }
     }
+    // A second, shaped tenant with an allowance that never runs out, and a third with none.
+    let shaped = k
+        .add_tenant(1, PORT_B, true)
+        .and_then(|()| k.add_tenant(2, PORT_NONE, true))
+        .and_then(|()| k.fill_slot(1, b"key:00000001", 0, 101, &value, 0))
+        .and_then(|_| k.fill_slot(2, b"key:00000001", 0, 101, &value, 0));
+    if let Err(e) = shaped {
+        eprintln!("prog_cost: tenants: {e}");
+        std::process::exit(1);
+    }
+    k.set_allowance(1, u64::MAX, u64::MAX);
     let eight: Vec<String> = (0..8).map(|i| format!("key:{i:08}")).collect();
     let get8 = format!("get {}\r\n", eight.join(" "));
     let cases: Vec<(&str, Vec<u8>, bool)> = vec![
@@ -36,6 +47,8 @@ fn main() {
         ("gets, 1 key, hit", memcached_frame(false, 0, 1, b"gets key:00000001\r\n"), true),
         ("mg <key> v f, hit", memcached_frame(false, 0, 1, b"mg key:00000001 v f\r\n"), true),
         ("get, 8 keys, all hit", memcached_frame(false, 0, 1, get8.as_bytes()), true),
+        ("get, 1 key, hit, shaped tenant", memcached_frame_to(false, PORT_B, 0, 1, b"get key:00000001\r\n"), true),
+        ("get, shaped tenant, no allowance (passed up)", memcached_frame_to(false, PORT_NONE, 0, 1, b"get key:00000001\r\n"), false),
         ("get, 1 key, miss (passed up)", memcached_frame(false, 0, 1, b"get key:99999999\r\n"), false),
         ("set (not a get: passed up)", memcached_frame(false, 0, 1, b"set k 0 0 1\r\nx\r\n"), false),
         ("other UDP port (passed up)", udp_frame(false, 53, b"\x12\x34\x00\x00\x00\x01\x00\x00get k\r\n"), false),
@@ -43,7 +56,7 @@ fn main() {
     println!("XDP program cost, {runs} runs per case (kernel-timed, ns per packet):");
     for (name, packet, hit) in cases {
         let r = if hit {
-            k.mean_ns(&packet, runs).map(|(ns, v)| (ns, v))
+            k.mean_ns(&packet, runs)
         } else {
             k.test_run(&packet, runs).map(|r| (u64::from(r.mean_ns), r.verdict))
         };

@@ -5,6 +5,7 @@
 //! Not for: logic. Composing item values lives in `item.rs`.
 
 use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 /// Hash map of cached items (`BPF_F_NO_PREALLOC`).
 pub const MAP_ITEMS: &str = "ss_items";
@@ -12,6 +13,12 @@ pub const MAP_ITEMS: &str = "ss_items";
 pub const MAP_CONFIG: &str = "ss_config";
 /// Per-CPU array of `u64` counters.
 pub const MAP_COUNTERS: &str = "ss_counters";
+/// Array indexed by UDP port: tenant slot + 1 (0 = not ours).
+pub const MAP_PORTS: &str = "ss_ports";
+/// Mmapable array of [`Tenant`], one per slot.
+pub const MAP_TENANTS: &str = "ss_tenants";
+/// Per-CPU array of [`TenantStats`], one per slot.
+pub const MAP_TENANT_STATS: &str = "ss_tstats";
 /// The XDP program's name in the object.
 pub const PROG_XDP: &str = "slipstream_xdp";
 /// The do-nothing XDP program's name (tests attach it to the client veth).
@@ -38,20 +45,25 @@ pub const KEYS_MAX: usize = 8;
 pub const REQUEST_BYTES_MAX: usize = 2048;
 /// Default number of cached items.
 pub const ENTRIES_DEFAULT: u32 = 16384;
+/// Most tenant slots (0..TENANTS_MAX).
+pub const TENANTS_MAX: u32 = 64;
+/// Entries of the ports map (one per port number).
+pub const PORTS: u32 = 65536;
 
 /// Counter slots.
 pub const COUNTER_HITS: u32 = 0;
 pub const COUNTER_MISSES: u32 = 1;
+pub const COUNTER_THROTTLED: u32 = 2;
 pub const COUNTER_COUNT: u32 = 4;
 
-/// `struct ss_key`: a 64-bit hash of the key bytes and their length. Not unique: the value holds
-/// the full key and the program compares it (see the C header).
+/// `struct ss_key`: a 64-bit hash of the key bytes and their length, and the tenant's slot. Not
+/// unique: the value holds the full key and the program compares it (see the C header).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
     pub hash: u64,
     pub len: u32,
-    pub pad0: u32,
+    pub tenant: u32,
 }
 
 /// `ss_key_hash`, bit for bit as the XDP program computes it: seed mixed with the length, then
@@ -88,10 +100,38 @@ pub struct Item {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    pub udp_port: u16,
+    /// 0 = every packet passes.
+    pub enabled: u16,
     pub pad0: u16,
     pub pad1: u32,
     pub epoch: u64,
+}
+
+/// `struct ss_tenant`, as user space sees it through the mmapped map: every field is shared
+/// with the program running on other CPUs, hence atomics (same size and alignment as the
+/// integers the C side declares).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Tenant {
+    pub active: AtomicU32,
+    pub shaped: AtomicU32,
+    pub epoch: AtomicU64,
+    pub allow_in_bytes: AtomicI64,
+    pub allow_out_bytes: AtomicI64,
+    pub spent_requests: AtomicU64,
+    pub spent_in_bytes: AtomicU64,
+    pub spent_out_bytes: AtomicU64,
+    pub pad0: AtomicU64,
+}
+
+/// `struct ss_tenant_stats` (one CPU's copy).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub throttled: u64,
+    pub pad0: u64,
 }
 
 const _: () = assert!(size_of::<Key>() == 16);
@@ -107,17 +147,37 @@ const _: () = assert!(offset_of!(Item, a_len) == 20);
 const _: () = assert!(offset_of!(Item, b_len) == 22);
 const _: () = assert!(offset_of!(Item, c_len) == 24);
 const _: () = assert!(offset_of!(Item, piece) == 32);
+const _: () = assert!(offset_of!(Key, tenant) == 12);
 const _: () = assert!(size_of::<Config>() == 16);
-const _: () = assert!(offset_of!(Config, udp_port) == 0);
+const _: () = assert!(offset_of!(Config, enabled) == 0);
 const _: () = assert!(offset_of!(Config, epoch) == 8);
+const _: () = assert!(size_of::<Tenant>() == 64);
+const _: () = assert!(std::mem::align_of::<Tenant>() == 8);
+const _: () = assert!(offset_of!(Tenant, active) == 0);
+const _: () = assert!(offset_of!(Tenant, shaped) == 4);
+const _: () = assert!(offset_of!(Tenant, epoch) == 8);
+const _: () = assert!(offset_of!(Tenant, allow_in_bytes) == 16);
+const _: () = assert!(offset_of!(Tenant, allow_out_bytes) == 24);
+const _: () = assert!(offset_of!(Tenant, spent_requests) == 32);
+const _: () = assert!(offset_of!(Tenant, spent_in_bytes) == 40);
+const _: () = assert!(offset_of!(Tenant, spent_out_bytes) == 48);
+const _: () = assert!(size_of::<TenantStats>() == 32);
+const _: () = assert!(offset_of!(TenantStats, hits) == 0);
+const _: () = assert!(offset_of!(TenantStats, misses) == 8);
+const _: () = assert!(offset_of!(TenantStats, throttled) == 16);
 
 impl Key {
     /// The map key for `key`, or `None` if it is empty or longer than memcached allows.
     pub fn new(key: &[u8]) -> Option<Key> {
+        Key::for_tenant(key, 0)
+    }
+
+    /// The map key for `key` of the tenant in `slot`.
+    pub fn for_tenant(key: &[u8], slot: u32) -> Option<Key> {
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
             return None;
         }
-        Some(Key { hash: key_hash(key), len: key.len() as u32, pad0: 0 })
+        Some(Key { hash: key_hash(key), len: key.len() as u32, tenant: slot })
     }
 }
 
@@ -149,6 +209,10 @@ mod tests {
         let header = include_str!("../../../bpf/slipstream_kv.h");
         for (name, v) in [("SS_HASH_TEST_1", HASH_TEST_1), ("SS_HASH_TEST_2", HASH_TEST_2), ("SS_HASH_SEED", HASH_SEED), ("SS_HASH_MUL", HASH_MUL)] {
             let line = format!("#define {name} {v:#018x}ULL");
+            assert!(header.contains(&line), "header lacks `{line}`");
+        }
+        for (name, v) in [("SS_TENANTS_MAX", u64::from(TENANTS_MAX)), ("SS_PORTS", u64::from(PORTS)), ("SS_COUNTER_THROTTLED", u64::from(COUNTER_THROTTLED))] {
+            let line = format!("#define {name} {v}");
             assert!(header.contains(&line), "header lacks `{line}`");
         }
     }

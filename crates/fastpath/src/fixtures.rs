@@ -6,14 +6,17 @@
 //!
 //! Not for: network I/O. Packets are built here with correct checksums.
 
-use crate::abi::Item;
 use crate::item;
-use crate::model::{self, ModelState, Outcome, Verdict};
+use crate::model::{self, ModelState, ModelTenant, Outcome, Verdict};
 use crate::{FastPathError, Kernel};
 use std::collections::HashMap;
 
-/// UDP port the fixtures' requests go to.
+/// UDP port the fixtures' requests go to (tenant slot 0 unless a fixture says otherwise).
 pub const PORT: u16 = 11211;
+/// A second tenant's port (multi-tenant fixtures).
+pub const PORT_B: u16 = 11212;
+/// A port no tenant is served on.
+pub const PORT_NONE: u16 = 11213;
 /// Client port the fixtures' requests come from.
 pub const CLIENT_PORT: u16 = 40000;
 /// Request id in every fixture's frame header.
@@ -39,11 +42,36 @@ pub enum Expiry {
 /// One cached item a fixture needs.
 #[derive(Clone, Debug)]
 pub struct FixtureItem {
+    /// The tenant slot it is cached for.
+    pub slot: u32,
     pub key: Vec<u8>,
     pub flags: u32,
     pub cas: u64,
     pub value: Vec<u8>,
     pub expiry: Expiry,
+}
+
+/// A tenant a fixture serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixtureTenant {
+    pub slot: u32,
+    pub port: u16,
+    pub shaped: bool,
+    /// Allowances (shaped tenants only).
+    pub allow_in_bytes: u64,
+    pub allow_out_bytes: u64,
+}
+
+impl FixtureTenant {
+    /// An unshaped tenant.
+    pub fn plain(slot: u32, port: u16) -> FixtureTenant {
+        FixtureTenant { slot, port, shaped: false, allow_in_bytes: 0, allow_out_bytes: 0 }
+    }
+
+    /// A shaped tenant with these allowances.
+    pub fn shaped(slot: u32, port: u16, allow_in_bytes: u64, allow_out_bytes: u64) -> FixtureTenant {
+        FixtureTenant { slot, port, shaped: true, allow_in_bytes, allow_out_bytes }
+    }
 }
 
 /// One fixture.
@@ -61,10 +89,23 @@ pub struct Fixture {
     pub reply: Option<Vec<u8>>,
     pub hits: u64,
     pub misses: u64,
+    /// Passed up for lack of allowance.
+    pub throttled: u64,
+    /// What the tenant paid: (requests, request bytes, reply bytes).
+    pub spent: (u64, u64, u64),
+    /// The tenants served (default: slot 0 on [`PORT`], unshaped).
+    pub tenants: Vec<FixtureTenant>,
 }
 
 fn it(key: &[u8], flags: u32, cas: u64, value: &[u8], expiry: Expiry) -> FixtureItem {
-    FixtureItem { key: key.to_vec(), flags, cas, value: value.to_vec(), expiry }
+    FixtureItem { slot: 0, key: key.to_vec(), flags, cas, value: value.to_vec(), expiry }
+}
+
+impl FixtureItem {
+    fn in_slot(mut self, slot: u32) -> FixtureItem {
+        self.slot = slot;
+        self
+    }
 }
 
 /// Ones'-complement checksum helper for building packets.
@@ -119,15 +160,24 @@ pub fn udp_frame(v6: bool, dport: u16, udp_payload: &[u8]) -> Vec<u8> {
     p
 }
 
-/// A memcached UDP request frame: frame header (id, seq, total) + `request`.
+/// A memcached UDP request frame to [`PORT`]: frame header (id, seq, total) + `request`.
 pub fn memcached_frame(v6: bool, seq: u16, total: u16, request: &[u8]) -> Vec<u8> {
+    memcached_frame_to(v6, PORT, seq, total, request)
+}
+
+/// A memcached UDP request frame to `port`.
+pub fn memcached_frame_to(v6: bool, port: u16, seq: u16, total: u16, request: &[u8]) -> Vec<u8> {
     let mut pl = Vec::with_capacity(8 + request.len());
     pl.extend_from_slice(&REQUEST_ID.to_be_bytes());
     pl.extend_from_slice(&seq.to_be_bytes());
     pl.extend_from_slice(&total.to_be_bytes());
     pl.extend_from_slice(&[0, 0]);
     pl.extend_from_slice(request);
-    udp_frame(v6, PORT, &pl)
+    udp_frame(v6, port, &pl)
+}
+
+fn default_tenants() -> Vec<FixtureTenant> {
+    vec![FixtureTenant::plain(0, PORT)]
 }
 
 fn hit(name: &'static str, v6: bool, req: &[u8], items: Vec<FixtureItem>, reply: &[u8]) -> Fixture {
@@ -140,6 +190,9 @@ fn hit(name: &'static str, v6: bool, req: &[u8], items: Vec<FixtureItem>, reply:
         reply: Some(reply.to_vec()),
         hits: 1,
         misses: 0,
+        throttled: 0,
+        spent: (0, 0, 0),
+        tenants: default_tenants(),
     }
 }
 
@@ -153,11 +206,26 @@ fn miss(name: &'static str, v6: bool, req: &[u8], items: Vec<FixtureItem>) -> Fi
         reply: None,
         hits: 0,
         misses: 1,
+        throttled: 0,
+        spent: (0, 0, 0),
+        tenants: default_tenants(),
     }
 }
 
 fn other(name: &'static str, packet: Vec<u8>, items: Vec<FixtureItem>) -> Fixture {
-    Fixture { name, packet, request: None, items, verdict: Verdict::Pass, reply: None, hits: 0, misses: 0 }
+    Fixture {
+        name,
+        packet,
+        request: None,
+        items,
+        verdict: Verdict::Pass,
+        reply: None,
+        hits: 0,
+        misses: 0,
+        throttled: 0,
+        spent: (0, 0, 0),
+        tenants: default_tenants(),
+    }
 }
 
 fn foo() -> FixtureItem {
@@ -264,6 +332,55 @@ pub fn all() -> Vec<Fixture> {
         vec![it(b"h1", 0, 1, &half, Expiry::Never), it(b"h2", 0, 1, &half, Expiry::Never)],
     ));
     v.push(miss("uppercase command is not get", false, b"GET foo\r\n", vec![foo()]).not_getlike());
+    v.extend(tenant_fixtures());
+    v
+}
+
+/// Several tenants: isolation by port and key namespace, and shaping by allowance.
+fn tenant_fixtures() -> Vec<Fixture> {
+    let two = vec![FixtureTenant::plain(0, PORT), FixtureTenant::plain(1, PORT_B)];
+    let foo_b = || it(b"foo", 9, 99, b"bee", Expiry::Never).in_slot(1);
+    let mut v = Vec::new();
+    // Filled for slot 0 only: asked on slot 1's port it is a miss (user space answers).
+    let mut f = miss("tenant isolation: slot 0's key asked on slot 1's port", false, b"get foo\r\n", vec![foo()]);
+    f.packet = memcached_frame_to(false, PORT_B, 0, 1, b"get foo\r\n");
+    v.push(f.with_tenants(two.clone()));
+    // The same key in both slots: each port gets its own tenant's value.
+    let mut f = hit("tenant isolation: same key, slot 1's value on its port", true, b"get foo\r\n", vec![foo(), foo_b()], b"VALUE foo 9 3\r\nbee\r\nEND\r\n");
+    f.packet = memcached_frame_to(true, PORT_B, 0, 1, b"get foo\r\n");
+    v.push(f.with_tenants(two.clone()));
+    v.push(
+        hit("tenant isolation: same key, slot 0's value on its port", false, b"get foo\r\n", vec![foo(), foo_b()], b"VALUE foo 5 3\r\nbar\r\nEND\r\n")
+            .with_tenants(two.clone()),
+    );
+    // The last slot works too.
+    let mut f = hit("slot 63 on its port", false, b"mg foo v\r\n", vec![foo().in_slot(63)], b"VA 3\r\nbar\r\n");
+    f.packet = memcached_frame_to(false, PORT_B, 0, 1, b"mg foo v\r\n");
+    v.push(f.with_tenants(vec![FixtureTenant::plain(63, PORT_B)]));
+    // A memcached request to a port no tenant is on: not ours at all (not even a miss).
+    v.push(other("get to a port with no tenant", memcached_frame_to(false, PORT_NONE, 0, 1, b"get foo\r\n"), vec![foo()]).with_tenants(two));
+    // Shaping. "get foo\r\n" is 9 request bytes; its reply "VALUE foo 5 3\r\nbar\r\nEND\r\n" 25.
+    let reply = b"VALUE foo 5 3\r\nbar\r\nEND\r\n";
+    let (req_b, rep_b) = (9u64, reply.len() as u64);
+    v.push(miss("shaped, allowance 0: passed up", false, b"get foo\r\n", vec![foo()]).throttled(0, 0));
+    v.push(miss("shaped, ingress one byte short", false, b"get foo\r\n", vec![foo()]).throttled(req_b - 1, 1 << 20));
+    v.push(miss("shaped, egress one byte short", true, b"get foo\r\n", vec![foo()]).throttled(1 << 20, rep_b - 1));
+    v.push(
+        hit("shaped, allowance exactly enough", false, b"get foo\r\n", vec![foo()], reply)
+            .with_tenants(vec![FixtureTenant::shaped(0, PORT, req_b, rep_b)])
+            .paid(req_b, rep_b),
+    );
+    v.push(
+        hit("shaped, plenty of allowance, gets", false, b"gets foo k2\r\n", vec![foo(), k2()], b"VALUE foo 5 3 77\r\nbar\r\nVALUE k2 4294967295 0 78\r\n\r\nEND\r\n")
+            .with_tenants(vec![FixtureTenant::shaped(0, PORT, 1 << 20, 1 << 20)])
+            .paid(13, 56),
+    );
+    // A shaped tenant's miss is a miss (and costs nothing); a non-get passes uncounted.
+    v.push(miss("shaped, miss", false, b"get nope\r\n", vec![foo()]).with_tenants(vec![FixtureTenant::shaped(0, PORT, 1 << 20, 1 << 20)]));
+    v.push(
+        other("shaped, allowance 0, set passes uncounted", memcached_frame(false, 0, 1, b"set foo 0 0 1\r\nx\r\n"), vec![foo()])
+            .with_tenants(vec![FixtureTenant::shaped(0, PORT, 0, 0)]),
+    );
     v
 }
 
@@ -271,6 +388,37 @@ impl Fixture {
     fn not_getlike(mut self) -> Fixture {
         self.misses = 0;
         self
+    }
+
+    fn with_tenants(mut self, tenants: Vec<FixtureTenant>) -> Fixture {
+        self.tenants = tenants;
+        self
+    }
+
+    /// Slot 0 shaped with these allowances, and the request expected to be passed up for lack
+    /// of them.
+    fn throttled(mut self, allow_in_bytes: u64, allow_out_bytes: u64) -> Fixture {
+        self.tenants = vec![FixtureTenant::shaped(0, PORT, allow_in_bytes, allow_out_bytes)];
+        self.misses = 0;
+        self.throttled = 1;
+        self
+    }
+
+    fn paid(mut self, in_bytes: u64, out_bytes: u64) -> Fixture {
+        self.spent = (1, in_bytes, out_bytes);
+        self
+    }
+
+    /// Whether this fixture uses anything but the default single tenant.
+    pub fn multi_tenant(&self) -> bool {
+        self.tenants != default_tenants()
+    }
+
+    /// The slot the fixture's packet is addressed to (by its UDP destination port), if any.
+    pub fn target_slot(&self) -> Option<u32> {
+        let l4 = if self.packet.get(12..14) == Some(&[0x86, 0xdd][..]) { 14 + 40 } else { 14 + 20 };
+        let port = u16::from_be_bytes([*self.packet.get(l4 + 2)?, *self.packet.get(l4 + 3)?]);
+        self.tenants.iter().find(|t| t.port == port).map(|t| t.slot)
     }
 
     /// The expiry time for `e` given "now".
@@ -283,14 +431,30 @@ impl Fixture {
     }
 
     /// The model state for this fixture at `now_ns` and flush epoch `epoch`.
+    /// (Every slot's items carry `epoch`.)
     pub fn model_state(&self, now_ns: u64, epoch: u64) -> ModelState {
-        let mut items: HashMap<Vec<u8>, Item> = HashMap::new();
+        let mut st = ModelState { enabled: true, now_ns, ..Default::default() };
+        for t in &self.tenants {
+            st.ports.insert(t.port, t.slot);
+            st.tenants.insert(
+                t.slot,
+                ModelTenant {
+                    shaped: t.shaped,
+                    epoch,
+                    allow_in_bytes: t.allow_in_bytes as i64,
+                    allow_out_bytes: t.allow_out_bytes as i64,
+                    items: HashMap::new(),
+                },
+            );
+        }
         for f in &self.items {
             if let Ok(i) = item::compose(&f.key, f.flags, f.cas, &f.value, Self::expiry_ns(f.expiry, now_ns), epoch) {
-                items.insert(f.key.clone(), i);
+                if let Some(t) = st.tenants.get_mut(&f.slot) {
+                    t.items.insert(f.key.clone(), i);
+                }
             }
         }
-        ModelState { udp_port: PORT, epoch, now_ns, items }
+        st
     }
 }
 
@@ -299,26 +463,61 @@ pub fn run_model(f: &Fixture, now_ns: u64, epoch: u64) -> Outcome {
     model::model(&f.packet, &f.model_state(now_ns, epoch))
 }
 
-/// Run a fixture through the kernel program: empty the cache, fill the fixture's items, run the
-/// packet once with BPF_PROG_TEST_RUN and report verdict, output and counter deltas. `k` must
-/// have been loaded with `udp_port == PORT`. Returns the outcome and the `now_ns` used for
-/// expiries (for running the model at the same instant).
+/// Make `k` serve exactly the fixture's tenants (with their allowances) and nothing else, with
+/// an empty cache.
+pub fn setup_tenants(k: &Kernel, f: &Fixture) -> Result<(), FastPathError> {
+    for slot in 0..crate::abi::TENANTS_MAX {
+        let want = f.tenants.iter().find(|t| t.slot == slot);
+        if k.tenant_port(slot).is_some() && k.tenant_port(slot) != want.map(|t| t.port) {
+            k.remove_tenant(slot)?;
+        }
+    }
+    for t in &f.tenants {
+        k.add_tenant(t.slot, t.port, t.shaped)?;
+        k.set_allowance(t.slot, t.allow_in_bytes, t.allow_out_bytes);
+        k.take_spent(t.slot);
+    }
+    k.flush_all()
+}
+
+/// Run a fixture through the kernel program: set up its tenants, empty the cache, fill the
+/// fixture's items, run the packet once with BPF_PROG_TEST_RUN and report verdict, output,
+/// counter deltas and what the tenant spent. `k` may be loaded any way (its tenants are
+/// replaced). The outcome's `slot` is the slot the packet's port maps to, and only if that
+/// slot's own counters moved exactly as the global ones did (else `None`, which no model
+/// outcome for a tenant's port matches). Returns the outcome and the `now_ns` used for expiries
+/// (for running the model at the same instant).
 pub fn run_kernel(k: &Kernel, f: &Fixture) -> Result<(Outcome, u64), FastPathError> {
-    k.flush_all()?;
+    setup_tenants(k, f)?;
     let now = crate::monotonic_now_ns();
     for i in &f.items {
-        k.fill(&i.key, i.flags, i.cas, &i.value, Fixture::expiry_ns(i.expiry, now))?;
+        k.fill_slot(i.slot, &i.key, i.flags, i.cas, &i.value, Fixture::expiry_ns(i.expiry, now))?;
     }
+    let slot = f.target_slot();
+    let tenant = |k: &Kernel| slot.map(|s| k.tenant_counters(s)).transpose();
     let before = k.counters()?;
+    let tbefore = tenant(k)?;
     let r = k.test_run(&f.packet, 1)?;
     let after = k.counters()?;
+    let tafter = tenant(k)?;
+    let spent = slot.map_or((0, 0, 0), |s| k.take_spent(s));
     let verdict = r.verdict.unwrap_or(Verdict::Drop);
+    let hits = after.fastpath_hits - before.fastpath_hits;
+    let misses = after.fastpath_misses - before.fastpath_misses;
+    let throttled = after.fastpath_throttled - before.fastpath_throttled;
+    let tenant_agrees = match (tbefore, tafter) {
+        (Some(b), Some(a)) => (a.hits - b.hits, a.misses - b.misses, a.throttled - b.throttled) == (hits, misses, throttled),
+        _ => false,
+    };
     Ok((
         Outcome {
             verdict,
             packet: r.packet,
-            hits: after.fastpath_hits - before.fastpath_hits,
-            misses: after.fastpath_misses - before.fastpath_misses,
+            hits,
+            misses,
+            throttled,
+            slot: slot.filter(|_| tenant_agrees),
+            spent,
         },
         now,
     ))

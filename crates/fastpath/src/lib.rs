@@ -68,7 +68,22 @@
 //! Memory: the items map is a `BPF_F_NO_PREALLOC` hash (memory grows with use; elements are
 //! RCU-freed, so XDP reads a whole old or whole new element, never a torn one), at most
 //! `entries_max` items of 1456 bytes of value each. Items whose `gets` reply would not fit one
-//! datagram are not cached. When the map is full, new fills are skipped.
+//! datagram are not cached. When the map is full, new fills are skipped. The map is shared by all
+//! tenants (no per-tenant entry quota in the kernel; the per-tenant memory limits are the
+//! stores').
+//!
+//! # Tenants
+//! The program serves up to `abi::TENANTS_MAX` tenants, each on its own UDP port
+//! ([`Kernel::add_tenant`]; a port with no tenant passes untouched). The tenant's slot is part of
+//! the map key, so an item filled for one tenant ([`Kernel::fill_slot`]) is never found by a
+//! request to another tenant's port. Each slot has its own flush epoch ([`Kernel::flush_slot`]);
+//! an item is live only while it carries the global epoch plus its slot's epoch, so both the
+//! global [`Kernel::flush_all`] and a per-tenant flush kill it for good. A *shaped* tenant is
+//! answered only while its allowance (set by user space from its token buckets,
+//! [`Kernel::set_allowance`]) pays for the request and reply bytes; otherwise the request goes
+//! to user space, which shapes it. What XDP spent is read and zeroed atomically by
+//! [`Kernel::take_spent`] through the mmapped tenant table. [`Kernel::load`] /
+//! [`FastPath::attach`] keep the single-tenant behaviour: one unshaped tenant in slot 0.
 
 pub mod abi;
 pub mod fixtures;
@@ -85,7 +100,8 @@ use aya::{Ebpf, EbpfLoader};
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// The compiled XDP object, built by build.rs from `bpf/xdp_fastpath.c`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_fastpath.o"));
@@ -185,6 +201,8 @@ pub struct FastPathCounters {
     pub fastpath_hits: u64,
     /// get-like requests the kernel passed to user space.
     pub fastpath_misses: u64,
+    /// get-like requests of shaped tenants passed to user space for lack of allowance.
+    pub fastpath_throttled: u64,
     /// `invalidate` calls for cacheable keys plus `flush_all` calls.
     pub fastpath_invalidations: u64,
 }
@@ -248,26 +266,115 @@ pub struct Kernel {
     items_fd: RawFd,
     config_fd: RawFd,
     counters_fd: RawFd,
+    ports_fd: RawFd,
+    tstats_fd: RawFd,
     prog_fd: RawFd,
-    udp_port: u16,
+    /// The mmapped `ss_tenants` map (a mapping holds its own reference to the map, so the
+    /// drop order of this and `ebpf` does not matter).
+    tenants: TenantTable,
+    /// slot → UDP port of the tenants added (the lock orders add/remove, never a fill).
+    ports: Mutex<[Option<u16>; abi::TENANTS_MAX as usize]>,
+    /// Global flush epoch (mirrored into `ss_config`).
     epoch: AtomicU64,
+    /// Set by [`Kernel::disable`]: later config writes keep the program off.
+    disabled: AtomicBool,
     invalidations: AtomicU64,
     cpus: usize,
 }
 
-impl Kernel {
-    /// Load the program and create fresh (unpinned, empty) maps.
-    pub fn load(cfg: FastPathConfig) -> Result<Kernel, FastPathError> {
-        if cfg.entries_max == 0 || cfg.entries_max > ENTRIES_MAX_LIMIT {
-            return Err(FastPathError::BadConfig {
-                detail: format!("entries_max {} not in 1..={ENTRIES_MAX_LIMIT}", cfg.entries_max),
-            });
+/// The `ss_tenants` array map, mapped into this process. Every field is read and written with
+/// atomic operations, by us and by the program on any CPU.
+struct TenantTable {
+    base: std::ptr::NonNull<abi::Tenant>,
+    len_bytes: usize,
+}
+
+// SAFETY: the mapping is process-wide shared memory that lives until Drop, and it is only ever
+// accessed through the atomic fields of `abi::Tenant`, which are Sync.
+unsafe impl Send for TenantTable {}
+// SAFETY: as above.
+unsafe impl Sync for TenantTable {}
+
+impl TenantTable {
+    fn map(fd: RawFd) -> Result<TenantTable, FastPathError> {
+        let len_bytes = abi::TENANTS_MAX as usize * std::mem::size_of::<abi::Tenant>();
+        // SAFETY: mmap with a null hint creates a new mapping and touches no existing memory;
+        // fd is the live ss_tenants map (BPF_F_MMAPABLE), whose value area is at least
+        // TENANTS_MAX * 64 bytes and page aligned; failure is reported as MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(FastPathError::Map { op: "mmap tenants", error: io::Error::last_os_error() });
         }
+        let base = std::ptr::NonNull::new(p.cast::<abi::Tenant>())
+            .ok_or_else(|| FastPathError::Map { op: "mmap tenants", error: io::Error::other("null mapping") })?;
+        Ok(TenantTable { base, len_bytes })
+    }
+
+    fn get(&self, slot: u32) -> Option<&abi::Tenant> {
+        if slot >= abi::TENANTS_MAX {
+            return None;
+        }
+        // SAFETY: slot < TENANTS_MAX, so the element lies inside the mapping (TENANTS_MAX
+        // elements of 64 bytes, the kernel's array stride for a 64-byte value); the mapping is
+        // page aligned so the element is 8-byte aligned (Tenant's alignment); the kernel
+        // zero-fills it, and all-zero is a valid Tenant (atomics); the reference lives no
+        // longer than &self, and the mapping lives until self is dropped.
+        Some(unsafe { &*self.base.as_ptr().add(slot as usize) })
+    }
+}
+
+impl Drop for TenantTable {
+    fn drop(&mut self) {
+        // SAFETY: base/len_bytes are exactly what mmap returned and were given; no reference
+        // into the mapping outlives self (get borrows self).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
+    }
+}
+
+/// Per-tenant counters over all CPUs (cumulative since load).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantCounters {
+    pub hits: u64,
+    pub misses: u64,
+    /// get-like requests passed up because the tenant's allowance could not pay.
+    pub throttled: u64,
+}
+
+fn slot_error(slot: u32) -> FastPathError {
+    FastPathError::BadConfig { detail: format!("tenant slot {slot} not in 0..{}", abi::TENANTS_MAX) }
+}
+
+impl Kernel {
+    /// Load the program with fresh (unpinned, empty) maps, serving one unshaped tenant in slot
+    /// 0 on `cfg.udp_port`: the single-tenant fast path.
+    pub fn load(cfg: FastPathConfig) -> Result<Kernel, FastPathError> {
         if cfg.udp_port == 0 {
             return Err(FastPathError::BadConfig { detail: "udp_port 0".into() });
         }
+        let k = Kernel::load_multi(cfg.entries_max)?;
+        k.add_tenant(0, cfg.udp_port, false)?;
+        Ok(k)
+    }
+
+    /// Load the program with fresh maps and no tenant yet (every packet passes until
+    /// [`Kernel::add_tenant`]).
+    pub fn load_multi(entries_max: u32) -> Result<Kernel, FastPathError> {
+        if entries_max == 0 || entries_max > ENTRIES_MAX_LIMIT {
+            return Err(FastPathError::BadConfig {
+                detail: format!("entries_max {entries_max} not in 1..={ENTRIES_MAX_LIMIT}"),
+            });
+        }
         let mut ebpf = EbpfLoader::new()
-            .set_max_entries(abi::MAP_ITEMS, cfg.entries_max)
+            .set_max_entries(abi::MAP_ITEMS, entries_max)
             .load(OBJECT)
             .map_err(|e| refusal(&e, false))?;
         let prog: &mut Xdp = ebpf
@@ -290,6 +397,9 @@ impl Kernel {
         let items_fd = map_fd(&ebpf, abi::MAP_ITEMS)?;
         let config_fd = map_fd(&ebpf, abi::MAP_CONFIG)?;
         let counters_fd = map_fd(&ebpf, abi::MAP_COUNTERS)?;
+        let ports_fd = map_fd(&ebpf, abi::MAP_PORTS)?;
+        let tstats_fd = map_fd(&ebpf, abi::MAP_TENANT_STATS)?;
+        let tenants = TenantTable::map(map_fd(&ebpf, abi::MAP_TENANTS)?)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, error)| FastPathError::LoadRefused {
             detail: format!("cannot count possible CPUs ({what}): {error}"),
         })?;
@@ -298,9 +408,13 @@ impl Kernel {
             items_fd,
             config_fd,
             counters_fd,
+            ports_fd,
+            tstats_fd,
             prog_fd,
-            udp_port: cfg.udp_port,
+            tenants,
+            ports: Mutex::new([None; abi::TENANTS_MAX as usize]),
             epoch: AtomicU64::new(1),
+            disabled: AtomicBool::new(false),
             invalidations: AtomicU64::new(0),
             cpus,
         };
@@ -310,15 +424,103 @@ impl Kernel {
 
     fn write_config(&self, epoch: u64) -> Result<(), FastPathError> {
         use abi::Plain;
-        let c = abi::Config { udp_port: self.udp_port, epoch, ..Default::default() };
+        let enabled = u16::from(!self.disabled.load(Ordering::SeqCst));
+        let c = abi::Config { enabled, epoch, ..Default::default() };
         sys::map_update(self.config_fd, 0u32.as_bytes(), c.as_bytes(), sys::BPF_ANY)
             .map_err(|error| FastPathError::Map { op: "config update", error })
     }
 
-    /// Cache an item. `expiry_ns` is absolute CLOCK_MONOTONIC ns ([`monotonic_now_ns`]), 0 =
-    /// never. Call only while holding the item's shard lock after reading it (see crate docs).
-    pub fn fill(
+    fn tenant(&self, slot: u32) -> Result<&abi::Tenant, FastPathError> {
+        self.tenants.get(slot).ok_or_else(|| slot_error(slot))
+    }
+
+    fn write_port(&self, port: u16, slot_plus1: u32) -> Result<(), FastPathError> {
+        use abi::Plain;
+        sys::map_update(self.ports_fd, u32::from(port).as_bytes(), slot_plus1.as_bytes(), sys::BPF_ANY)
+            .map_err(|error| FastPathError::Map { op: "ports update", error })
+    }
+
+    /// Serve the tenant in `slot` (0..TENANTS_MAX) on UDP port `udp_port`. A `shaped` tenant
+    /// starts with a zero allowance (every request goes up) until [`Kernel::set_allowance`].
+    /// Calling it again for the same slot and port only changes `shaped`. Errors: slot out of
+    /// range, port 0, the slot serving another port, or the port serving another slot.
+    pub fn add_tenant(&self, slot: u32, udp_port: u16, shaped: bool) -> Result<(), FastPathError> {
+        let t = self.tenant(slot)?;
+        if udp_port == 0 {
+            return Err(FastPathError::BadConfig { detail: "udp_port 0".into() });
+        }
+        let mut ports = self.ports.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(other) = ports.iter().position(|p| *p == Some(udp_port)) {
+            if other as u32 != slot {
+                return Err(FastPathError::BadConfig {
+                    detail: format!("UDP port {udp_port} already serves tenant slot {other}"),
+                });
+            }
+        }
+        match ports.get(slot as usize).copied().flatten() {
+            Some(p) if p != udp_port => {
+                return Err(FastPathError::BadConfig { detail: format!("tenant slot {slot} already serves UDP port {p}") })
+            }
+            Some(_) => {
+                // Same slot and port: only the shaping changes.
+                t.shaped.store(u32::from(shaped), Ordering::SeqCst);
+                return Ok(());
+            }
+            None => {}
+        }
+        t.allow_in_bytes.store(0, Ordering::SeqCst);
+        t.allow_out_bytes.store(0, Ordering::SeqCst);
+        t.spent_requests.store(0, Ordering::SeqCst);
+        t.spent_in_bytes.store(0, Ordering::SeqCst);
+        t.spent_out_bytes.store(0, Ordering::SeqCst);
+        t.shaped.store(u32::from(shaped), Ordering::SeqCst);
+        // The epoch is never reset: entries of an earlier tenant in this slot stay dead.
+        t.active.store(1, Ordering::SeqCst);
+        self.write_port(udp_port, slot + 1)?;
+        if let Some(p) = ports.get_mut(slot as usize) {
+            *p = Some(udp_port);
+        }
+        Ok(())
+    }
+
+    /// Stop serving the tenant in `slot`: its port passes from now on, and its entries are
+    /// flushed (epoch bump, then deleted). No-op for a slot that serves nothing.
+    pub fn remove_tenant(&self, slot: u32) -> Result<(), FastPathError> {
+        let t = self.tenant(slot)?;
+        let mut ports = self.ports.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(port) = ports.get(slot as usize).copied().flatten() else { return Ok(()) };
+        self.write_port(port, 0)?;
+        t.active.store(0, Ordering::SeqCst);
+        t.shaped.store(0, Ordering::SeqCst);
+        if let Some(p) = ports.get_mut(slot as usize) {
+            *p = None;
+        }
+        drop(ports);
+        self.flush_slot(slot)
+    }
+
+    /// The UDP port the tenant in `slot` is served on, if any.
+    pub fn tenant_port(&self, slot: u32) -> Option<u16> {
+        self.ports.lock().unwrap_or_else(PoisonError::into_inner).get(slot as usize).copied().flatten()
+    }
+
+    /// The flush epoch values filled now for `slot` carry (global + the slot's own, wrapping).
+    pub fn epoch_of(&self, slot: u32) -> u64 {
+        let own = self.tenants.get(slot).map_or(0, |t| t.epoch.load(Ordering::SeqCst));
+        self.epoch.load(Ordering::SeqCst).wrapping_add(own)
+    }
+
+    /// Cache an item for slot 0 (the single-tenant API): see [`Kernel::fill_slot`].
+    pub fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expiry_ns: u64) -> Result<Filled, FastPathError> {
+        self.fill_slot(0, key, flags, cas, value, expiry_ns)
+    }
+
+    /// Cache an item of the tenant in `slot`. `expiry_ns` is absolute CLOCK_MONOTONIC ns
+    /// ([`monotonic_now_ns`]), 0 = never. Call only while holding the item's shard lock after
+    /// reading it (see crate docs).
+    pub fn fill_slot(
         &self,
+        slot: u32,
         key: &[u8],
         flags: u32,
         cas: u64,
@@ -326,13 +528,16 @@ impl Kernel {
         expiry_ns: u64,
     ) -> Result<Filled, FastPathError> {
         use abi::Plain;
+        if slot >= abi::TENANTS_MAX {
+            return Err(slot_error(slot));
+        }
         // The epoch is read before the value goes in: see flush_all.
-        let epoch = self.epoch.load(Ordering::SeqCst);
+        let epoch = self.epoch_of(slot);
         let item = match item::compose(key, flags, cas, value, expiry_ns, epoch) {
             Ok(it) => it,
             Err(why) => return Ok(Filled::NotCacheable(why)),
         };
-        let Some(k) = abi::Key::new(key) else { return Ok(Filled::NotCacheable(NotCacheable::Key)) };
+        let Some(k) = abi::Key::for_tenant(key, slot) else { return Ok(Filled::NotCacheable(NotCacheable::Key)) };
         match sys::map_update(self.items_fd, k.as_bytes(), item.as_bytes(), sys::BPF_ANY) {
             Ok(()) => Ok(Filled::Cached),
             Err(e) if e.raw_os_error() == Some(libc::E2BIG) || e.raw_os_error() == Some(libc::ENOMEM) => {
@@ -342,12 +547,12 @@ impl Kernel {
         }
     }
 
-    /// Tests only: file the item composed for `key` under the map key of `under`, as a hash
-    /// collision between the two would (the program must then miss on a get of `under`).
+    /// Tests only: file the item composed for `key` under the map key of `under` (slot 0), as a
+    /// hash collision between the two would (the program must then miss on a get of `under`).
     #[doc(hidden)]
     pub fn fill_colliding(&self, under: &[u8], key: &[u8], value: &[u8]) -> Result<Filled, FastPathError> {
         use abi::Plain;
-        let epoch = self.epoch.load(Ordering::SeqCst);
+        let epoch = self.epoch_of(0);
         let item = match item::compose(key, 0, 1, value, 0, epoch) {
             Ok(it) => it,
             Err(why) => return Ok(Filled::NotCacheable(why)),
@@ -358,32 +563,52 @@ impl Kernel {
             .map_err(|error| FastPathError::Map { op: "fill", error })
     }
 
-    /// Drop the kernel copy of `key`. Call while holding the key's shard lock, before changing
-    /// the store. On `Err` the kernel may still serve the old value: fail the write.
+    /// Drop slot 0's kernel copy of `key`: see [`Kernel::invalidate_slot`].
     pub fn invalidate(&self, key: &[u8]) -> Result<(), FastPathError> {
+        self.invalidate_slot(0, key)
+    }
+
+    /// Drop the kernel copy of `key` of the tenant in `slot`. Call while holding the key's
+    /// shard lock, before changing the store. On `Err` the kernel may still serve the old
+    /// value: fail the write.
+    pub fn invalidate_slot(&self, slot: u32, key: &[u8]) -> Result<(), FastPathError> {
         use abi::Plain;
+        if slot >= abi::TENANTS_MAX {
+            return Err(slot_error(slot));
+        }
         // Keys that can never be cached need no delete.
-        let Some(k) = abi::Key::new(key) else { return Ok(()) };
+        let Some(k) = abi::Key::for_tenant(key, slot) else { return Ok(()) };
         self.invalidations.fetch_add(1, Ordering::Relaxed);
         sys::map_delete(self.items_fd, k.as_bytes())
             .map(|_| ())
             .map_err(|error| FastPathError::Map { op: "invalidate", error })
     }
 
-    /// Invalidate everything at once (epoch bump), then delete the entries.
+    /// Invalidate everything of every tenant at once (global epoch bump), then delete the
+    /// entries.
     pub fn flush_all(&self) -> Result<(), FastPathError> {
         let new = self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
         self.invalidations.fetch_add(1, Ordering::Relaxed);
         self.write_config(new)?;
-        self.delete_all()
+        self.delete_dead(None)
     }
 
-    /// Best-effort removal of the entries an epoch bump made dead, to give their memory back.
-    /// Entries of the current epoch (filled after the bump, while this runs) are kept: the
-    /// server remembers which items it filled and would not offer a deleted one again until
-    /// it changes. Bounded: at most two passes' worth of `ENTRIES_MAX_LIMIT` steps.
-    fn delete_all(&self) -> Result<(), FastPathError> {
-        let epoch = self.epoch.load(Ordering::SeqCst);
+    /// Invalidate everything of the tenant in `slot` at once (its epoch bump: one store into
+    /// the mapped tenant table, seen by the program at once), then delete its entries. Other
+    /// tenants' entries are untouched.
+    pub fn flush_slot(&self, slot: u32) -> Result<(), FastPathError> {
+        let t = self.tenant(slot)?;
+        t.epoch.fetch_add(1, Ordering::SeqCst);
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
+        self.delete_dead(Some(slot))
+    }
+
+    /// Best-effort removal of the entries an epoch bump made dead (of `only` slot, or of all),
+    /// to give their memory back. Entries of the current epoch (filled after the bump, while
+    /// this runs) are kept: the server remembers which items it filled and would not offer a
+    /// deleted one again until it changes. Bounded: at most two passes' worth of
+    /// `ENTRIES_MAX_LIMIT` steps.
+    fn delete_dead(&self, only: Option<u32>) -> Result<(), FastPathError> {
         let key_bytes = std::mem::size_of::<abi::Key>();
         let mut cur = vec![0u8; key_bytes];
         let mut next = vec![0u8; key_bytes];
@@ -393,20 +618,28 @@ impl Kernel {
             Ok(false) => return Ok(()),
             Err(error) => return Err(FastPathError::Map { op: "flush iterate", error }),
         }
+        let word = |b: &[u8], at: usize| -> u64 {
+            let mut w = [0u8; 8];
+            if let Some(s) = b.get(at..at + 8) {
+                w.copy_from_slice(s);
+            }
+            u64::from_ne_bytes(w)
+        };
         for _ in 0..2 * ENTRIES_MAX_LIMIT {
             // Find the successor before deleting: a hash map restarts from its first key when
             // asked for the successor of a key it no longer has.
             let more = sys::map_next_key(self.items_fd, Some(&cur), &mut next)
                 .map_err(|error| FastPathError::Map { op: "flush iterate", error })?;
-            let found = sys::map_lookup(self.items_fd, &cur, &mut value)
-                .map_err(|error| FastPathError::Map { op: "flush lookup", error })?;
-            // The epoch is the second u64 of the value (abi asserts the offset).
-            let entry_epoch = u64::from_ne_bytes([
-                value[8], value[9], value[10], value[11], value[12], value[13], value[14], value[15],
-            ]);
-            if found && entry_epoch != epoch {
-                sys::map_delete(self.items_fd, &cur)
-                    .map_err(|error| FastPathError::Map { op: "flush delete", error })?;
+            // The slot is the key's last u32, the epoch the value's second u64 (abi asserts
+            // both offsets).
+            let slot = (word(&cur, 8) >> 32) as u32;
+            if only.map_or(true, |s| s == slot) {
+                let found = sys::map_lookup(self.items_fd, &cur, &mut value)
+                    .map_err(|error| FastPathError::Map { op: "flush lookup", error })?;
+                if found && word(&value, 8) != self.epoch_of(slot) {
+                    sys::map_delete(self.items_fd, &cur)
+                        .map_err(|error| FastPathError::Map { op: "flush delete", error })?;
+                }
             }
             if !more {
                 return Ok(());
@@ -417,42 +650,103 @@ impl Kernel {
     }
 
     /// Stop answering anything (the program passes every packet up) without detaching: the
-    /// last resort when an invalidation failed and coherence can no longer be promised.
+    /// last resort when an invalidation failed and coherence can no longer be promised. Stays
+    /// off (later flushes do not turn it back on).
     pub fn disable(&self) -> Result<(), FastPathError> {
+        self.disabled.store(true, Ordering::SeqCst);
+        self.write_config(self.epoch.load(Ordering::SeqCst))
+    }
+
+    /// Requests, request bytes and reply bytes XDP answered for `slot` (shaped tenants only)
+    /// since the last call. Each counter is swapped with 0, so an answer the program counts
+    /// concurrently lands in this call or the next, never in neither.
+    pub fn take_spent(&self, slot: u32) -> (u64, u64, u64) {
+        match self.tenants.get(slot) {
+            Some(t) => (
+                t.spent_requests.swap(0, Ordering::AcqRel),
+                t.spent_in_bytes.swap(0, Ordering::AcqRel),
+                t.spent_out_bytes.swap(0, Ordering::AcqRel),
+            ),
+            None => (0, 0, 0),
+        }
+    }
+
+    /// What XDP may spend for the shaped tenant in `slot` from now on (replaces the previous
+    /// allowance, whatever was left of it). Out-of-range slots are ignored.
+    pub fn set_allowance(&self, slot: u32, ingress_bytes: u64, egress_bytes: u64) {
+        if let Some(t) = self.tenants.get(slot) {
+            let clamp = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+            t.allow_in_bytes.store(clamp(ingress_bytes), Ordering::Release);
+            t.allow_out_bytes.store(clamp(egress_bytes), Ordering::Release);
+        }
+    }
+
+    /// The allowance left for `slot` (ingress, egress bytes); may be below zero by the
+    /// concurrent overdraw the header describes.
+    pub fn allowance(&self, slot: u32) -> (i64, i64) {
+        self.tenants
+            .get(slot)
+            .map_or((0, 0), |t| (t.allow_in_bytes.load(Ordering::Acquire), t.allow_out_bytes.load(Ordering::Acquire)))
+    }
+
+    fn percpu_sum(&self, fd: RawFd, idx: u32, stride: usize, field: usize, op: &'static str) -> Result<Vec<u64>, FastPathError> {
         use abi::Plain;
-        let c = abi::Config { udp_port: 0, epoch: self.epoch.load(Ordering::SeqCst), ..Default::default() };
-        sys::map_update(self.config_fd, 0u32.as_bytes(), c.as_bytes(), sys::BPF_ANY)
-            .map_err(|error| FastPathError::Map { op: "config update", error })
+        // Per-CPU values come back at an 8-byte-rounded stride, one per possible CPU.
+        let mut buf = vec![0u8; stride * self.cpus];
+        sys::map_lookup(fd, idx.as_bytes(), &mut buf).map_err(|error| FastPathError::Map { op, error })?;
+        let mut sums = vec![0u64; field];
+        for cpu in buf.chunks_exact(stride) {
+            for (i, s) in sums.iter_mut().enumerate() {
+                let mut w = [0u8; 8];
+                if let Some(b) = cpu.get(i * 8..i * 8 + 8) {
+                    w.copy_from_slice(b);
+                }
+                *s = s.wrapping_add(u64::from_ne_bytes(w));
+            }
+        }
+        Ok(sums)
     }
 
     /// Counter totals.
     pub fn counters(&self) -> Result<FastPathCounters, FastPathError> {
         let read = |idx: u32| -> Result<u64, FastPathError> {
-            use abi::Plain;
-            let mut buf = vec![0u8; 8 * self.cpus];
-            sys::map_lookup(self.counters_fd, idx.as_bytes(), &mut buf)
-                .map_err(|error| FastPathError::Map { op: "counters", error })?;
-            Ok(buf
-                .chunks_exact(8)
-                .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .fold(0u64, u64::wrapping_add))
+            Ok(self.percpu_sum(self.counters_fd, idx, 8, 1, "counters")?.first().copied().unwrap_or(0))
         };
         Ok(FastPathCounters {
             fastpath_hits: read(abi::COUNTER_HITS)?,
             fastpath_misses: read(abi::COUNTER_MISSES)?,
+            fastpath_throttled: read(abi::COUNTER_THROTTLED)?,
             fastpath_invalidations: self.invalidations.load(Ordering::Relaxed),
         })
     }
 
-    /// The current flush epoch (values filled now carry it).
-    pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::SeqCst)
+    /// Counters of the tenant in `slot` (cumulative since load, across the slot's tenants).
+    pub fn tenant_counters(&self, slot: u32) -> Result<TenantCounters, FastPathError> {
+        if slot >= abi::TENANTS_MAX {
+            return Err(slot_error(slot));
+        }
+        let s = self.percpu_sum(self.tstats_fd, slot, std::mem::size_of::<abi::TenantStats>(), 3, "tenant counters")?;
+        Ok(TenantCounters {
+            hits: s.first().copied().unwrap_or(0),
+            misses: s.get(1).copied().unwrap_or(0),
+            throttled: s.get(2).copied().unwrap_or(0),
+        })
     }
 
-    /// The cached value for `key`, if any (for tests and debugging).
+    /// The current global flush epoch plus slot 0's (values slot 0 fills now carry it).
+    pub fn epoch(&self) -> u64 {
+        self.epoch_of(0)
+    }
+
+    /// Slot 0's cached value for `key`: see [`Kernel::lookup_slot`].
     pub fn lookup(&self, key: &[u8]) -> Result<Option<abi::Item>, FastPathError> {
+        self.lookup_slot(0, key)
+    }
+
+    /// The cached value for `key` of the tenant in `slot`, if any (for tests and debugging).
+    pub fn lookup_slot(&self, slot: u32, key: &[u8]) -> Result<Option<abi::Item>, FastPathError> {
         use abi::Plain;
-        let Some(k) = abi::Key::new(key) else { return Ok(None) };
+        let Some(k) = abi::Key::for_tenant(key, slot) else { return Ok(None) };
         let mut buf = vec![0u8; std::mem::size_of::<abi::Item>()];
         let found = sys::map_lookup(self.items_fd, k.as_bytes(), &mut buf)
             .map_err(|error| FastPathError::Map { op: "lookup", error })?;
@@ -466,7 +760,6 @@ impl Kernel {
         // The map key is a hash: the entry may hold a colliding key's item, which is not ours.
         Ok(item::holds_key(&it, key).then_some(it))
     }
-
     /// Run the program on `packet` with BPF_PROG_TEST_RUN (no interface needed). With a
     /// `repeat` above 1 the kernel reruns the program on the packet *as the previous run left
     /// it* (a hit turns it into a reply, which then passes), so use [`Kernel::mean_ns`] to time
@@ -534,14 +827,25 @@ impl FastPath {
     /// else in generic mode ([`FastPath::mode`] says which and why). Any XDP program already
     /// attached to the interface through netlink (e.g. left by `ip link` or a crashed older
     /// tool) is replaced.
+    /// Serves one unshaped tenant (slot 0) on `cfg.udp_port`.
     pub fn attach(iface: &str, cfg: FastPathConfig) -> Result<FastPath, FastPathError> {
+        FastPath::attach_with(iface, || Kernel::load(cfg))
+    }
+
+    /// Like [`FastPath::attach`], but serving no tenant until [`Kernel::add_tenant`] (through
+    /// [`FastPath::kernel`]).
+    pub fn attach_multi(iface: &str, entries_max: u32) -> Result<FastPath, FastPathError> {
+        FastPath::attach_with(iface, || Kernel::load_multi(entries_max))
+    }
+
+    fn attach_with(iface: &str, load: impl FnOnce() -> Result<Kernel, FastPathError>) -> Result<FastPath, FastPathError> {
         let ifindex = if_index(iface)?;
         if !is_root() {
             // Loading would fail with EPERM anyway; say why up front. (CAP_BPF without root
             // also fails here on purpose: the capabilities needed are several.)
             return Err(FastPathError::NotPermitted { detail: "not running as root".into() });
         }
-        let mut kernel = Kernel::load(cfg)?;
+        let mut kernel = load()?;
         // A program attached via netlink would make the link attach fail with EBUSY.
         netlink::detach_xdp(ifindex)
             .map_err(|e| FastPathError::AttachRefused { detail: format!("removing the old XDP program: {e}") })?;

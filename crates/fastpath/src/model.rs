@@ -35,19 +35,55 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// The packet after the program (unchanged on PASS).
     pub packet: Vec<u8>,
-    /// Counter deltas.
+    /// Counter deltas (global, and the same for the tenant the port belongs to).
     pub hits: u64,
     pub misses: u64,
+    pub throttled: u64,
+    /// The tenant slot the destination port belongs to, if any.
+    pub slot: Option<u32>,
+    /// What a shaped tenant paid for this answer: (requests, request bytes, reply bytes),
+    /// taken from its allowances and added to its spent counters. Zeros otherwise.
+    pub spent: (u64, u64, u64),
+}
+
+/// One tenant slot as the model sees it.
+#[derive(Clone, Debug, Default)]
+pub struct ModelTenant {
+    pub shaped: bool,
+    /// The epoch this tenant's items must carry (the global epoch plus the slot's own).
+    pub epoch: u64,
+    pub allow_in_bytes: i64,
+    pub allow_out_bytes: i64,
+    /// Its items, keyed exactly (the kernel keys by hash and checks the key in the value).
+    pub items: HashMap<Vec<u8>, Item>,
 }
 
 /// The map state the model reads.
 #[derive(Clone, Debug, Default)]
 pub struct ModelState {
-    pub udp_port: u16,
-    pub epoch: u64,
+    /// `ss_config.enabled`.
+    pub enabled: bool,
     /// CLOCK_MONOTONIC ns "now" for expiry checks.
     pub now_ns: u64,
-    pub items: HashMap<Vec<u8>, Item>,
+    /// UDP port → tenant slot (`ss_ports`).
+    pub ports: HashMap<u16, u32>,
+    /// Active tenant slots (`ss_tenants`; a slot absent here is inactive).
+    pub tenants: HashMap<u32, ModelTenant>,
+}
+
+impl ModelState {
+    /// The single-tenant state: one unshaped tenant in slot 0 on `udp_port`, no items yet.
+    pub fn single(udp_port: u16, epoch: u64, now_ns: u64) -> ModelState {
+        let mut st = ModelState { enabled: true, now_ns, ..Default::default() };
+        st.ports.insert(udp_port, 0);
+        st.tenants.insert(0, ModelTenant { epoch, ..Default::default() });
+        st
+    }
+
+    /// Slot `slot`'s items (the slot is made active, unshaped, if it was not).
+    pub fn items_mut(&mut self, slot: u32) -> &mut HashMap<Vec<u8>, Item> {
+        &mut self.tenants.entry(slot).or_default().items
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -68,23 +104,48 @@ fn be16(p: &[u8], at: usize) -> Option<u16> {
 
 /// Run the model on one packet.
 pub fn model(packet: &[u8], st: &ModelState) -> Outcome {
-    let pass = |misses| Outcome { verdict: Verdict::Pass, packet: packet.to_vec(), hits: 0, misses };
-    match decide(packet, st) {
-        Decision::Pass => pass(0),
-        Decision::Miss => pass(1),
-        Decision::Tx(out) => Outcome { verdict: Verdict::Tx, packet: out, hits: 1, misses: 0 },
+    let mut slot = None;
+    let d = decide(packet, st, &mut slot);
+    let pass = |misses, throttled| Outcome {
+        verdict: Verdict::Pass,
+        packet: packet.to_vec(),
+        hits: 0,
+        misses,
+        throttled,
+        slot,
+        spent: (0, 0, 0),
+    };
+    match d {
+        Decision::Pass => pass(0, 0),
+        Decision::Miss => pass(1, 0),
+        Decision::Throttled => pass(0, 1),
+        Decision::Tx { packet, spent } => {
+            Outcome { verdict: Verdict::Tx, packet, hits: 1, misses: 0, throttled: 0, slot, spent }
+        }
     }
+}
+
+/// [`model`], then apply what the answer cost to the tenant's allowance in `st` (as the kernel
+/// does), so a sequence of packets can be modelled.
+pub fn model_apply(packet: &[u8], st: &mut ModelState) -> Outcome {
+    let out = model(packet, st);
+    if let Some(t) = out.slot.and_then(|s| st.tenants.get_mut(&s)) {
+        t.allow_in_bytes -= out.spent.1 as i64;
+        t.allow_out_bytes -= out.spent.2 as i64;
+    }
+    out
 }
 
 enum Decision {
     Pass,
     Miss,
-    Tx(Vec<u8>),
+    Throttled,
+    Tx { packet: Vec<u8>, spent: (u64, u64, u64) },
 }
 
-fn decide(p: &[u8], st: &ModelState) -> Decision {
-    use Decision::{Miss, Pass};
-    if st.udp_port == 0 || p.len() < ETH {
+fn decide(p: &[u8], st: &ModelState, slot_out: &mut Option<u32>) -> Decision {
+    use Decision::{Miss, Pass, Throttled};
+    if !st.enabled || p.len() < ETH {
         return Pass;
     }
     let ethertype = be16(p, 12).unwrap_or(0);
@@ -121,7 +182,10 @@ fn decide(p: &[u8], st: &ModelState) -> Decision {
     if p.len() < l4 + 8 {
         return Pass;
     }
-    if be16(p, l4 + 2) != Some(st.udp_port) || be16(p, l4 + 4).map(usize::from) != Some(udp_len) {
+    let Some(&slot) = be16(p, l4 + 2).and_then(|port| st.ports.get(&port)) else { return Pass };
+    let Some(ten) = st.tenants.get(&slot) else { return Pass };
+    *slot_out = Some(slot);
+    if be16(p, l4 + 4).map(usize::from) != Some(udp_len) {
         return Pass;
     }
     if l4 + udp_len > p.len() || udp_len < 8 + FRAME_HEADER_BYTES + 4 {
@@ -133,6 +197,9 @@ fn decide(p: &[u8], st: &ModelState) -> Decision {
     let getlike = req.starts_with(b"get ") || req.starts_with(b"gets ") || req.starts_with(b"mg ");
     if !getlike {
         return Pass;
+    }
+    if ten.shaped && (ten.allow_in_bytes < n as i64 || ten.allow_out_bytes <= 0) {
+        return Throttled;
     }
     if n > REQUEST_BYTES_MAX {
         return Miss;
@@ -185,8 +252,8 @@ fn decide(p: &[u8], st: &ModelState) -> Decision {
         if key.is_empty() || key.len() > KEY_BYTES_MAX {
             return Miss;
         }
-        let Some(item) = st.items.get(key) else { return Miss };
-        if item.epoch != st.epoch || (item.expiry_ns != 0 && st.now_ns >= item.expiry_ns) {
+        let Some(item) = ten.items.get(key) else { return Miss };
+        if item.epoch != ten.epoch || (item.expiry_ns != 0 && st.now_ns >= item.expiry_ns) {
             return Miss;
         }
         let Some(s) = segments(item) else { return Miss };
@@ -216,6 +283,16 @@ fn decide(p: &[u8], st: &ModelState) -> Decision {
         reply.extend_from_slice(b"END\r\n");
     }
     let udp_total = reply.len();
+    // Paid before the packet is touched; a shaped tenant that cannot pay is passed up.
+    let (in_bytes, out_bytes) = (n as i64, (udp_total - 16) as i64);
+    let spent = if ten.shaped {
+        if ten.allow_in_bytes < in_bytes || ten.allow_out_bytes < out_bytes {
+            return Throttled;
+        }
+        (1, in_bytes as u64, out_bytes as u64)
+    } else {
+        (0, 0, 0)
+    };
     // UDP header: ports swapped; frame header: same request id, seq 0, total 1.
     reply[0..2].copy_from_slice(&p[l4 + 2..l4 + 4]);
     reply[2..4].copy_from_slice(&p[l4..l4 + 2]);
@@ -267,7 +344,7 @@ fn decide(p: &[u8], st: &ModelState) -> Decision {
     }
     reply[6..8].copy_from_slice(&c.to_be_bytes());
     out.extend_from_slice(&reply);
-    Decision::Tx(out)
+    Decision::Tx { packet: out, spent }
 }
 
 /// Ones'-complement 16-bit sum (folded, not inverted) of the concatenation of `parts`, each

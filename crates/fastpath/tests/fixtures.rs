@@ -94,11 +94,24 @@ fn fixtures_kernel_and_model_agree() {
         if mout.verdict != f.verdict {
             fail(format!("model verdict {:?}, want {:?}", mout.verdict, f.verdict));
         }
-        if (kout.hits, kout.misses) != (f.hits, f.misses) {
-            fail(format!("kernel hits/misses {}/{}, want {}/{}", kout.hits, kout.misses, f.hits, f.misses));
+        let want = (f.hits, f.misses, f.throttled);
+        if (kout.hits, kout.misses, kout.throttled) != want {
+            fail(format!("kernel hits/misses/throttled {}/{}/{}, want {want:?}", kout.hits, kout.misses, kout.throttled));
         }
-        if (mout.hits, mout.misses) != (f.hits, f.misses) {
-            fail(format!("model hits/misses {}/{}, want {}/{}", mout.hits, mout.misses, f.hits, f.misses));
+        if (mout.hits, mout.misses, mout.throttled) != want {
+            fail(format!("model hits/misses/throttled {}/{}/{}, want {want:?}", mout.hits, mout.misses, mout.throttled));
+        }
+        if kout.spent != f.spent || mout.spent != f.spent {
+            fail(format!("spent: kernel {:?}, model {:?}, want {:?}", kout.spent, mout.spent, f.spent));
+        }
+        // The model names a slot only for packets that got as far as the port lookup.
+        if kout.slot != f.target_slot() || (mout.slot.is_some() && mout.slot != f.target_slot()) {
+            fail(format!(
+                "slot: kernel {:?} (None: its per-tenant counters disagree with the global ones), model {:?}, want {:?}",
+                kout.slot,
+                mout.slot,
+                f.target_slot()
+            ));
         }
         if kout.packet != mout.packet {
             fail(format!("kernel and model packets differ:\n kernel {:02x?}\n model  {:02x?}", kout.packet, mout.packet));
@@ -132,7 +145,8 @@ fn model_gives_expected_replies() {
     for f in fixtures::all() {
         let out = fixtures::run_model(&f, now, 1);
         assert_eq!(out.verdict, f.verdict, "{}", f.name);
-        assert_eq!((out.hits, out.misses), (f.hits, f.misses), "{}", f.name);
+        assert_eq!((out.hits, out.misses, out.throttled), (f.hits, f.misses, f.throttled), "{}", f.name);
+        assert_eq!(out.spent, f.spent, "{}", f.name);
         if f.verdict == Verdict::Tx {
             assert_eq!(check_reply(&f, &out.packet), f.reply.clone().unwrap_or_default(), "{}", f.name);
         } else {
@@ -228,8 +242,8 @@ fn an_entry_for_another_key_is_a_miss() {
         assert_eq!(r.verdict, Some(Verdict::Pass), "{}", String::from_utf8_lossy(asked));
         assert_eq!(r.packet, pkt);
         assert_eq!(after.fastpath_misses - before.fastpath_misses, 1);
-        let mut st = ModelState { udp_port: PORT, epoch: k.epoch(), ..Default::default() };
-        st.items.insert(asked.to_vec(), compose(filed, 0, 1, b"theirs", 0, k.epoch()).unwrap());
+        let mut st = ModelState::single(PORT, k.epoch(), 0);
+        st.items_mut(0).insert(asked.to_vec(), compose(filed, 0, 1, b"theirs", 0, k.epoch()).unwrap());
         let m = model(&pkt, &st);
         assert_eq!((m.verdict, m.misses), (Verdict::Pass, 1));
         // And the real fill of the asked key answers it.
@@ -262,8 +276,8 @@ fn keys_of_every_word_length_hit() {
         let pkt = fixtures::memcached_frame(n % 2 == 0, 0, 1, &req);
         let r = k.test_run(&pkt, 1).unwrap();
         assert_eq!(r.verdict, Some(Verdict::Tx), "key length {n}");
-        let mut st = slipstream_fastpath::model::ModelState { udp_port: PORT, epoch: k.epoch(), ..Default::default() };
-        st.items.insert(key.clone(), k.lookup(&key).unwrap().unwrap());
+        let mut st = slipstream_fastpath::model::ModelState::single(PORT, k.epoch(), 0);
+        st.items_mut(0).insert(key.clone(), k.lookup(&key).unwrap().unwrap());
         let m = model(&pkt, &st);
         assert_eq!(m.packet, r.packet, "key length {n}: kernel and model replies differ");
         // Neighbours of the same prefix are other keys: misses.
@@ -287,10 +301,10 @@ fn tokenizer_word_boundaries_agree_with_the_model() {
     let Some(k) = kernel() else { return };
     k.flush_all().unwrap();
     let keys: [&[u8]; 4] = [b"abcdefghijklmnop", b"abcdefg", b"abcdefghijklmnopq", b"x"];
-    let mut st = ModelState { udp_port: PORT, epoch: k.epoch(), ..Default::default() };
+    let mut st = ModelState::single(PORT, k.epoch(), 0);
     for key in keys {
         k.fill(key, 1, 2, b"val", 0).unwrap();
-        st.items.insert(key.to_vec(), k.lookup(key).unwrap().unwrap());
+        st.items_mut(0).insert(key.to_vec(), k.lookup(key).unwrap().unwrap());
     }
     let mut reqs: Vec<Vec<u8>> = vec![
         b"get abcdefghijklmnop\r\n".to_vec(),

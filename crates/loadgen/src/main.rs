@@ -1,12 +1,15 @@
-//! slipstream-loadgen: a closed-loop load generator for memcached text-protocol servers
-//! (TCP, pipelined set/get) and memcached UDP gets. Measures throughput, per-request
-//! latency percentiles, hits/misses and every unexpected reply, plus the CPU used by the
-//! client, the server (given its pid) and the machine over the measured window, and prints
-//! one JSON line. Not a correctness test suite and not an open-loop (fixed-rate) generator.
+//! slipstream-loadgen: a load generator for memcached text-protocol servers (TCP,
+//! pipelined set/get) and memcached UDP gets, closed-loop by default or open-loop at a fixed
+//! rate (`--rate-per-s`, latency from each request's scheduled time). Measures throughput,
+//! bytes moved, per-request latency percentiles, hits/misses and every unexpected reply, plus
+//! the CPU used by the client, the server (given its pid) and the machine over the measured
+//! window, and prints one JSON line. Not a correctness test suite.
 
 mod hist;
+mod pace;
 mod sysstat;
 mod tcp;
+mod tcp_rate;
 mod udp;
 mod wire;
 
@@ -18,14 +21,15 @@ use hist::Histogram;
 use wire::{Op, Outcome};
 
 const USAGE: &str = "\
-slipstream-loadgen: closed-loop memcached load generator (prints one JSON line)
+slipstream-loadgen: memcached load generator (prints one JSON line)
 
   --server HOST:PORT     server to load (TCP, or UDP with --udp)        [127.0.0.1:11211]
   --conns N              connections (UDP: sockets), split over threads  [50]
   --threads N            client threads                                  [1]
   --pipeline N           TCP: requests per batch per connection;
                          UDP: requests in flight per socket              [16]
-  --ratio S:G            set:get mix (TCP only; UDP sends gets)          [1:1]
+  --ratio S:G            set:get mix (TCP only; UDP sends gets);
+                         0:1 = read-only                                 [1:1]
   --value-bytes N        value size                                      [100]
   --keys N               key space, keys are key:%08d                    [10000]
   --duration-s SECS      measured window                                 [10]
@@ -36,7 +40,23 @@ slipstream-loadgen: closed-loop memcached load generator (prints one JSON line)
   --udp                  memcached UDP get load (8-byte frame header)
   --udp-timeout-ms MS    a UDP request unanswered this long is lost      [200]
   --server-pid PID       also report that process's CPU time over the window
+  --rate-per-s R         open loop: R requests/s in all (warmup included), request n
+                         due at start + n/R on connection n mod --conns; at most
+                         --pipeline in flight per connection; latency is measured
+                         from each request's scheduled time (no coordinated
+                         omission)                          [off: closed loop]
+  --backlog-max N        open loop: due-but-unsent requests kept per connection
+                         when it falls behind; older ones are dropped (counted,
+                         never sent)                                     [1000]
+  --start-at-unix-ms T   connect, then wait until wall-clock T (ms since the
+                         epoch, at most 300 s ahead) before the load starts, so
+                         several loadgen processes share one window
   --help
+
+Open-loop JSON adds: rate_per_s, achieved_rate_per_s (replies in the window per s),
+sent (requests scheduled in the window and sent), behind (of those, how many waited
+client-side for a free in-flight slot), dropped (requests shed in the window because
+more than --backlog-max were due on a connection), backlog_peak.
 
 Exit status: 0 clean run; 2 bad arguments or setup failure; 3 the run saw errors
 (unexpected replies, broken or stalled connections, prefill failures; UDP losses do
@@ -48,6 +68,8 @@ const THREADS_MAX: usize = 64;
 const PIPELINE_MAX: usize = 1024;
 const VALUE_BYTES_MAX: usize = 1024 * 1024;
 const DURATION_S_MAX: f64 = 3600.0;
+/// How far ahead `--start-at-unix-ms` may point.
+const START_AHEAD_MS_MAX: u64 = 300_000;
 
 pub struct Config {
     server: SocketAddr,
@@ -67,6 +89,11 @@ pub struct Config {
     udp: bool,
     udp_timeout: Duration,
     server_pid: Option<u32>,
+    /// Open loop: requests per second over all connections; None = closed loop.
+    rate_per_s: Option<f64>,
+    /// Open loop: most due-but-unsent requests per connection before the oldest are shed.
+    backlog_max: u64,
+    start_at_unix_ms: Option<u64>,
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String> {
@@ -114,6 +141,9 @@ fn parse_args(args: &[String]) -> Result<Option<Config>, String> {
         udp: false,
         udp_timeout: Duration::from_millis(200),
         server_pid: None,
+        rate_per_s: None,
+        backlog_max: 1000,
+        start_at_unix_ms: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -149,6 +179,15 @@ fn parse_args(args: &[String]) -> Result<Option<Config>, String> {
                 cfg.udp_timeout = Duration::from_millis(in_range(flag, parse_num(flag, v)?, 1, 60_000)?)
             }
             "--server-pid" => cfg.server_pid = Some(parse_num(flag, v)?),
+            "--rate-per-s" => {
+                let r: f64 = parse_num(flag, v)?;
+                if !(r.is_finite() && r > 0.0 && r <= pace::RATE_PER_S_MAX) {
+                    return Err(format!("{flag}: must be > 0 and <= {}", pace::RATE_PER_S_MAX));
+                }
+                cfg.rate_per_s = Some(r);
+            }
+            "--backlog-max" => cfg.backlog_max = in_range(flag, parse_num(flag, v)?, 1, pace::BACKLOG_MAX_MAX)?,
+            "--start-at-unix-ms" => cfg.start_at_unix_ms = Some(parse_num(flag, v)?),
             "--ratio" => {
                 let (s, g) = v.split_once(':').ok_or_else(|| format!("{flag}: expected S:G, got {v:?}"))?;
                 cfg.ratio_set = in_range(flag, parse_num(flag, s)?, 0, 1_000_000)?;
@@ -199,8 +238,17 @@ impl Rng {
 /// The measured window: replies completing inside it are counted.
 #[derive(Clone, Copy)]
 pub struct Window {
+    /// When the load (warmup included) started: the open-loop schedule's origin.
+    pub load_start: Instant,
     pub start: Instant,
     pub end: Instant,
+}
+
+impl Window {
+    #[inline]
+    pub fn contains(&self, t: Instant) -> bool {
+        t >= self.start && t < self.end
+    }
 }
 
 #[derive(Default, Clone)]
@@ -223,6 +271,15 @@ pub struct Counts {
     pub batches: u64,
     pub reads: u64,
     pub writes: u64,
+    /// Bytes read from / written to the server's sockets inside the window.
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    /// Open loop: requests scheduled inside the window and sent; of those, how many waited
+    /// for a free in-flight slot; requests shed inside the window; largest backlog seen.
+    pub sent: u64,
+    pub behind: u64,
+    pub dropped: u64,
+    pub backlog_peak: u64,
 }
 
 impl Counts {
@@ -255,6 +312,12 @@ impl Counts {
         self.batches += o.batches;
         self.reads += o.reads;
         self.writes += o.writes;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_bytes += o.tx_bytes;
+        self.sent += o.sent;
+        self.behind += o.behind;
+        self.dropped += o.dropped;
+        self.backlog_peak = self.backlog_peak.max(o.backlog_peak);
     }
 }
 
@@ -328,18 +391,21 @@ fn run(cfg: &Config) -> Result<(String, bool), String> {
             }
         }
     }
+    if let Some(at_ms) = cfg.start_at_unix_ms {
+        wait_until_unix_ms(at_ms)?;
+    }
     let t0 = Instant::now();
-    let window = Window { start: t0 + cfg.warmup, end: t0 + cfg.warmup + cfg.duration };
+    let window = Window { load_start: t0, start: t0 + cfg.warmup, end: t0 + cfg.warmup + cfg.duration };
     let results = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for (t, streams) in per_thread.into_iter().enumerate() {
             let seed = cfg.seed.wrapping_mul(1_000_003).wrapping_add(t as u64);
             let sockets = cfg.conns / cfg.threads + usize::from(t < cfg.conns % cfg.threads);
             handles.push(scope.spawn(move || {
-                if cfg.udp {
-                    udp::run_thread(cfg, cfg.server, sockets, seed, window)
-                } else {
-                    tcp::run_thread(cfg, streams, seed, window)
+                match (cfg.udp, cfg.rate_per_s) {
+                    (true, _) => udp::run_thread(cfg, cfg.server, sockets, seed, window, t),
+                    (false, Some(rate)) => tcp_rate::run_thread(cfg, rate, streams, seed, window, t),
+                    (false, None) => tcp::run_thread(cfg, streams, seed, window),
                 }
             }));
         }
@@ -384,6 +450,7 @@ fn run(cfg: &Config) -> Result<(String, bool), String> {
     // taken at those edges too (measured_s says how closely).
     let window_s = cfg.duration.as_secs_f64();
     let ops_per_s = if window_s > 0.0 { ops as f64 / window_s } else { 0.0 };
+    let per_s = |n: u64| if window_s > 0.0 { n as f64 / window_s } else { 0.0 };
     let per_server_cpu = server_cpu_s.filter(|c| *c > 0.0).map(|c| ops as f64 / c);
     let per_cpu: Vec<String> = busy.iter().skip(1).map(|b| format!("{b:.1}")).collect();
 
@@ -416,6 +483,20 @@ fn run(cfg: &Config) -> Result<(String, bool), String> {
     ));
     if !cfg.udp {
         j.push_str(&format!("\"batches\":{},\"reads\":{},\"writes\":{},", counts.batches, counts.reads, counts.writes));
+    }
+    j.push_str(&format!(
+        "\"rx_bytes\":{},\"tx_bytes\":{},\"rx_bytes_per_s\":{:.1},\"tx_bytes_per_s\":{:.1},",
+        counts.rx_bytes,
+        counts.tx_bytes,
+        per_s(counts.rx_bytes),
+        per_s(counts.tx_bytes)
+    ));
+    match cfg.rate_per_s {
+        Some(rate) => j.push_str(&format!(
+            "\"rate_per_s\":{:.3},\"achieved_rate_per_s\":{:.1},\"sent\":{},\"behind\":{},\"dropped\":{},\"backlog_max\":{},\"backlog_peak\":{},",
+            rate, ops_per_s, counts.sent, counts.behind, counts.dropped, cfg.backlog_max, counts.backlog_peak
+        )),
+        None => j.push_str("\"rate_per_s\":null,"),
     }
     if cfg.udp {
         j.push_str(&format!(
@@ -454,6 +535,22 @@ fn run(cfg: &Config) -> Result<(String, bool), String> {
     let failed =
         counts.errors + counts.errors_outside_window + counts.conn_failures + counts.stalled_conns + prefill_errors > 0;
     Ok((j, failed))
+}
+
+/// Sleep until the wall clock reads `at_ms` (ms since the Unix epoch); a time in the past
+/// returns at once, one too far ahead is refused.
+fn wait_until_unix_ms(at_ms: u64) -> Result<(), String> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| format!("system clock before 1970: {e}"))?
+        .as_millis() as u64;
+    if at_ms > now_ms.saturating_add(START_AHEAD_MS_MAX) {
+        return Err(format!("--start-at-unix-ms: {at_ms} is more than {START_AHEAD_MS_MAX} ms ahead (now {now_ms})"));
+    }
+    if at_ms > now_ms {
+        std::thread::sleep(Duration::from_millis(at_ms - now_ms));
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -506,11 +603,20 @@ mod tests {
         assert_eq!((c.value_bytes, c.keys, c.seed), (10, 77, 9));
         assert_eq!(c.duration, Duration::from_millis(500));
         assert!(c.prefill && !c.udp);
+        assert!(c.rate_per_s.is_none() && c.start_at_unix_ms.is_none());
+        assert_eq!(c.backlog_max, 1000);
+        let r = parse_args(&args("--rate-per-s 1450.5 --backlog-max 7 --start-at-unix-ms 123 --ratio 0:1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.rate_per_s, Some(1450.5));
+        assert_eq!((r.backlog_max, r.start_at_unix_ms), (7, Some(123)));
+        assert_eq!((r.ratio_set, r.ratio_get), (0, 1));
     }
 
     #[test]
     fn rejects_bad_options() {
-        for bad in ["--conns 0", "--pipeline 5000", "--ratio 0:0", "--ratio 3", "--keys 100000001", "--bogus 1", "--conns", "--duration-s -1"] {
+        for bad in ["--rate-per-s 0", "--rate-per-s -5", "--rate-per-s nan", "--rate-per-s inf", "--rate-per-s 1e9",
+            "--backlog-max 0", "--start-at-unix-ms -1", "--conns 0", "--pipeline 5000", "--ratio 0:0", "--ratio 3", "--keys 100000001", "--bogus 1", "--conns", "--duration-s -1"] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }
         assert!(parse_args(&args("--help")).unwrap().is_none());

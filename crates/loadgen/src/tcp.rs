@@ -1,6 +1,6 @@
 //! TCP load: many non-blocking connections per thread on one mio poll, each running a
 //! closed loop of pipelined batches (write `pipeline` requests at once, read every reply,
-//! repeat). Not an open-loop / rate-limited generator.
+//! repeat). Not the open-loop / rate-limited generator (tcp_rate.rs).
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream as StdTcpStream;
@@ -107,6 +107,7 @@ impl Conn {
                     self.out_pos += n;
                     if sh.in_window(Instant::now()) {
                         sh.counts.writes += 1;
+                        sh.counts.tx_bytes += n as u64;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -140,6 +141,7 @@ impl Conn {
                     let now = Instant::now();
                     if sh.in_window(now) {
                         sh.counts.reads += 1;
+                        sh.counts.rx_bytes += n as u64;
                     }
                     self.parse(sh, now);
                     if self.alive && self.next == self.batch.len() {

@@ -1,7 +1,9 @@
 //! UDP GET load for the memcached UDP protocol (8-byte frame header: request id, sequence
 //! number, datagram count, reserved). Each socket keeps a window of requests in flight,
-//! refilled as replies arrive (closed loop, no rate limit); requests unanswered after the
-//! timeout are counted as lost. Datagrams move in batches with sendmmsg/recvmmsg.
+//! refilled as replies arrive (closed loop), or, with `--rate-per-s`, as requests fall due
+//! (open loop, see pace.rs: latency from the scheduled time; a request due while the
+//! window is full waits and counts `behind`); requests unanswered after the timeout are
+//! counted as lost. Datagrams move in batches with sendmmsg/recvmmsg.
 //! Gets only (UDP sets are not what the fast path serves); not a general UDP client.
 
 use std::io;
@@ -9,10 +11,12 @@ use std::net::{SocketAddr, UdpSocket as StdUdpSocket};
 use std::time::{Duration, Instant};
 
 use mio::net::UdpSocket;
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use std::os::fd::AsRawFd;
 
 use crate::hist::Histogram;
+use crate::pace::{Pacer, Timer};
 use crate::wire::{parse_reply, Op, Outcome, Reply, KEY_LEN};
 use crate::{Config, Counts, Rng, ThreadResult, Window};
 
@@ -24,12 +28,16 @@ const BATCH_MAX: usize = 64;
 const DATAGRAM_BYTES_MAX: usize = 2048;
 /// `get key:00000000\r\n` behind the header.
 const REQUEST_BYTES: usize = HEADER_BYTES + 4 + KEY_LEN + 2;
+const TIMER_TOKEN: Token = Token(usize::MAX);
 
 #[derive(Clone, Copy)]
 struct Slot {
     busy: bool,
     request_id: u16,
     key: u32,
+    /// When the request was due (open loop) or sent (closed loop): latency starts here.
+    scheduled: Instant,
+    /// When it left: the loss timeout starts here.
     sent: Instant,
     /// Datagrams announced by the reply (0 until the first arrives) and received so far.
     total: u16,
@@ -42,6 +50,9 @@ struct Sock {
     free: Vec<u16>,
     generation: u16,
     rng: Rng,
+    /// Open loop only.
+    pacer: Option<Pacer>,
+    behind_until: Option<Instant>,
 }
 
 /// Bits of the request id that carry the slot number; the rest is a generation counter so a
@@ -50,7 +61,15 @@ fn slot_bits(window: usize) -> u32 {
     usize::BITS - (window.max(2) - 1).leading_zeros()
 }
 
-pub fn run_thread(cfg: &Config, addr: SocketAddr, sockets: usize, seed: u64, window: Window) -> io::Result<ThreadResult> {
+/// `thread_index`: socket j of this thread is socket `j * threads + thread_index` of the run.
+pub fn run_thread(
+    cfg: &Config,
+    addr: SocketAddr,
+    sockets: usize,
+    seed: u64,
+    window: Window,
+    thread_index: usize,
+) -> io::Result<ThreadResult> {
     let value = crate::wire::value_pattern(cfg.value_bytes);
     let bits = slot_bits(cfg.pipeline);
     let mask = (1u32 << bits) - 1;
@@ -64,13 +83,18 @@ pub fn run_thread(cfg: &Config, addr: SocketAddr, sockets: usize, seed: u64, win
         s.set_nonblocking(true)?;
         let mut sock = UdpSocket::from_std(s);
         poll.registry().register(&mut sock, Token(i), Interest::READABLE)?;
-        let idle = Slot { busy: false, request_id: 0, key: 0, sent: now, total: 0, got: 0 };
+        let idle = Slot { busy: false, request_id: 0, key: 0, scheduled: now, sent: now, total: 0, got: 0 };
+        let global = (i * cfg.threads + thread_index) as u64;
         socks.push(Sock {
             sock,
             slots: vec![idle; cfg.pipeline],
             free: (0..cfg.pipeline as u16).rev().collect(),
             generation: 0,
             rng: Rng::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            pacer: cfg
+                .rate_per_s
+                .map(|r| Pacer::new(window.load_start, r, cfg.conns as u64, global, cfg.backlog_max)),
+            behind_until: None,
         });
     }
     let mut hist = Histogram::new();
@@ -81,14 +105,29 @@ pub fn run_thread(cfg: &Config, addr: SocketAddr, sockets: usize, seed: u64, win
     let timeout = cfg.udp_timeout;
     let scan_every = (timeout / 4).max(Duration::from_millis(1));
     let mut last_scan = Instant::now();
+    let timer = Timer::new()?;
+    let timer_fd = timer.raw_fd();
+    poll.registry().register(&mut SourceFd(&timer_fd), TIMER_TOKEN, Interest::READABLE)?;
 
     for s in socks.iter_mut() {
-        refill(s, cfg, bits, &mut send_bufs, &mut counts)?;
+        refill(s, cfg, bits, window, &mut send_bufs, &mut counts)?;
     }
     loop {
         let now = Instant::now();
         if now >= window.end {
             break;
+        }
+        if cfg.rate_per_s.is_some() {
+            // Open loop: send what fell due, then sleep until the next due request of a
+            // socket with a free slot (a full socket wakes on its replies or the loss scan).
+            let mut wake = window.end;
+            for s in socks.iter_mut() {
+                refill(s, cfg, bits, window, &mut send_bufs, &mut counts)?;
+                if let Some(p) = s.pacer.as_ref().filter(|_| !s.free.is_empty()) {
+                    wake = wake.min(p.due_at());
+                }
+            }
+            timer.arm(wake.saturating_duration_since(Instant::now()))?;
         }
         match poll.poll(&mut events, Some(Duration::from_millis(1))) {
             Ok(()) => {}
@@ -96,9 +135,13 @@ pub fn run_thread(cfg: &Config, addr: SocketAddr, sockets: usize, seed: u64, win
             Err(e) => return Err(e),
         }
         for ev in events.iter() {
+            if ev.token() == TIMER_TOKEN {
+                timer.clear();
+                continue;
+            }
             let Some(s) = socks.get_mut(ev.token().0) else { continue };
             drain(s, mask, &value, window, &mut recv_bufs, &mut hist, &mut counts)?;
-            refill(s, cfg, bits, &mut send_bufs, &mut counts)?;
+            refill(s, cfg, bits, window, &mut send_bufs, &mut counts)?;
         }
         let now = Instant::now();
         if now.duration_since(last_scan) >= scan_every {
@@ -115,20 +158,63 @@ pub fn run_thread(cfg: &Config, addr: SocketAddr, sockets: usize, seed: u64, win
                     }
                 }
                 // Also retries sends that hit EAGAIN earlier.
-                refill(s, cfg, bits, &mut send_bufs, &mut counts)?;
+                refill(s, cfg, bits, window, &mut send_bufs, &mut counts)?;
             }
         }
     }
     Ok(ThreadResult { hist, counts })
 }
 
-/// Fill every free slot of the window with a new get, in sendmmsg batches.
-fn refill(s: &mut Sock, cfg: &Config, bits: u32, bufs: &mut [[u8; REQUEST_BYTES]], counts: &mut Counts) -> io::Result<()> {
-    while !s.free.is_empty() {
-        let n = s.free.len().min(bufs.len());
+/// Closed loop: fill every free slot of the window with a new get. Open loop: send the
+/// requests that are due, as far as free slots allow. In sendmmsg batches either way.
+fn refill(
+    s: &mut Sock,
+    cfg: &Config,
+    bits: u32,
+    window: Window,
+    bufs: &mut [[u8; REQUEST_BYTES]],
+    counts: &mut Counts,
+) -> io::Result<()> {
+    let now = Instant::now();
+    // Open loop: how many requests may go now (None = as many as there are free slots).
+    let mut due: Option<u64> = None;
+    if let Some(p) = s.pacer.as_mut() {
+        if now >= window.end {
+            return Ok(());
+        }
+        let shed = p.shed(now);
+        if shed > 0 && window.contains(now) {
+            counts.dropped += shed;
+        }
+        let d = p.due_count(now);
+        let waiting = d.saturating_sub(s.free.len() as u64);
+        if waiting > 0 {
+            let last = p.due_at_ahead(d - 1);
+            s.behind_until = Some(s.behind_until.map_or(last, |b| b.max(last)));
+            counts.backlog_peak = counts.backlog_peak.max(waiting);
+        }
+        due = Some(d);
+    }
+    while !s.free.is_empty() && due != Some(0) {
+        let n = s.free.len().min(bufs.len()).min(due.map_or(usize::MAX, |d| d.min(usize::MAX as u64) as usize));
         let mut taken = [0u16; BATCH_MAX];
+        let mut scheduled_at = [now; BATCH_MAX];
         for (j, buf) in bufs.iter_mut().take(n).enumerate() {
             let Some(slot_index) = s.free.pop() else { break };
+            let scheduled = match s.pacer.as_mut() {
+                Some(p) => {
+                    let at = p.take();
+                    if window.contains(at) {
+                        counts.sent += 1;
+                        if s.behind_until.is_some_and(|b| at <= b) {
+                            counts.behind += 1;
+                        }
+                    }
+                    at
+                }
+                None => Instant::now(),
+            };
+            scheduled_at[j] = scheduled;
             taken[j] = slot_index;
             s.generation = s.generation.wrapping_add(1);
             let request_id = ((u32::from(s.generation) << bits) | u32::from(slot_index)) as u16;
@@ -143,20 +229,32 @@ fn refill(s: &mut Sock, cfg: &Config, bits: u32, bufs: &mut [[u8; REQUEST_BYTES]
             buf[12..12 + KEY_LEN].copy_from_slice(&k);
             buf[12 + KEY_LEN..].copy_from_slice(b"\r\n");
             if let Some(slot) = s.slots.get_mut(usize::from(slot_index)) {
-                *slot = Slot { busy: true, request_id, key, sent: Instant::now(), total: 0, got: 0 };
+                *slot = Slot { busy: true, request_id, key, scheduled, sent: Instant::now(), total: 0, got: 0 };
             }
         }
         let sent = send_batch(s.sock.as_raw_fd(), &bufs[..n])?;
         counts.udp_sent += sent as u64;
+        if window.contains(Instant::now()) {
+            counts.tx_bytes += (sent * REQUEST_BYTES) as u64;
+        }
         if sent < n {
-            // The socket buffer is full: give the unsent slots back and retry later.
-            for &slot_index in taken[sent..n].iter().rev() {
+            // The socket buffer is full: give the unsent slots back and retry later. Open
+            // loop: they have no free slot to go in now; count them and let them be lost
+            // rather than re-queue them (the schedule has moved past them).
+            for (j, &slot_index) in taken[sent..n].iter().enumerate().rev() {
                 if let Some(slot) = s.slots.get_mut(usize::from(slot_index)) {
                     slot.busy = false;
                 }
                 s.free.push(slot_index);
+                if s.pacer.is_some() && window.contains(scheduled_at[sent + j]) {
+                    counts.dropped += 1;
+                    counts.sent = counts.sent.saturating_sub(1);
+                }
             }
             return Ok(());
+        }
+        if let Some(d) = due.as_mut() {
+            *d -= n as u64;
         }
     }
     Ok(())
@@ -237,6 +335,9 @@ fn drain(
         let got = r as usize;
         for i in 0..got {
             let len = (msgs[i].msg_len as usize).min(DATAGRAM_BYTES_MAX);
+            if measuring {
+                counts.rx_bytes += len as u64;
+            }
             let truncated = msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             on_datagram(s, mask, value, &bufs[i][..len], truncated, now, measuring, hist, counts);
         }
@@ -295,7 +396,7 @@ fn on_datagram(
         }
     };
     if let Some(outcome) = outcome {
-        let latency_ns = now.saturating_duration_since(slot.sent).as_nanos() as u64;
+        let latency_ns = now.saturating_duration_since(slot.scheduled).as_nanos() as u64;
         slot.busy = false;
         s.free.push(slot_index as u16);
         if measuring {

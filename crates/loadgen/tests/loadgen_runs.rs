@@ -194,3 +194,109 @@ fn silent_servers_show_as_stalled_connections() {
     assert_eq!(field(&json, "stalled_conns"), 2.0);
     assert_eq!(field(&json, "ops"), 0.0);
 }
+
+#[test]
+fn open_loop_tcp_keeps_the_rate_against_memcached() {
+    let Some((_mc, port)) = start_memcached(false) else { return };
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&[
+        "--server", &server, "--conns", "4", "--pipeline", "8", "--keys", "200", "--ratio", "0:1", "--duration-s", "1",
+        "--warmup-s", "0.2", "--prefill", "--rate-per-s", "2000",
+    ]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(field(&json, "rate_per_s"), 2000.0);
+    // Exactly 2000 requests are scheduled inside a 1 s window (one either way at the edges).
+    let sent = field(&json, "sent");
+    assert!((1999.0..=2001.0).contains(&sent), "sent {sent}: {json}");
+    // Replies counted in the window: the same, give or take the few in flight at each edge.
+    let achieved = field(&json, "achieved_rate_per_s");
+    assert!((achieved - 2000.0).abs() <= 2000.0 * 0.05, "achieved {achieved}: {json}");
+    assert_eq!(field(&json, "dropped"), 0.0);
+    assert_eq!(field(&json, "errors"), 0.0);
+    assert_eq!(field(&json, "misses"), 0.0);
+    // Every hit brings back the 100-byte value plus framing.
+    assert!(field(&json, "rx_bytes") >= field(&json, "hits") * 100.0, "{json}");
+}
+
+#[test]
+fn closed_loop_reports_no_rate_and_counts_bytes() {
+    let Some((_mc, port)) = start_memcached(false) else { return };
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{json}");
+    assert!(json.contains("\"rate_per_s\":null"), "{json}");
+    assert!(!json.contains("\"behind\""), "{json}");
+    // Misses only: "END\r\n" per get, "get key:NNNNNNNN\r\n" (18 bytes) per request.
+    assert_eq!(field(&json, "rx_bytes"), field(&json, "gets") * 5.0, "{json}");
+    assert!(field(&json, "tx_bytes") >= field(&json, "gets") * 18.0, "{json}");
+}
+
+#[test]
+fn open_loop_udp_keeps_the_rate_against_memcached() {
+    let Some((_mc, port)) = start_memcached(true) else { return };
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&[
+        "--udp", "--server", &server, "--conns", "2", "--pipeline", "8", "--keys", "100", "--duration-s", "0.5",
+        "--warmup-s", "0.1", "--prefill", "--rate-per-s", "1000",
+    ]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
+    let sent = field(&json, "sent");
+    assert!((499.0..=501.0).contains(&sent), "sent {sent}: {json}");
+    assert!((field(&json, "hits") - 500.0).abs() <= 25.0, "{json}");
+    assert_eq!(field(&json, "errors"), 0.0);
+}
+
+/// Answers `END\r\n` to each line, one at a time, `delay` after reading it: a server that
+/// can do at most 1/delay requests per second per connection.
+fn slow_server(delay: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut w = conn.try_clone().expect("clone");
+                let mut r = BufReader::new(conn);
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    match r.read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {
+                            std::thread::sleep(delay);
+                            if w.write_all(b"END\r\n").is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn open_loop_latency_includes_client_side_waiting() {
+    // The server does 20 req/s; we ask for 100/s with one request in flight. A closed-loop
+    // measurement would say 50 ms per request; from the schedule, each request also waited
+    // behind up to 5 others (--backlog-max 5), and the excess was shed.
+    let port = slow_server(Duration::from_millis(50));
+    let server = format!("127.0.0.1:{port}");
+    let out = loadgen(&[
+        "--server", &server, "--conns", "1", "--pipeline", "1", "--ratio", "0:1", "--duration-s", "1.5", "--warmup-s",
+        "0.5", "--rate-per-s", "100", "--backlog-max", "5",
+    ]);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
+    let ops = field(&json, "ops");
+    assert!((20.0..=34.0).contains(&ops), "ops {ops}: {json}");
+    assert!(field(&json, "p50") >= 70e6, "latency must include the wait behind the full window: {json}");
+    assert!(field(&json, "behind") >= ops - 2.0, "{json}");
+    assert!(field(&json, "dropped") >= 100.0, "{json}");
+    assert_eq!(field(&json, "backlog_peak"), 5.0, "{json}");
+    assert_eq!(field(&json, "errors"), 0.0);
+}

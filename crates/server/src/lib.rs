@@ -17,6 +17,7 @@ pub mod memcache_meta;
 pub mod memcache_text;
 pub mod net;
 pub mod stats;
+pub mod tenants;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.
 pub const VERSION_STRING: &str = "1.6.18-slipstream-0.1.0";

@@ -359,7 +359,7 @@ fn settings_stats(ctx: &Ctx<'_>) -> Vec<(&'static str, String)> {
     let cfg = ctx.store.config();
     let server = ctx.server;
     vec![
-        ("maxbytes", cfg.memory_bytes_max.to_string()),
+        ("maxbytes", ctx.store.memory_bytes_max().to_string()),
         ("maxconns", server.conn_limit.to_string()),
         ("tcpport", server.tcp_port.to_string()),
         ("udpport", server.udp_port.to_string()),

@@ -442,7 +442,7 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
     let st = ctx.settings;
     let n = |v: u64| v.to_string().into_bytes();
     let entries: Vec<(&str, Vec<u8>)> = vec![
-        ("maxbytes", n(cfg.memory_bytes_max as u64)),
+        ("maxbytes", n(ctx.store.memory_bytes_max() as u64)),
         ("maxconns", n(info.conn_limit as u64)),
         ("tcpport", n(u64::from(info.tcp_port))),
         ("udpport", n(u64::from(info.udp_port))),

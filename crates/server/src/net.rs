@@ -8,10 +8,20 @@
 //! flush happens at the end of the batch that produced them, so the flush delay is bounded by
 //! the time to execute one read's worth of requests.
 //!
-//! What it is not for: protocol rules (the executors) or configuration (the binary crate).
+//! Tenants: every tenant's ports are watched by every worker (each with its own SO_REUSEPORT
+//! sockets); a connection belongs to the tenant whose port it came in on and runs against that
+//! tenant's store and counters. When the tenant has a shaper, each read is gated by its ingress
+//! bucket (a tenant over its rate is simply not read from: TCP back-pressure, nothing dropped)
+//! and each batch by its egress bucket and `max_outstanding`; held-back connections wait on a
+//! timer list served round-robin. UDP requests that cannot run yet wait in a bounded per-tenant
+//! queue; past the bound they are dropped and counted. Without a shaper none of this runs.
+//!
+//! What it is not for: protocol rules (the executors), configuration (the binary crate) or
+//! shaping arithmetic (slipstream-tenancy).
 
 use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
 use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
+use crate::tenants::{bind_all, Tenant, TenantTable};
 use crate::{memcache_binary, memcache_text};
 use mio::net::{TcpListener, TcpStream, UdpSocket};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -20,11 +30,30 @@ use slipstream_store::Store;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::sync::Arc;
+use slipstream_tenancy::{monotonic_now_ns, Admit, TenantShaper};
 
-const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
-const UDP: Token = Token(usize::MAX - 3);
+/// Listener tokens: `LISTEN_BASE - 2 * slot` (TCP) and one below it (UDP), one pair per tenant
+/// slot; connection tokens are small indexes and never reach this range.
+const LISTEN_BASE: usize = usize::MAX - 16;
+const SLOTS_MAX: usize = slipstream_tenancy::spec::TENANTS_MAX;
+
+fn listen_token(slot: u32, udp: bool) -> Token {
+    Token(LISTEN_BASE - 2 * slot as usize - udp as usize)
+}
+
+/// (slot, is_udp) for a listener token.
+fn decode_listen(t: Token) -> Option<(u32, bool)> {
+    let t = t.0;
+    if t <= LISTEN_BASE && t > LISTEN_BASE - 2 * SLOTS_MAX {
+        let d = LISTEN_BASE - t;
+        Some(((d / 2) as u32, d % 2 == 1))
+    } else {
+        None
+    }
+}
 
 /// Read buffer a connection starts with (and shrinks back to when idle).
 pub const READ_BUF_BYTES_INITIAL: usize = 16 * 1024;
@@ -33,6 +62,14 @@ pub const READ_BUF_BYTES_INITIAL: usize = 16 * 1024;
 pub const WRITE_BUF_BYTES_HIGH: usize = 4 * 1024 * 1024;
 /// Largest UDP request datagram accepted.
 pub const UDP_DATAGRAM_BYTES_MAX: usize = 65_536;
+/// Bytes of UDP requests one worker holds for one shaped tenant while its buckets refill (on top
+/// of the `max_outstanding` count bound).
+pub const UDP_QUEUE_BYTES_MAX: usize = 1 << 20;
+/// Longest a held-back connection sleeps before looking again, even when its bucket's rate is 0
+/// (an admin change may reopen it).
+const THROTTLE_RECHECK_NS_MAX: u64 = 100_000_000;
+/// Smallest read a shaped connection makes when its ingress bucket is open.
+const READ_BYTES_MIN_SHAPED: usize = 1024;
 /// Events handled per `epoll_wait`.
 const EVENTS_MAX: usize = 1024;
 
@@ -73,7 +110,8 @@ pub struct Server {
     wakers: Vec<Arc<Waker>>,
     stop: Arc<AtomicBool>,
     pub info: Arc<ServerInfo>,
-    /// Local addresses actually bound (port 0 resolved).
+    pub table: Arc<TenantTable>,
+    /// Local addresses actually bound (port 0 resolved); single-tenant mode's -p/-U sockets.
     pub tcp_local: Option<SocketAddr>,
     pub udp_local: Option<SocketAddr>,
 }
@@ -98,7 +136,7 @@ impl StopHandle {
     }
 }
 
-fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+pub(crate) fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let domain = socket2::Domain::for_address(addr);
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
     s.set_reuse_address(true)?;
@@ -109,7 +147,7 @@ fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(s.into())
 }
 
-fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+pub(crate) fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
     let domain = socket2::Domain::for_address(addr);
     let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
     s.set_reuse_address(true)?;
@@ -123,8 +161,8 @@ fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
 }
 
 impl Server {
-    /// Bind every listener and start the workers. With port 0, the first bind picks the port and
-    /// the other threads bind the same one.
+    /// Single-tenant mode: bind every listener and start the workers. With port 0, the first
+    /// bind picks the port and the other threads bind the same one.
     pub fn start(
         net: NetConfig,
         store: Arc<Store>,
@@ -132,33 +170,8 @@ impl Server {
         info_template: ServerInfo,
     ) -> Result<Server, NetError> {
         let threads = net.threads.max(1);
-        let mut tcp_listeners = Vec::new();
-        let mut udp_sockets = Vec::new();
-        let mut tcp_local = None;
-        let mut udp_local = None;
-        for _ in 0..threads {
-            if let Some(mut addr) = net.tcp_addr {
-                if let Some(l) = tcp_local {
-                    addr = l;
-                }
-                let l = bind_tcp(addr).map_err(|source| NetError::Bind { addr, source })?;
-                tcp_local = l.local_addr().ok();
-                tcp_listeners.push(Some(l));
-            } else {
-                tcp_listeners.push(None);
-            }
-            if let Some(mut addr) = net.udp_addr {
-                if let Some(l) = udp_local {
-                    addr = l;
-                }
-                let u = bind_udp(addr).map_err(|source| NetError::Bind { addr, source })?;
-                udp_local = u.local_addr().ok();
-                udp_sockets.push(Some(u));
-            } else {
-                udp_sockets.push(None);
-            }
-        }
-
+        let bound = bind_all(net.tcp_addr, net.udp_addr, threads).map_err(|(addr, source)| NetError::Bind { addr, source })?;
+        let (tcp_local, udp_local) = (bound.2, bound.3);
         let per_thread: Vec<Arc<ThreadStats>> = (0..threads).map(|_| Arc::new(ThreadStats::default())).collect();
         let info = Arc::new(ServerInfo {
             per_thread: per_thread.clone(),
@@ -167,16 +180,27 @@ impl Server {
             udp_port: udp_local.map(|a| a.port()).unwrap_or(0),
             ..info_template
         });
-        if let (Some(Some(l)), Ok(mut reg)) = (tcp_listeners.first(), info.conns.lock()) {
+        if let (Some(Some(l)), Ok(mut reg)) = (bound.0.first(), info.conns.lock()) {
             // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
             // thread has one, and the first stands for them all.
             use std::os::fd::AsRawFd;
             let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
             reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let settings = Arc::new(settings);
+        let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), bound));
+        Server::launch(table, net.read_buf_bytes_max, info)
+    }
 
+    /// Tenant mode: serve every tenant of `table` (already bound). `info` stands for the node
+    /// (for the daemon's own use; each tenant has its own for `stats`).
+    pub fn start_tenants(table: Arc<TenantTable>, read_buf_bytes_max: usize, info: Arc<ServerInfo>) -> Result<Server, NetError> {
+        Server::launch(table, read_buf_bytes_max, info)
+    }
+
+    fn launch(table: Arc<TenantTable>, read_buf_bytes_max: usize, info: Arc<ServerInfo>) -> Result<Server, NetError> {
+        let threads = table.threads.max(1);
+        let (tcp_local, udp_local) = table.first_locals();
+        let stop = Arc::new(AtomicBool::new(false));
         let mut polls = Vec::new();
         let mut wakers = Vec::new();
         for _ in 0..threads {
@@ -185,27 +209,30 @@ impl Server {
             polls.push(poll);
             wakers.push(waker);
         }
+        table.set_wakers(wakers.clone());
         let stop_handle = StopHandle { stop: stop.clone(), wakers: wakers.clone() };
 
         let mut workers = Vec::new();
-        for (i, ((poll, tcp), udp)) in polls.into_iter().zip(tcp_listeners).zip(udp_sockets).enumerate() {
+        for (i, poll) in polls.into_iter().enumerate() {
             let worker = Worker {
+                index: i,
                 poll,
-                listener: tcp.map(TcpListener::from_std),
-                udp: udp.map(UdpSocket::from_std),
+                table: table.clone(),
+                seen_generation: 0,
+                tenants: Vec::new(),
                 conns: Vec::new(),
                 free: Vec::new(),
-                store: store.clone(),
-                settings: settings.clone(),
-                info: info.clone(),
-                stats: per_thread[i].clone(),
+                settings: table.settings.clone(),
                 stop: stop_handle.clone(),
-                conn_limit: net.conn_limit,
-                read_buf_bytes_max: net.read_buf_bytes_max,
+                read_buf_bytes_max,
                 udp_in: vec![0u8; UDP_DATAGRAM_BYTES_MAX],
-                udp_out: Vec::with_capacity(UDP_DATAGRAM_BYTES_MAX),
-                udp_frame: Vec::with_capacity(udp::REPLY_PAYLOAD_BYTES_MAX + udp::FRAME_HEADER_BYTES),
-                udp_state: ConnState::new(Transport::Udp),
+                udp: UdpBufs {
+                    out: Vec::with_capacity(UDP_DATAGRAM_BYTES_MAX),
+                    frame: Vec::with_capacity(udp::REPLY_PAYLOAD_BYTES_MAX + udp::FRAME_HEADER_BYTES),
+                    state: ConnState::new(Transport::Udp),
+                },
+                throttled: Vec::new(),
+                rr: 0,
             };
             let h = std::thread::Builder::new()
                 .name(format!("slipstream-w{i}"))
@@ -213,7 +240,7 @@ impl Server {
                 .map_err(NetError::Thread)?;
             workers.push(h);
         }
-        Ok(Server { workers, wakers, stop, info, tcp_local, udp_local })
+        Ok(Server { workers, wakers, stop, info, table, tcp_local, udp_local })
     }
 
     pub fn stop_handle(&self) -> StopHandle {
@@ -247,26 +274,59 @@ struct Conn {
     fd: i32,
     /// When this connection last sent requests (shared with its `stats conns` entry).
     last_cmd_s: Arc<AtomicU64>,
+    /// Requests executed whose replies are not yet handed to the socket (the tenant's
+    /// `max_outstanding` counts these).
+    outstanding: u32,
+    /// Held back by its tenant's shaper until this monotonic time (0 = not held back).
+    throttle_until_ns: u64,
+    /// Already on the worker's throttled list.
+    in_throttled: bool,
+}
+
+/// A connection and the tenant it belongs to (kept apart so both can be borrowed at once).
+struct Slot {
+    tenant: Arc<Tenant>,
+    conn: Conn,
+}
+
+/// A tenant as one worker serves it: its sockets there and its UDP wait queue.
+struct WorkerTenant {
+    tenant: Arc<Tenant>,
+    listener: Option<TcpListener>,
+    udp: Option<UdpSocket>,
+    /// UDP requests held back by the tenant's shaper (payload after the frame header is parsed
+    /// again when they run), bounded by `max_outstanding` entries and `UDP_QUEUE_BYTES_MAX`.
+    udp_queue: VecDeque<(Vec<u8>, SocketAddr)>,
+    udp_queue_bytes: usize,
+    /// Look at the queue again at this monotonic time (0 = nothing waiting).
+    udp_wait_until_ns: u64,
+}
+
+/// Buffers the UDP path reuses for every datagram.
+struct UdpBufs {
+    out: Vec<u8>,
+    frame: Vec<u8>,
+    /// Protocol state for UDP requests, reset per datagram (kept to reuse its buffers).
+    state: ConnState,
 }
 
 struct Worker {
+    index: usize,
     poll: Poll,
-    listener: Option<TcpListener>,
-    udp: Option<UdpSocket>,
-    conns: Vec<Option<Conn>>,
+    table: Arc<TenantTable>,
+    seen_generation: u64,
+    tenants: Vec<WorkerTenant>,
+    conns: Vec<Option<Slot>>,
     free: Vec<usize>,
-    store: Arc<Store>,
     settings: Arc<Settings>,
-    info: Arc<ServerInfo>,
-    stats: Arc<ThreadStats>,
     stop: StopHandle,
-    conn_limit: usize,
     read_buf_bytes_max: usize,
     udp_in: Vec<u8>,
-    udp_out: Vec<u8>,
-    udp_frame: Vec<u8>,
-    /// Protocol state for UDP requests, reset per datagram (kept to reuse its buffers).
-    udp_state: ConnState,
+    udp: UdpBufs,
+    /// Connections held back by their tenant's shaper, served round-robin when due.
+    throttled: Vec<usize>,
+    /// Where the next round-robin pass over `throttled` starts.
+    rr: usize,
 }
 
 /// What handling an event decided for a connection.
@@ -275,35 +335,63 @@ enum After {
     Close,
 }
 
+/// What the serving functions need besides the connection and its tenant.
+struct Env<'a> {
+    settings: &'a Settings,
+    stop: &'a StopHandle,
+    index: usize,
+    read_buf_bytes_max: usize,
+}
+
+/// This worker's counters in `tenant`'s stats.
+fn thread_stats(tenant: &Tenant, index: usize) -> &ThreadStats {
+    // per_thread has one entry per worker; fall back to the first rather than panic.
+    match tenant.info.per_thread.get(index).or_else(|| tenant.info.per_thread.first()) {
+        Some(s) => s,
+        None => &FALLBACK_STATS,
+    }
+}
+
+static FALLBACK_STATS: ThreadStats = ThreadStats::new_const();
+
+/// How long the shaper holds `sh` back before a datagram may run (0 = now).
+fn udp_wait_ns(sh: &TenantShaper, now: u64) -> u64 {
+    if let Err(ns) = sh.ingress_open(now) {
+        return ns;
+    }
+    match sh.admit(now) {
+        Admit::Go { .. } => 0,
+        Admit::Wait { ns } => ns,
+    }
+}
+
 impl Worker {
     fn run(mut self) {
-        if let Some(l) = self.listener.as_mut() {
-            if let Err(e) = self.poll.registry().register(l, LISTENER, Interest::READABLE) {
-                eprintln!("slipstream: worker cannot watch its listener: {e}");
-                return;
-            }
-        }
-        if let Some(u) = self.udp.as_mut() {
-            if let Err(e) = self.poll.registry().register(u, UDP, Interest::READABLE) {
-                eprintln!("slipstream: worker cannot watch its UDP socket: {e}");
-                return;
-            }
-        }
         let mut events = Events::with_capacity(EVENTS_MAX);
         let mut revisit: Vec<usize> = Vec::new();
         while !self.stop.is_stopped() {
+            self.reconcile();
             // Connections with work left from the last round: look at them again without
             // sleeping in epoll.
-            let timeout = if revisit.is_empty() { None } else { Some(std::time::Duration::ZERO) };
             for i in std::mem::take(&mut revisit) {
-                let again = self.conns.get_mut(i).and_then(Option::as_mut).map(|c| std::mem::replace(&mut c.needs_revisit, false));
+                let again = self.conns.get_mut(i).and_then(Option::as_mut).map(|s| std::mem::replace(&mut s.conn.needs_revisit, false));
                 if again == Some(true) {
-                    if let After::Close = self.conn_event(i, true, false, false) {
-                        self.close(i);
-                    } else if self.conns.get(i).and_then(Option::as_ref).is_some_and(|c| c.needs_revisit) {
-                        revisit.push(i);
-                    }
+                    let after = self.conn_event(i, true, false, false);
+                    self.after_serve(i, after, &mut revisit);
                 }
+            }
+            let mut deadline = None;
+            if !self.throttled.is_empty() || self.tenants.iter().any(|w| w.udp_wait_until_ns != 0) {
+                let now = monotonic_now_ns();
+                self.serve_throttled(now, &mut revisit);
+                self.serve_udp_queues(now);
+                deadline = self.next_deadline();
+            }
+            // Decided after the throttled pass, which may leave connections for a revisit.
+            let mut timeout = if revisit.is_empty() { None } else { Some(std::time::Duration::ZERO) };
+            if let Some(next) = deadline {
+                let wait = std::time::Duration::from_nanos(next.saturating_sub(monotonic_now_ns()));
+                timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
             }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -313,19 +401,22 @@ impl Worker {
                 break;
             }
             for ev in events.iter() {
-                match ev.token() {
-                    WAKER => {}
-                    LISTENER => self.accept_all(),
-                    UDP => self.udp_drain(),
-                    Token(i) => {
-                        let after = self.conn_event(i, ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
-                        if let After::Close = after {
-                            self.close(i);
-                        } else if self.conns.get(i).and_then(Option::as_ref).is_some_and(|c| c.needs_revisit) {
-                            revisit.push(i);
-                        }
-                    }
+                let token = ev.token();
+                if token == WAKER {
+                    continue;
                 }
+                if let Some((slot, is_udp)) = decode_listen(token) {
+                    let Some(k) = self.tenants.iter().position(|w| w.tenant.slot == slot) else { continue };
+                    if is_udp {
+                        self.udp_drain(k);
+                    } else {
+                        self.accept_all(k);
+                    }
+                    continue;
+                }
+                let i = token.0;
+                let after = self.conn_event(i, ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
+                self.after_serve(i, after, &mut revisit);
             }
         }
         // Close every connection on the way out so clients see EOF, not a hang.
@@ -336,20 +427,131 @@ impl Worker {
         }
     }
 
-    fn accept_all(&mut self) {
+    /// Close, queue for a revisit, or put on the throttled list, as serving left the connection.
+    fn after_serve(&mut self, i: usize, after: After, revisit: &mut Vec<usize>) {
+        if let After::Close = after {
+            self.close(i);
+            return;
+        }
+        let Some(s) = self.conns.get_mut(i).and_then(Option::as_mut) else { return };
+        if s.conn.throttle_until_ns != 0 {
+            if !s.conn.in_throttled {
+                s.conn.in_throttled = true;
+                self.throttled.push(i);
+            }
+        } else if s.conn.needs_revisit {
+            revisit.push(i);
+        }
+    }
+
+    /// Serve the held-back connections whose time has come, starting at a rotating position so
+    /// tenants waiting on their buckets take turns.
+    fn serve_throttled(&mut self, now: u64, revisit: &mut Vec<usize>) {
+        if self.throttled.is_empty() {
+            return;
+        }
+        let list = std::mem::take(&mut self.throttled);
+        let n = list.len();
+        self.rr = self.rr.wrapping_add(1);
+        let start = self.rr % n;
+        for j in 0..n {
+            let i = list[(start + j) % n];
+            let Some(s) = self.conns.get_mut(i).and_then(Option::as_mut) else { continue };
+            if !s.conn.in_throttled {
+                continue;
+            }
+            if s.conn.throttle_until_ns > now {
+                self.throttled.push(i);
+                continue;
+            }
+            s.conn.in_throttled = false;
+            s.conn.throttle_until_ns = 0;
+            if s.conn.blocked_on_write {
+                // The writable event resumes it.
+                continue;
+            }
+            let after = self.conn_event(i, true, false, false);
+            self.after_serve(i, after, revisit);
+        }
+    }
+
+    /// Earliest monotonic time something held back may run.
+    fn next_deadline(&self) -> Option<u64> {
+        let conns = self.throttled.iter().filter_map(|&i| self.conns.get(i).and_then(Option::as_ref)).map(|s| s.conn.throttle_until_ns).filter(|&t| t != 0);
+        let udps = self.tenants.iter().map(|w| w.udp_wait_until_ns).filter(|&t| t != 0);
+        conns.chain(udps).min()
+    }
+
+    /// Pick up tenants added or removed since the last look.
+    fn reconcile(&mut self) {
+        let g = self.table.generation();
+        if g == self.seen_generation {
+            return;
+        }
+        self.seen_generation = g;
+        let list = self.table.snapshot();
+        let mut k = 0;
+        while k < self.tenants.len() {
+            let gone = self.tenants[k].tenant.is_removed() || !list.iter().any(|t| Arc::ptr_eq(t, &self.tenants[k].tenant));
+            if !gone {
+                k += 1;
+                continue;
+            }
+            let mut wt = self.tenants.swap_remove(k);
+            if let Some(l) = wt.listener.as_mut() {
+                let _ = self.poll.registry().deregister(l);
+            }
+            if let Some(u) = wt.udp.as_mut() {
+                let _ = self.poll.registry().deregister(u);
+            }
+            for i in 0..self.conns.len() {
+                if self.conns[i].as_ref().is_some_and(|s| Arc::ptr_eq(&s.tenant, &wt.tenant)) {
+                    self.close(i);
+                }
+            }
+        }
+        for t in list {
+            if self.tenants.iter().any(|w| Arc::ptr_eq(&w.tenant, &t)) {
+                continue;
+            }
+            let (tcp, udp_sock) = t.take_sockets(self.index);
+            let mut listener = tcp.map(TcpListener::from_std);
+            let mut udp_sock = udp_sock.map(UdpSocket::from_std);
+            if let Some(l) = listener.as_mut() {
+                if let Err(e) = self.poll.registry().register(l, listen_token(t.slot, false), Interest::READABLE) {
+                    eprintln!("slipstream: worker cannot watch tenant {}'s listener: {e}", t.name);
+                    listener = None;
+                }
+            }
+            if let Some(u) = udp_sock.as_mut() {
+                if let Err(e) = self.poll.registry().register(u, listen_token(t.slot, true), Interest::READABLE) {
+                    eprintln!("slipstream: worker cannot watch tenant {}'s UDP socket: {e}", t.name);
+                    udp_sock = None;
+                }
+            }
+            self.tenants.push(WorkerTenant { tenant: t, listener, udp: udp_sock, udp_queue: VecDeque::new(), udp_queue_bytes: 0, udp_wait_until_ns: 0 });
+        }
+    }
+
+    fn accept_all(&mut self, k: usize) {
         loop {
-            let Some(listener) = self.listener.as_ref() else { return };
+            let Some(wt) = self.tenants.get(k) else { return };
+            let Some(listener) = wt.listener.as_ref() else { return };
             match listener.accept() {
                 Ok((mut stream, peer)) => {
-                    let curr = self.info.curr_connections.fetch_add(1, Ordering::Relaxed) + 1;
-                    if curr as usize > self.conn_limit {
+                    let tenant = wt.tenant.clone();
+                    let listen_addr = listener.local_addr().ok().map(|a| format!("tcp:{a}"));
+                    let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
+                    let stats = thread_stats(&tenant, self.index);
+                    if curr as usize > self.table.conn_limit {
                         // memcached's answer when over the connection limit.
                         let _ = stream.write(b"ERROR Too many open connections\r\n");
-                        self.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
-                        ThreadStats::incr(&self.stats.rejected_connections);
+                        self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
+                        ThreadStats::incr(&stats.rejected_connections);
                         continue;
                     }
-                    ThreadStats::incr(&self.stats.total_connections);
+                    tenant.info.curr_connections.fetch_add(1, Ordering::Relaxed);
+                    ThreadStats::incr(&stats.total_connections);
                     let _ = stream.set_nodelay(true);
                     let idx = match self.free.pop() {
                         Some(i) => i,
@@ -360,32 +562,38 @@ impl Worker {
                     };
                     if let Err(e) = self.poll.registry().register(&mut stream, Token(idx), Interest::READABLE) {
                         eprintln!("slipstream: cannot watch connection: {e}");
-                        self.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                        self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
+                        tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
                         self.free.push(idx);
                         continue;
                     }
                     use std::os::fd::AsRawFd;
                     let fd = stream.as_raw_fd();
-                    let last_cmd_s = Arc::new(AtomicU64::new(self.info.uptime_s()));
-                    if let Ok(mut reg) = self.info.conns.lock() {
-                        let listen_addr = self.listener.as_ref().and_then(|l| l.local_addr().ok()).map(|a| format!("tcp:{a}"));
+                    let last_cmd_s = Arc::new(AtomicU64::new(tenant.info.uptime_s()));
+                    if let Ok(mut reg) = tenant.info.conns.lock() {
                         reg.insert(fd, ConnEntry { addr: format!("tcp:{peer}"), listen_addr, last_cmd_s: last_cmd_s.clone() });
                     }
                     let mut state = ConnState::new(Transport::Tcp);
                     state.conn_id = fd;
-                    self.conns[idx] = Some(Conn {
-                        stream,
-                        rbuf: vec![0u8; READ_BUF_BYTES_INITIAL],
-                        rstart: 0,
-                        rend: 0,
-                        wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
-                        wstart: 0,
-                        state,
-                        blocked_on_write: false,
-                        close_after_flush: false,
-                        needs_revisit: false,
-                        fd,
-                        last_cmd_s,
+                    self.conns[idx] = Some(Slot {
+                        tenant,
+                        conn: Conn {
+                            stream,
+                            rbuf: vec![0u8; READ_BUF_BYTES_INITIAL],
+                            rstart: 0,
+                            rend: 0,
+                            wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
+                            wstart: 0,
+                            state,
+                            blocked_on_write: false,
+                            close_after_flush: false,
+                            needs_revisit: false,
+                            fd,
+                            last_cmd_s,
+                            outstanding: 0,
+                            throttle_until_ns: 0,
+                            in_throttled: false,
+                        },
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -400,12 +608,16 @@ impl Worker {
     }
 
     fn close(&mut self, idx: usize) {
-        if let Some(mut c) = self.conns.get_mut(idx).and_then(Option::take) {
-            let _ = self.poll.registry().deregister(&mut c.stream);
-            if let Ok(mut reg) = self.info.conns.lock() {
-                reg.remove(&c.fd);
+        if let Some(mut s) = self.conns.get_mut(idx).and_then(Option::take) {
+            let _ = self.poll.registry().deregister(&mut s.conn.stream);
+            if let Ok(mut reg) = s.tenant.info.conns.lock() {
+                reg.remove(&s.conn.fd);
             }
-            self.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            if let Some(sh) = s.tenant.shaper.as_ref() {
+                sh.complete(s.conn.outstanding);
+            }
+            s.tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
             self.free.push(idx);
         }
     }
@@ -413,18 +625,15 @@ impl Worker {
     /// `peer_closed`: the event says the peer shut its side (EPOLLRDHUP) or the socket failed;
     /// then we read to the end, so data and end-of-file that arrive together are both seen.
     fn conn_event(&mut self, idx: usize, readable: bool, writable: bool, peer_closed: bool) -> After {
-        let Some(conn) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
+        let Some(Slot { tenant, conn }) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
         let registry = self.poll.registry();
-        let mut ctx_parts = CtxParts {
-            store: &self.store,
-            stats: &self.stats,
-            settings: &self.settings,
-            info: &self.info,
-            stop: &self.stop,
-        };
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
         if writable && conn.blocked_on_write {
-            match flush(conn, &self.stats) {
+            match flush(conn, thread_stats(tenant, self.index)) {
                 Ok(true) => {
+                    if let Some(sh) = tenant.shaper.as_ref() {
+                        sh.complete(std::mem::take(&mut conn.outstanding));
+                    }
                     if conn.close_after_flush {
                         return After::Close;
                     }
@@ -432,144 +641,204 @@ impl Worker {
                     if registry.reregister(&mut conn.stream, Token(idx), Interest::READABLE).is_err() {
                         return After::Close;
                     }
+                    if conn.in_throttled {
+                        // Its turn comes from the throttled list.
+                        return After::Keep;
+                    }
                     // Input may have piled up while we were blocked; execute it now.
-                    return serve(conn, idx, registry, &mut ctx_parts, self.read_buf_bytes_max, true, peer_closed);
+                    return serve(conn, tenant, idx, registry, &env, true, peer_closed);
                 }
                 Ok(false) => return After::Keep,
                 Err(_) => return After::Close,
             }
         }
         if readable && !conn.blocked_on_write {
-            return serve(conn, idx, registry, &mut ctx_parts, self.read_buf_bytes_max, true, peer_closed);
+            if conn.in_throttled && !peer_closed {
+                // Held back: the bytes wait in the socket (back-pressure); the throttled list
+                // brings it back when its tenant has tokens again.
+                return After::Keep;
+            }
+            return serve(conn, tenant, idx, registry, &env, true, peer_closed);
         }
         After::Keep
     }
 
-    fn udp_drain(&mut self) {
+    fn udp_drain(&mut self, k: usize) {
         // Bounded per event so one busy UDP socket cannot starve this thread's TCP clients;
         // mio re-arms on the next datagram, and we stop early only while data is still queued,
         // so loop until WouldBlock but cap the batch by count.
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        let Some(wt) = self.tenants.get_mut(k) else { return };
         for _ in 0..4096 {
-            let Some(sock) = self.udp.as_ref() else { return };
+            let Some(sock) = wt.udp.as_ref() else { return };
             let (n, peer) = match sock.recv_from(&mut self.udp_in) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return,
             };
-            ThreadStats::incr(&self.stats.udp_datagrams_in);
-            ThreadStats::add(&self.stats.bytes_read, n as u64);
-            let Ok((hdr, payload)) = udp::parse(&self.udp_in[..n]) else {
-                // memcached drops malformed and multi-datagram requests silently.
-                ThreadStats::incr(&self.stats.udp_bad_datagrams);
-                continue;
-            };
-            self.udp_out.clear();
-            let state = &mut self.udp_state;
-            state.protocol = Protocol::Undecided;
-            state.swallow_bytes = 0;
-            state.udp_marks.clear();
-            let mut ctx = Ctx {
-                store: &self.store,
-                stats: &self.stats,
-                settings: &self.settings,
-                server: &self.info,
-                conn: state,
-            };
-            let mut input = payload;
-            let mut closed = false;
-            let mut bounded = 0usize;
-            while !input.is_empty() && bounded < 4096 {
-                bounded += 1;
-                // Every request starts a new response message.
-                ctx.conn.udp_marks.push(self.udp_out.len());
-                if ctx.conn.protocol == Protocol::Undecided {
-                    ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
-                }
-                let step = match ctx.conn.protocol {
-                    Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut self.udp_out),
-                    _ => memcache_text::execute(&mut ctx, input, &mut self.udp_out),
-                };
-                match step {
-                    Step::Consumed(k) if k > 0 && k <= input.len() => input = &input[k..],
-                    Step::Shutdown => {
-                        self.stop.stop();
-                        break;
+            let datagram = &self.udp_in[..n];
+            if let Some(sh) = wt.tenant.shaper.as_deref() {
+                // Keep arrival order: once something waits, later datagrams queue behind it.
+                let wait = if wt.udp_queue.is_empty() { udp_wait_ns(sh, monotonic_now_ns()) } else { 1 };
+                if wait > 0 {
+                    let stats = thread_stats(&wt.tenant, env.index);
+                    ThreadStats::incr(&stats.udp_datagrams_in);
+                    ThreadStats::add(&stats.bytes_read, n as u64);
+                    if wt.udp_queue.len() < sh.max_outstanding() as usize && wt.udp_queue_bytes + n <= UDP_QUEUE_BYTES_MAX {
+                        wt.udp_queue.push_back((datagram.to_vec(), peer));
+                        wt.udp_queue_bytes += n;
+                        if wt.udp_wait_until_ns == 0 {
+                            wt.udp_wait_until_ns = monotonic_now_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
+                        }
+                    } else {
+                        sh.dropped();
                     }
-                    Step::Close => {
-                        // memcached answers a UDP `quit` with a bare frame header whose total
-                        // is 0 (its close of a UDP "connection" flushes an empty message).
-                        closed = true;
-                        break;
-                    }
-                    _ => break,
+                    continue;
                 }
+                udp_datagram(wt, datagram, peer, &mut self.udp, &env, false);
+            } else {
+                udp_datagram(wt, datagram, peer, &mut self.udp, &env, false);
             }
-            if closed {
-                self.udp_frame.clear();
-                udp::compose(&mut self.udp_frame, udp::FrameHeader { request_id: hdr.request_id, sequence: 0, total: 0, reserved: 0 });
-                if let Some(sock) = self.udp.as_ref() {
-                    if sock.send_to(&self.udp_frame, peer).is_ok() {
-                        ThreadStats::incr(&self.stats.udp_datagrams_out);
-                    }
-                }
-                continue;
-            }
-            if self.udp_out.is_empty() {
-                continue;
-            }
-            // Send each response message (the pieces between marks) with its own sequence
-            // numbering; empty pieces (a missed key) send nothing, as in memcached.
-            let marks = std::mem::take(&mut self.udp_state.udp_marks);
-            let len = self.udp_out.len();
-            let mut from = 0usize;
-            for &m in marks.iter().chain(std::iter::once(&len)) {
-                let to = m.min(len);
-                if to > from {
-                    self.udp_send_message(hdr.request_id, from, to, peer);
-                    from = to;
-                }
-            }
-            self.udp_state.udp_marks = marks;
         }
     }
 
-    /// Send `udp_out[from..to]` as one memcached UDP message: as many datagrams as it needs,
-    /// each with the frame header (same request id, sequence numbers, total).
-    fn udp_send_message(&mut self, request_id: u16, from: usize, to: usize, peer: SocketAddr) {
-        {
-            let total = udp::datagrams_for(to - from);
-            if total > u16::MAX as usize {
-                ThreadStats::incr(&self.stats.udp_bad_datagrams);
-                return;
+    /// Run queued UDP requests of shaped tenants while their buckets allow.
+    fn serve_udp_queues(&mut self, now: u64) {
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        for wt in self.tenants.iter_mut() {
+            if wt.udp_wait_until_ns == 0 || wt.udp_wait_until_ns > now {
+                continue;
             }
-            for seq in 0..total {
-                let start = from + seq * udp::REPLY_PAYLOAD_BYTES_MAX;
-                let end = (start + udp::REPLY_PAYLOAD_BYTES_MAX).min(to);
-                self.udp_frame.clear();
-                udp::compose(
-                    &mut self.udp_frame,
-                    udp::FrameHeader { request_id, sequence: seq as u16, total: total as u16, reserved: 0 },
-                );
-                self.udp_frame.extend_from_slice(&self.udp_out[start..end]);
-                if let Some(sock) = self.udp.as_ref() {
-                    // A full socket buffer drops the reply, as UDP may; counted via datagrams_out.
-                    if sock.send_to(&self.udp_frame, peer).is_ok() {
-                        ThreadStats::incr(&self.stats.udp_datagrams_out);
-                        ThreadStats::add(&self.stats.bytes_written, self.udp_frame.len() as u64);
-                    }
+            wt.udp_wait_until_ns = 0;
+            let Some(sh) = wt.tenant.shaper.clone() else {
+                wt.udp_queue.clear();
+                wt.udp_queue_bytes = 0;
+                continue;
+            };
+            while !wt.udp_queue.is_empty() {
+                let wait = udp_wait_ns(&sh, monotonic_now_ns());
+                if wait > 0 {
+                    wt.udp_wait_until_ns = monotonic_now_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
+                    break;
                 }
+                let Some((d, peer)) = wt.udp_queue.pop_front() else { break };
+                wt.udp_queue_bytes = wt.udp_queue_bytes.saturating_sub(d.len());
+                udp_datagram(wt, &d, peer, &mut self.udp, &env, true);
             }
         }
     }
 }
 
-struct CtxParts<'a> {
-    store: &'a Arc<Store>,
-    stats: &'a Arc<ThreadStats>,
-    settings: &'a Arc<Settings>,
-    info: &'a Arc<ServerInfo>,
-    stop: &'a StopHandle,
+/// Execute one UDP request datagram for `wt`'s tenant and send the replies. `counted`: its
+/// arrival was already counted (it waited in the queue).
+fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: &mut UdpBufs, env: &Env<'_>, counted: bool) {
+    let tenant = &*wt.tenant;
+    let stats = thread_stats(tenant, env.index);
+    let n = datagram.len();
+    if !counted {
+        ThreadStats::incr(&stats.udp_datagrams_in);
+        ThreadStats::add(&stats.bytes_read, n as u64);
+    }
+    if let Some(sh) = tenant.shaper.as_ref() {
+        sh.charge_ingress(n as u64);
+    }
+    let Ok((hdr, payload)) = udp::parse(datagram) else {
+        // memcached drops malformed and multi-datagram requests silently.
+        ThreadStats::incr(&stats.udp_bad_datagrams);
+        return;
+    };
+    bufs.out.clear();
+    let state = &mut bufs.state;
+    state.protocol = Protocol::Undecided;
+    state.swallow_bytes = 0;
+    state.udp_marks.clear();
+    let mut ctx = Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: state };
+    let mut input = payload;
+    let mut closed = false;
+    let mut bounded = 0usize;
+    let mut requests = 0u32;
+    while !input.is_empty() && bounded < 4096 {
+        bounded += 1;
+        // Every request starts a new response message.
+        ctx.conn.udp_marks.push(bufs.out.len());
+        if ctx.conn.protocol == Protocol::Undecided {
+            ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
+        }
+        let step = match ctx.conn.protocol {
+            Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut bufs.out),
+            _ => memcache_text::execute(&mut ctx, input, &mut bufs.out),
+        };
+        match step {
+            Step::Consumed(k) if k > 0 && k <= input.len() => {
+                input = &input[k..];
+                requests += 1;
+                ThreadStats::incr(&stats.requests);
+            }
+            Step::Shutdown => {
+                env.stop.stop();
+                break;
+            }
+            Step::Close => {
+                // memcached answers a UDP `quit` with a bare frame header whose total
+                // is 0 (its close of a UDP "connection" flushes an empty message).
+                closed = true;
+                break;
+            }
+            _ => break,
+        }
+    }
+    if let Some(sh) = tenant.shaper.as_ref() {
+        sh.charge_egress(requests, bufs.out.len() as u64);
+        sh.complete(requests);
+    }
+    let Some(sock) = wt.udp.as_ref() else { return };
+    if closed {
+        bufs.frame.clear();
+        udp::compose(&mut bufs.frame, udp::FrameHeader { request_id: hdr.request_id, sequence: 0, total: 0, reserved: 0 });
+        if sock.send_to(&bufs.frame, peer).is_ok() {
+            ThreadStats::incr(&stats.udp_datagrams_out);
+        }
+        return;
+    }
+    if bufs.out.is_empty() {
+        return;
+    }
+    // Send each response message (the pieces between marks) with its own sequence
+    // numbering; empty pieces (a missed key) send nothing, as in memcached.
+    let marks = std::mem::take(&mut bufs.state.udp_marks);
+    let len = bufs.out.len();
+    let mut from = 0usize;
+    for &m in marks.iter().chain(std::iter::once(&len)) {
+        let to = m.min(len);
+        if to > from {
+            udp_send_message(sock, stats, bufs, hdr.request_id, from, to, peer);
+            from = to;
+        }
+    }
+    bufs.state.udp_marks = marks;
+}
+
+/// Send `bufs.out[from..to]` as one memcached UDP message: as many datagrams as it needs,
+/// each with the frame header (same request id, sequence numbers, total).
+fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, request_id: u16, from: usize, to: usize, peer: SocketAddr) {
+    let total = udp::datagrams_for(to - from);
+    if total > u16::MAX as usize {
+        ThreadStats::incr(&stats.udp_bad_datagrams);
+        return;
+    }
+    for seq in 0..total {
+        let start = from + seq * udp::REPLY_PAYLOAD_BYTES_MAX;
+        let end = (start + udp::REPLY_PAYLOAD_BYTES_MAX).min(to);
+        bufs.frame.clear();
+        udp::compose(&mut bufs.frame, udp::FrameHeader { request_id, sequence: seq as u16, total: total as u16, reserved: 0 });
+        bufs.frame.extend_from_slice(&bufs.out[start..end]);
+        // A full socket buffer drops the reply, as UDP may; counted via datagrams_out.
+        if sock.send_to(&bufs.frame, peer).is_ok() {
+            ThreadStats::incr(&stats.udp_datagrams_out);
+            ThreadStats::add(&stats.bytes_written, bufs.frame.len() as u64);
+        }
+    }
 }
 
 /// Rounds of read → execute → write one event may take before the connection goes to the back
@@ -577,20 +846,46 @@ struct CtxParts<'a> {
 const ROUNDS_PER_EVENT: usize = 8;
 
 /// Read what is there, execute every complete request, write the batch's replies; repeat while
-/// the socket may hold more and the round budget lasts.
-fn serve(
-    conn: &mut Conn,
-    idx: usize,
-    registry: &Registry,
-    parts: &mut CtxParts<'_>,
-    read_buf_bytes_max: usize,
-    mut do_read: bool,
-    peer_closed: bool,
-) -> After {
+/// the socket may hold more and the round budget lasts. With a shaper, each round first asks
+/// it what this round may do, and a connection held back gets `throttle_until_ns`.
+fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env: &Env<'_>, mut do_read: bool, peer_closed: bool) -> After {
+    let stats = thread_stats(tenant, env.index);
+    let shaper = tenant.shaper.as_deref();
     for _ in 0..ROUNDS_PER_EVENT {
+        let mut limits: Option<(u32, u64)> = None;
+        let mut wait_ns = 0u64;
+        let mut may_execute = true;
+        if let Some(sh) = shaper {
+            let now = monotonic_now_ns();
+            match sh.admit(now) {
+                Admit::Go { requests, reply_bytes } => limits = Some((requests, reply_bytes)),
+                Admit::Wait { ns } => {
+                    // No replies may be produced now, so reading more would only pile up input.
+                    may_execute = false;
+                    do_read = false;
+                    wait_ns = ns;
+                }
+            }
+            if do_read {
+                if let Err(ns) = sh.ingress_open(now) {
+                    // Over its ingress rate: leave the bytes in the socket (back-pressure); what
+                    // is already buffered still runs.
+                    do_read = false;
+                    wait_ns = ns;
+                }
+            }
+        }
         let mut eof = false;
         // Whether the socket may still hold unread bytes (the buffer filled before it drained).
         let mut more_to_read = false;
+        let mut read_bytes = 0u64;
+        // A shaped tenant reads no more than its ingress balance (at least a small chunk, so a
+        // tiny balance does not mean one-byte reads); the rest stays in the socket.
+        let mut read_budget = usize::MAX;
+        if let (Some(sh), true) = (shaper, do_read) {
+            let tokens = sh.ingress.available(monotonic_now_ns()).max(0) as u64;
+            read_budget = tokens.max(READ_BYTES_MIN_SHAPED as u64).min(usize::MAX as u64) as usize;
+        }
         if do_read {
             // A short read means the socket had no more; the edge-triggered poll reports any
             // later arrival, so we skip the extra read that would only return EAGAIN.
@@ -600,24 +895,30 @@ fn serve(
                         conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
                         conn.rend -= conn.rstart;
                         conn.rstart = 0;
-                    } else if conn.rbuf.len() < read_buf_bytes_max {
-                        let new_len = (conn.rbuf.len() * 2).min(read_buf_bytes_max);
+                    } else if conn.rbuf.len() < env.read_buf_bytes_max {
+                        let new_len = (conn.rbuf.len() * 2).min(env.read_buf_bytes_max);
                         conn.rbuf.resize(new_len, 0);
                     } else {
                         more_to_read = true;
                         break;
                     }
                 }
-                let space = conn.rbuf.len() - conn.rend;
-                match conn.stream.read(&mut conn.rbuf[conn.rend..]) {
+                let left = read_budget - read_bytes as usize;
+                if left == 0 {
+                    more_to_read = true;
+                    break;
+                }
+                let space = (conn.rbuf.len() - conn.rend).min(left);
+                match conn.stream.read(&mut conn.rbuf[conn.rend..conn.rend + space]) {
                     Ok(0) => {
                         eof = true;
                         break;
                     }
                     Ok(n) => {
                         conn.rend += n;
-                        ThreadStats::add(&parts.stats.bytes_read, n as u64);
-                        ThreadStats::incr(&parts.stats.reads);
+                        read_bytes += n as u64;
+                        ThreadStats::add(&stats.bytes_read, n as u64);
+                        ThreadStats::incr(&stats.reads);
                         // Unless the peer has closed (then read on to the end-of-file).
                         if n < space && !peer_closed {
                             break;
@@ -629,15 +930,30 @@ fn serve(
                 }
             }
         }
+        if let Some(sh) = shaper {
+            sh.charge_ingress(read_bytes);
+        }
 
         if conn.rend > conn.rstart {
             // Once per batch, not per request: `stats conns` only needs seconds.
-            conn.last_cmd_s.store(parts.info.uptime_s(), Ordering::Relaxed);
+            conn.last_cmd_s.store(tenant.info.uptime_s(), Ordering::Relaxed);
         }
-        let stopped_high = execute_batch(conn, parts, read_buf_bytes_max);
+        let batch = if may_execute { execute_batch(conn, tenant, stats, env, limits) } else { BatchEnd::default() };
+        if let Some(sh) = shaper {
+            if batch.requests > 0 || batch.reply_bytes > 0 {
+                sh.charge_egress(batch.requests, batch.reply_bytes);
+            }
+        }
+        conn.outstanding = conn.outstanding.saturating_add(batch.requests);
 
-        match flush(conn, parts.stats) {
-            Ok(true) => {}
+        match flush(conn, stats) {
+            Ok(true) => {
+                if let Some(sh) = shaper {
+                    sh.complete(std::mem::take(&mut conn.outstanding));
+                } else {
+                    conn.outstanding = 0;
+                }
+            }
             Ok(false) => {
                 conn.blocked_on_write = true;
                 return match registry.reregister(&mut conn.stream, Token(idx), Interest::WRITABLE) {
@@ -650,7 +966,12 @@ fn serve(
         if conn.close_after_flush || eof {
             return After::Close;
         }
-        if !more_to_read && !stopped_high {
+        if wait_ns > 0 {
+            let wait = wait_ns.min(THROTTLE_RECHECK_NS_MAX);
+            conn.throttle_until_ns = monotonic_now_ns().saturating_add(wait).max(1);
+            return After::Keep;
+        }
+        if !more_to_read && !batch.high && !batch.limited {
             return After::Keep;
         }
         do_read = more_to_read;
@@ -659,24 +980,41 @@ fn serve(
     After::Keep
 }
 
-/// Execute every complete request in the read buffer, appending replies. Returns true when it
-/// stopped because too many reply bytes are waiting (input may remain).
-fn execute_batch(conn: &mut Conn, parts: &mut CtxParts<'_>, read_buf_bytes_max: usize) -> bool {
+/// How a batch ended.
+#[derive(Default)]
+struct BatchEnd {
+    /// Stopped because too many reply bytes wait for the socket (input may remain).
+    high: bool,
+    /// Stopped at the shaper's limits (input remains).
+    limited: bool,
+    requests: u32,
+    reply_bytes: u64,
+}
+
+/// Execute complete requests from the read buffer, appending replies, up to `limits`
+/// (requests, reply bytes) when the tenant is shaped.
+fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &Env<'_>, limits: Option<(u32, u64)>) -> BatchEnd {
     let mut ctx = Ctx {
-        store: parts.store,
-        stats: parts.stats,
-        settings: parts.settings,
-        server: parts.info,
+        store: &tenant.store,
+        stats,
+        settings: env.settings,
+        server: &tenant.info,
         conn: &mut conn.state,
     };
-    let mut stopped_high = false;
+    let (requests_max, reply_bytes_max) = limits.unwrap_or((u32::MAX, u64::MAX));
+    let start_len = conn.wbuf.len();
+    let mut end = BatchEnd::default();
     loop {
         if conn.wbuf.len() - conn.wstart >= WRITE_BUF_BYTES_HIGH {
-            stopped_high = true;
+            end.high = true;
             break;
         }
         let input = &conn.rbuf[conn.rstart..conn.rend];
         if input.is_empty() {
+            break;
+        }
+        if end.requests >= requests_max || conn.wbuf.len().saturating_sub(start_len) as u64 >= reply_bytes_max {
+            end.limited = true;
             break;
         }
         if ctx.conn.protocol == Protocol::Undecided {
@@ -695,9 +1033,11 @@ fn execute_batch(conn: &mut Conn, parts: &mut CtxParts<'_>, read_buf_bytes_max: 
                     break;
                 }
                 conn.rstart += n;
+                end.requests += 1;
+                ThreadStats::incr(&stats.requests);
             }
             Step::Incomplete => {
-                if conn.rstart == 0 && conn.rend == conn.rbuf.len() && conn.rbuf.len() >= read_buf_bytes_max {
+                if conn.rstart == 0 && conn.rend == conn.rbuf.len() && conn.rbuf.len() >= env.read_buf_bytes_max {
                     // A single request larger than we will ever buffer.
                     conn.close_after_flush = true;
                 }
@@ -708,12 +1048,13 @@ fn execute_batch(conn: &mut Conn, parts: &mut CtxParts<'_>, read_buf_bytes_max: 
                 break;
             }
             Step::Shutdown => {
-                parts.stop.stop();
+                env.stop.stop();
                 conn.close_after_flush = true;
                 break;
             }
         }
     }
+    end.reply_bytes = conn.wbuf.len().saturating_sub(start_len) as u64;
     if conn.rstart == conn.rend {
         conn.rstart = 0;
         conn.rend = 0;
@@ -723,7 +1064,7 @@ fn execute_batch(conn: &mut Conn, parts: &mut CtxParts<'_>, read_buf_bytes_max: 
             conn.rbuf.shrink_to_fit();
         }
     }
-    stopped_high
+    end
 }
 
 /// Write pending replies. Ok(true) = all written.
@@ -754,8 +1095,19 @@ pub fn curr_connections(info: &ServerInfo) -> u64 {
     info.curr_connections.load(Ordering::Relaxed)
 }
 
-#[allow(dead_code)]
-fn _assert_send() {
-    fn is_send<T: Send>() {}
-    is_send::<Arc<AtomicU64>>();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listener_tokens_round_trip_and_never_meet_connection_tokens() {
+        for slot in 0..SLOTS_MAX as u32 {
+            for udp in [false, true] {
+                assert_eq!(decode_listen(listen_token(slot, udp)), Some((slot, udp)));
+            }
+        }
+        assert_eq!(decode_listen(WAKER), None);
+        assert_eq!(decode_listen(Token(0)), None);
+        assert_eq!(decode_listen(Token(1 << 40)), None);
+    }
 }

@@ -24,6 +24,11 @@ macro_rules! counters {
         }
 
         impl ThreadStats {
+            /// All zeros, usable in a `static`.
+            pub const fn new_const() -> ThreadStats {
+                ThreadStats { $($name: AtomicU64::new(0),)* }
+            }
+
             /// Counter names and values, in declaration order (for `stats` and metrics).
             pub fn names() -> &'static [&'static str] {
                 &[$(stringify!($name)),*]
@@ -82,6 +87,8 @@ counters!(
     udp_bad_datagrams,
     writes,
     reads,
+    // Requests executed (all protocols); the per-tenant `requests_total` metric.
+    requests,
 );
 
 impl ThreadStats {

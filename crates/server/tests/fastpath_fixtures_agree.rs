@@ -9,11 +9,15 @@
 //! user-space reply and the fixture's expected bytes; every kernel pass must be a fixture pass.
 //! Without root the model stands in for the kernel (and says so).
 //!
+//! Multi-tenant fixtures get one store per tenant, each filling the kernel cache through its
+//! own slot (as the server's per-tenant observers do); the request runs on the store of the
+//! tenant whose port it is addressed to.
+//!
 //! Not for: sockets (the netns tests in crates/slipstream/tests/xdp_e2e.rs cover those).
 
 use slipstream_fastpath::abi::Item;
-use slipstream_fastpath::fixtures::{self, Expiry, Fixture, PORT};
-use slipstream_fastpath::model::{self, ModelState};
+use slipstream_fastpath::fixtures::{self, Expiry, Fixture};
+use slipstream_fastpath::model::{self, ModelState, ModelTenant};
 use slipstream_fastpath::{item, monotonic_now_ns, FastPathConfig, Filled, Kernel, Verdict};
 use slipstream_server::exec::{ConnState, Transport};
 use slipstream_server::harness::Harness;
@@ -26,6 +30,8 @@ use std::time::Instant;
 /// also fills the real (unattached) XDP program's map.
 struct Recorder {
     kernel: Option<Arc<Kernel>>,
+    /// The tenant slot this store fills.
+    slot: u32,
     items: Mutex<HashMap<Vec<u8>, Item>>,
 }
 
@@ -43,10 +49,10 @@ fn expiry_ns(expires_at: Option<Instant>) -> u64 {
 impl KernelCache for Recorder {
     fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expires_at: Option<Instant>) -> KernelFill {
         let exp = expiry_ns(expires_at);
-        let epoch = self.kernel.as_ref().map(|k| k.epoch()).unwrap_or(1);
+        let epoch = self.kernel.as_ref().map(|k| k.epoch_of(self.slot)).unwrap_or(1);
         let Ok(it) = item::compose(key, flags, cas, value, exp, epoch) else { return KernelFill::NotCacheable };
         if let Some(k) = &self.kernel {
-            match k.fill(key, flags, cas, value, exp).expect("kernel fill") {
+            match k.fill_slot(self.slot, key, flags, cas, value, exp).expect("kernel fill") {
                 Filled::Cached => {}
                 other => panic!("kernel refused what compose accepted: {other:?}"),
             }
@@ -57,13 +63,13 @@ impl KernelCache for Recorder {
     fn invalidate(&self, key: &[u8]) {
         self.items.lock().unwrap().remove(key);
         if let Some(k) = &self.kernel {
-            k.invalidate(key).expect("kernel invalidate");
+            k.invalidate_slot(self.slot, key).expect("kernel invalidate");
         }
     }
     fn flush_all(&self) {
         self.items.lock().unwrap().clear();
         if let Some(k) = &self.kernel {
-            k.flush_all().expect("kernel flush");
+            k.flush_slot(self.slot).expect("kernel flush");
         }
     }
 }
@@ -79,9 +85,9 @@ fn reply_payload(packet: &[u8]) -> Vec<u8> {
     packet[l4 + 16..].to_vec()
 }
 
-/// Store a fixture's items in the harness store with their exact flags and CAS.
-fn load(h: &mut Harness, f: &Fixture) {
-    for it in &f.items {
+/// Store the fixture's items of `slot` in the harness store with their exact flags and CAS.
+fn load(h: &mut Harness, f: &Fixture, slot: u32) {
+    for it in f.items.iter().filter(|i| i.slot == slot) {
         let exptime = match it.expiry {
             Expiry::Never => 0,
             Expiry::Future => 3600,
@@ -106,37 +112,52 @@ fn fixtures_agree_with_the_user_space_path() {
     let mut compared_hits = 0;
     let mut failures = Vec::new();
     let shared = kernel_available
-        .then(|| Arc::new(Kernel::load(FastPathConfig { udp_port: PORT, entries_max: 1024 }).expect("load XDP program")));
+        .then(|| Arc::new(Kernel::load(FastPathConfig { udp_port: fixtures::PORT, entries_max: 1024 }).expect("load XDP program")));
+    let mut multi = 0;
     for f in fixtures::all() {
         let Some(request) = f.request.clone() else { continue };
+        let Some(target) = f.target_slot() else { continue };
         if let Some(k) = &shared {
-            k.flush_all().expect("empty the kernel cache between fixtures");
+            fixtures::setup_tenants(k, &f).expect("serve the fixture's tenants, cache empty");
         }
-        let rec = Arc::new(Recorder { kernel: shared.clone(), items: Mutex::new(HashMap::new()) });
-        let mut h = Harness::small();
-        assert!(h.store.set_kernel_cache(rec.clone()));
-        h.conn = ConnState::new(Transport::Udp);
-        load(&mut h, &f);
-        // Fill the way the server does: ordinary user-space gets of each item.
-        for it in &f.items {
-            let mut g = b"get ".to_vec();
-            g.extend_from_slice(&it.key);
-            g.extend_from_slice(b"\r\n");
-            h.feed(&g);
+        multi += usize::from(f.multi_tenant());
+        // One store per tenant, each filling its own slot.
+        let mut state = ModelState { enabled: true, now_ns: 0, ..Default::default() };
+        let mut user = Vec::new();
+        for t in &f.tenants {
+            let rec = Arc::new(Recorder { kernel: shared.clone(), slot: t.slot, items: Mutex::new(HashMap::new()) });
+            let mut h = Harness::small();
+            assert!(h.store.set_kernel_cache(rec.clone()));
+            h.conn = ConnState::new(Transport::Udp);
+            load(&mut h, &f, t.slot);
+            // Fill the way the server does: ordinary user-space gets of each item.
+            for it in f.items.iter().filter(|i| i.slot == t.slot) {
+                let mut g = b"get ".to_vec();
+                g.extend_from_slice(&it.key);
+                g.extend_from_slice(b"\r\n");
+                h.feed(&g);
+            }
+            if t.slot == target {
+                // The user-space answer to the fixture's request, from its tenant's store.
+                h.conn = ConnState::new(Transport::Udp);
+                user = h.feed(&request);
+            }
+            state.ports.insert(t.port, t.slot);
+            state.tenants.insert(
+                t.slot,
+                ModelTenant {
+                    shaped: t.shaped,
+                    epoch: shared.as_ref().map(|k| k.epoch_of(t.slot)).unwrap_or(1),
+                    allow_in_bytes: t.allow_in_bytes as i64,
+                    allow_out_bytes: t.allow_out_bytes as i64,
+                    items: rec.items.lock().unwrap().clone(),
+                },
+            );
         }
-        // The user-space answer to the fixture's request.
-        h.conn = ConnState::new(Transport::Udp);
-        let user = h.feed(&request);
-
-        let state = ModelState {
-            udp_port: PORT,
-            epoch: rec.kernel.as_ref().map(|k| k.epoch()).unwrap_or(1),
-            now_ns: monotonic_now_ns(),
-            items: rec.items.lock().unwrap().clone(),
-        };
+        state.now_ns = monotonic_now_ns();
         let mout = model::model(&f.packet, &state);
         let mut outs = vec![("model", mout.verdict, mout.packet)];
-        if let Some(k) = &rec.kernel {
+        if let Some(k) = &shared {
             let r = k.test_run(&f.packet, 1).expect("BPF_PROG_TEST_RUN");
             outs.push(("kernel", r.verdict.unwrap_or(Verdict::Drop), r.packet));
             compared_kernel += 1;
@@ -167,5 +188,9 @@ fn fixtures_agree_with_the_user_space_path() {
     }
     assert!(failures.is_empty(), "{} disagreements:\n{}", failures.len(), failures.join("\n"));
     assert!(compared_hits >= 10, "only {compared_hits} hit fixtures compared");
-    println!("fixtures: {compared_hits} XDP replies equal the user-space replies ({compared_kernel} fixtures through the kernel)");
+    assert!(multi >= 8, "only {multi} multi-tenant or shaped fixtures compared");
+    println!(
+        "fixtures: {compared_hits} XDP replies equal the user-space replies ({compared_kernel} fixtures through the kernel, \
+         {multi} with several tenants or shaping)"
+    );
 }

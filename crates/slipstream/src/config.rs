@@ -4,6 +4,7 @@
 //! Not for: validating protocol input; only start-up settings live here.
 
 use serde::Deserialize;
+use slipstream_tenancy::{ShapingSpec, TenantSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// Upper bounds that keep a typo from asking for absurd resources.
@@ -53,6 +54,12 @@ pub struct Config {
     pub xdp_iface: Option<String>,
     /// Most items the kernel fast path caches.
     pub xdp_entries: u32,
+    /// Bearer token the admin endpoint requires (None: read-only admin).
+    pub admin_token: Option<String>,
+    /// `[shaping]` (defaults when absent); used only with tenants.
+    pub shaping: ShapingSpec,
+    /// `[[tenant]]` entries; empty = single-tenant mode on -p/-U.
+    pub tenants: Vec<TenantSpec>,
 }
 
 impl Default for Config {
@@ -73,6 +80,9 @@ impl Default for Config {
             admin_addr: None,
             xdp_iface: None,
             xdp_entries: XDP_ENTRIES_DEFAULT,
+            admin_token: None,
+            shaping: ShapingSpec::default(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -82,6 +92,9 @@ impl Default for Config {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     server: Option<FileServer>,
+    shaping: Option<ShapingSpec>,
+    #[serde(default)]
+    tenant: Vec<TenantSpec>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,6 +113,7 @@ struct FileServer {
     admin: Option<String>,
     xdp: Option<String>,
     xdp_entries: Option<u32>,
+    admin_token: Option<String>,
 }
 
 fn bad(name: &'static str, value: &str, why: &str) -> ConfigError {
@@ -264,6 +278,20 @@ impl Config {
             if let Some(v) = s.xdp_entries {
                 self.xdp_entries = v;
             }
+            if let Some(v) = s.admin_token {
+                self.admin_token = Some(v);
+            }
+        }
+        if let Some(sh) = file.shaping {
+            sh.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[shaping]: {e}") })?;
+            self.shaping = sh;
+        }
+        if !file.tenant.is_empty() {
+            // Ports and shares are checked against each other here, so a bad file fails at start
+            // with the reason rather than half-serving.
+            slipstream_tenancy::spec::validate_all(&self.shaping, &file.tenant, &[])
+                .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[tenant]]: {e}") })?;
+            self.tenants = file.tenant;
         }
         Ok(())
     }
@@ -354,6 +382,36 @@ mod tests {
         let c = Config::from_args(&args(&format!("--config {} -p 3000", f.display()))).unwrap();
         assert_eq!((c.port, c.threads, c.item_bytes_max), (3000, 3, 512 * 1024));
         std::fs::write(&f, "[server]\nprot = 2000\n").unwrap();
+        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tenants_and_shaping_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("slipstream-cfg-t-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("t.toml");
+        std::fs::write(
+            &f,
+            "[server]\nadmin_token = \"s3\"\n[shaping]\negress_bytes_per_s = 1000000\ningress_bytes_per_s = 2000000\nwork_conserving = true\n\
+             [[tenant]]\nname = \"t0\"\ntcp_port = 12000\nudp_port = 12000\nmemory_mb = 8\nshare = 0.75\nburst_bytes = 65536\nmax_outstanding = 64\n\
+             [[tenant]]\nname = \"t1\"\ntcp_port = 12001\nshare = 0.25\n",
+        )
+        .unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.admin_token.as_deref(), Some("s3"));
+        assert!(c.shaping.work_conserving);
+        assert_eq!(c.shaping.ingress_bytes_per_s, 2_000_000);
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!((c.tenants[0].udp_port, c.tenants[1].udp_port, c.tenants[1].memory_mb), (Some(12000), None, 64));
+        // Shares over 1 and clashing ports are refused with the reason.
+        std::fs::write(&f, "[[tenant]]\nname = \"a\"\ntcp_port = 1\nshare = 0.75\n[[tenant]]\nname = \"b\"\ntcp_port = 2\nshare = 0.5\n").unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("shares add up to"), "{e}");
+        std::fs::write(&f, "[[tenant]]\nname = \"a\"\ntcp_port = 7\nshare = 0.5\n[[tenant]]\nname = \"b\"\ntcp_port = 7\nshare = 0.5\n").unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("7"), "{e}");
+        std::fs::write(&f, "[[tenant]]\nname = \"a\"\ntcp_port = 7\nshare = 0.5\nshaer = 1\n").unwrap();
         assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
         let _ = std::fs::remove_dir_all(&dir);
     }

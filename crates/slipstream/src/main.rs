@@ -11,7 +11,10 @@ mod config;
 use config::{Config, ConfigError};
 use slipstream_server::exec::Settings;
 use slipstream_server::fastpath::KernelFastPath;
-use slipstream_server::net::{NetConfig, Server};
+use slipstream_server::admin::AdminState;
+use slipstream_server::net::{NetConfig, Server, StopHandle};
+use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
+use slipstream_tenancy::TenantControl;
 use slipstream_server::stats::ServerInfo;
 use slipstream_store::{Store, StoreConfig};
 use std::sync::atomic::AtomicU64;
@@ -134,6 +137,143 @@ fn attach_fast_path(cfg: &Config, store: &Store) -> (Option<Arc<KernelFastPath>>
     }
 }
 
+/// Stop the server on SIGINT/SIGTERM (blocked everywhere by `block_signals`).
+fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), MainError> {
+    std::thread::Builder::new()
+        .name("slipstream-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigwait reads the sigset we built and writes the signal number into a
+            // local; both outlive the call.
+            let rc = unsafe { libc::sigwait(&sigset, &mut sig) };
+            if rc == 0 {
+                eprintln!("slipstream: signal {sig}, shutting down");
+            }
+            stop.stop();
+        })
+        .map(|_| ())
+        .map_err(|e| MainError::Start(format!("cannot start signal thread: {e}")))
+}
+
+/// Tenant mode: every `[[tenant]]` on its own ports with its own store, shaped by `[shaping]`;
+/// the admin endpoint (if configured) edits tenants at run time.
+fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
+    let settings = Arc::new(Settings {
+        shutdown_enabled: cfg.shutdown_enabled,
+        flush_enabled: cfg.flush_enabled,
+        ..Settings::default()
+    });
+    let defaults = TenantDefaults {
+        listen: cfg.listen,
+        store: StoreConfig {
+            memory_bytes_max: cfg.memory_mb.saturating_mul(1024 * 1024),
+            item_bytes_max: cfg.item_bytes_max,
+            shards: cfg.store_shards(),
+            cas_enabled: cfg.cas_enabled,
+        },
+        conn_limit: cfg.conn_limit,
+        item_bytes_max: cfg.item_bytes_max,
+        listen_interface: cfg.listen_arg.clone(),
+        reserved_ports: cfg.admin_addr.map(|a| vec![a.port()]).unwrap_or_default(),
+    };
+    let table = TenantTable::multi(cfg.threads, settings, cfg.shaping.clone(), &cfg.tenants, defaults)
+        .map_err(|e| MainError::Start(format!("tenants: {e}")))?;
+    let table = Arc::new(table);
+    let (kernel, fastpath) = attach_tenant_fast_path(&cfg, &table);
+    let mut info = ServerInfo::detached(Vec::new(), cfg.item_bytes_max);
+    info.threads = cfg.threads;
+    info.conn_limit = cfg.conn_limit;
+    let read_buf_bytes_max = (cfg.item_bytes_max + 64 * 1024).max((1 << 20) + 4096);
+    let server = Server::start_tenants(table.clone(), read_buf_bytes_max, Arc::new(info)).map_err(|e| MainError::Start(e.to_string()))?;
+
+    // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
+    // the buckets directly, so they are in force within one tick.
+    let tick_stop = server.stop_handle();
+    let tick_table = table.clone();
+    std::thread::Builder::new()
+        .name("slipstream-shaper".into())
+        .spawn(move || {
+            while !tick_stop.is_stopped() {
+                tick_table.tick(slipstream_tenancy::monotonic_now_ns());
+                std::thread::sleep(std::time::Duration::from_nanos(slipstream_tenancy::shaper::TICK_NS));
+            }
+        })
+        .map_err(|e| MainError::Start(format!("cannot start shaper thread: {e}")))?;
+
+    let admin_line = match cfg.admin_addr {
+        Some(addr) => {
+            let control: Arc<dyn TenantControl> = table.clone();
+            match slipstream_server::admin::start(addr, AdminState { node: None, tenants: Some(control), token: cfg.admin_token.clone() }) {
+                Ok(local) => format!(
+                    ", admin http://{local}/ ({})",
+                    if cfg.admin_token.is_some() { "token required" } else { "read-only: no admin_token" }
+                ),
+                Err(e) => return Err(MainError::Start(format!("cannot listen for admin on {addr}: {e}"))),
+            }
+        }
+        None => String::new(),
+    };
+    let tenants: Vec<String> = table
+        .snapshot()
+        .iter()
+        .map(|t| {
+            let spec = t.spec();
+            format!(
+                "{} tcp {}{} share {}",
+                t.name,
+                t.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+                t.udp_local.map(|a| format!(" udp {a}")).unwrap_or_default(),
+                spec.map(|s| s.share.to_string()).unwrap_or_default()
+            )
+        })
+        .collect();
+    println!(
+        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}; {}",
+        slipstream_server::VERSION_STRING,
+        tenants.len(),
+        tenants.join("; "),
+        cfg.shaping.ingress_bytes_per_s,
+        cfg.shaping.egress_bytes_per_s,
+        if cfg.shaping.work_conserving { " work-conserving" } else { "" },
+        cfg.threads,
+        admin_line,
+        fastpath,
+    );
+    spawn_signal_thread(sigset, server.stop_handle())?;
+    server.join();
+    if let Some(k) = kernel {
+        k.shutdown();
+    }
+    Ok(())
+}
+
+/// Tenant mode's kernel fast path: one XDP program for every tenant with a UDP port, each in its
+/// own key space and paying from its own buckets.
+fn attach_tenant_fast_path(cfg: &Config, table: &TenantTable) -> (Option<Arc<KernelFastPath>>, String) {
+    let Some(iface) = &cfg.xdp_iface else {
+        table.connect(None);
+        return (None, "kernel fast path off (not requested; --xdp IFACE turns it on)".to_string());
+    };
+    if !cfg.tenants.iter().any(|t| t.udp_port.is_some()) {
+        table.connect(None);
+        return (None, format!("kernel fast path off: --xdp {iface} needs a tenant with a udp_port; serving from user space"));
+    }
+    match KernelFastPath::attach_multi(iface, cfg.xdp_entries) {
+        Ok(k) => {
+            let problems = table.connect(Some(Arc::new(KernelAdapter(k.clone()))));
+            for p in &problems {
+                eprintln!("slipstream: {p}");
+            }
+            let line = format!("kernel fast path on {iface} for tenants' UDP ports (up to {} items, shaped per tenant): {}", cfg.xdp_entries, k.mode());
+            (Some(k), line)
+        }
+        Err(e) => {
+            table.connect(None);
+            (None, format!("kernel fast path off: {e}; serving from user space"))
+        }
+    }
+}
+
 /// Block SIGINT/SIGTERM in every thread and wait for them in one dedicated thread, so the
 /// workers never run signal handlers and shutdown is an ordinary stop request.
 fn block_signals() -> libc::sigset_t {
@@ -151,6 +291,9 @@ fn block_signals() -> libc::sigset_t {
 
 fn serve(cfg: Config) -> Result<(), MainError> {
     let sigset = block_signals();
+    if !cfg.tenants.is_empty() {
+        return serve_tenants(cfg, sigset);
+    }
 
     let store_cfg = StoreConfig {
         memory_bytes_max: cfg.memory_mb.saturating_mul(1024 * 1024),
@@ -197,7 +340,10 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
 
     let admin_line = match cfg.admin_addr {
-        Some(addr) => match slipstream_server::admin::start(addr, server.info.clone(), store.clone()) {
+        Some(addr) => match slipstream_server::admin::start(
+            addr,
+            AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone() },
+        ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
             Err(e) => return Err(MainError::Start(format!("cannot listen for admin on {addr}: {e}"))),
         },
@@ -216,21 +362,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         fastpath,
     );
 
-    let stop = server.stop_handle();
-    std::thread::Builder::new()
-        .name("slipstream-signals".into())
-        .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: sigwait reads the sigset we built and writes the signal number into a
-            // local; both outlive the call.
-            let rc = unsafe { libc::sigwait(&sigset, &mut sig) };
-            if rc == 0 {
-                eprintln!("slipstream: signal {sig}, shutting down");
-            }
-            stop.stop();
-        })
-        .map_err(|e| MainError::Start(format!("cannot start signal thread: {e}")))?;
-
+    spawn_signal_thread(sigset, server.stop_handle())?;
     server.join();
     if let Some(k) = kernel {
         // Detach explicitly: the store (still referenced by the admin thread) holds the fast

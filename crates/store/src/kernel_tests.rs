@@ -45,7 +45,7 @@ impl KernelCache for Mock {
         let rel = expires_at.map(|d| {
             let left = d.saturating_duration_since(Instant::now());
             let now = self.clock.get().map(|c| c.now_rel_s()).unwrap_or(0);
-            now + ((left.as_millis() as u32 + 999) / 1000)
+            now + (left.as_millis() as u32).div_ceil(1000)
         });
         self.items.lock().unwrap().insert(key.to_vec(), (value.to_vec(), flags, cas, rel));
         KernelFill::Cached
@@ -216,7 +216,7 @@ fn expiry_eviction_and_flush_removals_invalidate() {
         set(&s, &format!("fill{i}"), &v, 0);
     }
     assert!(s.stats().evictions > 0);
-    assert_eq!(s.get(b"first", GetOpts::default(), |o| o.item.is_some()), false);
+    assert!(!s.get(b"first", GetOpts::default(), |o| o.item.is_some()));
     assert!(!m.holds("first"), "evicted item's copy survived");
 
     // A delayed flush empties the cache at once and nothing is filled until it is in force.

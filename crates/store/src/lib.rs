@@ -23,6 +23,8 @@
 //! When the budget is full, a store evicts from its own shard's LRU tail while that shard holds
 //! more than `memory_bytes_max / shards`, otherwise from the tail of a shard that does
 //! (try-lock, never blocking), so one 1 MB item fits even when a shard's share is smaller.
+//! The limit can change at run time ([`Store::set_memory_limit`], a tenant's memory being
+//! re-allocated): lowering it evicts the same way until the charged bytes fit.
 //! Expiry and flush_all are lazy: an item is checked when accessed, and the few items at an
 //! LRU tail are checked for expiry before a live item is evicted (`reclaimed` vs `evictions`).
 //!
@@ -321,8 +323,13 @@ pub struct Store {
     shards: Box<[Padded<Mutex<Shard>>]>,
     /// log2 of the shard count; the shard is the top `shard_bits` bits of the key hash.
     shard_bits: u32,
-    /// memory_bytes_max / shards: a shard above this evicts its own items first.
-    fair_share_bytes: usize,
+    /// The memory limit in force: starts at `config.memory_bytes_max`, changed at run time by
+    /// [`Store::set_memory_limit`] (a tenant's memory can be re-allocated without a restart).
+    memory_bytes_max: AtomicUsize,
+    /// memory_bytes_max / shards: a shard above this evicts its own items first. Updated
+    /// together with `memory_bytes_max`; a reader that sees one new and one old value only
+    /// picks a slightly different victim shard, never breaks the limit.
+    fair_share_bytes: AtomicUsize,
     /// Charged bytes of all items; never above `memory_bytes_max` (reserved before insert).
     used_bytes: Padded<AtomicUsize>,
     /// Last CAS value handed out.
@@ -352,7 +359,8 @@ impl Store {
         Store {
             shards: (0..shards).map(|_| Padded(Mutex::new(Shard::new()))).collect(),
             shard_bits: shards.trailing_zeros(),
-            fair_share_bytes,
+            memory_bytes_max: AtomicUsize::new(config.memory_bytes_max),
+            fair_share_bytes: AtomicUsize::new(fair_share_bytes),
             used_bytes: Padded(AtomicUsize::new(0)),
             cas_last: Padded(AtomicU64::new(0)),
             flush: Padded(FlushState {
@@ -384,9 +392,56 @@ impl Store {
         self.kernel.get().is_some()
     }
 
-    /// The configuration in force (`shards` rounded up to a power of two).
+    /// The configuration the store was built with (`shards` rounded up to a power of two).
+    /// Its `memory_bytes_max` is the limit at creation; the limit in force now is
+    /// [`Store::memory_bytes_max`] (see [`Store::set_memory_limit`]).
     pub fn config(&self) -> &StoreConfig {
         &self.config
+    }
+
+    /// The memory limit in force now (charged bytes; what `stats` reports as limit_maxbytes).
+    pub fn memory_bytes_max(&self) -> usize {
+        self.memory_bytes_max.load(Ordering::Relaxed)
+    }
+
+    /// Change the memory limit at run time. Raising it takes effect at once. Lowering it
+    /// evicts before returning until the charged bytes fit the new limit: first from shards
+    /// holding more than their new fair share (each from its LRU tail, expired items first,
+    /// exactly as a store's own eviction does), then round-robin from any shard. Stores racing
+    /// with this call already reserve against the new limit, so they evict for themselves.
+    /// Items larger than the new limit can no longer be stored (`NoMemory`/`TooLarge` rules as
+    /// for the limit at creation).
+    pub fn set_memory_limit(&self, bytes: usize) {
+        let shards = self.shards.len();
+        self.memory_bytes_max.store(bytes, Ordering::Relaxed);
+        self.fair_share_bytes.store(bytes / shards, Ordering::Relaxed);
+        let used = &self.used_bytes.0;
+        if used.load(Ordering::Relaxed) <= bytes {
+            return;
+        }
+        let t = self.now();
+        let fair = bytes / shards;
+        // Pass 1: shards over their fair share give back down to it (LRU tail first).
+        for i in 0..shards {
+            if used.load(Ordering::Relaxed) <= bytes {
+                return;
+            }
+            let mut g = self.lock(i);
+            while g.bytes > fair && used.load(Ordering::Relaxed) > bytes {
+                if !g.evict_one(&t, used) {
+                    break;
+                }
+            }
+        }
+        // Pass 2 (only when stores raced with pass 1, since fair shares sum to at most the
+        // limit): one item at a time from each shard in turn, bounded.
+        for step in 0..RESERVE_STEPS_MAX {
+            if used.load(Ordering::Relaxed) <= bytes {
+                return;
+            }
+            let mut g = self.lock(step & (shards - 1));
+            g.evict_one(&t, used);
+        }
     }
 
     pub fn clock(&self) -> &Clock {
@@ -473,14 +528,15 @@ impl Store {
     fn fits_limits(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
         key_len <= KEY_BYTES_MAX
             && self.memcached_item_bytes(key_len, value_len, flags) <= self.config.item_bytes_max
-            && key_len + value_len + ITEM_OVERHEAD_BYTES <= self.config.memory_bytes_max
+            && key_len + value_len + ITEM_OVERHEAD_BYTES <= self.memory_bytes_max()
     }
 
     /// Reserve `need` charged bytes in the global budget, evicting as needed: from this shard
     /// while it holds more than its fair share, else from a shard that does (try-lock only, so
     /// two shards stealing from each other cannot deadlock), else from this shard anyway.
     fn reserve(&self, si: usize, sh: &mut Shard, need: usize, t: &Now) -> bool {
-        let max = self.config.memory_bytes_max;
+        let max = self.memory_bytes_max();
+        let fair_share_bytes = self.fair_share_bytes.load(Ordering::Relaxed);
         let used = &self.used_bytes.0;
         let mut blocked_rounds = 0;
         for _ in 0..RESERVE_STEPS_MAX {
@@ -491,7 +547,7 @@ impl Store {
                 }
                 continue;
             }
-            if sh.bytes + need > self.fair_share_bytes && sh.evict_one(t, used) {
+            if sh.bytes + need > fair_share_bytes && sh.evict_one(t, used) {
                 continue;
             }
             if self.steal(si, t) {
@@ -516,6 +572,7 @@ impl Store {
         if n == 1 {
             return false;
         }
+        let fair_share_bytes = self.fair_share_bytes.load(Ordering::Relaxed);
         let start = self.steal_cursor.0.fetch_add(1, Ordering::Relaxed);
         for pass in 0..2 {
             for k in 0..n {
@@ -528,7 +585,7 @@ impl Store {
                     Err(TryLockError::Poisoned(p)) => p.into_inner(),
                     Err(TryLockError::WouldBlock) => continue,
                 };
-                if pass == 0 && g.bytes <= self.fair_share_bytes {
+                if pass == 0 && g.bytes <= fair_share_bytes {
                     continue;
                 }
                 if g.evict_one(t, &self.used_bytes.0) {
@@ -1036,7 +1093,7 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         let now = self.clock.now_rel_s();
-        let mut s = StoreStats { limit_maxbytes: self.config.memory_bytes_max as u64, ..StoreStats::default() };
+        let mut s = StoreStats { limit_maxbytes: self.memory_bytes_max() as u64, ..StoreStats::default() };
         for i in 0..self.shards.len() {
             let g = self.lock(i);
             let c = &g.counters;

@@ -847,3 +847,110 @@ fn plain_reads_of_stale_items_leave_the_win_token_for_mg() {
     let mgo = GetOpts { win_tokens: true, ..bump() };
     assert_eq!(s.get(b"p", mgo, |o| (o.stale, o.won, o.win_token_sent)), (true, true, false));
 }
+
+// ---- run-time memory limit -----------------------------------------------------------------
+
+fn used_now(s: &Store) -> usize {
+    s.used_bytes.0.load(Ordering::Relaxed)
+}
+
+#[test]
+fn lowering_the_memory_limit_evicts_lru_and_raising_it_admits_again() {
+    let s = store_with(|c| {
+        c.memory_bytes_max = 8 << 20;
+        c.shards = 4;
+    });
+    let v = vec![b'm'; 1000];
+    let put = |i: usize| s.store(SetMode::Set, format!("key{i:05}").as_bytes(), &v, 0, 0, StoreOpts::default());
+    // About 4 MB of 1 KB items.
+    let n = 4 * 1024 * 1024 / (1000 + 8 + ITEM_OVERHEAD_BYTES);
+    for i in 0..n {
+        stored_cas(put(i));
+    }
+    assert!(used_now(&s) >= 4_000_000, "filled {}", used_now(&s));
+    // Read the ten oldest keys: a read makes an item recently used too.
+    for i in 0..10 {
+        assert!(get(&s, &format!("key{i:05}")).is_some());
+    }
+    s.set_memory_limit(1 << 20);
+    assert!(used_now(&s) <= 1 << 20, "used {} after lowering", used_now(&s));
+    assert_eq!(s.memory_bytes_max(), 1 << 20);
+    let st = s.stats();
+    assert_eq!(st.limit_maxbytes, 1 << 20);
+    assert_eq!(st.bytes as usize, used_now(&s));
+    assert!(st.evictions as usize >= n - (1 << 20) / 1000, "evictions {}", st.evictions);
+    // The most recently stored keys survive, and so do the recently read old ones.
+    for i in n - 200..n {
+        assert!(present(&s, &format!("key{i:05}")), "recent key{i:05} evicted");
+    }
+    for i in 0..10 {
+        assert!(present(&s, &format!("key{i:05}")), "recently read key{i:05} evicted");
+    }
+    // The least recently used ones are gone.
+    let old_left = (10..1000).filter(|i| present(&s, &format!("key{i:05}"))).count();
+    assert_eq!(old_left, 0);
+    // Under the lowered limit stores still work (evicting), never exceeding it.
+    for i in n..n + 500 {
+        stored_cas(put(i));
+        assert!(used_now(&s) <= 1 << 20);
+    }
+    // Raised again: stores succeed and fill past the old, lower limit without evicting.
+    s.set_memory_limit(4 << 20);
+    let ev = s.stats().evictions;
+    for i in n + 500..n + 2500 {
+        stored_cas(put(i));
+    }
+    assert!(used_now(&s) > 2 << 20, "used {} after raising", used_now(&s));
+    assert!(used_now(&s) <= 4 << 20);
+    assert_eq!(s.stats().evictions, ev, "nothing evicted below the raised limit");
+    assert_eq!(s.stats().limit_maxbytes, 4 << 20);
+    // The creation-time config is unchanged.
+    assert_eq!(s.config().memory_bytes_max, 8 << 20);
+}
+
+#[test]
+fn memory_limit_lowered_below_an_item_refuses_it() {
+    let s = store_with(|c| c.shards = 1);
+    s.set_memory_limit(500);
+    assert_eq!(s.store(SetMode::Set, b"big", &[0u8; 600], 0, 0, StoreOpts::default()), StoreResult::TooLarge);
+    stored_cas(s.store(SetMode::Set, b"small", &[0u8; 100], 0, 0, StoreOpts::default()));
+    s.set_memory_limit(0);
+    assert_eq!(used_now(&s), 0);
+    assert!(!present(&s, "small"));
+}
+
+#[test]
+fn lowering_the_memory_limit_under_concurrent_stores() {
+    let s = std::sync::Arc::new(store_with(|c| {
+        c.memory_bytes_max = 4 << 20;
+        c.shards = 8;
+    }));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let v = vec![b'c'; 700];
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) && i < 200_000 {
+                    let k = format!("t{t}k{}", i % 20_000);
+                    let r = s.store(SetMode::Set, k.as_bytes(), &v, 0, 0, StoreOpts::default());
+                    assert!(matches!(r, StoreResult::Stored(_)), "{r:?}");
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    s.set_memory_limit(256 << 10);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A store that reserved against the old limit just before the change may have landed
+    // after it; the next store evicts for itself down to the limit.
+    stored_cas(s.store(SetMode::Set, b"last", &[0u8; 700], 0, 0, StoreOpts::default()));
+    assert!(used_now(&s) <= 256 << 10, "used {}", used_now(&s));
+    assert_eq!(s.stats().bytes as usize, used_now(&s));
+}

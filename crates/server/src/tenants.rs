@@ -1,0 +1,531 @@
+//! Tenants as the serving loops see them: each tenant has its own ports, its own store (its own
+//! memory limit and eviction), its own counters for `stats`, and (when shaping is configured)
+//! its own [`TenantShaper`]. The table of tenants can change at run time: the admin endpoint adds,
+//! edits and removes tenants through [`TenantTable`]'s [`TenantControl`] implementation, and each
+//! worker thread picks up the change (new listeners, closed ones) at the top of its next loop.
+//!
+//! Isolation is by port, as in the multi-tenant KV paper: a connection belongs to the tenant whose
+//! port it arrived on, and every request on it runs against that tenant's store only, so a
+//! tenant can never name another tenant's keys, flush them or count them.
+//!
+//! Without `[[tenant]]` the daemon runs one implicit tenant with no shaper, on `-p`/`-U`: the
+//! serving loops take the same path with the shaping steps skipped.
+//!
+//! Not for: the shaping arithmetic (slipstream-tenancy) or HTTP (admin.rs).
+
+use crate::exec::Settings;
+use crate::stats::{ServerInfo, ThreadStats};
+use mio::Waker;
+use slipstream_store::{KernelCache, Store, StoreConfig};
+use slipstream_tenancy::shaper::Member;
+use slipstream_tenancy::spec::{validate_all, SpecError, TENANTS_MAX};
+use slipstream_tenancy::{ControlError, ShapingSpec, Shaper, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::Instant;
+
+/// What the kernel fast path offers the tenant table (implemented by the fastpath glue). Kept as
+/// a trait so the table does not depend on how XDP keeps its per-tenant state.
+pub trait KernelTenants: Send + Sync {
+    /// Serve `udp_port` for kernel slot `slot`, paying from the tenant's allowance if `shaped`.
+    fn add_tenant(&self, slot: u32, udp_port: u16, shaped: bool) -> Result<(), String>;
+    /// Stop serving `slot` and drop its cached entries.
+    fn remove_tenant(&self, slot: u32);
+    /// The store observer that keeps the kernel's copy of `slot`'s items coherent.
+    fn observer(&self, slot: u32) -> Arc<dyn KernelCache>;
+    /// The ledger the control tick settles with.
+    fn ledger(&self) -> &dyn slipstream_tenancy::KernelLedger;
+}
+
+/// One tenant.
+pub struct Tenant {
+    pub name: String,
+    /// Stable index while the tenant exists: worker listener tokens and the kernel's tenant table.
+    pub slot: u32,
+    pub store: Arc<Store>,
+    /// This tenant's counters and connection gauges (`stats` on its ports shows only these).
+    pub info: Arc<ServerInfo>,
+    /// None in single-tenant mode (no shaping at all).
+    pub shaper: Option<Arc<TenantShaper>>,
+    /// The spec in force (None for the implicit single tenant).
+    spec: Mutex<Option<TenantSpec>>,
+    removed: AtomicBool,
+    /// One listener per worker thread (SO_REUSEPORT); each worker takes its own.
+    tcp: Mutex<Vec<Option<std::net::TcpListener>>>,
+    udp: Mutex<Vec<Option<std::net::UdpSocket>>>,
+    pub tcp_local: Option<SocketAddr>,
+    pub udp_local: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant").field("name", &self.name).field("slot", &self.slot).finish_non_exhaustive()
+    }
+}
+
+impl Tenant {
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    /// Worker `index` takes its listeners (once).
+    pub(crate) fn take_sockets(&self, index: usize) -> (Option<std::net::TcpListener>, Option<std::net::UdpSocket>) {
+        let tcp = self.tcp.lock().unwrap_or_else(PoisonError::into_inner).get_mut(index).and_then(Option::take);
+        let udp = self.udp.lock().unwrap_or_else(PoisonError::into_inner).get_mut(index).and_then(Option::take);
+        (tcp, udp)
+    }
+
+    pub fn spec(&self) -> Option<TenantSpec> {
+        self.spec.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// Bind `threads` SO_REUSEPORT sockets on each address given (port 0: the first picks).
+pub(crate) type Bound = (Vec<Option<std::net::TcpListener>>, Vec<Option<std::net::UdpSocket>>, Option<SocketAddr>, Option<SocketAddr>);
+
+pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr>, threads: usize) -> Result<Bound, (SocketAddr, io::Error)> {
+    let mut tcps = Vec::new();
+    let mut udps = Vec::new();
+    let mut tcp_local = None;
+    let mut udp_local = None;
+    for _ in 0..threads {
+        if let Some(mut addr) = tcp_addr {
+            if let Some(l) = tcp_local {
+                addr = l;
+            }
+            let l = crate::net::bind_tcp(addr).map_err(|e| (addr, e))?;
+            tcp_local = l.local_addr().ok();
+            tcps.push(Some(l));
+        } else {
+            tcps.push(None);
+        }
+        if let Some(mut addr) = udp_addr {
+            if let Some(l) = udp_local {
+                addr = l;
+            }
+            let u = crate::net::bind_udp(addr).map_err(|e| (addr, e))?;
+            udp_local = u.local_addr().ok();
+            udps.push(Some(u));
+        } else {
+            udps.push(None);
+        }
+    }
+    Ok((tcps, udps, tcp_local, udp_local))
+}
+
+/// What a new tenant's store and counters are built from.
+#[derive(Clone, Debug)]
+pub struct TenantDefaults {
+    pub listen: IpAddr,
+    pub store: StoreConfig,
+    pub conn_limit: usize,
+    pub item_bytes_max: usize,
+    pub listen_interface: Option<String>,
+    /// Ports tenants may not take (e.g. the admin port).
+    pub reserved_ports: Vec<u16>,
+}
+
+/// All tenants, shared by the workers, the admin endpoint and the control tick.
+pub struct TenantTable {
+    list: RwLock<Vec<Arc<Tenant>>>,
+    /// Bumped on every add/remove; workers compare it with what they last saw (one atomic
+    /// load per loop turn).
+    generation: AtomicU64,
+    pub threads: usize,
+    started: Instant,
+    /// Connections over all tenants, checked against `conn_limit`.
+    pub conns_total: AtomicU64,
+    pub conn_limit: usize,
+    /// Node-wide shaping (None in single-tenant mode).
+    pub shaper: Option<Arc<Shaper>>,
+    shaping: Mutex<ShapingSpec>,
+    defaults: Option<TenantDefaults>,
+    kernel: OnceLock<Arc<dyn KernelTenants>>,
+    wakers: OnceLock<Vec<Arc<Waker>>>,
+    /// Admin changes one at a time (validation sees a consistent table).
+    control: Mutex<()>,
+    pub settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for TenantTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantTable").field("threads", &self.threads).finish_non_exhaustive()
+    }
+}
+
+fn tenant_info(started: Instant, threads: usize, conn_limit: usize, item_bytes_max: usize, listen_interface: Option<String>, tcp: Option<SocketAddr>, udp: Option<SocketAddr>) -> ServerInfo {
+    ServerInfo {
+        started,
+        pid: std::process::id(),
+        threads,
+        conn_limit,
+        tcp_port: tcp.map(|a| a.port()).unwrap_or(0),
+        udp_port: udp.map(|a| a.port()).unwrap_or(0),
+        item_bytes_max,
+        curr_connections: AtomicU64::new(0),
+        per_thread: (0..threads).map(|_| Arc::new(ThreadStats::default())).collect(),
+        fastpath_enabled: false,
+        fastpath: None,
+        listen_interface,
+        verbosity: AtomicU64::new(0),
+        conns: Default::default(),
+    }
+}
+
+impl TenantTable {
+    /// Single-tenant mode: one implicit tenant serving `store` on the given sockets.
+    pub(crate) fn single(threads: usize, conn_limit: usize, settings: Arc<Settings>, store: Arc<Store>, info: Arc<ServerInfo>, bound: Bound) -> TenantTable {
+        let (tcps, udps, tcp_local, udp_local) = bound;
+        let t = Tenant {
+            name: "default".into(),
+            slot: 0,
+            store,
+            info: info.clone(),
+            shaper: None,
+            spec: Mutex::new(None),
+            removed: AtomicBool::new(false),
+            tcp: Mutex::new(tcps),
+            udp: Mutex::new(udps),
+            tcp_local,
+            udp_local,
+        };
+        TenantTable {
+            list: RwLock::new(vec![Arc::new(t)]),
+            generation: AtomicU64::new(1),
+            threads,
+            started: info.started,
+            conns_total: AtomicU64::new(info.curr_connections.load(Ordering::Relaxed)),
+            conn_limit,
+            shaper: None,
+            shaping: Mutex::new(ShapingSpec::default()),
+            defaults: None,
+            kernel: OnceLock::new(),
+            wakers: OnceLock::new(),
+            control: Mutex::new(()),
+            settings,
+        }
+    }
+
+    /// Tenant mode: validate all specs, bind every tenant's ports and build their stores. Nothing
+    /// is served until the workers start.
+    pub fn multi(threads: usize, settings: Arc<Settings>, shaping: ShapingSpec, specs: &[TenantSpec], defaults: TenantDefaults) -> Result<TenantTable, ControlError> {
+        shaping.validate().map_err(ControlError::Invalid)?;
+        validate_all(&shaping, specs, &defaults.reserved_ports).map_err(ControlError::Invalid)?;
+        let shaper = Arc::new(Shaper::new(shaping.ingress_bytes_per_s, shaping.egress_bytes_per_s, shaping.work_conserving));
+        let table = TenantTable {
+            list: RwLock::new(Vec::new()),
+            generation: AtomicU64::new(1),
+            threads: threads.max(1),
+            started: Instant::now(),
+            conns_total: AtomicU64::new(0),
+            conn_limit: defaults.conn_limit,
+            shaper: Some(shaper),
+            shaping: Mutex::new(shaping),
+            defaults: Some(defaults),
+            kernel: OnceLock::new(),
+            wakers: OnceLock::new(),
+            control: Mutex::new(()),
+            settings,
+        };
+        for spec in specs {
+            let t = table.build(spec.clone())?;
+            table.list.write().unwrap_or_else(PoisonError::into_inner).push(t);
+        }
+        Ok(table)
+    }
+
+    /// Bind a tenant's ports and build its store, counters and shaper (not yet in the list).
+    fn build(&self, spec: TenantSpec) -> Result<Arc<Tenant>, ControlError> {
+        let Some(d) = self.defaults.as_ref() else {
+            return Err(ControlError::Failed("tenants cannot be added in single-tenant mode".into()));
+        };
+        let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
+        let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
+        let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
+        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads).map_err(|(addr, e)| {
+            if e.kind() == io::ErrorKind::AddrInUse {
+                ControlError::Conflict(format!("cannot listen on {addr}: {e}"))
+            } else {
+                ControlError::Failed(format!("cannot listen on {addr}: {e}"))
+            }
+        })?;
+        // Lock shards as the single-tenant daemon picks them: each shard must hold a few of the
+        // largest items within the tenant's own memory.
+        let fit = (spec.memory_bytes() / (4 * d.store.item_bytes_max.max(1))).clamp(1, 64);
+        let shards = 1usize << (usize::BITS - 1 - fit.leading_zeros());
+        let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
+        let info = Arc::new(tenant_info(self.started, self.threads, d.conn_limit, d.item_bytes_max, d.listen_interface.clone(), tcp_local, udp_local));
+        let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let (rin, rout) = spec.rates(&shaping);
+        let shaper = Arc::new(TenantShaper::new(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share, slipstream_tenancy::monotonic_now_ns()));
+        let t = Arc::new(Tenant {
+            name: spec.name.clone(),
+            slot,
+            store,
+            info,
+            shaper: Some(shaper),
+            spec: Mutex::new(Some(spec)),
+            removed: AtomicBool::new(false),
+            tcp: Mutex::new(tcps),
+            udp: Mutex::new(udps),
+            tcp_local,
+            udp_local,
+        });
+        Ok(t)
+    }
+
+    fn free_slot(&self) -> Option<u32> {
+        let list = self.list.read().unwrap_or_else(PoisonError::into_inner);
+        (0..TENANTS_MAX as u32).find(|s| !list.iter().any(|t| t.slot == *s))
+    }
+
+    /// Hook tenants into the shaper's control tick and (if given) the kernel fast path; call once
+    /// before the workers start.
+    pub fn connect(&self, kernel: Option<Arc<dyn KernelTenants>>) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(k) = kernel {
+            let _ = self.kernel.set(k);
+        }
+        let list = self.snapshot();
+        for t in &list {
+            if let Err(e) = self.attach_tenant(t) {
+                problems.push(format!("tenant {}: kernel fast path off for it: {e}", t.name));
+            }
+        }
+        problems
+    }
+
+    fn attach_tenant(&self, t: &Arc<Tenant>) -> Result<(), String> {
+        let mut kernel_slot = None;
+        let mut result = Ok(());
+        if let (Some(k), Some(udp)) = (self.kernel.get(), t.udp_local) {
+            match k.add_tenant(t.slot, udp.port(), t.shaper.is_some()) {
+                Ok(()) => {
+                    t.store.set_kernel_cache(k.observer(t.slot));
+                    kernel_slot = Some(t.slot);
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        if let (Some(shaper), Some(ts)) = (self.shaper.as_ref(), t.shaper.as_ref()) {
+            shaper.add(Member { shaper: ts.clone(), kernel_slot });
+        }
+        result
+    }
+
+    pub(crate) fn set_wakers(&self, wakers: Vec<Arc<Waker>>) {
+        let _ = self.wakers.set(wakers);
+    }
+
+    fn wake_all(&self) {
+        if let Some(w) = self.wakers.get() {
+            for w in w {
+                let _ = w.wake();
+            }
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub fn snapshot(&self) -> Vec<Arc<Tenant>> {
+        self.list.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The first tenant's sockets' addresses (single-tenant mode: the -p/-U sockets).
+    pub fn first_locals(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        self.list.read().unwrap_or_else(PoisonError::into_inner).first().map(|t| (t.tcp_local, t.udp_local)).unwrap_or((None, None))
+    }
+
+    /// The control tick: settle the kernel's spending and re-divide capacity.
+    pub fn tick(&self, now_ns: u64) {
+        if let Some(s) = self.shaper.as_ref() {
+            s.tick(now_ns, self.kernel.get().map(|k| k.ledger()));
+        }
+    }
+
+    fn specs(&self) -> Vec<TenantSpec> {
+        self.snapshot().iter().filter_map(|t| t.spec()).collect()
+    }
+
+    fn reserved(&self) -> Vec<u16> {
+        self.defaults.as_ref().map(|d| d.reserved_ports.clone()).unwrap_or_default()
+    }
+
+    fn view(&self, t: &Tenant) -> Option<TenantView> {
+        let spec = t.spec()?;
+        let st = t.store.stats();
+        let (rin, rout, outstanding, throttled, dropped) = match t.shaper.as_ref() {
+            Some(s) => (
+                s.ingress.rate_bytes_per_s(),
+                s.egress.rate_bytes_per_s(),
+                s.outstanding(),
+                s.counters.throttled.load(Ordering::Relaxed),
+                s.counters.dropped.load(Ordering::Relaxed),
+            ),
+            None => (0, 0, 0, 0, 0),
+        };
+        Some(TenantView {
+            spec,
+            ingress_bytes_per_s: rin,
+            egress_bytes_per_s: rout,
+            memory_used_bytes: st.bytes,
+            items: st.curr_items,
+            evictions: st.evictions,
+            outstanding,
+            throttled,
+            dropped,
+        })
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.snapshot().into_iter().find(|t| t.name == name)
+    }
+
+    fn apply(&self, t: &Tenant, spec: &TenantSpec) {
+        let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(s) = t.shaper.as_ref() {
+            let (rin, rout) = spec.rates(&shaping);
+            s.reconfigure(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share);
+        }
+        t.store.set_memory_limit(spec.memory_bytes());
+    }
+}
+
+impl TenantControl for TenantTable {
+    fn list(&self) -> Vec<TenantView> {
+        self.snapshot().iter().filter_map(|t| self.view(t)).collect()
+    }
+
+    fn get(&self, name: &str) -> Option<TenantView> {
+        self.find(name).and_then(|t| self.view(&t))
+    }
+
+    fn add(&self, spec: TenantSpec) -> Result<TenantView, ControlError> {
+        let _g = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+        spec.validate().map_err(ControlError::Invalid)?;
+        let mut specs = self.specs();
+        if specs.iter().any(|s| s.name == spec.name) {
+            return Err(ControlError::Conflict(format!("tenant {:?} exists", spec.name)));
+        }
+        specs.push(spec.clone());
+        let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        validate_all(&shaping, &specs, &self.reserved()).map_err(|e| match e {
+            SpecError::Conflict(m) => ControlError::Conflict(m),
+            other => ControlError::Invalid(other),
+        })?;
+        let t = self.build(spec)?;
+        if let Err(e) = self.attach_tenant(&t) {
+            eprintln!("slipstream: tenant {}: kernel fast path off for it: {e}", t.name);
+        }
+        self.list.write().unwrap_or_else(PoisonError::into_inner).push(t.clone());
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.wake_all();
+        self.view(&t).ok_or_else(|| ControlError::Failed("tenant vanished".into()))
+    }
+
+    fn update(&self, name: &str, patch: TenantPatch) -> Result<TenantView, ControlError> {
+        let _g = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = self.find(name).ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let old = t.spec().ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let new = old.patched(&patch);
+        new.validate().map_err(ControlError::Invalid)?;
+        let specs: Vec<TenantSpec> = self.specs().into_iter().map(|s| if s.name == name { new.clone() } else { s }).collect();
+        let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        validate_all(&shaping, &specs, &self.reserved()).map_err(|e| match e {
+            SpecError::Conflict(m) => ControlError::Conflict(m),
+            other => ControlError::Invalid(other),
+        })?;
+        self.apply(&t, &new);
+        *t.spec.lock().unwrap_or_else(PoisonError::into_inner) = Some(new);
+        self.view(&t).ok_or_else(|| ControlError::NotFound(name.to_string()))
+    }
+
+    fn remove(&self, name: &str) -> Result<(), ControlError> {
+        let _g = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = self.find(name).ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        if t.spec().is_none() {
+            return Err(ControlError::NotFound(name.to_string()));
+        }
+        t.removed.store(true, Ordering::Release);
+        self.list.write().unwrap_or_else(PoisonError::into_inner).retain(|x| !Arc::ptr_eq(x, &t));
+        if let (Some(s), Some(ts)) = (self.shaper.as_ref(), t.shaper.as_ref()) {
+            s.remove(ts);
+        }
+        if let Some(k) = self.kernel.get() {
+            if t.udp_local.is_some() {
+                k.remove_tenant(t.slot);
+            }
+        }
+        // Sockets workers have not taken yet close now; the workers close theirs and the
+        // tenant's connections when they see the new generation.
+        t.tcp.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        t.udp.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.wake_all();
+        Ok(())
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let tenants: Vec<Arc<Tenant>> = self.snapshot().into_iter().filter(|t| t.spec().is_some()).collect();
+        type Getter = fn(&Tenant) -> u64;
+        let families: [(&str, &str, &str, Getter); 12] = [
+            ("slipstream_tenant_requests_total", "counter", "Requests executed in user space for the tenant.", |t| t.info.totals().requests),
+            ("slipstream_tenant_bytes_in_total", "counter", "Request bytes received for the tenant (user space).", |t| t.info.totals().bytes_read),
+            ("slipstream_tenant_bytes_out_total", "counter", "Reply bytes sent for the tenant (user space).", |t| t.info.totals().bytes_written),
+            ("slipstream_tenant_throttled_total", "counter", "Times the tenant's reads or batches were held back by its buckets or max_outstanding.", |t| {
+                t.shaper.as_ref().map(|s| s.counters.throttled.load(Ordering::Relaxed)).unwrap_or(0)
+            }),
+            ("slipstream_tenant_dropped_total", "counter", "UDP requests dropped because the tenant's queue was full.", |t| {
+                t.shaper.as_ref().map(|s| s.counters.dropped.load(Ordering::Relaxed)).unwrap_or(0)
+            }),
+            ("slipstream_tenant_memory_bytes", "gauge", "Bytes charged for the tenant's items.", |t| t.store.stats().bytes),
+            ("slipstream_tenant_memory_limit_bytes", "gauge", "The tenant's memory limit.", |t| t.store.stats().limit_maxbytes),
+            ("slipstream_tenant_items", "gauge", "Items in the tenant's store.", |t| t.store.stats().curr_items),
+            ("slipstream_tenant_evictions_total", "counter", "Items evicted from the tenant's store to make room.", |t| t.store.stats().evictions),
+            ("slipstream_tenant_kernel_requests_total", "counter", "Requests the kernel fast path answered for the tenant.", |t| {
+                t.shaper.as_ref().map(|s| s.counters.kernel_requests.load(Ordering::Relaxed)).unwrap_or(0)
+            }),
+            ("slipstream_tenant_ingress_rate_bytes_per_s", "gauge", "Ingress bucket refill rate in force.", |t| {
+                t.shaper.as_ref().map(|s| s.ingress.rate_bytes_per_s()).unwrap_or(0)
+            }),
+            ("slipstream_tenant_egress_rate_bytes_per_s", "gauge", "Egress bucket refill rate in force.", |t| {
+                t.shaper.as_ref().map(|s| s.egress.rate_bytes_per_s()).unwrap_or(0)
+            }),
+        ];
+        for (name, kind, help, get) in families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for t in &tenants {
+                let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", t.name, get(t));
+            }
+        }
+    }
+}
+
+/// The kernel fast path as the tenant table uses it.
+pub struct KernelAdapter(pub Arc<crate::fastpath::KernelFastPath>);
+
+impl KernelTenants for KernelAdapter {
+    fn add_tenant(&self, slot: u32, udp_port: u16, shaped: bool) -> Result<(), String> {
+        self.0.add_tenant(slot, udp_port, shaped).map_err(|e| e.to_string())
+    }
+
+    fn remove_tenant(&self, slot: u32) {
+        if let Err(e) = self.0.remove_tenant(slot) {
+            eprintln!("slipstream: kernel fast path: removing tenant slot {slot}: {e}");
+        }
+    }
+
+    fn observer(&self, slot: u32) -> Arc<dyn KernelCache> {
+        self.0.observer(slot)
+    }
+
+    fn ledger(&self) -> &dyn slipstream_tenancy::KernelLedger {
+        &*self.0
+    }
+}
