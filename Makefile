@@ -31,6 +31,7 @@ test: test-rust test-py
 bench: build
 	bash bench/kv_bench.sh
 	bash bench/xdp_bench.sh
+	bash bench/tenant_bench.sh
 
 clean:
 	$(CARGO) clean
