@@ -9,9 +9,10 @@
 //!    UDP port answers its own value, repeatedly, with the kernel answering
 //!    (`slipstream_tenant_kernel_requests_total` grows for both); a key only t0 has is a miss
 //!    on t1's port;
-//! 2. no escape through XDP: an open-loop blast of gets for a cached ~1000-byte value at t0's
-//!    port, far above t0's egress share, gets replies at no more than
-//!    share x 1.25 + burst / window, while the kernel did answer part of them;
+//! 2. no escape through XDP: an open-loop blast of gets for a cached 160-byte value (see
+//!    `VALUE_BYTES` for why not larger) at t0's port, far above t0's egress share, gets replies at no more than
+//!    share x 1.25 + burst / window, while the kernel did answer part of them (and, offered
+//!    0.8 x the share, XDP answers most gets and every one is answered);
 //! 3. `PUT /tenants/t0 {"share": 0.5}` roughly doubles the measured rate (within +-30%).
 //!
 //! Not randomized (no seed). Needs root (namespaces, XDP); prints SKIP and passes otherwise.
@@ -32,14 +33,20 @@ const TOKEN: &str = "xdpd-secret";
 const V4S: &str = "10.205.0.1";
 const V4C: &str = "10.205.0.2";
 /// The node's egress (and ingress) capacity that shares divide, small so that a modest
-/// client rate saturates a share.
-const CAPACITY_BYTES_PER_S: u64 = 2_000_000;
+/// open-loop client rate saturates a share on two shared CPUs.
+const CAPACITY_BYTES_PER_S: u64 = 800_000;
 const SHARE_T0: f64 = 0.25;
 const SHARE_T0_RAISED: f64 = 0.5;
 const BURST_BYTES: u64 = 16_384;
-const VALUE_BYTES: usize = 1000;
-/// The blast: requests per second and for how long (open loop; demand ~4 MB/s, 8x t0's share).
-const BLAST_REQUESTS_PER_S: u64 = 4000;
+/// The blasted value. Not ~1000 bytes: on a veth, XDP can grow a request packet into its reply
+/// only by the headroom veth leaves in front of it (about 256 bytes; the tailroom is nearly
+/// nil), so the kernel passes up every get whose reply is more than ~220 bytes longer than the
+/// request, and a 1000-byte value would measure user space alone. 160 bytes (a 184-byte reply
+/// to a 9-byte request) is answered by XDP.
+const VALUE_BYTES: usize = 160;
+/// The blast: requests per second and for how long (open loop; demand ~1.1 MB/s, 5.5x t0's
+/// share at 0.25 and 2.75x at 0.5).
+const BLAST_REQUESTS_PER_S: u64 = 6000;
 const BLAST_WINDOW: Duration = Duration::from_secs(2);
 /// Most datagrams one blast sends (bounds the loop whatever the clock does).
 const BLAST_REQUESTS_MAX: u64 = BLAST_REQUESTS_PER_S * 3;
@@ -367,9 +374,9 @@ impl Blast {
     }
 }
 
-/// Open-loop gets of `req` at `port`: `BLAST_REQUESTS_PER_S` for `BLAST_WINDOW` from one
-/// socket, replies counted by a receiver thread on the same socket.
-fn blast(port: u16, req: &str) -> Blast {
+/// Open-loop gets of `req` at `port`: `requests_per_s` for `BLAST_WINDOW` from one socket,
+/// replies counted by a receiver thread on the same socket.
+fn blast(port: u16, req: &str, requests_per_s: u64) -> Blast {
     let sock = UdpSocket::bind((V4C, 0)).expect("bind blast socket");
     sock.set_read_timeout(Some(Duration::from_millis(20))).expect("read timeout");
     let rx = sock.try_clone().expect("clone blast socket");
@@ -407,7 +414,7 @@ fn blast(port: u16, req: &str) -> Blast {
             break;
         }
         // Catch up to the schedule (open loop: never waits for replies).
-        let due = (elapsed.as_secs_f64() * BLAST_REQUESTS_PER_S as f64) as u64;
+        let due = (elapsed.as_secs_f64() * requests_per_s as f64) as u64;
         while sent < due.min(BLAST_REQUESTS_MAX) {
             rid = rid.wrapping_add(1).max(1);
             // A full socket buffer just loses the datagram, as a real open-loop client would.
@@ -493,19 +500,6 @@ fn xdp_tenants_obey_their_shares_in_the_daemon() {
         let fastpath_hits = stats.lines().find_map(|l| l.strip_prefix("STAT fastpath_hits ")).unwrap_or("absent").trim().to_string();
         println!("isolation: `stats` on t0's port shows fastpath_hits {fastpath_hits}");
 
-        // PROBE (temporary)
-        for size in [50usize, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200] {
-            let v: String = "p".repeat(size);
-            let key = format!("probe{size}");
-            assert_eq!(tcp_cmd(T0_PORT, &format!("set {key} 0 0 {size}\r\n{v}\r\n")), "STORED\r\n");
-            let before = kernel_requests("t0");
-            for _ in 0..10 {
-                assert_eq!(u.ask(T0_PORT, &format!("get {key}\r\n")).as_deref(), Some(&*value_reply(&key, &v)));
-                std::thread::sleep(Duration::from_millis(12));
-            }
-            std::thread::sleep(Duration::from_millis(30));
-            println!("PROBE size {size}: kernel answered {} of 10", kernel_requests("t0") - before);
-        }
         // ---- 2. No escape through XDP.
         let big: String = (0..VALUE_BYTES).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
         assert_eq!(tcp_cmd(T0_PORT, &format!("set big 0 0 {VALUE_BYTES}\r\n{big}\r\n")), "STORED\r\n");
@@ -518,7 +512,7 @@ fn xdp_tenants_obey_their_shares_in_the_daemon() {
         let reply_bytes = value_reply("big", &big).len() as f64;
         let check = |share: f64, label: &str| -> f64 {
             let before = kernel_requests("t0");
-            let b = blast(T0_PORT, "get big\r\n");
+            let b = blast(T0_PORT, "get big\r\n", BLAST_REQUESTS_PER_S);
             std::thread::sleep(Duration::from_millis(60));
             let kernel = kernel_requests("t0") - before;
             let rate = b.bytes_per_s();
@@ -538,7 +532,7 @@ fn xdp_tenants_obey_their_shares_in_the_daemon() {
             );
             println!("{label}: {}", t0_counters());
             assert!(
-                b.sent as f64 * reply_bytes / b.window_s > 3.0 * share_bytes_per_s,
+                b.sent as f64 * reply_bytes / b.window_s > 2.0 * share_bytes_per_s,
                 "{label}: the blast did not ask for well above the share"
             );
             assert!(rate <= bound, "{label}: t0 escaped its share: {rate:.0} B/s > bound {bound:.0} B/s");
@@ -548,6 +542,23 @@ fn xdp_tenants_obey_their_shares_in_the_daemon() {
             assert!(rate >= 0.5 * share_bytes_per_s, "{label}: t0 got only {rate:.0} B/s of its {share_bytes_per_s:.0} B/s share");
             rate
         };
+        // Below the share first: the kernel should answer nearly everything, at the offered rate.
+        let light_per_s = (0.8 * SHARE_T0 * CAPACITY_BYTES_PER_S as f64 / reply_bytes) as u64;
+        let before = kernel_requests("t0");
+        let b = blast(T0_PORT, "get big\r\n", light_per_s);
+        std::thread::sleep(Duration::from_millis(60));
+        let kernel = kernel_requests("t0") - before;
+        let replies = b.replies_in_window + b.replies_late;
+        println!(
+            "below the share (0.8 x): sent {} gets in {:.2} s; {replies} replies ({:.0} B/s); kernel answered {kernel} ({:.0}%)",
+            b.sent,
+            b.window_s,
+            b.bytes_per_s(),
+            100.0 * kernel as f64 / replies.max(1) as f64
+        );
+        assert!(replies * 100 >= b.sent * 95, "below its share t0 lost replies: {replies} of {}", b.sent);
+        assert!(kernel * 2 >= replies, "below its share XDP answered only {kernel} of {replies} gets");
+        std::thread::sleep(Duration::from_millis(200));
         let rate_quarter = check(SHARE_T0, "no escape (share 0.25)");
 
         // ---- 3. Raising the share at run time doubles the rate.
