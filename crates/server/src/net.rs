@@ -68,6 +68,8 @@ pub const UDP_QUEUE_BYTES_MAX: usize = 1 << 20;
 /// Longest a held-back connection sleeps before looking again, even when its bucket's rate is 0
 /// (an admin change may reopen it).
 const THROTTLE_RECHECK_NS_MAX: u64 = 100_000_000;
+/// Held-back connections served per loop turn before the poll looks at new events again.
+const THROTTLED_SERVED_PER_TURN: usize = 4;
 /// Smallest read a shaped connection makes when its ingress bucket is open.
 const READ_BYTES_MIN_SHAPED: usize = 1024;
 /// Events handled per `epoll_wait`.
@@ -454,16 +456,21 @@ impl Worker {
         let n = list.len();
         self.rr = self.rr.wrapping_add(1);
         let start = self.rr % n;
+        let mut served = 0usize;
         for j in 0..n {
             let i = list[(start + j) % n];
             let Some(s) = self.conns.get_mut(i).and_then(Option::as_mut) else { continue };
             if !s.conn.in_throttled {
                 continue;
             }
-            if s.conn.throttle_until_ns > now {
+            if s.conn.throttle_until_ns > now || served >= THROTTLED_SERVED_PER_TURN {
+                // Not yet due, or this turn's share of work for held-back connections is used
+                // up: the rest wait for the next turn, after the poll has looked at new events,
+                // so a tenant within its share is not queued behind a crowd of throttled ones.
                 self.throttled.push(i);
                 continue;
             }
+            served += 1;
             s.conn.in_throttled = false;
             s.conn.throttle_until_ns = 0;
             if s.conn.blocked_on_write {
@@ -854,6 +861,7 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
     for _ in 0..ROUNDS_PER_EVENT {
         let mut limits: Option<(u32, u64)> = None;
         let mut wait_ns = 0u64;
+        let mut read_budget = usize::MAX;
         let mut may_execute = true;
         if let Some(sh) = shaper {
             let now = monotonic_now_ns();
@@ -867,11 +875,17 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
                 }
             }
             if do_read {
-                if let Err(ns) = sh.ingress_open(now) {
-                    // Over its ingress rate: leave the bytes in the socket (back-pressure); what
-                    // is already buffered still runs.
-                    do_read = false;
-                    wait_ns = ns;
+                match sh.ingress_budget(now) {
+                    // A shaped tenant reads no more than its ingress balance (at least a small
+                    // chunk, so a tiny balance does not mean one-byte reads); the rest stays in
+                    // the socket.
+                    Ok(tokens) => read_budget = tokens.max(READ_BYTES_MIN_SHAPED as u64).min(usize::MAX as u64) as usize,
+                    Err(ns) => {
+                        // Over its ingress rate: leave the bytes in the socket (back-pressure);
+                        // what is already buffered still runs.
+                        do_read = false;
+                        wait_ns = ns;
+                    }
                 }
             }
         }
@@ -879,13 +893,6 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
         // Whether the socket may still hold unread bytes (the buffer filled before it drained).
         let mut more_to_read = false;
         let mut read_bytes = 0u64;
-        // A shaped tenant reads no more than its ingress balance (at least a small chunk, so a
-        // tiny balance does not mean one-byte reads); the rest stays in the socket.
-        let mut read_budget = usize::MAX;
-        if let (Some(sh), true) = (shaper, do_read) {
-            let tokens = sh.ingress.available(monotonic_now_ns()).max(0) as u64;
-            read_budget = tokens.max(READ_BYTES_MIN_SHAPED as u64).min(usize::MAX as u64) as usize;
-        }
         if do_read {
             // A short read means the socket had no more; the edge-triggered poll reports any
             // later arrival, so we skip the extra read that would only return EAGAIN.

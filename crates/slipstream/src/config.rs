@@ -4,6 +4,8 @@
 //! Not for: validating protocol input; only start-up settings live here.
 
 use serde::Deserialize;
+use slipstream_stream::config::ResultsConfig;
+use slipstream_stream::StreamConfig;
 use slipstream_tenancy::{ShapingSpec, TenantSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -60,6 +62,10 @@ pub struct Config {
     pub shaping: ShapingSpec,
     /// `[[tenant]]` entries; empty = single-tenant mode on -p/-U.
     pub tenants: Vec<TenantSpec>,
+    /// `[results]` (where stream results go); used only with streams.
+    pub results: ResultsConfig,
+    /// `[[stream]]` entries; empty = no stream offload.
+    pub streams: Vec<StreamConfig>,
 }
 
 impl Default for Config {
@@ -83,6 +89,8 @@ impl Default for Config {
             admin_token: None,
             shaping: ShapingSpec::default(),
             tenants: Vec::new(),
+            results: ResultsConfig::default(),
+            streams: Vec::new(),
         }
     }
 }
@@ -95,6 +103,70 @@ struct FileConfig {
     shaping: Option<ShapingSpec>,
     #[serde(default)]
     tenant: Vec<TenantSpec>,
+    results: Option<FileResults>,
+    #[serde(default)]
+    stream: Vec<FileStream>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileResults {
+    tcp_port: u16,
+}
+
+/// One `[[stream]]` as written; keys are `StreamConfig`'s field names, absent ones take its
+/// defaults.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileStream {
+    name: String,
+    udp_port: u16,
+    operator: String,
+    window_ms: Option<u64>,
+    slide_ms: Option<u64>,
+    reference_windows: Option<u32>,
+    threshold: Option<f64>,
+    history: Option<u32>,
+    method: Option<String>,
+    drift: Option<f64>,
+    filter: Option<String>,
+    filter_value: Option<f64>,
+    filter_upper: Option<f64>,
+    filter_word: Option<String>,
+    filter_action: Option<String>,
+    format: Option<String>,
+    word_bytes_max: Option<usize>,
+    records_per_datagram_max: Option<usize>,
+    values_per_window_max: Option<usize>,
+    distinct_words_per_window_max: Option<usize>,
+}
+
+impl FileStream {
+    fn into_config(self) -> StreamConfig {
+        let d = StreamConfig::default();
+        StreamConfig {
+            name: self.name,
+            udp_port: self.udp_port,
+            operator: self.operator,
+            window_ms: self.window_ms.unwrap_or(d.window_ms),
+            slide_ms: self.slide_ms.or(d.slide_ms),
+            reference_windows: self.reference_windows.unwrap_or(d.reference_windows),
+            threshold: self.threshold.unwrap_or(d.threshold),
+            history: self.history.unwrap_or(d.history),
+            method: self.method.unwrap_or(d.method),
+            drift: self.drift.unwrap_or(d.drift),
+            filter: self.filter.or(d.filter),
+            filter_value: self.filter_value.or(d.filter_value),
+            filter_upper: self.filter_upper.or(d.filter_upper),
+            filter_word: self.filter_word.or(d.filter_word),
+            filter_action: self.filter_action.unwrap_or(d.filter_action),
+            format: self.format.unwrap_or(d.format),
+            word_bytes_max: self.word_bytes_max.unwrap_or(d.word_bytes_max),
+            records_per_datagram_max: self.records_per_datagram_max.unwrap_or(d.records_per_datagram_max),
+            values_per_window_max: self.values_per_window_max.unwrap_or(d.values_per_window_max),
+            distinct_words_per_window_max: self.distinct_words_per_window_max.unwrap_or(d.distinct_words_per_window_max),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -286,6 +358,17 @@ impl Config {
             sh.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[shaping]: {e}") })?;
             self.shaping = sh;
         }
+        if let Some(r) = file.results {
+            let r = ResultsConfig { tcp_port: r.tcp_port };
+            r.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[results]: {e}") })?;
+            self.results = r;
+        }
+        if !file.stream.is_empty() {
+            let streams: Vec<StreamConfig> = file.stream.into_iter().map(FileStream::into_config).collect();
+            slipstream_stream::config::validate_streams(&streams)
+                .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[stream]]: {e}") })?;
+            self.streams = streams;
+        }
         if !file.tenant.is_empty() {
             // Ports and shares are checked against each other here, so a bad file fails at start
             // with the reason rather than half-serving.
@@ -412,6 +495,29 @@ mod tests {
         let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
         assert!(e.contains("7"), "{e}");
         std::fs::write(&f, "[[tenant]]\nname = \"a\"\ntcp_port = 7\nshare = 0.5\nshaer = 1\n").unwrap();
+        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn streams_and_results_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("slipstream-cfg-s-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("s.toml");
+        std::fs::write(
+            &f,
+            "[results]\ntcp_port = 7100\n[[stream]]\nname = \"sensor\"\nudp_port = 7001\noperator = \"changepoint\"\nwindow_ms = 100\n\
+             reference_windows = 8\nthreshold = 5.0\nhistory = 1024\n[[stream]]\nname = \"words\"\nudp_port = 7002\noperator = \"wordcount\"\n",
+        )
+        .unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.results.tcp_port, 7100);
+        assert_eq!(c.streams.len(), 2);
+        assert_eq!((c.streams[0].reference_windows, c.streams[0].history, c.streams[1].window_ms), (8, 1024, 100));
+        std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"median\"\n").unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("operator"), "{e}");
+        std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\nwindw_ms = 5\n").unwrap();
         assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
         let _ = std::fs::remove_dir_all(&dir);
     }

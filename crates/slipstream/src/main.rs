@@ -7,6 +7,7 @@
 //! (slipstream-store).
 
 mod config;
+mod send;
 
 use config::{Config, ConfigError};
 use slipstream_server::exec::Settings;
@@ -25,6 +26,7 @@ const USAGE: &str = "\
 slipstream — network-path acceleration for data services (memcached-compatible cache)
 
 usage: slipstream serve [options]      (or: slipstream [options])
+       slipstream send [options]       stream generator (`slipstream send --help`)
        slipstream --version | help
 
 options (memcached's, with memcached's defaults):
@@ -94,6 +96,9 @@ fn run(mut args: Vec<String>) -> Result<(), MainError> {
         }
         Some("serve") => {
             args.remove(0);
+        }
+        Some("send") => {
+            return send::run(&args[1..]).map_err(MainError::Start);
         }
         Some(a) if a.starts_with('-') => {}
         None => {}

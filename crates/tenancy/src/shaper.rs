@@ -112,6 +112,17 @@ impl TenantShaper {
         }
     }
 
+    /// How many bytes a read may take now (`Ok`, > 0), or how long to wait (`Err`). One refill
+    /// and one balance read, for the per-batch path.
+    pub fn ingress_budget(&self, now_ns: u64) -> Result<u64, u64> {
+        let t = self.ingress.available(now_ns);
+        if t > 0 {
+            return Ok(t as u64);
+        }
+        self.held_back();
+        Err(self.ingress.wait_ns(now_ns).max(1))
+    }
+
     pub fn charge_ingress(&self, bytes: u64) {
         self.ingress.charge(bytes);
     }
