@@ -55,7 +55,12 @@ pub struct AdminState {
     pub tenants: Option<Arc<dyn TenantControl>>,
     /// The bearer token. `None` (or empty) leaves GETs open and refuses every change.
     pub token: Option<String>,
+    /// Other services' Prometheus text (e.g. the stream offload engine), appended to /metrics.
+    pub extra_metrics: Vec<MetricsFn>,
 }
+
+/// A service's metrics renderer: appends Prometheus text.
+pub type MetricsFn = Arc<dyn Fn(&mut String) + Send + Sync>;
 
 /// The endpoint's own counters, shown in `/metrics`.
 #[derive(Default)]
@@ -712,6 +717,9 @@ fn metrics(shared: &Shared) -> String {
         let _ = writeln!(out, "# HELP slipstream_tenants Tenants configured\n# TYPE slipstream_tenants gauge\nslipstream_tenants {}", t.list().len());
         t.render_metrics(&mut out);
     }
+    for f in &shared.state.extra_metrics {
+        f(&mut out);
+    }
     out
 }
 
@@ -856,7 +864,7 @@ mod tests {
     fn serve(token: Option<&str>, tenants: bool) -> (SocketAddr, Arc<Mock>) {
         let mock = Arc::new(Mock::default());
         let control: Option<Arc<dyn TenantControl>> = if tenants { Some(mock.clone()) } else { None };
-        let state = AdminState { node: None, tenants: control, token: token.map(str::to_string) };
+        let state = AdminState { node: None, tenants: control, token: token.map(str::to_string), extra_metrics: Vec::new() };
         let addr = start("127.0.0.1:0".parse().expect("literal address"), state).expect("bind admin");
         (addr, mock)
     }

@@ -851,6 +851,12 @@ fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, r
 /// Rounds of read → execute → write one event may take before the connection goes to the back
 /// of the line (memcached's `reqs_per_event` idea): a streaming client cannot starve the others.
 const ROUNDS_PER_EVENT: usize = 8;
+/// Shaped tenants take smaller turns: a connection resumed after its bucket refilled would
+/// otherwise spend a whole burst in one go while other tenants' requests wait behind it (latency
+/// isolation). Throughput is set by the buckets, not by batch size, so little is lost.
+const ROUNDS_PER_EVENT_SHAPED: usize = 2;
+const BATCH_REQUESTS_MAX_SHAPED: u32 = 16;
+const BATCH_REPLY_BYTES_MAX_SHAPED: u64 = 16 * 1024;
 
 /// Read what is there, execute every complete request, write the batch's replies; repeat while
 /// the socket may hold more and the round budget lasts. With a shaper, each round first asks
@@ -858,7 +864,8 @@ const ROUNDS_PER_EVENT: usize = 8;
 fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env: &Env<'_>, mut do_read: bool, peer_closed: bool) -> After {
     let stats = thread_stats(tenant, env.index);
     let shaper = tenant.shaper.as_deref();
-    for _ in 0..ROUNDS_PER_EVENT {
+    let rounds = if shaper.is_some() { ROUNDS_PER_EVENT_SHAPED } else { ROUNDS_PER_EVENT };
+    for _ in 0..rounds {
         let mut limits: Option<(u32, u64)> = None;
         let mut wait_ns = 0u64;
         let mut read_budget = usize::MAX;
@@ -866,7 +873,9 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
         if let Some(sh) = shaper {
             let now = monotonic_now_ns();
             match sh.admit(now) {
-                Admit::Go { requests, reply_bytes } => limits = Some((requests, reply_bytes)),
+                Admit::Go { requests, reply_bytes } => {
+                    limits = Some((requests.min(BATCH_REQUESTS_MAX_SHAPED), reply_bytes.min(BATCH_REPLY_BYTES_MAX_SHAPED)))
+                }
                 Admit::Wait { ns } => {
                     // No replies may be produced now, so reading more would only pile up input.
                     may_execute = false;

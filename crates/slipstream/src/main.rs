@@ -12,7 +12,8 @@ mod send;
 use config::{Config, ConfigError};
 use slipstream_server::exec::Settings;
 use slipstream_server::fastpath::KernelFastPath;
-use slipstream_server::admin::AdminState;
+use slipstream_server::admin::{AdminState, MetricsFn};
+use slipstream_streamsvc::{ServiceConfig, StreamService};
 use slipstream_server::net::{NetConfig, Server, StopHandle};
 use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
 use slipstream_tenancy::TenantControl;
@@ -142,6 +143,48 @@ fn attach_fast_path(cfg: &Config, store: &Store) -> (Option<Arc<KernelFastPath>>
     }
 }
 
+/// Start the stream offload engine when `[[stream]]`s are configured; returns it and the status
+/// line's part about it.
+fn start_streams(cfg: &Config) -> Result<(Option<Arc<StreamService>>, String), MainError> {
+    if cfg.streams.is_empty() {
+        return Ok((None, String::new()));
+    }
+    let svc = StreamService::start(ServiceConfig {
+        listen: cfg.listen,
+        results: cfg.results.clone(),
+        streams: cfg.streams.clone(),
+        ..ServiceConfig::default()
+    })
+    .map_err(|e| MainError::Start(format!("stream offload: {e}")))?;
+    let names: Vec<String> = svc.stream_addrs().iter().map(|(n, a)| format!("{n} udp {a}")).collect();
+    let line = format!(
+        "; stream offload (user-space engine) [{}] results tcp {}",
+        names.join("; "),
+        svc.results_addr()
+    );
+    Ok((Some(Arc::new(svc)), line))
+}
+
+fn stream_metrics(streams: &Option<Arc<StreamService>>) -> Vec<MetricsFn> {
+    match streams {
+        Some(s) => {
+            let s = s.clone();
+            vec![Arc::new(move |out: &mut String| s.render_metrics(out))]
+        }
+        None => Vec::new(),
+    }
+}
+
+/// Stop the stream engine's threads if nothing else holds it (the admin thread may; then the
+/// process exit ends them).
+fn stop_streams(streams: Option<Arc<StreamService>>) {
+    if let Some(s) = streams {
+        if let Ok(s) = Arc::try_unwrap(s) {
+            s.stop();
+        }
+    }
+}
+
 /// Stop the server on SIGINT/SIGTERM (blocked everywhere by `block_signals`).
 fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), MainError> {
     std::thread::Builder::new()
@@ -190,6 +233,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
     info.conn_limit = cfg.conn_limit;
     let read_buf_bytes_max = (cfg.item_bytes_max + 64 * 1024).max((1 << 20) + 4096);
     let server = Server::start_tenants(table.clone(), read_buf_bytes_max, Arc::new(info)).map_err(|e| MainError::Start(e.to_string()))?;
+    let (streams, stream_line) = start_streams(&cfg)?;
 
     // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
     // the buckets directly, so they are in force within one tick.
@@ -208,7 +252,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
     let admin_line = match cfg.admin_addr {
         Some(addr) => {
             let control: Arc<dyn TenantControl> = table.clone();
-            match slipstream_server::admin::start(addr, AdminState { node: None, tenants: Some(control), token: cfg.admin_token.clone() }) {
+            match slipstream_server::admin::start(addr, AdminState { node: None, tenants: Some(control), token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) }) {
                 Ok(local) => format!(
                     ", admin http://{local}/ ({})",
                     if cfg.admin_token.is_some() { "token required" } else { "read-only: no admin_token" }
@@ -233,7 +277,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         })
         .collect();
     println!(
-        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}; {}",
+        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}; {}{}",
         slipstream_server::VERSION_STRING,
         tenants.len(),
         tenants.join("; "),
@@ -243,9 +287,11 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         cfg.threads,
         admin_line,
         fastpath,
+        stream_line,
     );
     spawn_signal_thread(sigset, server.stop_handle())?;
     server.join();
+    stop_streams(streams);
     if let Some(k) = kernel {
         k.shutdown();
     }
@@ -343,11 +389,12 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         conns: Default::default(),
     };
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
+    let (streams, stream_line) = start_streams(&cfg)?;
 
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
             addr,
-            AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone() },
+            AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) },
         ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
             Err(e) => return Err(MainError::Start(format!("cannot listen for admin on {addr}: {e}"))),
@@ -355,7 +402,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         None => String::new(),
     };
     println!(
-        "slipstream {}: tcp {}, udp {}, {} threads, {} MB memory, {} connections max, items up to {} bytes{}; {}",
+        "slipstream {}: tcp {}, udp {}, {} threads, {} MB memory, {} connections max, items up to {} bytes{}; {}{}",
         slipstream_server::VERSION_STRING,
         server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
@@ -365,10 +412,12 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         cfg.item_bytes_max,
         admin_line,
         fastpath,
+        stream_line,
     );
 
     spawn_signal_thread(sigset, server.stop_handle())?;
     server.join();
+    stop_streams(streams);
     if let Some(k) = kernel {
         // Detach explicitly: the store (still referenced by the admin thread) holds the fast
         // path too, so it would not be dropped before exit otherwise.

@@ -1,0 +1,353 @@
+//! ingest: one thread per stream that drains the stream's UDP socket in batches (`recvmmsg`),
+//! stamps each batch with the CLOCK_MONOTONIC receive time, feeds every datagram to the
+//! stream's operator and hands the result bytes to the hub.
+//!
+//! What it is for: the receive path. The socket is blocking with `SO_RCVTIMEO` = the stream's
+//! tick (min(window/4, 10 ms), at least 100 µs), so an idle stream still wakes to close windows
+//! and to notice a stop request; under traffic the tick is checked after every batch.
+//! Kernel drops: `SO_RXQ_OVFL` makes the kernel attach the socket's cumulative drop counter to
+//! every datagram queued after a drop; it is read from the control message of each datagram,
+//! and on every tick also from `SO_MEMINFO` (same counter) so drops followed by silence are
+//! still reported. Both are the kernel's `sk_drops`, counted from socket creation.
+//!
+//! What it is not for: subscribers (hub) or operator logic (slipstream-stream).
+
+use std::io;
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slipstream_stream::{feed_datagram, Encoding, Limits, Operator, ParseStats};
+
+use crate::{monotonic_ns, Shared};
+
+/// Datagrams taken per `recvmmsg`.
+pub(crate) const BATCH: usize = 32;
+/// Receive slot per datagram: one more than the largest UDP payload the contract accepts
+/// (65535), so a longer one shows up as `MSG_TRUNC` instead of silently cut.
+pub(crate) const SLOT_BYTES: usize = 65_536;
+/// Control-message space per datagram (one `SO_RXQ_OVFL` cmsg needs 20 bytes; room to spare).
+const CTRL_BYTES: usize = 64;
+/// Shortest and longest idle tick.
+const TICK_NS_MIN: u64 = 100_000;
+const TICK_NS_MAX: u64 = 10_000_000;
+
+/// The tick for a stream with windows of `window_ns`.
+pub(crate) fn tick_ns(window_ns: u64) -> u64 {
+    (window_ns / 4).clamp(TICK_NS_MIN, TICK_NS_MAX)
+}
+
+/// The kernel's cumulative drop counter found in a control-message buffer (`msg_control`,
+/// `msg_controllen` bytes), if an `SOL_SOCKET`/`SO_RXQ_OVFL` message is there. Parses the
+/// Linux `cmsghdr` layout (`size_t cmsg_len; int level; int type;` then data aligned to
+/// `size_t`) by hand, so no pointer arithmetic on kernel-filled memory is needed.
+pub(crate) fn parse_rxq_ovfl(ctrl: &[u8]) -> Option<u32> {
+    const ALIGN: usize = std::mem::size_of::<usize>();
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let align = |n: usize| n.checked_add(ALIGN - 1).map(|n| n & !(ALIGN - 1));
+    let mut off = 0usize;
+    let mut found = None;
+    while let Some(h) = ctrl.get(off..off.checked_add(hdr)?) {
+        let len = usize::from_ne_bytes(h.get(0..ALIGN)?.try_into().ok()?);
+        let level = i32::from_ne_bytes(h.get(ALIGN..ALIGN + 4)?.try_into().ok()?);
+        let ty = i32::from_ne_bytes(h.get(ALIGN + 4..ALIGN + 8)?.try_into().ok()?);
+        if len < hdr {
+            break;
+        }
+        let data = ctrl.get(off + hdr..off.checked_add(len)?)?;
+        if level == libc::SOL_SOCKET && ty == libc::SO_RXQ_OVFL {
+            if let Some(b) = data.get(0..4) {
+                found = Some(u32::from_ne_bytes(b.try_into().ok()?));
+            }
+        }
+        off = align(off.checked_add(len)?)?;
+    }
+    found
+}
+
+/// A batch receiver over one UDP socket.
+pub(crate) struct Receiver {
+    sock: UdpSocket,
+    bufs: Vec<u8>,
+    /// `u64` words so each slot is aligned for `cmsghdr`.
+    ctrl: Vec<u64>,
+    lens: [usize; BATCH],
+    truncated: [bool; BATCH],
+    drops_raw: u32,
+    /// Kernel socket drops seen so far (wrapping u32 deltas accumulated).
+    pub socket_drops: u64,
+}
+
+impl Receiver {
+    pub(crate) fn new(sock: UdpSocket) -> Receiver {
+        Receiver {
+            sock,
+            bufs: vec![0; BATCH * SLOT_BYTES],
+            ctrl: vec![0; BATCH * CTRL_BYTES / 8],
+            lens: [0; BATCH],
+            truncated: [false; BATCH],
+            drops_raw: 0,
+            socket_drops: 0,
+        }
+    }
+
+    fn note_drops(&mut self, raw: u32) {
+        // The counter is cumulative; a wrapping delta keeps the u64 exact across u32 wrap.
+        let delta = raw.wrapping_sub(self.drops_raw);
+        // A stale (smaller) value can arrive after SO_MEMINFO already moved us on: ignore it.
+        if delta < u32::MAX / 2 {
+            self.socket_drops += u64::from(delta);
+            self.drops_raw = raw;
+        }
+    }
+
+    /// Reads the drop counter with `SO_MEMINFO`.
+    pub(crate) fn poll_drops(&mut self) {
+        let mut info = [0u32; 16];
+        let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+        // SAFETY: `info` is a writable buffer of `len` bytes that outlives the call; the
+        // kernel writes at most `len` bytes and updates `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MEMINFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let idx = libc::SK_MEMINFO_DROPS as usize;
+        if rc == 0 && (len as usize) >= (idx + 1) * 4 {
+            if let Some(&d) = info.get(idx) {
+                self.note_drops(d);
+            }
+        }
+    }
+
+    /// Waits (up to the socket's read timeout) for at least one datagram and takes up to
+    /// [`BATCH`]. Returns how many; `Ok(0)` on timeout.
+    pub(crate) fn recv_batch(&mut self) -> io::Result<usize> {
+        // SAFETY: all-zero bytes are a valid value for these plain C structs (null pointers,
+        // zero lengths).
+        let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        let base = self.bufs.as_mut_ptr();
+        let cbase = self.ctrl.as_mut_ptr().cast::<u8>();
+        for i in 0..BATCH {
+            // SAFETY: `i * SLOT_BYTES + SLOT_BYTES <= bufs.len()` and `i * CTRL_BYTES +
+            // CTRL_BYTES <= ctrl bytes`, so both offsets stay inside their allocations.
+            let (buf, ctl) = unsafe { (base.add(i * SLOT_BYTES), cbase.add(i * CTRL_BYTES)) };
+            iov[i] = libc::iovec { iov_base: buf.cast(), iov_len: SLOT_BYTES };
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_iov = &mut iov[i];
+            h.msg_iovlen = 1;
+            h.msg_control = ctl.cast();
+            h.msg_controllen = CTRL_BYTES as _;
+        }
+        // SAFETY: every header points at a live iovec (local array, not moved during the call)
+        // describing a slot of `self.bufs`, and at a control slot of `self.ctrl`; the kernel
+        // writes only within those lengths. Blocking honours SO_RCVTIMEO.
+        let n = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let n = (n as usize).min(BATCH);
+        for (i, h) in hdrs.iter().enumerate().take(n) {
+            self.lens[i] = (h.msg_len as usize).min(SLOT_BYTES);
+            self.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            // `msg_controllen` is size_t on glibc but socklen_t on musl: keep the cast.
+            #[allow(clippy::unnecessary_cast)]
+            let clen = (h.msg_hdr.msg_controllen as usize).min(CTRL_BYTES);
+            if clen == 0 {
+                continue;
+            }
+            let ctrl = self.ctrl_bytes(i);
+            if let Some(raw) = parse_rxq_ovfl(ctrl.get(..clen).unwrap_or(&[])) {
+                self.note_drops(raw);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Control slot `i` as bytes (a copy on the stack; only made when the kernel wrote one).
+    fn ctrl_bytes(&self, i: usize) -> [u8; CTRL_BYTES] {
+        let words = CTRL_BYTES / 8;
+        let mut v = [0u8; CTRL_BYTES];
+        for (dst, w) in v.chunks_exact_mut(8).zip(self.ctrl.iter().skip(i * words).take(words)) {
+            dst.copy_from_slice(&w.to_ne_bytes());
+        }
+        v
+    }
+
+    /// Datagram `i` of the last batch; `None` if it was longer than a slot (truncated).
+    pub(crate) fn payload(&self, i: usize) -> Option<&[u8]> {
+        if *self.truncated.get(i)? {
+            return None;
+        }
+        let start = i.checked_mul(SLOT_BYTES)?;
+        self.bufs.get(start..start + *self.lens.get(i)?)
+    }
+}
+
+/// Everything one ingest thread owns.
+pub(crate) struct Ingest {
+    pub idx: usize,
+    pub rx: Receiver,
+    pub op: Box<dyn Operator + Send>,
+    pub encoding: Encoding,
+    pub limits: Limits,
+    pub tick_ns: u64,
+    pub shared: Arc<Shared>,
+}
+
+impl Ingest {
+    pub(crate) fn run(mut self) {
+        let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(self.tick_ns)));
+        let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
+        let mut datagrams = 0u64;
+        let mut parsed = ParseStats::default();
+        let mut next_tick = monotonic_ns().saturating_add(self.tick_ns);
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let n = match self.rx.recv_batch() {
+                Ok(n) => n,
+                Err(_) => {
+                    // A persistent socket error (should not happen on a bound UDP socket):
+                    // back off one tick instead of spinning.
+                    std::thread::sleep(Duration::from_nanos(self.tick_ns));
+                    0
+                }
+            };
+            // One receive time per batch: the datagrams were all queued by then.
+            let t_ns = monotonic_ns();
+            for i in 0..n {
+                datagrams += 1;
+                match self.rx.payload(i) {
+                    Some(p) => {
+                        let st = feed_datagram(&mut *self.op, p, self.encoding, &self.limits, t_ns, &mut out);
+                        parsed.add(st);
+                    }
+                    // Longer than the 65535-byte contract limit: one malformed record.
+                    None => parsed.malformed += 1,
+                }
+            }
+            if t_ns >= next_tick {
+                self.op.on_time(t_ns, &mut out);
+                self.rx.poll_drops();
+                next_tick = t_ns.saturating_add(self.tick_ns);
+            }
+            let s = &self.shared.streams[self.idx];
+            let c = &s.counters;
+            c.datagrams.store(datagrams, Ordering::Relaxed);
+            c.records.store(parsed.records, Ordering::Relaxed);
+            c.malformed.store(parsed.malformed, Ordering::Relaxed);
+            c.over_limit.store(parsed.over_limit, Ordering::Relaxed);
+            c.socket_drops.store(self.rx.socket_drops, Ordering::Relaxed);
+            c.lines.store(self.op.counters().lines, Ordering::Relaxed);
+            if !out.is_empty() {
+                self.shared.publish(self.idx, &mut out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmsg(level: i32, ty: i32, data: &[u8]) -> Vec<u8> {
+        let hdr = std::mem::size_of::<libc::cmsghdr>();
+        let len = hdr + data.len();
+        let mut v = Vec::new();
+        v.extend_from_slice(&len.to_ne_bytes());
+        v.extend_from_slice(&level.to_ne_bytes());
+        v.extend_from_slice(&ty.to_ne_bytes());
+        v.resize(hdr, 0);
+        v.extend_from_slice(data);
+        while v.len() % 8 != 0 {
+            v.push(0);
+        }
+        v
+    }
+
+    #[test]
+    fn cmsg_parsing_on_crafted_buffers() {
+        assert_eq!(parse_rxq_ovfl(&[]), None);
+        let ovfl = cmsg(libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &7u32.to_ne_bytes());
+        assert_eq!(parse_rxq_ovfl(&ovfl), Some(7));
+        // Preceded by another message (a timestamp-like 16-byte payload).
+        let mut two = cmsg(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, &[1u8; 16]);
+        two.extend_from_slice(&ovfl);
+        assert_eq!(parse_rxq_ovfl(&two), Some(7));
+        // Wrong level, short data, truncated header, bogus lengths: no panic, no value.
+        assert_eq!(parse_rxq_ovfl(&cmsg(libc::IPPROTO_IP, libc::SO_RXQ_OVFL, &7u32.to_ne_bytes())), None);
+        assert_eq!(parse_rxq_ovfl(&cmsg(libc::SOL_SOCKET, libc::SO_RXQ_OVFL, &[1, 2])), None);
+        assert_eq!(parse_rxq_ovfl(&ovfl[..10]), None);
+        let mut bogus = ovfl.clone();
+        bogus[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
+        assert_eq!(parse_rxq_ovfl(&bogus), None);
+        bogus[..8].copy_from_slice(&0usize.to_ne_bytes());
+        assert_eq!(parse_rxq_ovfl(&bogus), None);
+    }
+
+    #[test]
+    fn drop_counter_wraps_and_ignores_stale() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut r = Receiver::new(sock);
+        r.note_drops(5);
+        r.note_drops(3); // stale
+        assert_eq!(r.socket_drops, 5);
+        r.drops_raw = u32::MAX - 1;
+        r.note_drops(2);
+        assert_eq!(r.socket_drops, 5 + 4);
+    }
+
+    /// A socket that is not read while a burst arrives drops in the kernel; the receiver
+    /// reports those drops (via the cmsg and SO_MEMINFO) and the datagrams it did get.
+    #[test]
+    fn socket_drops_are_reported_when_not_reading() {
+        let sock = crate::bind_udp("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
+        let addr = sock.local_addr().unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let sent = 2_000u64;
+        let payload = [b'7'; 1000];
+        for _ in 0..sent {
+            tx.send_to(&payload, addr).unwrap();
+        }
+        // One more after the burst so its cmsg carries the final counter.
+        tx.send_to(b"1", addr).unwrap();
+        let mut r = Receiver::new(sock);
+        let mut got = 0u64;
+        let mut cmsg_drops = 0;
+        loop {
+            let n = r.recv_batch().unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+            cmsg_drops = r.socket_drops;
+        }
+        r.poll_drops();
+        eprintln!("sent {} received {got} drops via cmsg {cmsg_drops} via meminfo {}", sent + 1, r.socket_drops);
+        assert!(cmsg_drops > 0, "the burst into a 4 KiB buffer must have dropped");
+        assert_eq!(cmsg_drops, r.socket_drops);
+        assert!(got + r.socket_drops <= sent + 1);
+        // Loopback drops happen at the socket queue, so the books balance exactly.
+        assert_eq!(got + r.socket_drops, sent + 1);
+    }
+}
