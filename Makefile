@@ -32,6 +32,7 @@ bench: build
 	bash bench/kv_bench.sh
 	bash bench/xdp_bench.sh
 	bash bench/tenant_bench.sh
+	bash bench/stream_bench.sh
 
 clean:
 	$(CARGO) clean
