@@ -53,6 +53,7 @@
 #   BURST_BYTES [65536] MAX_OUTSTANDING [64] MEMORY_MB [64]   per tenant
 #   SHARES_B ["0.5 0.125 0.125 0.125 0.125"]  tenants of (b), T0 first
 #   ISO_LOAD_PCT [30] ISO_CONNS [4]  (c): T0's open-loop rate, % of its egress share
+#   ISO_CLIENT_RT [1]             (c): run T0's loadgen with chrt -f 10 (see below)
 #   D_THREADS [1] D_CONNS [50] D_PIPELINE [16] D_VALUE_BYTES [100] D_KEYS [10000]
 #   D_RATIO [1:1] D_DURATION_S [5] D_REPEATS [3] PIN [1]   (d)
 #   TENANTS_REQUIRED [1]  0: if the daemon refuses [[tenant]] configs, skip a, b, c, e and
@@ -86,6 +87,14 @@ MEMORY_MB=${MEMORY_MB:-64}
 SHARES_B=${SHARES_B:-"0.5 0.125 0.125 0.125 0.125"}
 ISO_LOAD_PCT=${ISO_LOAD_PCT:-30}
 ISO_CONNS=${ISO_CONNS:-4}
+# The measuring client of (c) runs with real-time priority (chrt -f 10) when ISO_CLIENT_RT=1, so
+# the figure is the daemon's isolation, not the OS scheduling of 9 client and server processes
+# on 2 cores (on a real deployment clients are other machines). The daemon keeps normal priority.
+ISO_CLIENT_RT=${ISO_CLIENT_RT:-1}
+ISO_CLIENT_PRIO=()
+if [[ "$ISO_CLIENT_RT" == 1 ]] && command -v chrt >/dev/null && chrt -f 10 true 2>/dev/null; then
+    ISO_CLIENT_PRIO=(chrt -f 10)
+fi
 D_THREADS=${D_THREADS:-1}
 D_CONNS=${D_CONNS:-50}
 D_PIPELINE=${D_PIPELINE:-16}
@@ -424,12 +433,12 @@ run_window() {
         first=0
         case $mode in
             idle) tenants_json+="\"$name\":{\"mode\":\"idle\",\"rate_per_s\":null}"; continue ;;
-            closed) extra=(--conns "$CONNS" --pipeline "$PIPELINE") ;;
-            rate:*) rate=${mode#rate:}; extra=(--conns "$ISO_CONNS" --pipeline 16 --rate-per-s "$rate") ;;
+            closed) extra=(--conns "$CONNS" --pipeline "$PIPELINE"); prio=() ;;
+            rate:*) rate=${mode#rate:}; extra=(--conns "$ISO_CONNS" --pipeline 16 --rate-per-s "$rate"); prio=("${ISO_CLIENT_PRIO[@]}") ;;
             *) die "bad spec $spec" ;;
         esac
         tenants_json+="\"$name\":{\"mode\":\"${mode%%:*}\",\"rate_per_s\":$rate}"
-        timeout "$lg_timeout" "$LOADGEN" --server "127.0.0.1:${TPORT[$name]}" "${extra[@]}" --ratio 0:1 \
+        "${prio[@]}" timeout "$lg_timeout" "$LOADGEN" --server "127.0.0.1:${TPORT[$name]}" "${extra[@]}" --ratio 0:1 \
             --value-bytes "$VALUE_BYTES" --keys "$KEYS" --duration-s "$dur" --warmup-s "$WARMUP_S" \
             --seed "$((RUN_SEQ * 100 + ${#pids[@]}))" --server-pid "$DAEMON_PID" --start-at-unix-ms "$start_ms" \
             >"$rd/lg-$name.json" 2>"$rd/lg-$name.err" &

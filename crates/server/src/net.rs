@@ -69,7 +69,7 @@ pub const UDP_QUEUE_BYTES_MAX: usize = 1 << 20;
 /// (an admin change may reopen it).
 const THROTTLE_RECHECK_NS_MAX: u64 = 100_000_000;
 /// Held-back connections served per loop turn before the poll looks at new events again.
-const THROTTLED_SERVED_PER_TURN: usize = 4;
+const THROTTLED_SERVED_PER_TURN: usize = 2;
 /// Smallest read a shaped connection makes when its ingress bucket is open.
 const READ_BYTES_MIN_SHAPED: usize = 1024;
 /// Events handled per `epoll_wait`.
@@ -854,9 +854,9 @@ const ROUNDS_PER_EVENT: usize = 8;
 /// Shaped tenants take smaller turns: a connection resumed after its bucket refilled would
 /// otherwise spend a whole burst in one go while other tenants' requests wait behind it (latency
 /// isolation). Throughput is set by the buckets, not by batch size, so little is lost.
-const ROUNDS_PER_EVENT_SHAPED: usize = 2;
+const ROUNDS_PER_EVENT_SHAPED: usize = 1;
 const BATCH_REQUESTS_MAX_SHAPED: u32 = 16;
-const BATCH_REPLY_BYTES_MAX_SHAPED: u64 = 16 * 1024;
+const BATCH_REPLY_BYTES_MAX_SHAPED: u64 = 8 * 1024;
 
 /// Read what is there, execute every complete request, write the batch's replies; repeat while
 /// the socket may hold more and the round budget lasts. With a shaper, each round first asks
