@@ -283,6 +283,8 @@ struct Conn {
     throttle_until_ns: u64,
     /// Already on the worker's throttled list.
     in_throttled: bool,
+    /// Held back by its tenant's shaper and not yet caught up: takes small turns.
+    held: bool,
 }
 
 /// A connection and the tenant it belongs to (kept apart so both can be borrowed at once).
@@ -600,6 +602,7 @@ impl Worker {
                             outstanding: 0,
                             throttle_until_ns: 0,
                             in_throttled: false,
+                            held: false,
                         },
                     });
                 }
@@ -851,12 +854,12 @@ fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, r
 /// Rounds of read → execute → write one event may take before the connection goes to the back
 /// of the line (memcached's `reqs_per_event` idea): a streaming client cannot starve the others.
 const ROUNDS_PER_EVENT: usize = 8;
-/// Shaped tenants take smaller turns: a connection resumed after its bucket refilled would
-/// otherwise spend a whole burst in one go while other tenants' requests wait behind it (latency
-/// isolation). Throughput is set by the buckets, not by batch size, so little is lost.
-const ROUNDS_PER_EVENT_SHAPED: usize = 1;
-const BATCH_REQUESTS_MAX_SHAPED: u32 = 16;
-const BATCH_REPLY_BYTES_MAX_SHAPED: u64 = 8 * 1024;
+/// Turns of a connection its tenant's buckets held back lately: a connection resumed after its
+/// bucket refilled would otherwise spend a whole burst in one go while other tenants' requests
+/// wait behind it.
+const ROUNDS_PER_EVENT_HELD: usize = 1;
+const BATCH_REQUESTS_MAX_HELD: u32 = 4;
+const BATCH_REPLY_BYTES_MAX_HELD: u64 = 4 * 1024;
 
 /// Read what is there, execute every complete request, write the batch's replies; repeat while
 /// the socket may hold more and the round budget lasts. With a shaper, each round first asks
@@ -864,7 +867,10 @@ const BATCH_REPLY_BYTES_MAX_SHAPED: u64 = 8 * 1024;
 fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env: &Env<'_>, mut do_read: bool, peer_closed: bool) -> After {
     let stats = thread_stats(tenant, env.index);
     let shaper = tenant.shaper.as_deref();
-    let rounds = if shaper.is_some() { ROUNDS_PER_EVENT_SHAPED } else { ROUNDS_PER_EVENT };
+    // A connection its tenant's buckets held back lately (the tenant is at its share) takes
+    // small turns until it catches up, so requests of tenants within their share never wait
+    // long behind it (latency isolation). Throughput is set by the buckets, not by turn size.
+    let rounds = if conn.held { ROUNDS_PER_EVENT_HELD } else { ROUNDS_PER_EVENT };
     for _ in 0..rounds {
         let mut limits: Option<(u32, u64)> = None;
         let mut wait_ns = 0u64;
@@ -874,7 +880,11 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
             let now = monotonic_now_ns();
             match sh.admit(now) {
                 Admit::Go { requests, reply_bytes } => {
-                    limits = Some((requests.min(BATCH_REQUESTS_MAX_SHAPED), reply_bytes.min(BATCH_REPLY_BYTES_MAX_SHAPED)))
+                    limits = Some(if conn.held {
+                        (requests.min(BATCH_REQUESTS_MAX_HELD), reply_bytes.min(BATCH_REPLY_BYTES_MAX_HELD))
+                    } else {
+                        (requests, reply_bytes)
+                    })
                 }
                 Admit::Wait { ns } => {
                     // No replies may be produced now, so reading more would only pile up input.
@@ -985,9 +995,12 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
         if wait_ns > 0 {
             let wait = wait_ns.min(THROTTLE_RECHECK_NS_MAX);
             conn.throttle_until_ns = monotonic_now_ns().saturating_add(wait).max(1);
+            conn.held = true;
             return After::Keep;
         }
         if !more_to_read && !batch.high && !batch.limited {
+            // Caught up without being held back: full turns again.
+            conn.held = false;
             return After::Keep;
         }
         do_read = more_to_read;
