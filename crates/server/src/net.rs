@@ -373,6 +373,7 @@ impl Worker {
     fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS_MAX);
         let mut revisit: Vec<usize> = Vec::new();
+        let mut deferred: Vec<(usize, bool, bool, bool)> = Vec::with_capacity(EVENTS_MAX);
         while !self.stop.is_stopped() {
             self.reconcile();
             // Connections with work left from the last round: look at them again without
@@ -419,7 +420,18 @@ impl Worker {
                     continue;
                 }
                 let i = token.0;
-                let after = self.conn_event(i, ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
+                let (r, w, closed) = (ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
+                if self.conns.get(i).and_then(Option::as_ref).is_some_and(|s| s.conn.held) && deferred.len() < EVENTS_MAX {
+                    // Its tenant is at its share: serve it after the connections of tenants
+                    // within theirs from this same poll (latency isolation).
+                    deferred.push((i, r, w, closed));
+                    continue;
+                }
+                let after = self.conn_event(i, r, w, closed);
+                self.after_serve(i, after, &mut revisit);
+            }
+            for (i, r, w, closed) in deferred.drain(..) {
+                let after = self.conn_event(i, r, w, closed);
                 self.after_serve(i, after, &mut revisit);
             }
         }
