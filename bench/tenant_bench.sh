@@ -54,6 +54,7 @@
 #   SHARES_B ["0.5 0.125 0.125 0.125 0.125"]  tenants of (b), T0 first
 #   ISO_LOAD_PCT [30] ISO_CONNS [4]  (c): T0's open-loop rate, % of its egress share
 #   ISO_CLIENT_RT [1]             (c): run T0's loadgen with chrt -f 10 (see below)
+#   ISO_OTHERS_NICE [0]           closed-loop generators at this nice level (see below)
 #   D_THREADS [1] D_CONNS [50] D_PIPELINE [16] D_VALUE_BYTES [100] D_KEYS [10000]
 #   D_RATIO [1:1] D_DURATION_S [5] D_REPEATS [3] PIN [1]   (d)
 #   TENANTS_REQUIRED [1]  0: if the daemon refuses [[tenant]] configs, skip a, b, c, e and
@@ -92,6 +93,13 @@ ISO_CONNS=${ISO_CONNS:-4}
 # on 2 cores (on a real deployment clients are other machines). The daemon keeps normal priority.
 ISO_CLIENT_RT=${ISO_CLIENT_RT:-1}
 ISO_CLIENT_PRIO=()
+# ISO_OTHERS_NICE=N runs the closed-loop (saturating) generators at nice N, emulating clients on
+# other machines that take no CPU from the daemon (default 0: same priority as everything).
+ISO_OTHERS_NICE=${ISO_OTHERS_NICE:-0}
+OTHERS_PRIO=()
+if [[ "$ISO_OTHERS_NICE" != 0 ]]; then
+    OTHERS_PRIO=(nice -n "$ISO_OTHERS_NICE")
+fi
 if [[ "$ISO_CLIENT_RT" == 1 ]] && command -v chrt >/dev/null && chrt -f 10 true 2>/dev/null; then
     ISO_CLIENT_PRIO=(chrt -f 10)
 fi
@@ -433,7 +441,7 @@ run_window() {
         first=0
         case $mode in
             idle) tenants_json+="\"$name\":{\"mode\":\"idle\",\"rate_per_s\":null}"; continue ;;
-            closed) extra=(--conns "$CONNS" --pipeline "$PIPELINE"); prio=() ;;
+            closed) extra=(--conns "$CONNS" --pipeline "$PIPELINE"); prio=("${OTHERS_PRIO[@]}") ;;
             rate:*) rate=${mode#rate:}; extra=(--conns "$ISO_CONNS" --pipeline 16 --rate-per-s "$rate"); prio=("${ISO_CLIENT_PRIO[@]}") ;;
             *) die "bad spec $spec" ;;
         esac
