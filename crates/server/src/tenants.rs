@@ -14,7 +14,7 @@
 //! Not for: the shaping arithmetic (slipstream-tenancy) or HTTP (admin.rs).
 
 use crate::exec::Settings;
-use crate::stats::{ServerInfo, ThreadStats};
+use crate::stats::{FastPathSource, FastPathTotals, ServerInfo, ThreadStats};
 use mio::Waker;
 use slipstream_store::{KernelCache, Store, StoreConfig};
 use slipstream_tenancy::shaper::Member;
@@ -37,6 +37,8 @@ pub trait KernelTenants: Send + Sync {
     fn observer(&self, slot: u32) -> Arc<dyn KernelCache>;
     /// The ledger the control tick settles with.
     fn ledger(&self) -> &dyn slipstream_tenancy::KernelLedger;
+    /// `slot`'s kernel counters, for `stats` on the tenant's ports.
+    fn totals(&self, slot: u32) -> FastPathTotals;
 }
 
 /// One tenant.
@@ -142,7 +144,8 @@ pub struct TenantTable {
     pub shaper: Option<Arc<Shaper>>,
     shaping: Mutex<ShapingSpec>,
     defaults: Option<TenantDefaults>,
-    kernel: OnceLock<Arc<dyn KernelTenants>>,
+    /// Shared with each tenant's `stats` counter source, hence the Arc.
+    kernel: Arc<OnceLock<Arc<dyn KernelTenants>>>,
     wakers: OnceLock<Vec<Arc<Waker>>>,
     /// Admin changes one at a time (validation sees a consistent table).
     control: Mutex<()>,
@@ -201,7 +204,7 @@ impl TenantTable {
             shaper: None,
             shaping: Mutex::new(ShapingSpec::default()),
             defaults: None,
-            kernel: OnceLock::new(),
+            kernel: Arc::new(OnceLock::new()),
             wakers: OnceLock::new(),
             control: Mutex::new(()),
             settings,
@@ -224,7 +227,7 @@ impl TenantTable {
             shaper: Some(shaper),
             shaping: Mutex::new(shaping),
             defaults: Some(defaults),
-            kernel: OnceLock::new(),
+            kernel: Arc::new(OnceLock::new()),
             wakers: OnceLock::new(),
             control: Mutex::new(()),
             settings,
@@ -256,7 +259,11 @@ impl TenantTable {
         let fit = (spec.memory_bytes() / (4 * d.store.item_bytes_max.max(1))).clamp(1, 64);
         let shards = 1usize << (usize::BITS - 1 - fit.leading_zeros());
         let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
-        let info = Arc::new(tenant_info(self.started, self.threads, d.conn_limit, d.item_bytes_max, d.listen_interface.clone(), tcp_local, udp_local));
+        let mut info = tenant_info(self.started, self.threads, d.conn_limit, d.item_bytes_max, d.listen_interface.clone(), tcp_local, udp_local);
+        // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.
+        let kernel = self.kernel.clone();
+        info.fastpath = Some(FastPathSource(Arc::new(move || kernel.get().map(|k| k.totals(slot)).unwrap_or_default())));
+        let info = Arc::new(info);
         let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let (rin, rout) = spec.rates(&shaping);
         let shaper = Arc::new(TenantShaper::new(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share, slipstream_tenancy::monotonic_now_ns()));
@@ -527,5 +534,10 @@ impl KernelTenants for KernelAdapter {
 
     fn ledger(&self) -> &dyn slipstream_tenancy::KernelLedger {
         &*self.0
+    }
+
+    fn totals(&self, slot: u32) -> FastPathTotals {
+        let c = self.0.tenant_totals(slot);
+        FastPathTotals { hits: c.hits, misses: c.misses, invalidations: 0 }
     }
 }

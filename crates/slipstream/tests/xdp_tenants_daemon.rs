@@ -499,6 +499,9 @@ fn xdp_tenants_obey_their_shares_in_the_daemon() {
         let stats = tcp_cmd(T0_PORT, "stats\r\n");
         let fastpath_hits = stats.lines().find_map(|l| l.strip_prefix("STAT fastpath_hits ")).unwrap_or("absent").trim().to_string();
         println!("isolation: `stats` on t0's port shows fastpath_hits {fastpath_hits}");
+        // The tenant's own `stats` counts its kernel hits (per-tenant slot counters).
+        let hits: u64 = fastpath_hits.parse().unwrap_or(0);
+        assert!(hits >= dk0, "`stats` on t0's port shows fastpath_hits {fastpath_hits}, the kernel answered {dk0} of its gets");
 
         // ---- 2. No escape through XDP.
         let big: String = (0..VALUE_BYTES).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
