@@ -11,6 +11,9 @@
 //! Needs root (namespaces, XDP); prints SKIP and passes otherwise. Every wait is bounded.
 //! Not for: XDP packet-format details (crates/fastpath fixtures cover those).
 
+mod common;
+
+use common::{ip, pass_object, root};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
@@ -31,10 +34,6 @@ const UDP_TIMEOUT: Duration = Duration::from_millis(500);
 /// The two tests are heavy on the two CPUs and time-sensitive (TTLs): run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn skip_reason() -> Option<String> {
     if !root() {
@@ -46,32 +45,7 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
-/// The XDP_PASS object the fastpath crate's build script compiled (newest if several).
-fn pass_object() -> std::path::PathBuf {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_slipstream"));
-    let build = bin.parent().expect("binary has a directory").join("build");
-    let mut best: Option<(std::time::SystemTime, std::path::PathBuf)> = None;
-    for e in std::fs::read_dir(&build).expect("target build directory").flatten() {
-        if !e.file_name().to_string_lossy().starts_with("slipstream-fastpath-") {
-            continue;
-        }
-        let p = e.path().join("out/xdp_pass.o");
-        if let Ok(m) = std::fs::metadata(&p).and_then(|m| m.modified()) {
-            if best.as_ref().map(|(t, _)| m > *t).unwrap_or(true) {
-                best = Some((m, p));
-            }
-        }
-    }
-    best.map(|(_, p)| p).unwrap_or_else(|| panic!("no xdp_pass.o under {}", build.display()))
-}
 
 /// Namespaces + veth pair + the daemon; all removed on drop.
 struct Topology {
@@ -159,18 +133,7 @@ impl Topology {
 
     /// Run `f` on a thread inside the client namespace (threads it spawns stay there too).
     fn in_client<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let path = format!("/var/run/netns/{}", self.cli);
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns moves only this thread into the namespace `ns` refers to; the fd is
-            // open for the duration of the call.
-            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns into {path}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        common::in_ns(&self.cli, f)
     }
 }
 

@@ -11,6 +11,9 @@
 //!
 //! Needs root (namespaces, XDP); prints SKIP and passes otherwise. Every wait is bounded.
 
+mod common;
+
+use common::{in_ns, ip, pass_object, root};
 use slipstream_server::fastpath::KernelFastPath;
 use slipstream_store::{GetOpts, SetMode, Store, StoreConfig, StoreOpts, StoreResult};
 use std::net::UdpSocket;
@@ -24,37 +27,8 @@ const PORT_B: u16 = 22312;
 const V4S: &str = "10.204.0.1";
 const V4C: &str = "10.204.0.2";
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
 
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
-/// The XDP_PASS object the fastpath crate's build script compiled (newest if several).
-fn pass_object() -> std::path::PathBuf {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_slipstream"));
-    let build = bin.parent().expect("binary has a directory").join("build");
-    let mut best: Option<(std::time::SystemTime, std::path::PathBuf)> = None;
-    for e in std::fs::read_dir(&build).expect("target build directory").flatten() {
-        if !e.file_name().to_string_lossy().starts_with("slipstream-fastpath-") {
-            continue;
-        }
-        let p = e.path().join("out/xdp_pass.o");
-        if let Ok(m) = std::fs::metadata(&p).and_then(|m| m.modified()) {
-            if best.as_ref().map(|(t, _)| m > *t).unwrap_or(true) {
-                best = Some((m, p));
-            }
-        }
-    }
-    best.map(|(_, p)| p).unwrap_or_else(|| panic!("no xdp_pass.o under {}", build.display()))
-}
 
 /// Two namespaces joined by a veth pair; removed on drop.
 struct Topology {
@@ -87,22 +61,6 @@ impl Topology {
             panic!("topology setup: {e}");
         }
         t
-    }
-
-    /// Run `f` on a thread inside namespace `ns` (threads it spawns stay there too).
-    fn in_ns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let path = format!("/var/run/netns/{ns}");
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns moves only this thread into the namespace the fd refers to; the
-            // fd is open for the duration of the call.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns into {path}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 }
 
@@ -195,7 +153,7 @@ fn xdp_serves_two_tenants_each_on_its_port_and_share() {
     let topo = Topology::new();
     let vs = topo.vs.clone();
     // Attach inside the server namespace (the interface name is resolved there).
-    let fp = Topology::in_ns(&topo.srv, move || KernelFastPath::attach_multi(&vs, 1024).expect("attach multi-tenant XDP"));
+    let fp = in_ns(&topo.srv, move || KernelFastPath::attach_multi(&vs, 1024).expect("attach multi-tenant XDP"));
     fp.add_tenant(0, PORT_A, false).expect("tenant A");
     fp.add_tenant(1, PORT_B, true).expect("tenant B (shaped)");
     let store_a = store_with(b"ka", b"alpha");
@@ -210,11 +168,11 @@ fn xdp_serves_two_tenants_each_on_its_port_and_share() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    let responders = Topology::in_ns(&topo.srv, move || start_responder(&[PORT_A, PORT_B], stop2));
+    let responders = in_ns(&topo.srv, move || start_responder(&[PORT_A, PORT_B], stop2));
 
     let (fpc, cli) = (fp.clone(), topo.cli.clone());
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Topology::in_ns(&cli, move || {
+        in_ns(&cli, move || {
             let fp = fpc;
             let mut c = Client::new();
             // (1) A's key on A's port: the kernel answers.
@@ -253,7 +211,7 @@ fn xdp_serves_two_tenants_each_on_its_port_and_share() {
         });
         // (3) flush_all on B's store flushes only B's kernel entries.
         store_b.flush_all(0);
-        Topology::in_ns(&topo.cli, {
+        in_ns(&topo.cli, {
             let fp = fp.clone();
             move || {
                 let mut c = Client::new();
@@ -267,7 +225,7 @@ fn xdp_serves_two_tenants_each_on_its_port_and_share() {
         });
         // (4) Removing A: its port goes to user space.
         fp.remove_tenant(0).expect("remove A");
-        Topology::in_ns(&topo.cli, move || {
+        in_ns(&topo.cli, move || {
             let mut c = Client::new();
             assert_eq!(c.ask(PORT_A, "get ka\r\n").as_deref(), Some(&*format!("USER {PORT_A}\r\n")));
         });

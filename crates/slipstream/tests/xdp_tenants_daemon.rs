@@ -18,6 +18,9 @@
 //! Not randomized (no seed). Needs root (namespaces, XDP); prints SKIP and passes otherwise.
 //! Every wait and loop is bounded.
 
+mod common;
+
+use common::{ip, pass_object, root};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -53,37 +56,8 @@ const BLAST_REQUESTS_MAX: u64 = BLAST_REQUESTS_PER_S * 3;
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 const UDP_REPLY_TIMEOUT: Duration = Duration::from_millis(500);
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
 
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
-/// The XDP_PASS object the fastpath crate's build script compiled (the newest if several).
-fn pass_object() -> std::path::PathBuf {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_slipstream"));
-    let build = bin.parent().expect("binary has a directory").join("build");
-    let mut newest: Option<(std::time::SystemTime, std::path::PathBuf)> = None;
-    for entry in std::fs::read_dir(&build).expect("target build directory").flatten() {
-        if !entry.file_name().to_string_lossy().starts_with("slipstream-fastpath-") {
-            continue;
-        }
-        let p = entry.path().join("out/xdp_pass.o");
-        if let Ok(t) = std::fs::metadata(&p).and_then(|m| m.modified()) {
-            if newest.as_ref().map_or(true, |(best, _)| t > *best) {
-                newest = Some((t, p));
-            }
-        }
-    }
-    newest.map(|(_, p)| p).unwrap_or_else(|| panic!("no xdp_pass.o under {}", build.display()))
-}
 
 /// Namespaces, veth pair, config file and the daemon; all removed on drop.
 struct Topology {
@@ -200,18 +174,7 @@ impl Topology {
 
     /// Run `f` on a thread inside the client namespace (threads it spawns stay there too).
     fn in_client<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let path = format!("/var/run/netns/{}", self.cli);
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns moves only this thread into the namespace `ns` refers to; the fd is
-            // open for the duration of the call.
-            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns into {path}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        common::in_ns(&self.cli, f)
     }
 }
 
