@@ -254,10 +254,8 @@ impl TenantTable {
                 ControlError::Failed(format!("cannot listen on {addr}: {e}"))
             }
         })?;
-        // Lock shards as the single-tenant daemon picks them: each shard must hold a few of the
-        // largest items within the tenant's own memory.
-        let fit = (spec.memory_bytes() / (4 * d.store.item_bytes_max.max(1))).clamp(1, 64);
-        let shards = 1usize << (usize::BITS - 1 - fit.leading_zeros());
+        // Lock shards as the single-tenant daemon picks them, for the tenant's own memory.
+        let shards = StoreConfig::shards_for(spec.memory_bytes(), d.store.item_bytes_max);
         let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
         let mut info = tenant_info(self.started, self.threads, d.conn_limit, d.item_bytes_max, d.listen_interface.clone(), tcp_local, udp_local);
         // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.
@@ -478,37 +476,52 @@ impl TenantControl for TenantTable {
 
     fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
-        let tenants: Vec<Arc<Tenant>> = self.snapshot().into_iter().filter(|t| t.spec().is_some()).collect();
-        type Getter = fn(&Tenant) -> u64;
-        let families: [(&str, &str, &str, Getter); 12] = [
-            ("slipstream_tenant_requests_total", "counter", "Requests executed in user space for the tenant.", |t| t.info.totals().requests),
-            ("slipstream_tenant_bytes_in_total", "counter", "Request bytes received for the tenant (user space).", |t| t.info.totals().bytes_read),
-            ("slipstream_tenant_bytes_out_total", "counter", "Reply bytes sent for the tenant (user space).", |t| t.info.totals().bytes_written),
-            ("slipstream_tenant_throttled_total", "counter", "Times the tenant's reads or batches were held back by its buckets or max_outstanding.", |t| {
-                t.shaper.as_ref().map(|s| s.counters.throttled.load(Ordering::Relaxed)).unwrap_or(0)
-            }),
-            ("slipstream_tenant_dropped_total", "counter", "UDP requests dropped because the tenant's queue was full.", |t| {
-                t.shaper.as_ref().map(|s| s.counters.dropped.load(Ordering::Relaxed)).unwrap_or(0)
-            }),
-            ("slipstream_tenant_memory_bytes", "gauge", "Bytes charged for the tenant's items.", |t| t.store.stats().bytes),
-            ("slipstream_tenant_memory_limit_bytes", "gauge", "The tenant's memory limit.", |t| t.store.stats().limit_maxbytes),
-            ("slipstream_tenant_items", "gauge", "Items in the tenant's store.", |t| t.store.stats().curr_items),
-            ("slipstream_tenant_evictions_total", "counter", "Items evicted from the tenant's store to make room.", |t| t.store.stats().evictions),
-            ("slipstream_tenant_kernel_requests_total", "counter", "Requests the kernel fast path answered for the tenant.", |t| {
-                t.shaper.as_ref().map(|s| s.counters.kernel_requests.load(Ordering::Relaxed)).unwrap_or(0)
-            }),
-            ("slipstream_tenant_ingress_rate_bytes_per_s", "gauge", "Ingress bucket refill rate in force.", |t| {
-                t.shaper.as_ref().map(|s| s.ingress.rate_bytes_per_s()).unwrap_or(0)
-            }),
-            ("slipstream_tenant_egress_rate_bytes_per_s", "gauge", "Egress bucket refill rate in force.", |t| {
-                t.shaper.as_ref().map(|s| s.egress.rate_bytes_per_s()).unwrap_or(0)
-            }),
+        const FAMILIES: [(&str, &str, &str); 12] = [
+            ("slipstream_tenant_requests_total", "counter", "Requests executed in user space for the tenant."),
+            ("slipstream_tenant_bytes_in_total", "counter", "Request bytes received for the tenant (user space)."),
+            ("slipstream_tenant_bytes_out_total", "counter", "Reply bytes sent for the tenant (user space)."),
+            ("slipstream_tenant_throttled_total", "counter", "Times the tenant's reads or batches were held back by its buckets or max_outstanding."),
+            ("slipstream_tenant_dropped_total", "counter", "UDP requests dropped because the tenant's queue was full."),
+            ("slipstream_tenant_memory_bytes", "gauge", "Bytes charged for the tenant's items."),
+            ("slipstream_tenant_memory_limit_bytes", "gauge", "The tenant's memory limit."),
+            ("slipstream_tenant_items", "gauge", "Items in the tenant's store."),
+            ("slipstream_tenant_evictions_total", "counter", "Items evicted from the tenant's store to make room."),
+            ("slipstream_tenant_kernel_requests_total", "counter", "Requests the kernel fast path answered for the tenant."),
+            ("slipstream_tenant_ingress_rate_bytes_per_s", "gauge", "Ingress bucket refill rate in force."),
+            ("slipstream_tenant_egress_rate_bytes_per_s", "gauge", "Egress bucket refill rate in force."),
         ];
-        for (name, kind, help, get) in families {
+        // One snapshot per tenant (counters summed once, store stats read once), values in
+        // FAMILIES order.
+        let rows: Vec<(String, [u64; 12])> = self
+            .snapshot()
+            .iter()
+            .filter(|t| t.spec().is_some())
+            .map(|t| {
+                let c = t.info.totals();
+                let st = t.store.stats();
+                let sh = |f: fn(&TenantShaper) -> u64| t.shaper.as_deref().map(f).unwrap_or(0);
+                let values = [
+                    c.requests,
+                    c.bytes_read,
+                    c.bytes_written,
+                    sh(|s| s.counters.throttled.load(Ordering::Relaxed)),
+                    sh(|s| s.counters.dropped.load(Ordering::Relaxed)),
+                    st.bytes,
+                    st.limit_maxbytes,
+                    st.curr_items,
+                    st.evictions,
+                    sh(|s| s.counters.kernel_requests.load(Ordering::Relaxed)),
+                    sh(|s| s.ingress.rate_bytes_per_s()),
+                    sh(|s| s.egress.rate_bytes_per_s()),
+                ];
+                (t.name.clone(), values)
+            })
+            .collect();
+        for (i, (name, kind, help)) in FAMILIES.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
-            for t in &tenants {
-                let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", t.name, get(t));
+            for (tenant, values) in &rows {
+                let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {}", values[i]);
             }
         }
     }

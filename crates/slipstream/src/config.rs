@@ -413,13 +413,15 @@ impl Config {
         (self.udp_port != 0).then(|| SocketAddr::new(self.listen, self.udp_port))
     }
 
-    /// Lock shards: as many as memory allows while every shard can still hold a few of the
-    /// largest items (each shard gets memory / shards), capped at 64.
+    /// Lock shards for `-m` and `-I` (see `StoreConfig::shards_for`).
     pub fn store_shards(&self) -> usize {
-        let mem = self.memory_mb * 1024 * 1024;
-        let fit = (mem / (4 * self.item_bytes_max)).clamp(1, 64);
-        // Largest power of two not above `fit`.
-        1usize << (usize::BITS - 1 - fit.leading_zeros())
+        slipstream_store::StoreConfig::shards_for(self.memory_mb * 1024 * 1024, self.item_bytes_max)
+    }
+
+    /// Largest request a connection may buffer: a whole storage request (line + item) or a
+    /// multi-get line of up to 1 MiB of keys.
+    pub fn read_buf_bytes_max(&self) -> usize {
+        (self.item_bytes_max + 64 * 1024).max((1 << 20) + 4096)
     }
 }
 

@@ -231,8 +231,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
     let mut info = ServerInfo::detached(Vec::new(), cfg.item_bytes_max);
     info.threads = cfg.threads;
     info.conn_limit = cfg.conn_limit;
-    let read_buf_bytes_max = (cfg.item_bytes_max + 64 * 1024).max((1 << 20) + 4096);
-    let server = Server::start_tenants(table.clone(), read_buf_bytes_max, Arc::new(info)).map_err(|e| MainError::Start(e.to_string()))?;
+    let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info)).map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, stream_line) = start_streams(&cfg)?;
 
     // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
@@ -363,8 +362,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         udp_addr: cfg.udp_addr(),
         threads: cfg.threads,
         conn_limit: cfg.conn_limit,
-        // A whole storage request (line + item) or a multi-get line of up to 1 MiB of keys.
-        read_buf_bytes_max: (cfg.item_bytes_max + 64 * 1024).max((1 << 20) + 4096),
+        read_buf_bytes_max: cfg.read_buf_bytes_max(),
     };
     if net.tcp_addr.is_none() && net.udp_addr.is_none() {
         return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));

@@ -86,6 +86,17 @@ pub struct StoreConfig {
     pub cas_enabled: bool,
 }
 
+impl StoreConfig {
+    /// Lock shards for a store of `memory_bytes` holding items up to `item_bytes_max`: as many as
+    /// memory allows while every shard (memory / shards) can still hold a few of the largest
+    /// items, a power of two, capped at 64.
+    pub fn shards_for(memory_bytes: usize, item_bytes_max: usize) -> usize {
+        let fit = (memory_bytes / (4 * item_bytes_max.max(1))).clamp(1, 64);
+        // Largest power of two not above `fit`.
+        1usize << (usize::BITS - 1 - fit.leading_zeros())
+    }
+}
+
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {

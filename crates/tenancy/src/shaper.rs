@@ -3,8 +3,9 @@
 //!
 //! How a serving loop uses a [`TenantShaper`] (once per read batch, not per request, so the
 //! cost is a few atomic operations per batch):
-//! 1. before reading from a tenant's socket: [`TenantShaper::ingress_open`]; when it is not,
-//!    leave the bytes in the socket (TCP back-pressure) and come back after `wait_ns`;
+//! 1. before reading from a tenant's socket: [`TenantShaper::ingress_budget`] (how much may be
+//!    read); when it says wait, leave the bytes in the socket (TCP back-pressure) and come back
+//!    after `wait_ns`;
 //! 2. charge what was read: [`TenantShaper::charge_ingress`];
 //! 3. before executing: [`TenantShaper::admit`] gives how many requests and reply bytes this
 //!    batch may use; execute up to that, then [`TenantShaper::charge_egress`] with what the
@@ -103,13 +104,7 @@ impl TenantShaper {
 
     /// Whether a read may happen now; `Err(wait_ns)` when the ingress bucket is in debt.
     pub fn ingress_open(&self, now_ns: u64) -> Result<(), u64> {
-        match self.ingress.wait_ns(now_ns) {
-            0 => Ok(()),
-            ns => {
-                self.held_back();
-                Err(ns)
-            }
-        }
+        self.ingress_budget(now_ns).map(|_| ())
     }
 
     /// How many bytes a read may take now (`Ok`, > 0), or how long to wait (`Err`). One refill
