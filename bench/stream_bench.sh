@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# stream_bench.sh — stream offload benchmarks (issue 5), user-space engine, loopback UDP only.
+# stream_bench.sh — stream offload benchmarks (issue 5): the user-space engine over loopback UDP,
+# then (as root, unless XDP=0) the XDP engine over a veth pair between two network namespaces.
 #
 # What it does: builds the daemon (release) unless SKIP_BUILD=1, starts
 # `slipstream serve -p PORT -l 127.0.0.1 --config FILE` with two [[stream]]s (a wordcount and a
@@ -27,8 +28,15 @@
 #      datagram). Also the in-daemon part: the alert's own `t_ns` (CLOCK_MONOTONIC at receive)
 #      minus `step_sent_mono_ns`. mean / p50 / p99 / max in µs (target p99 <= 1 ms).
 #
+# XDP column (root only; XDP=0 skips it): the same two measurements with the generator in a
+# client namespace sending over a veth pair to the daemon in a server namespace, started with
+# `--xdp` on the server veth (word count in kernel maps, change point in the kernel with alerts
+# through the ring buffer). "Line rate" there is the generator's own maximum on that same
+# path (rate 0 into the XDP-consumed port). Numbers are sent with `--decimals 6` (values the
+# kernel's fixed point takes exactly). The driver runs inside the server namespace.
+#
 # Output: RESULTS_DIR (default bench/results/stream-<UTC timestamp>/): stream.json (every run),
-# summary.md. Total time about 2-4 minutes.
+# summary.md; the XDP column in RESULTS_DIR/xdp/. Total time about 4-8 minutes.
 #
 # Environment knobs (defaults in brackets):
 #   SKIP_BUILD [0]           1: use the binary already built
@@ -72,8 +80,12 @@ cat > "$TMP/driver.py" <<'PYEOF'
 import json, math, os, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 BIN, OUT_DIR, TMP = sys.argv[1], sys.argv[2], sys.argv[3]
-HOST = "127.0.0.1"
 E = os.environ
+# ENGINE=xdp: the driver runs in the server namespace; the generator in CLIENT_NS.
+ENGINE = E.get("ENGINE", "user")
+HOST = E.get("SERVER_IP", "127.0.0.1") if ENGINE == "xdp" else "127.0.0.1"
+CLIENT_NS = E.get("CLIENT_NS", "")
+XDP_IFACE = E.get("XDP_IFACE", "")
 STEP_S = float(E.get("WC_STEP_S", "3"))
 RATES = [int(x) for x in E.get("WC_RATES", "25000 50000 100000 150000 200000").split()]
 FRACTIONS = [float(x) for x in E.get("WC_FRACTIONS", "0.5 0.75 0.9 0.95 1.0").split()]
@@ -162,7 +174,8 @@ def start_daemon():
             f.write('[[stream]]\nname = "cp"\nudp_port = %d\noperator = "changepoint"\nwindow_ms = %d\n'
                     'reference_windows = %d\nthreshold = %r\nhistory = 256\n' % (cp, CP_WINDOW_MS, CP_REF, CP_THRESHOLD))
         log = open(os.path.join(OUT_DIR, "daemon.log"), "ab")
-        p = subprocess.Popen([BIN, "serve", "-p", str(kv), "-l", HOST, "--config", cfg],
+        xdp = ["--xdp", XDP_IFACE] if ENGINE == "xdp" else []
+        p = subprocess.Popen([BIN, "serve", "-p", str(kv), "-l", HOST, "--config", cfg] + xdp,
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + 10
@@ -188,6 +201,8 @@ def stop(p):
 
 def send(port, *args, timeout=120):
     cmd = [BIN, "send", "--to", "%s:%d" % (HOST, port)] + [str(a) for a in args]
+    if ENGINE == "xdp":
+        cmd = ["ip", "netns", "exec", CLIENT_NS] + cmd
     r = subprocess.run(cmd, capture_output=True, timeout=timeout)
     if r.returncode != 0:
         raise SystemExit("stream_bench: %s failed: %s" % (" ".join(cmd), r.stderr.decode()))
@@ -274,7 +289,7 @@ def pct(xs, q):
 
 
 def main():
-    info = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    info = {"engine": ENGINE, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "nproc": os.cpu_count(), "kernel": os.uname().release,
             "config": {k: v for k, v in E.items() if k.startswith(("WC_", "CP_"))}}
     p, ports = start_daemon()
@@ -308,7 +323,8 @@ def main():
             mean, step = (10.0, 20.0) if low else (30.0, -20.0)
             s = send(ports["cp"], "--kind", "numbers", "--rate-per-s", CP_RATE,
                      "--duration-s", (CP_PRE_MS + CP_POST_MS) / 1000.0, "--mean", mean,
-                     "--stddev", 1.0, "--step-at-ms", CP_PRE_MS, "--step-by", step, "--seed", 5000 + i)
+                     "--stddev", 1.0, "--step-at-ms", CP_PRE_MS, "--step-by", step, "--seed", 5000 + i,
+                     *(["--decimals", 6] if ENGINE == "xdp" else []))
             deadline = time.monotonic() + 1.0
             alerts = []
 
@@ -354,9 +370,11 @@ def main():
     with open(os.path.join(OUT_DIR, "stream.json"), "w") as f:
         json.dump(doc, f, indent=1)
     f = lambda v, fmt="%.0f": (fmt % v) if v is not None else "-"
-    md = ["# Stream offload benchmark (user-space engine)", "",
-          "Run %s, %d CPUs, kernel %s, loopback UDP, `bench/stream_bench.sh`." % (
-              info["started_utc"], info["nproc"] or 0, info["kernel"]), "",
+    path = ("veth between two network namespaces, daemon with `--xdp` on the server veth"
+            if ENGINE == "xdp" else "loopback UDP")
+    md = ["# Stream offload benchmark (%s engine)" % ("XDP" if ENGINE == "xdp" else "user-space"), "",
+          "Run %s, %d CPUs, kernel %s, %s, `bench/stream_bench.sh`." % (
+              info["started_utc"], info["nproc"] or 0, info["kernel"], path), "",
           "## Word count: highest exact rate vs the generator's maximum", "",
           "Generator maximum (`slipstream send --rate-per-s 0 --batch %d`, %d words/datagram, into the daemon's port): "
           "**%.0f datagrams/s**; its own run exact: %s." % (BATCH, WORDS, gen_max, "yes" if wc["generator_max_run_exact"] else "no"),
@@ -392,3 +410,36 @@ PY_PID=$!
 wait "$PY_PID"
 PY_PID=""
 echo "stream_bench: results in $RESULTS_DIR"
+
+# ---- XDP column ----
+if [[ "${XDP:-1}" == "0" ]]; then
+    exit 0
+fi
+if [[ "$(id -u)" != "0" ]]; then
+    echo "stream_bench: XDP column skipped (needs root for namespaces and XDP)"
+    exit 0
+fi
+NS_ID="$$"
+SRV_NS="sbs$NS_ID"; CLI_NS="sbc$NS_ID"; VS="sbv$NS_ID"; VC="sbw$NS_ID"
+xdp_cleanup() {
+    ip netns del "$SRV_NS" 2>/dev/null || true
+    ip netns del "$CLI_NS" 2>/dev/null || true
+}
+trap 'cleanup; xdp_cleanup' EXIT INT TERM
+ip netns add "$SRV_NS"
+ip netns add "$CLI_NS"
+ip link add "$VS" type veth peer name "$VC"
+ip link set "$VS" netns "$SRV_NS"
+ip link set "$VC" netns "$CLI_NS"
+ip -n "$SRV_NS" addr add 10.209.0.1/24 dev "$VS"
+ip -n "$CLI_NS" addr add 10.209.0.2/24 dev "$VC"
+for ns in "$SRV_NS" "$CLI_NS"; do ip -n "$ns" link set lo up; done
+ip -n "$SRV_NS" link set "$VS" up
+ip -n "$CLI_NS" link set "$VC" up
+mkdir -p "$RESULTS_DIR/xdp"
+ENGINE=xdp SERVER_IP=10.209.0.1 CLIENT_NS="$CLI_NS" XDP_IFACE="$VS" \
+    setsid ip netns exec "$SRV_NS" python3 "$TMP/driver.py" "$BIN" "$RESULTS_DIR/xdp" "$TMP" &
+PY_PID=$!
+wait "$PY_PID"
+PY_PID=""
+echo "stream_bench: XDP results in $RESULTS_DIR/xdp"

@@ -55,6 +55,7 @@
 #   ISO_LOAD_PCT [30] ISO_CONNS [4]  (c): T0's open-loop rate, % of its egress share
 #   ISO_CLIENT_RT [1]             (c): run T0's loadgen with chrt -f 10 (see below)
 #   ISO_OTHERS_NICE [0]           closed-loop generators at this nice level (see below)
+#   ISO_OTHERS_SCHED []           "idle": closed-loop generators under SCHED_IDLE (see below)
 #   D_THREADS [1] D_CONNS [50] D_PIPELINE [16] D_VALUE_BYTES [100] D_KEYS [10000]
 #   D_RATIO [1:1] D_DURATION_S [5] D_REPEATS [3] PIN [1]   (d)
 #   TENANTS_REQUIRED [1]  0: if the daemon refuses [[tenant]] configs, skip a, b, c, e and
@@ -96,8 +97,13 @@ ISO_CLIENT_PRIO=()
 # ISO_OTHERS_NICE=N runs the closed-loop (saturating) generators at nice N, emulating clients on
 # other machines that take no CPU from the daemon (default 0: same priority as everything).
 ISO_OTHERS_NICE=${ISO_OTHERS_NICE:-0}
+# ISO_OTHERS_SCHED=idle runs them under SCHED_IDLE instead (chrt -i 0): they get a core only
+# when nothing else wants it, the closest a shared 2-core box gets to clients on other machines.
+ISO_OTHERS_SCHED=${ISO_OTHERS_SCHED:-}
 OTHERS_PRIO=()
-if [[ "$ISO_OTHERS_NICE" != 0 ]]; then
+if [[ "$ISO_OTHERS_SCHED" == idle ]]; then
+    OTHERS_PRIO=(chrt -i 0)
+elif [[ "$ISO_OTHERS_NICE" != 0 ]]; then
     OTHERS_PRIO=(nice -n "$ISO_OTHERS_NICE")
 fi
 if [[ "$ISO_CLIENT_RT" == 1 ]] && command -v chrt >/dev/null && chrt -f 10 true 2>/dev/null; then

@@ -16,6 +16,10 @@
  * the store's shard lock (see crates/fastpath docs for why that is coherent), so this program only
  * ever reads ss_items.
  *
+ * Streams: a UDP port whose ss_ports value carries SS_PORT_STREAM belongs to the stream
+ * offload engine (xdp_stream.h): one program per interface serves the KV cache, the tenants
+ * and the streams, each configuring its own map entries.
+ *
  * The GPL-compatible licence is needed for the helpers used (bpf_loop, dynptr, csum).
  */
 #include <linux/bpf.h>
@@ -82,6 +86,8 @@ struct {
 	__type(key, __u32);
 	__type(value, struct ss_scratch);
 } ss_scratch SEC(".maps");
+
+#include "xdp_stream.h"
 
 /* Tokens a request may have: command + SS_KEYS_MAX keys (mg: command, key, <= 2 flags). */
 #define TOK_MAX (SS_KEYS_MAX + 1)
@@ -324,8 +330,10 @@ __noinline int ss_key_matches(struct ss_scratch *s, struct ss_item *it, __u32 ks
 	return it->piece[sp] == ' ';
 }
 
-SEC("xdp")
-int slipstream_xdp(struct xdp_md *ctx)
+/* The KV cache and tenants (everything but stream ports). Not inlined: its frame is near the
+ * verifier's stack limit, so the entry below stays small and the stream engine gets a call
+ * chain of its own. */
+static __noinline int ss_kv_packet(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -722,6 +730,57 @@ throttled:
 	count(SS_COUNTER_THROTTLED);
 	count_tenant(slot, SS_COUNTER_THROTTLED);
 	return XDP_PASS;
+}
+
+/* The one entry program: a datagram to a stream's port (ss_ports value with SS_PORT_STREAM)
+ * goes to the stream engine, everything else to the KV path. ss_config.enabled switches the KV
+ * cache only: stream state lives in the kernel, so streams must not flip to user space. */
+SEC("xdp")
+int slipstream_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return XDP_PASS;
+	__u32 l4_off, udp_len;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end)
+			return XDP_PASS;
+		if (ip->version != 4 || ip->ihl != 5 || ip->protocol != IPPROTO_UDP)
+			return ss_kv_packet(ctx);
+		if (ip->frag_off & bpf_htons(0x3fff))
+			return ss_kv_packet(ctx);
+		__u32 tot = bpf_ntohs(ip->tot_len);
+		if (tot < sizeof(*ip) + sizeof(struct udphdr))
+			return ss_kv_packet(ctx);
+		udp_len = tot - sizeof(*ip);
+		l4_off = sizeof(*eth) + sizeof(*ip);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > data_end)
+			return XDP_PASS;
+		if (ip6->version != 6 || ip6->nexthdr != IPPROTO_UDP)
+			return ss_kv_packet(ctx);
+		udp_len = bpf_ntohs(ip6->payload_len);
+		l4_off = sizeof(*eth) + sizeof(*ip6);
+	} else {
+		return ss_kv_packet(ctx);
+	}
+	struct udphdr *udp = data + l4_off;
+	if ((void *)(udp + 1) > data_end)
+		return XDP_PASS;
+	__u32 port = bpf_ntohs(udp->dest);
+	__u32 *pv = bpf_map_lookup_elem(&ss_ports, &port);
+	if (!pv || !(*pv & SS_PORT_STREAM))
+		return ss_kv_packet(ctx);
+	__u32 slot = *pv & SS_PORT_SLOT_MASK;
+	if (bpf_ntohs(udp->len) != udp_len || udp_len < sizeof(struct udphdr))
+		return XDP_PASS;
+	if ((__u64)l4_off + udp_len > (__u64)(data_end - data))
+		return XDP_PASS;
+	return ss_stream_packet(ctx, slot, l4_off + sizeof(struct udphdr), udp_len - sizeof(struct udphdr));
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

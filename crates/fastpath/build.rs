@@ -11,7 +11,9 @@ fn main() {
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rerun-if-env-changed=BPF_CFLAGS");
-    println!("cargo:rerun-if-changed={}", bpf_dir.join("slipstream_kv.h").display());
+    for h in ["slipstream_kv.h", "slipstream_stream.h", "xdp_stream.h"] {
+        println!("cargo:rerun-if-changed={}", bpf_dir.join(h).display());
+    }
     // Debian keeps asm/ headers under the multiarch directory.
     let multiarch = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
     for name in ["xdp_fastpath", "xdp_pass"] {

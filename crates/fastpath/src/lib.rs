@@ -90,6 +90,7 @@ pub mod fixtures;
 pub mod item;
 pub mod model;
 mod netlink;
+pub mod stream;
 mod sys;
 
 pub use item::NotCacheable;
@@ -280,6 +281,8 @@ pub struct Kernel {
     disabled: AtomicBool,
     invalidations: AtomicU64,
     cpus: usize,
+    /// The stream engine's maps of this program (see [`stream`]).
+    streams: std::sync::Arc<stream::StreamKernel>,
 }
 
 /// The `ss_tenants` array map, mapped into this process. Every field is read and written with
@@ -403,7 +406,9 @@ impl Kernel {
         let cpus = aya::util::nr_cpus().map_err(|(what, error)| FastPathError::LoadRefused {
             detail: format!("cannot count possible CPUs ({what}): {error}"),
         })?;
+        let streams = std::sync::Arc::new(stream::StreamKernel::new(&mut ebpf, ports_fd, prog_fd, cpus)?);
         let k = Kernel {
+            streams,
             ebpf,
             items_fd,
             config_fd,
@@ -420,6 +425,11 @@ impl Kernel {
         };
         k.write_config(1)?;
         Ok(k)
+    }
+
+    /// The stream engine's side of this program (stream slots, word counts, events).
+    pub fn streams(&self) -> &std::sync::Arc<stream::StreamKernel> {
+        &self.streams
     }
 
     fn write_config(&self, epoch: u64) -> Result<(), FastPathError> {
@@ -808,6 +818,7 @@ pub struct FastPath {
     link: Option<aya::programs::xdp::XdpLinkId>,
     iface: String,
     mode: AttachMode,
+    ifindex: u32,
 }
 
 fn if_index(iface: &str) -> Result<u32, FastPathError> {
@@ -866,7 +877,8 @@ impl FastPath {
                 }
             }
         };
-        Ok(FastPath { kernel, link: Some(link), iface: iface.to_string(), mode })
+        stream::register(ifindex, kernel.streams());
+        Ok(FastPath { kernel, link: Some(link), iface: iface.to_string(), mode, ifindex })
     }
 
     /// How it is attached.
@@ -907,6 +919,7 @@ impl FastPath {
 
 impl Drop for FastPath {
     fn drop(&mut self) {
+        stream::unregister(self.ifindex);
         if let (Some(link), Ok(prog)) = (self.link.take(), self.kernel.xdp()) {
             // Dropping the Ebpf would detach too; doing it here makes the order explicit.
             let _ = prog.detach(link);

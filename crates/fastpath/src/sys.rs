@@ -101,6 +101,22 @@ pub fn map_lookup(fd: RawFd, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
     }
 }
 
+/// Lookup with `flags` (e.g. BPF_F_LOCK); `Ok(false)` if the key is absent.
+pub fn map_lookup_flags(fd: RawFd, key: &[u8], value: &mut [u8], flags: u64) -> io::Result<bool> {
+    let mut a = MapElemAttr {
+        map_fd: fd as u32,
+        key: key.as_ptr() as u64,
+        value_or_next_key: value.as_mut_ptr() as u64,
+        flags,
+        ..Default::default()
+    };
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The key after `key` (or the first key for `None`) into `next`; `Ok(false)` at the end.
 pub fn map_next_key(fd: RawFd, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
     let mut a = MapElemAttr {

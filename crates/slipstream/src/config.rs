@@ -139,6 +139,7 @@ struct FileStream {
     records_per_datagram_max: Option<usize>,
     values_per_window_max: Option<usize>,
     distinct_words_per_window_max: Option<usize>,
+    engine: Option<String>,
 }
 
 impl FileStream {
@@ -165,6 +166,7 @@ impl FileStream {
             records_per_datagram_max: self.records_per_datagram_max.unwrap_or(d.records_per_datagram_max),
             values_per_window_max: self.values_per_window_max.unwrap_or(d.values_per_window_max),
             distinct_words_per_window_max: self.distinct_words_per_window_max.unwrap_or(d.distinct_words_per_window_max),
+            engine: self.engine.unwrap_or(d.engine),
         }
     }
 }
@@ -372,14 +374,28 @@ impl Config {
         if !file.tenant.is_empty() {
             // Ports and shares are checked against each other here, so a bad file fails at start
             // with the reason rather than half-serving.
-            slipstream_tenancy::spec::validate_all(&self.shaping, &file.tenant, &[])
+            slipstream_tenancy::spec::validate_all(&self.shaping, &file.tenant, &self.stream_ports())
                 .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[tenant]]: {e}") })?;
             self.tenants = file.tenant;
         }
         Ok(())
     }
 
+    /// Ports the stream service owns (each stream's UDP port, and the results port when there
+    /// are streams): a tenant may not take one, at start or at run time, because the kernel fast
+    /// path dispatches by port and the two services would fight over the entry.
+    pub fn stream_ports(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = self.streams.iter().map(|s| s.udp_port).collect();
+        if !self.streams.is_empty() {
+            ports.push(self.results.tcp_port);
+        }
+        ports
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(s) = self.streams.iter().find(|s| self.udp_port != 0 && s.udp_port == self.udp_port) {
+            return Err(bad("--udp-port", &self.udp_port.to_string(), &format!("is also the udp_port of stream {:?}", s.name)));
+        }
         if self.xdp_entries == 0 || self.xdp_entries > XDP_ENTRIES_MAX {
             return Err(bad("--xdp-entries", &self.xdp_entries.to_string(), &format!("must be 1..={XDP_ENTRIES_MAX}")));
         }
@@ -467,6 +483,16 @@ mod tests {
         let c = Config::from_args(&args(&format!("--config {} -p 3000", f.display()))).unwrap();
         assert_eq!((c.port, c.threads, c.item_bytes_max), (3000, 3, 512 * 1024));
         std::fs::write(&f, "[server]\nprot = 2000\n").unwrap();
+        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        // A stream port may be neither the memcached UDP port nor a tenant's port.
+        std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\n").unwrap();
+        let e = Config::from_args(&args(&format!("-U 7001 --config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("stream \"a\""), "{e}");
+        std::fs::write(
+            &f,
+            "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\n[[tenant]]\nname = \"t\"\ntcp_port = 7000\nudp_port = 7001\nshare = 0.5\n",
+        )
+        .unwrap();
         assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
         let _ = std::fs::remove_dir_all(&dir);
     }

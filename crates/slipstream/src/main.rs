@@ -50,6 +50,8 @@ slipstream's own:
                            hits for the -U port (needs -U and root; otherwise says why and
                            serves from user space)
   --xdp-entries=N          most items the kernel fast path caches (16384; allocated on use)
+                           With [[stream]]s, --xdp also runs them in the XDP engine (per stream
+                           `engine = auto|user|xdp`; one program serves both)
 ";
 
 fn main() {
@@ -153,15 +155,25 @@ fn start_streams(cfg: &Config) -> Result<(Option<Arc<StreamService>>, String), M
         listen: cfg.listen,
         results: cfg.results.clone(),
         streams: cfg.streams.clone(),
+        // Streams share the one XDP program on the interface with the KV fast path (attached
+        // before this, so the stream engine finds and reuses it).
+        xdp_iface: cfg.xdp_iface.clone(),
         ..ServiceConfig::default()
     })
     .map_err(|e| MainError::Start(format!("stream offload: {e}")))?;
-    let names: Vec<String> = svc.stream_addrs().iter().map(|(n, a)| format!("{n} udp {a}")).collect();
-    let line = format!(
-        "; stream offload (user-space engine) [{}] results tcp {}",
-        names.join("; "),
-        svc.results_addr()
-    );
+    let names: Vec<String> = svc
+        .stream_addrs()
+        .iter()
+        .zip(svc.engines())
+        .map(|((n, a), e)| format!("{n} udp {a} engine {e}"))
+        .collect();
+    let xdp_streams = svc.engines().iter().filter(|e| e.starts_with("xdp")).count();
+    let engine = match (xdp_streams, svc.engines().len()) {
+        (0, _) => "user-space engine",
+        (x, n) if x == n => "XDP engine",
+        _ => "XDP and user-space engines",
+    };
+    let line = format!("; stream offload ({engine}) [{}] results tcp {}", names.join("; "), svc.results_addr());
     Ok((Some(Arc::new(svc)), line))
 }
 
@@ -222,7 +234,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         conn_limit: cfg.conn_limit,
         item_bytes_max: cfg.item_bytes_max,
         listen_interface: cfg.listen_arg.clone(),
-        reserved_ports: cfg.admin_addr.map(|a| vec![a.port()]).unwrap_or_default(),
+        reserved_ports: cfg.admin_addr.map(|a| a.port()).into_iter().chain(cfg.stream_ports()).collect(),
     };
     let table = TenantTable::multi(cfg.threads, settings, cfg.shaping.clone(), &cfg.tenants, defaults)
         .map_err(|e| MainError::Start(format!("tenants: {e}")))?;

@@ -47,6 +47,8 @@ numbers:
   --mean M --stddev D        Gaussian noise (defaults 0 and 1)
   --step-at-ms T --step-by X after T ms every value is shifted by X (both needed for a step)
   --binary                   SSF1 magic + little-endian f64s instead of text lines
+  --decimals N               text numbers with exactly N fractional digits (default: shortest
+                             round trip; the XDP engine takes up to 6 exactly)
 
 At the end one JSON line: kind, datagrams, records, bytes, elapsed_s, rate_per_s,
 records_per_s, send_errors, and with a step step_sent_mono_ns / step_sent_unix_ns
@@ -74,6 +76,8 @@ const BINARY_MAGIC: &[u8; 4] = b"SSF1";
 /// Longest text number the daemon accepts (slipstream-stream `record::NUMBER_BYTES_MAX`).
 const NUMBER_BYTES_MAX: usize = 64;
 const NS_PER_S: u64 = 1_000_000_000;
+/// Most fractional digits `--decimals` takes.
+const DECIMALS_MAX: usize = 17;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -99,6 +103,8 @@ struct Options {
     step_by: Option<f64>,
     binary: bool,
     batch: usize,
+    /// Text numbers with exactly this many fractional digits (None: shortest round trip).
+    decimals: Option<usize>,
 }
 
 /// Entry point: `args` are the words after `send`. Prints the summary line on success.
@@ -144,6 +150,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     let mut step_by = None;
     let mut binary = false;
     let mut batch = 1usize;
+    let mut decimals = None;
 
     let mut i = 0;
     while i < args.len() {
@@ -238,6 +245,13 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
                 step_at_ms = Some(t);
             }
             "--step-by" => step_by = Some(parse_finite(flag, v)?),
+            "--decimals" => {
+                let d: usize = parse_num(flag, v)?;
+                if d > DECIMALS_MAX {
+                    return Err(format!("--decimals {d}: at most {DECIMALS_MAX}"));
+                }
+                decimals = Some(d);
+            }
             "--batch" => {
                 let b: usize = parse_num(flag, v)?;
                 if b == 0 || b > BATCH_MAX {
@@ -289,6 +303,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         step_by,
         binary,
         batch,
+        decimals,
     };
     let worst = datagram_bytes_max(&opts);
     if worst > DATAGRAM_BYTES_MAX {
@@ -453,6 +468,7 @@ struct Generator {
     mean: f64,
     stddev: f64,
     binary: bool,
+    decimals: Option<usize>,
     /// Ranks of the words in the datagram last built (counted once it is sent).
     ranks: Vec<u32>,
 }
@@ -467,6 +483,7 @@ impl Generator {
             mean: o.mean,
             stddev: o.stddev,
             binary: o.binary,
+            decimals: o.decimals,
             ranks: Vec::with_capacity(o.records_per_datagram),
         }
     }
@@ -499,7 +516,10 @@ impl Generator {
                         if j > 0 {
                             buf.push(b'\n');
                         }
-                        push_number(buf, v);
+                        match self.decimals {
+                            Some(d) => push_fixed(buf, v, d),
+                            None => push_number(buf, v),
+                        }
                     }
                 }
             }
@@ -528,6 +548,18 @@ fn push_word(buf: &mut Vec<u8>, rank: usize) {
 fn push_number(buf: &mut Vec<u8>, v: f64) {
     let mut s = String::with_capacity(24);
     let _ = write!(s, "{v}");
+    if s.len() > NUMBER_BYTES_MAX {
+        s.clear();
+        let _ = write!(s, "{v:e}");
+    }
+    buf.extend_from_slice(s.as_bytes());
+}
+
+/// `v` with exactly `decimals` fractional digits (what the XDP engine parses exactly for
+/// `decimals <= 6`); exponent form if that would be longer than the daemon accepts.
+fn push_fixed(buf: &mut Vec<u8>, v: f64, decimals: usize) {
+    let mut s = String::with_capacity(24);
+    let _ = write!(s, "{v:.decimals$}");
     if s.len() > NUMBER_BYTES_MAX {
         s.clear();
         let _ = write!(s, "{v:e}");

@@ -73,6 +73,35 @@ impl ChangePoint {
         }
     }
 
+    /// A detector continuing from a state kept elsewhere (the XDP engine's, when user space
+    /// takes a stream over): the open window (`current`, its sum and count), the completed
+    /// window means oldest first (at most `reference_windows` are kept; armed when that many),
+    /// and the raw history oldest first (the last `history` are kept).
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore(
+        window_ns: u64,
+        reference_windows: usize,
+        detector: Detector,
+        history: usize,
+        current: Option<u64>,
+        cur_sum: f64,
+        cur_count: u64,
+        means: &[f64],
+        raw: &[f64],
+    ) -> Self {
+        let mut cp = ChangePoint::new(window_ns, reference_windows, detector, history);
+        let n = cp.reference_windows;
+        cp.means = means.iter().copied().skip(means.len().saturating_sub(n)).collect();
+        if cp.means.len() == n {
+            cp.reference = Some(cp.means.iter().sum::<f64>() / n as f64);
+        }
+        cp.history = raw.iter().copied().skip(raw.len().saturating_sub(cp.history_max)).collect();
+        cp.current = current;
+        cp.cur_sum = cur_sum;
+        cp.cur_count = cur_count;
+        cp
+    }
+
     /// The reference in force (None while not armed).
     pub fn reference(&self) -> Option<f64> {
         self.reference
@@ -165,6 +194,15 @@ pub struct ChangePointOp {
 impl ChangePointOp {
     pub fn new(stream: &str, cp: ChangePoint) -> Self {
         ChangePointOp { stream: stream.to_string(), cp, clock: Clock::default(), counters: OpCounters::default() }
+    }
+}
+
+impl ChangePointOp {
+    /// The operator around a restored detector whose event clock had reached `high_ns`.
+    pub fn restored(stream: &str, cp: ChangePoint, high_ns: u64) -> Self {
+        let mut op = ChangePointOp::new(stream, cp);
+        op.clock.advance(high_ns);
+        op
     }
 }
 
@@ -293,6 +331,38 @@ mod tests {
             assert!(a.cusum.map(|c| c.1 > 10.0) == Some(true));
         }
         // The same 3σ step is not reliably caught by the reference rule at threshold 6.
+    }
+
+    #[test]
+    fn restored_detector_continues_like_the_original() {
+        let det = Detector::Reference { threshold: THRESHOLD };
+        let seed = crate::testutil::seed(0x5eed_0006);
+        let mut rng = Rng::new(seed);
+        let vals: Vec<f64> = (0..3_000).map(|i| if i < 2_000 { 10.0 } else { 30.0 } + rng.gauss()).collect();
+        let mut a = ChangePoint::new(WINDOW_NS, 4, det, 8);
+        let mut alerts_a = Vec::new();
+        for (i, v) in vals.iter().enumerate() {
+            let t = i as u64 * MS;
+            a.advance(t);
+            a.push(t, *v, &mut |x| alerts_a.push(x.clone()));
+        }
+        // Same values, but the state is handed over after 1_550 values.
+        let mut b = ChangePoint::new(WINDOW_NS, 4, det, 8);
+        for (i, v) in vals.iter().enumerate().take(1_550) {
+            let t = i as u64 * MS;
+            b.advance(t);
+            b.push(t, *v, &mut |_| {});
+        }
+        let mut c = ChangePoint::restore(WINDOW_NS, 4, det, 8, b.current, b.cur_sum, b.cur_count,
+            &b.means.iter().copied().collect::<Vec<_>>(), &b.history.iter().copied().collect::<Vec<_>>());
+        let mut alerts_c = Vec::new();
+        for (i, v) in vals.iter().enumerate().skip(1_550) {
+            let t = i as u64 * MS;
+            c.advance(t);
+            c.push(t, *v, &mut |x| alerts_c.push(x.clone()));
+        }
+        assert_eq!(alerts_a, alerts_c, "seed {seed}");
+        assert_eq!(alerts_c.len(), 1);
     }
 
     #[test]

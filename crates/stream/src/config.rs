@@ -78,6 +78,9 @@ pub struct StreamConfig {
     pub records_per_datagram_max: usize,
     pub values_per_window_max: usize,
     pub distinct_words_per_window_max: usize,
+    /// `"auto"` (XDP when the daemon runs with `--xdp` and the stream fits the kernel engine,
+    /// else user space), `"user"` or `"xdp"` (XDP required: the stream says why if it cannot).
+    pub engine: String,
 }
 
 impl Default for StreamConfig {
@@ -103,6 +106,7 @@ impl Default for StreamConfig {
             records_per_datagram_max: 65_536,
             values_per_window_max: crate::window::VALUES_PER_WINDOW_MAX,
             distinct_words_per_window_max: crate::wordcount::DISTINCT_WORDS_PER_WINDOW_MAX,
+            engine: "auto".into(),
         }
     }
 }
@@ -130,6 +134,7 @@ pub enum ConfigError {
     FilterWord,
     UnknownFilterAction(String),
     UnknownFormat(String),
+    UnknownEngine(String),
     Limit { key: &'static str, value: usize, max: usize },
     DuplicateName(String),
     DuplicatePort(u16),
@@ -160,6 +165,7 @@ impl fmt::Display for ConfigError {
             FilterWord => write!(f, "filter_word must be 1..=word_bytes_max bytes without whitespace"),
             UnknownFilterAction(s) => write!(f, "filter_action {s:?}: expected pass or drop"),
             UnknownFormat(s) => write!(f, "format {s:?}: expected auto, text or binary"),
+            UnknownEngine(s) => write!(f, "engine {s:?}: expected auto, user or xdp"),
             Limit { key, value, max } => write!(f, "{key} = {value}: expected 1..={max}"),
             DuplicateName(s) => write!(f, "two streams are named {s:?}"),
             DuplicatePort(p) => write!(f, "two streams use udp_port {p}"),
@@ -220,6 +226,9 @@ impl StreamConfig {
         limit("word_bytes_max", self.word_bytes_max, WORD_BYTES_MAX)?;
         limit("records_per_datagram_max", self.records_per_datagram_max, RECORDS_PER_DATAGRAM_MAX)?;
         self.encoding()?;
+        if !matches!(self.engine.as_str(), "auto" | "user" | "xdp") {
+            return Err(ConfigError::UnknownEngine(self.engine.clone()));
+        }
         match self.operator.as_str() {
             "aggregate" => {
                 limit("values_per_window_max", self.values_per_window_max, VALUES_PER_WINDOW_MAX)?;

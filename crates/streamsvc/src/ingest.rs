@@ -19,8 +19,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipstream_stream::{feed_datagram, Encoding, Limits, Operator, ParseStats};
+use slipstream_stream::{feed_datagram, record, Encoding, Limits, ParseStats};
 
+use crate::xdp::{self, Kind, SharedOp, WcMerge, XdpStream};
 use crate::{monotonic_ns, Shared};
 
 /// Datagrams taken per `recvmmsg`.
@@ -207,8 +208,14 @@ impl Receiver {
 /// Everything one ingest thread owns.
 pub(crate) struct Ingest {
     pub idx: usize,
+    pub name: String,
+    /// Set when the stream runs in the XDP engine (see module `xdp`).
+    pub xdp: Option<XdpStream>,
+    /// XDP word count: what this thread parsed itself, waiting for the window's drain.
+    pub wc: WcMerge,
     pub rx: Receiver,
-    pub op: Box<dyn Operator + Send>,
+    /// Shared with the XDP event reader (value batches of aggregate/filter streams).
+    pub op: SharedOp,
     pub encoding: Encoding,
     pub limits: Limits,
     pub tick_ns: u64,
@@ -222,6 +229,8 @@ impl Ingest {
         let mut datagrams = 0u64;
         let mut parsed = ParseStats::default();
         let mut next_tick = monotonic_ns().saturating_add(self.tick_ns);
+        // XDP change point: whether user space has taken the stream over.
+        let mut taken_over = false;
         while !self.shared.stop.load(Ordering::Acquire) {
             let n = match self.rx.recv_batch() {
                 Ok(n) => n,
@@ -232,32 +241,71 @@ impl Ingest {
                     0
                 }
             };
-            // One receive time per batch: the datagrams were all queued by then.
-            let t_ns = monotonic_ns();
-            for i in 0..n {
-                datagrams += 1;
-                match self.rx.payload(i) {
-                    Some(p) => {
-                        let st = feed_datagram(&mut *self.op, p, self.encoding, &self.limits, t_ns, &mut out);
-                        parsed.add(st);
+            if n > 0 && !taken_over {
+                if let Some(x) = &self.xdp {
+                    if matches!(x.kind, Kind::ChangePoint { .. }) {
+                        // A datagram reached the socket: from now on this stream is ours.
+                        if let Some(op) = xdp::take_over(x, &self.name) {
+                            *self.op.lock().unwrap_or_else(|p| p.into_inner()) = op;
+                        }
+                        taken_over = true;
                     }
-                    // Longer than the 65535-byte contract limit: one malformed record.
-                    None => parsed.malformed += 1,
                 }
             }
-            if t_ns >= next_tick {
-                self.op.on_time(t_ns, &mut out);
-                self.rx.poll_drops();
-                next_tick = t_ns.saturating_add(self.tick_ns);
+            // One receive time per batch: the datagrams were all queued by then.
+            let t_ns = monotonic_ns();
+            let wc_window = match &self.xdp {
+                Some(XdpStream { kind: Kind::WordCount { window_ns, .. }, .. }) => Some(*window_ns),
+                _ => None,
+            };
+            {
+                let mut op = self.op.lock().unwrap_or_else(|p| p.into_inner());
+                for i in 0..n {
+                    datagrams += 1;
+                    match (self.rx.payload(i), wc_window) {
+                        (Some(p), Some(window_ns)) => {
+                            let w = t_ns / window_ns.max(1);
+                            let wc = &mut self.wc;
+                            parsed.add(record::parse_words(p, &self.limits, |word| wc.push(w, word)));
+                        }
+                        (Some(p), None) => {
+                            let st = feed_datagram(&mut **op, p, self.encoding, &self.limits, t_ns, &mut out);
+                            parsed.add(st);
+                        }
+                        // Longer than the 65535-byte contract limit: one malformed record.
+                        (None, _) => parsed.malformed += 1,
+                    }
+                }
+                if t_ns >= next_tick {
+                    op.on_time(t_ns, &mut out);
+                }
             }
             let s = &self.shared.streams[self.idx];
             let c = &s.counters;
-            c.datagrams.store(datagrams, Ordering::Relaxed);
-            c.records.store(parsed.records, Ordering::Relaxed);
-            c.malformed.store(parsed.malformed, Ordering::Relaxed);
+            let mut k = slipstream_fastpath::stream::StreamStats::default();
+            let mut extra_lines = 0;
+            if t_ns >= next_tick {
+                self.rx.poll_drops();
+                next_tick = t_ns.saturating_add(self.tick_ns);
+                if let Some(x) = &self.xdp {
+                    if let Kind::WordCount { window_ns, distinct_max } = x.kind {
+                        self.wc.flush(x, &self.name, window_ns, distinct_max, t_ns, &mut out);
+                    }
+                }
+            }
+            if let Some(x) = &self.xdp {
+                k = x.kernel.stats(x.slot).unwrap_or_default();
+                extra_lines = self.wc.lines + x.lines.load(Ordering::Relaxed);
+                c.xdp_datagrams.store(k.datagrams, Ordering::Relaxed);
+                c.xdp_passed.store(k.passed, Ordering::Relaxed);
+            }
+            c.datagrams.store(datagrams + k.datagrams, Ordering::Relaxed);
+            c.records.store(parsed.records + k.records, Ordering::Relaxed);
+            c.malformed.store(parsed.malformed + k.malformed, Ordering::Relaxed);
             c.over_limit.store(parsed.over_limit, Ordering::Relaxed);
             c.socket_drops.store(self.rx.socket_drops, Ordering::Relaxed);
-            c.lines.store(self.op.counters().lines, Ordering::Relaxed);
+            let op_lines = self.op.lock().unwrap_or_else(|p| p.into_inner()).counters().lines;
+            c.lines.store(op_lines + extra_lines, Ordering::Relaxed);
             if !out.is_empty() {
                 self.shared.publish(self.idx, &mut out);
             }

@@ -41,8 +41,9 @@ use slipstream_stream::StreamConfig;
 
 mod hub;
 mod ingest;
+mod xdp;
 
-pub use hub::{SUBSCRIBERS_MAX, SUBSCRIBE_LINE_BYTES_MAX, SUBSCRIBE_WAIT_NS};
+pub use hub::{RETAIN_BYTES_MAX, SUBSCRIBERS_MAX, SUBSCRIBE_LINE_BYTES_MAX, SUBSCRIBE_WAIT_NS};
 
 /// Most streams one service runs.
 pub const STREAMS_MAX: usize = 256;
@@ -74,6 +75,8 @@ pub struct ServiceConfig {
     pub stats_interval_ms: u64,
     /// SO_RCVBUF asked for each UDP socket (default 8 MiB; best effort, see `bind_udp`).
     pub udp_rcvbuf_bytes: usize,
+    /// Run the streams that fit it in the XDP engine on this interface (module `xdp`).
+    pub xdp_iface: Option<String>,
 }
 
 impl Default for ServiceConfig {
@@ -85,6 +88,7 @@ impl Default for ServiceConfig {
             subscriber_buffer_bytes_max: 4 << 20,
             stats_interval_ms: 1000,
             udp_rcvbuf_bytes: 8 << 20,
+            xdp_iface: None,
         }
     }
 }
@@ -135,10 +139,15 @@ pub(crate) struct Counters {
     pub hub_unannounced: AtomicU64,
     /// Active subscribers receiving this stream.
     pub subscribers: AtomicU64,
+    /// XDP engine: datagrams consumed in the kernel / passed up to the socket.
+    pub xdp_datagrams: AtomicU64,
+    pub xdp_passed: AtomicU64,
 }
 
 pub(crate) struct StreamShared {
     pub name: String,
+    /// The configured operator (`wordcount`, ...), told to clients by the hub's `INFO` line.
+    pub operator: String,
     pub counters: Counters,
     /// Complete result lines waiting for the hub.
     pub queue: Mutex<Vec<u8>>,
@@ -230,6 +239,10 @@ pub struct StreamService {
     threads: Vec<JoinHandle<()>>,
     results_addr: SocketAddr,
     stream_addrs: Vec<(String, SocketAddr)>,
+    /// Each stream's engine, for the status line (`xdp` or `user (why)`).
+    engines: Vec<String>,
+    /// Held while XDP streams run (dropped after the threads stop).
+    _xdp: Option<xdp::XdpEngine>,
 }
 
 impl StreamService {
@@ -268,7 +281,7 @@ impl StreamService {
         for s in &placeholder {
             let op = s.build().map_err(|error| ServiceError::Config { stream: s.name.clone(), error })?;
             let enc = s.encoding().map_err(|error| ServiceError::Config { stream: s.name.clone(), error })?;
-            ops.push((op, enc, s.limits(), ingest::tick_ns(s.window_ms.saturating_mul(1_000_000))));
+            ops.push((Arc::new(Mutex::new(op)) as xdp::SharedOp, enc, s.limits(), ingest::tick_ns(s.window_ms.saturating_mul(1_000_000))));
         }
         let mut socks = Vec::new();
         let mut stream_addrs = Vec::new();
@@ -295,13 +308,19 @@ impl StreamService {
             streams: cfg
                 .streams
                 .iter()
-                .map(|s| StreamShared { name: s.name.clone(), counters: Counters::default(), queue: Mutex::new(Vec::new()) })
+                .map(|s| StreamShared {
+                    name: s.name.clone(),
+                    operator: s.operator.clone(),
+                    counters: Counters::default(),
+                    queue: Mutex::new(Vec::new()),
+                })
                 .collect(),
             stop: AtomicBool::new(false),
             wake_pending: AtomicBool::new(false),
             waker,
         });
-        let mut svc = StreamService { shared: shared.clone(), threads: Vec::new(), results_addr, stream_addrs };
+        let (engine, xdp_streams, engines, reader) = xdp::setup(&cfg, &stream_addrs, &ops);
+        let mut svc = StreamService { shared: shared.clone(), threads: Vec::new(), results_addr, stream_addrs, engines, _xdp: engine };
         let hub = hub::Hub {
             poll,
             listener,
@@ -314,9 +333,21 @@ impl StreamService {
             .spawn(move || hub.run())
             .map_err(ServiceError::Thread)?;
         svc.threads.push(h);
+        if let Some((ring, slots)) = reader {
+            let sh = shared.clone();
+            let h = std::thread::Builder::new()
+                .name("stream-xdp-events".into())
+                .spawn(move || xdp::run_reader(ring, slots, sh))
+                .map_err(ServiceError::Thread)?;
+            svc.threads.push(h);
+        }
+        let mut xdp_streams = xdp_streams.into_iter();
         for (idx, (sock, (op, encoding, limits, tick_ns))) in socks.into_iter().zip(ops).enumerate() {
             let ing = ingest::Ingest {
                 idx,
+                name: cfg.streams.get(idx).map(|s| s.name.clone()).unwrap_or_default(),
+                xdp: xdp_streams.next().flatten(),
+                wc: xdp::WcMerge::default(),
                 rx: ingest::Receiver::new(sock),
                 op,
                 encoding,
@@ -330,6 +361,11 @@ impl StreamService {
             svc.threads.push(h);
         }
         Ok(svc)
+    }
+
+    /// Each stream's engine in configuration order: `xdp` or `user (why)`.
+    pub fn engines(&self) -> &[String] {
+        &self.engines
     }
 
     /// The results listener's bound address (port 0 resolved).
@@ -346,7 +382,7 @@ impl StreamService {
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         type Get = fn(&Counters) -> &AtomicU64;
-        let metrics: [(&str, &str, &str, Get); 8] = [
+        let metrics: [(&str, &str, &str, Get); 10] = [
             ("datagrams", "counter", "UDP datagrams received", |c| &c.datagrams),
             ("records", "counter", "records parsed and fed to the operator", |c| &c.records),
             ("malformed", "counter", "malformed records skipped", |c| &c.malformed),
@@ -355,6 +391,8 @@ impl StreamService {
             ("lines", "counter", "result lines produced by the operator", |c| &c.lines),
             ("subscriber_drops", "counter", "result lines dropped for slow subscribers", |c| &c.subscriber_drops),
             ("subscribers", "gauge", "subscribers receiving this stream", |c| &c.subscribers),
+            ("xdp_datagrams", "counter", "datagrams consumed by the XDP engine (included in datagrams)", |c| &c.xdp_datagrams),
+            ("xdp_passed", "counter", "datagrams the XDP engine passed to the user-space socket", |c| &c.xdp_passed),
         ];
         for (name, kind, help, get) in metrics {
             let full = if kind == "counter" {

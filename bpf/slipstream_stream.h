@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * slipstream_stream.h: what the XDP stream engine (bpf/xdp_stream.h, run from the one entry
+ * program in bpf/xdp_fastpath.c) and user space (crates/fastpath/src/stream.rs, Rust mirror
+ * with compile-time size/offset asserts) share: map names, limits, layouts.
+ *
+ * Not for: program logic, or the KV cache's maps (slipstream_kv.h).
+ *
+ * Fixed point: the kernel has no floats. A decimal text value is parsed into an integer count
+ * of micro-units (SS_FIXED_SCALE = 10^6 per unit): exactly representable are values with at
+ * most 6 significant fractional digits (further digits must be 0) and |value| <= 10^8
+ * (SS_FIXED_ABS_MAX micro-units), no exponent, not "-0". Anything else that is a well-formed
+ * number is NOT rounded: the datagram goes to user space (see xdp_stream.h for what that means
+ * per operator). Binary (little-endian f64) datagrams always go to user space.
+ */
+#ifndef SLIPSTREAM_STREAM_H
+#define SLIPSTREAM_STREAM_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+/* ---- map names ---- */
+/* ss_ports      (slipstream_kv.h) value SS_PORT_STREAM | stream slot = a stream's UDP port     */
+/* ss_streams    BPF_MAP_TYPE_ARRAY, SS_STREAMS_MAX entries, value ss_stream (config)          */
+/* ss_sstats     BPF_MAP_TYPE_PERCPU_ARRAY, SS_STREAMS_MAX entries, value ss_stream_stats       */
+/* ss_wc         BPF_MAP_TYPE_PERCPU_HASH, SS_WC_ENTRIES, key ss_wc_key, value __u64 count      */
+/* ss_cp         BPF_MAP_TYPE_ARRAY, SS_STREAMS_MAX entries, value ss_cp_state (spin lock)     */
+/* ss_events     BPF_MAP_TYPE_RINGBUF, SS_RINGBUF_BYTES: ss_alert and ss_values records        */
+/* ss_sscratch   BPF_MAP_TYPE_PERCPU_ARRAY, 1 entry, value ss_sscratch (program-private)       */
+
+/* ---- limits ---- */
+#define SS_STREAMS_MAX 64
+/* ss_ports value flag: the port belongs to stream slot (value & SS_PORT_SLOT_MASK). Tenant
+ * values are 1..=SS_TENANTS_MAX, so the two never collide. */
+#define SS_PORT_STREAM 0x80000000u
+#define SS_PORT_SLOT_MASK 0xffffu
+/* Longest word the kernel counts (bytes of the map key); longer: datagram to user space. */
+#define SS_WORD_KEY_BYTES 32
+/* Longest datagram payload the kernel parses (power of two, for masking); longer: user space. */
+#define SS_STREAM_PAYLOAD_MAX 2048
+/* Most words / numbers per datagram the kernel handles; more: user space. */
+#define SS_WORDS_MAX 1024
+#define SS_VALUES_MAX 256
+/* Distinct (stream, window, word) entries in ss_wc; full: the datagram goes to user space. */
+#define SS_WC_ENTRIES 65536
+/* Change point in kernel: most reference windows and history values (more: user engine). */
+#define SS_CP_REF_MAX 64
+#define SS_CP_HISTORY_MAX 1024
+/* Fixed point: micro-units, |v| <= 10^8 units. */
+#define SS_FIXED_SCALE 1000000
+#define SS_FIXED_ABS_MAX 100000000000000LL
+/* Window sums of a change-point stream stay below this (else the stream moves to user space). */
+#define SS_CP_SUM_ABS_MAX (1LL << 61)
+#define SS_RINGBUF_BYTES (4 << 20)
+/* Values per ss_values ring-buffer record. */
+#define SS_VALUES_BATCH SS_VALUES_MAX
+
+/* ss_stream.op */
+#define SS_OP_NONE 0       /* slot unused: pass */
+#define SS_OP_WORDCOUNT 1  /* counted in ss_wc */
+#define SS_OP_CHANGEPOINT 2 /* reference rule in ss_cp, alerts in ss_events */
+#define SS_OP_VALUES 3     /* parsed values shipped in ss_events (aggregate, filter) */
+
+/* ss_stream.format */
+#define SS_FORMAT_AUTO 0
+#define SS_FORMAT_TEXT 1
+#define SS_FORMAT_BINARY 2
+
+struct ss_stream {
+	__u32 op;
+	__u32 user_only;        /* 1: pass every datagram (user space took the stream over) */
+	__u64 window_ns;
+	__u32 word_bytes_max;   /* <= SS_WORD_KEY_BYTES */
+	__u32 records_max;      /* records per datagram (more: user space) */
+	__u32 reference_windows; /* 1..=SS_CP_REF_MAX */
+	__u32 history;          /* 0..=SS_CP_HISTORY_MAX */
+	__u64 threshold_n;      /* threshold in 10^-9 units */
+	__u32 format;
+	__u32 pad0;
+};                          /* 48 bytes */
+
+/* Per-CPU, cumulative; user space sums the CPUs. */
+struct ss_stream_stats {
+	__u64 datagrams;    /* consumed in the kernel (XDP_DROP) */
+	__u64 records;      /* records counted / tested / shipped by the kernel */
+	__u64 malformed;    /* malformed records the kernel skipped (numeric streams) */
+	__u64 passed;       /* datagrams passed to user space (XDP_PASS) */
+	__u64 alerts;       /* change-point alerts sent */
+	__u64 events_lost;  /* ring-buffer records that could not be sent (ring full) */
+	__u64 pad0;
+	__u64 pad1;
+};                      /* 64 bytes */
+
+struct ss_wc_key {
+	__u64 window;       /* t_ns / window_ns */
+	__u32 stream;
+	__u32 len;
+	__u8 word[SS_WORD_KEY_BYTES]; /* zero padded */
+};                      /* 48 bytes */
+
+struct ss_cp_state {
+	struct bpf_spin_lock lock;
+	__u32 mode;         /* 0: kernel, 1: user space took over (everything passes) */
+	__u64 high_t_ns;    /* event clock: never goes back */
+	__u64 cur_window;   /* current window number + 1; 0: none open */
+	__s64 cur_sum;      /* micro-units */
+	__u64 cur_count;
+	__u32 ring_len;     /* window means in the reference ring */
+	__u32 ring_head;    /* next slot written; oldest = (head + N - len) % N */
+	__s64 ref_sum_n;    /* sum of ring_mean_n */
+	__u32 hist_len;
+	__u32 hist_head;    /* next slot written */
+	__s64 ring_sum[SS_CP_REF_MAX];    /* window sums, micro-units */
+	__u64 ring_count[SS_CP_REF_MAX];
+	__s64 ring_mean_n[SS_CP_REF_MAX]; /* sum / count in 10^-9 units, truncated */
+	__s64 hist[SS_CP_HISTORY_MAX];    /* raw values, micro-units */
+};
+
+/* Ring-buffer record header. */
+#define SS_EV_ALERT 1
+#define SS_EV_VALUES 2
+struct ss_ev_hdr {
+	__u32 type;
+	__u32 stream;
+	__u64 t_ns;
+};                      /* 16 bytes */
+
+/* A change-point alert: the state as the alerting value left it (before the re-arm), rings
+ * raw (user space orders them oldest first with the heads and lengths). */
+struct ss_alert {
+	struct ss_ev_hdr hdr;
+	__s64 value;        /* micro-units */
+	__u32 ring_len;
+	__u32 ring_head;
+	__u32 hist_len;
+	__u32 hist_head;
+	__u32 reference_windows;
+	__u32 history;
+	__s64 ring_sum[SS_CP_REF_MAX];
+	__u64 ring_count[SS_CP_REF_MAX];
+	__s64 hist[SS_CP_HISTORY_MAX];
+};
+
+/* Parsed values of one datagram, in order. */
+struct ss_values {
+	struct ss_ev_hdr hdr;
+	__u32 n;
+	__u32 pad0;
+	__s64 v[SS_VALUES_BATCH]; /* micro-units */
+};
+
+/* Program-private per-CPU scratch. */
+struct ss_sscratch {
+	__u8 payload[SS_STREAM_PAYLOAD_MAX + 64]; /* + room for 8-byte reads near the end */
+	__u16 tstart[SS_WORDS_MAX];
+	__u16 tlen[SS_WORDS_MAX];
+	struct ss_alert alert;
+	struct ss_values vals;
+	/* Loop state of the parser / counter in use (xdp_stream.h): here rather than on the
+	 * stack, which the KV path already nearly fills. */
+	__u64 work[16];
+};
+
+#endif /* SLIPSTREAM_STREAM_H */

@@ -1,0 +1,162 @@
+//! Stream packet fixtures through the XDP program (BPF_PROG_TEST_RUN) and through the
+//! user-space parsers/operators of slipstream-stream: the kernel must consume exactly what it
+//! can take exactly, count it the same way user space does, and pass everything else up
+//! untouched. Needs root to load BPF; prints why and skips otherwise.
+
+use slipstream_fastpath::fixtures::udp_frame;
+use slipstream_fastpath::stream::{self as ks, Event, StreamCfg};
+use slipstream_fastpath::Kernel;
+use slipstream_stream::changepoint::{ChangePoint, Detector};
+use slipstream_stream::record::{parse_numbers, parse_words, Encoding, Limits};
+use std::collections::BTreeMap;
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+fn kernel() -> Option<Kernel> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: not root, cannot load BPF programs");
+        return None;
+    }
+    Some(Kernel::load_multi(16).expect("load XDP program"))
+}
+
+#[test]
+fn word_fixtures_agree_with_the_user_space_parser() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let cfg = StreamCfg { op: ks::OP_WORDCOUNT, window_ns: u64::MAX / 4, word_bytes_max: 32, records_max: 65_536, ..Default::default() };
+    s.add_stream(3, 7000, cfg).expect("add stream");
+    let long = "x".repeat(33);
+    let fixtures: Vec<(Vec<u8>, u32)> = vec![
+        (b"a b\tc\nd\r\ne\x0bf\x0cg  a".to_vec(), XDP_DROP),
+        (b"".to_vec(), XDP_DROP),
+        (b"   \n".to_vec(), XDP_DROP),
+        (b"\"q\" a\\b \x01ctl\x7f".to_vec(), XDP_DROP),
+        ("x".repeat(32).into_bytes(), XDP_DROP),
+        (format!("ok {long}").into_bytes(), XDP_PASS), // longer than the kernel key
+        ("caf\u{e9} ok".as_bytes().to_vec(), XDP_PASS), // non-ASCII: user space checks UTF-8
+        (b"ok \xff".to_vec(), XDP_PASS),
+        (vec![b'w'; 3000], XDP_PASS), // longer than the kernel parses
+    ];
+    let limits = Limits { word_bytes_max: 64, records_per_datagram_max: 65_536 };
+    let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let (mut dropped, mut passed) = (0, 0);
+    for (i, (payload, verdict)) in fixtures.iter().enumerate() {
+        let got = s.test_run(&udp_frame(i % 2 == 1, 7000, payload)).expect("test run");
+        assert_eq!(got, *verdict, "fixture {i}: {:?}", String::from_utf8_lossy(payload));
+        if got == XDP_DROP {
+            dropped += 1;
+            parse_words(payload, &limits, |w| *want.entry(w.as_bytes().to_vec()).or_default() += 1);
+        } else {
+            passed += 1;
+        }
+    }
+    let mut got: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let (drained, err) = s.drain_wordcount(3, u64::MAX);
+    assert!(err.is_none(), "{err:?}");
+    for (_, w, n) in drained {
+        *got.entry(w).or_default() += n;
+    }
+    assert_eq!(got, want);
+    let st = s.stats(3).expect("stats");
+    assert_eq!((st.datagrams, st.passed, st.records), (dropped, passed, want.values().sum::<u64>()));
+    assert!(s.drain_wordcount(3, u64::MAX).0.is_empty(), "drained windows are gone");
+    // Another port is not the stream's: the KV path passes it.
+    assert_eq!(s.test_run(&udp_frame(false, 7001, b"a")).expect("run"), XDP_PASS);
+}
+
+#[test]
+fn number_fixtures_agree_with_the_user_space_parser() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let mut ring = s.take_events().expect("ring buffer");
+    let cfg = StreamCfg { op: ks::OP_VALUES, window_ns: 1_000_000, word_bytes_max: 32, records_max: 65_536, ..Default::default() };
+    s.add_stream(5, 7005, cfg).expect("add stream");
+    let fixtures: Vec<(&[u8], u32)> = vec![
+        (b"1\n-2.5\n  3.25 \r\n\n.5\n5.\n+7.000001", XDP_DROP),
+        (b"abc\n1 2\n+\n1e\n4", XDP_DROP), // malformed lines counted, 4 kept
+        (b"nan\ninf\n0x10\n8", XDP_DROP),
+        (b"99999999.999999\n-100000000", XDP_DROP),
+        (b"1.0000001", XDP_PASS), // 7 significant fractional digits
+        (b"1.50000000000", XDP_DROP), // zeros beyond the 6th digit are exact
+        (b"1e3", XDP_PASS),             // exponent: user space
+        (b"100000001", XDP_PASS),       // over 10^8
+        (b"-0", XDP_PASS),              // -0.0 has no fixed-point form
+        (b"SSF1\0\0\0\0\0\0\xf0\x3f", XDP_PASS), // binary
+    ];
+    let limits = Limits::default();
+    let mut want_vals = Vec::new();
+    let mut want_bad = 0;
+    for (i, (p, verdict)) in fixtures.iter().enumerate() {
+        let got = s.test_run(&udp_frame(false, 7005, p)).expect("test run");
+        assert_eq!(got, *verdict, "fixture {i}: {:?}", String::from_utf8_lossy(p));
+        if got == XDP_DROP {
+            let st = parse_numbers(p, Encoding::Auto, &limits, |v| want_vals.push(v));
+            want_bad += st.malformed;
+        }
+    }
+    let mut got_vals = Vec::new();
+    while let Some(item) = ring.next() {
+        if let Some(Event::Values { stream, values, .. }) = ks::parse_event(&item) {
+            assert_eq!(stream, 5);
+            got_vals.extend(values.into_iter().map(ks::micro_to_f64));
+        }
+    }
+    assert_eq!(got_vals, want_vals);
+    let st = s.stats(5).expect("stats");
+    assert_eq!((st.malformed, st.records), (want_bad, want_vals.len() as u64));
+}
+
+#[test]
+fn changepoint_in_kernel_matches_the_operator() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let mut ring = s.take_events().expect("ring buffer");
+    // Windows of 1 ns: every datagram (a later bpf_ktime_get_ns) opens a new window, as the
+    // user-space detector does below with t = 0, 1, 2, ...
+    let cfg = StreamCfg {
+        op: ks::OP_CHANGEPOINT,
+        window_ns: 1,
+        word_bytes_max: 32,
+        records_max: 256,
+        reference_windows: 3,
+        history: 5,
+        threshold_n: ks::threshold_n(5.0).expect("threshold"),
+        ..Default::default()
+    };
+    s.add_stream(7, 7007, cfg).expect("add stream");
+    let series = ["10.5", "9.25", "10.125", "10", "9.75", "30.5", "31", "30.25", "29.75", "30", "10"];
+    let mut cp = ChangePoint::new(1, 3, Detector::Reference { threshold: 5.0 }, 5);
+    let mut want = Vec::new();
+    for (i, v) in series.iter().enumerate() {
+        assert_eq!(s.test_run(&udp_frame(false, 7007, v.as_bytes())).expect("run"), XDP_DROP, "{v}");
+        let t = i as u64;
+        cp.advance(t);
+        cp.push(t, v.parse().expect("number"), &mut |a| want.push(a.clone()));
+    }
+    let mut got = Vec::new();
+    while let Some(item) = ring.next() {
+        if let Some(Event::Alert { stream, value_micro, windows, history, .. }) = ks::parse_event(&item) {
+            assert_eq!(stream, 7);
+            let means: Vec<f64> = windows.iter().map(|(s, n)| ks::micro_to_f64(*s) / *n as f64).collect();
+            let reference = means.iter().sum::<f64>() / means.len() as f64;
+            got.push((ks::micro_to_f64(value_micro), reference, history.into_iter().map(ks::micro_to_f64).collect::<Vec<_>>()));
+        }
+    }
+    assert_eq!(want.len(), 2, "{want:?}");
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for ((v, r, h), a) in got.iter().zip(&want) {
+        assert_eq!(*v, a.value);
+        assert!(((r - a.reference) / a.reference).abs() <= 1e-12, "{r} vs {}", a.reference);
+        assert_eq!(h, &a.history);
+    }
+    // A datagram the kernel cannot take hands the stream to user space for good.
+    assert_eq!(s.test_run(&udp_frame(false, 7007, b"1e1")).expect("run"), XDP_PASS);
+    assert_eq!(s.test_run(&udp_frame(false, 7007, b"10")).expect("run"), XDP_PASS);
+    let snap = s.cp_snapshot(7, 3, 5).expect("snapshot");
+    assert_eq!(snap.mode, 1);
+    assert_eq!(snap.history.iter().map(|m| ks::micro_to_f64(*m)).collect::<Vec<_>>(), vec![31.0, 30.25, 29.75, 30.0, 10.0]);
+    assert_eq!(s.stats(7).expect("stats").alerts, 2);
+}
