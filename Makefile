@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test test-rust test-py bench fuzz clean
+.PHONY: all setup build run test test-rust test-py test-spark spark-build spark-wordcount spark-changepoint spark-bench bench fuzz clean
 
 all: build
 
@@ -15,6 +15,7 @@ setup:
 
 build: setup
 	$(CARGO) build --release --workspace
+	$(MAKE) spark-build
 
 run: build
 	$(BIN) serve $(RUN_ARGS)
@@ -26,13 +27,34 @@ test-rust: setup
 test-py: build
 	SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
-test: test-rust test-py
+# The Spark connector (connectors/spark): Java 17 + Maven; dependencies come from Maven Central
+# into ~/.m2 on first use. Tests run against the daemon built above (SLIPSTREAM_BIN).
+MVN ?= mvn -B -ntp
+spark-build:
+	cd connectors/spark && $(MVN) -q -DskipTests package
+
+test-spark: test-rust
+	cd connectors/spark && SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(MVN) test
+
+test: test-rust test-py test-spark
+
+# Example jobs (local Spark, a daemon and `slipstream send`): see connectors/spark/examples.
+spark-wordcount: build
+	bash connectors/spark/examples/run.sh wordcount
+
+spark-changepoint: build
+	bash connectors/spark/examples/run.sh changepoint
+
+# Slipstream-fed Spark vs plain Spark on raw UDP (bench/spark_bench.sh; about 10 minutes).
+spark-bench: build
+	bash bench/spark_bench.sh
 
 bench: build
 	bash bench/kv_bench.sh
 	bash bench/xdp_bench.sh
 	bash bench/tenant_bench.sh
 	bash bench/stream_bench.sh
+	bash bench/spark_bench.sh
 
 clean:
 	$(CARGO) clean

@@ -5,8 +5,10 @@
 set -euo pipefail
 
 # Debian packages: the peer we compare against (memcached), its test tool (memccapable), the
-# eBPF toolchain for the kernel fast path, and the network tools the netns tests use.
-DEB_PKGS=(memcached libmemcached-tools clang llvm libbpf-dev iproute2 netcat-openbsd python3-pip)
+# eBPF toolchain for the kernel fast path, the network tools the netns tests use, and Java 17 +
+# Maven for the Spark connector (connectors/spark; Maven fetches Spark into ~/.m2 on first use).
+DEB_PKGS=(memcached libmemcached-tools clang llvm libbpf-dev iproute2 netcat-openbsd python3-pip
+          openjdk-17-jdk-headless maven)
 
 missing=()
 for p in "${DEB_PKGS[@]}"; do
