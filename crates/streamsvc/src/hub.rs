@@ -37,6 +37,7 @@
 //!   `{"stream":"*","type":"info","epoch":"…","retain_bytes_max":N,"streams":[{"name":…,
 //!   "operator":…,"first_seq":F,"next_seq":X,"retained_bytes":B},…]}`; `first_seq` is the
 //!   oldest seq still retained, `next_seq` the seq the next line will get.
+//!
 //! A bad line, an unknown stream name or a range that cannot be served gets one
 //! `{"stream":"*","type":"error","code":C,"error":...}` line and the connection is closed;
 //! codes: `bad_request`, `unknown_stream`, `epoch` (with `epoch`), `data_loss` and
@@ -390,6 +391,8 @@ impl Hub {
             ("socket_drops", f(&c.socket_drops)),
             ("lines", f(&c.lines)),
             ("subscriber_drops", f(&c.subscriber_drops)),
+            ("xdp_datagrams", f(&c.xdp_datagrams)),
+            ("xdp_passed", f(&c.xdp_passed)),
         ]);
     }
 
@@ -599,7 +602,7 @@ impl Hub {
                     let msg = format!("stream {name:?}: seq {start} is beyond the next seq {next}");
                     return self.refuse_line(sub, error_line("out_of_range", &msg, Some((first, next)), None));
                 }
-                if start < first && until.map_or(true, |u| u > start) {
+                if start < first && !matches!(until, Some(u) if u <= start) {
                     let msg = format!(
                         "stream {name:?}: seq {start} is no longer retained (first retained {first}, next {next}; \
                          retention is {RETAIN_BYTES_MAX} bytes per stream)"
@@ -733,7 +736,7 @@ pub(crate) fn parse_request(line: &[u8], names: &[&str]) -> Result<Request, Refu
     // `FROM` turns the request into a replay of one stream; names may contain spaces, so the
     // keyword is found as a whole word.
     let pos = text.match_indices(" FROM").map(|(i, _)| i).find(|&i| {
-        text.get(i + 5..).map_or(false, |r| r.is_empty() || r.starts_with([' ', '\t']))
+        text.get(i + 5..).is_some_and(|r| r.is_empty() || r.starts_with([' ', '\t']))
     });
     let Some(pos) = pos else {
         return parse_subscribe(line, names).map(Request::Live).map_err(|msg| {

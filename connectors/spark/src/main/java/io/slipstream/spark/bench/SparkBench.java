@@ -1,0 +1,445 @@
+// SparkBench: the measuring side of bench/spark_bench.sh. One JVM per setup, Spark in local
+// mode (local[2]), the generator (`slipstream send`) started per run from here so every setup
+// gets the same datagrams. Prints one JSON line per measurement on stdout.
+//
+// Modes (first argument), options key=value:
+//   wc-plain  udp=PORT batch_ms=1000 rates=R1,R2,..  plain Spark (DStream + UdpReceiver) word count
+//   wc-slip   endpoint=H:P stream=S udp=PORT rates=..  Slipstream wordcount results -> Spark
+//   cp-plain  udp=PORT batch_ms=B trials=N            plain Spark change-point rule (ChangePointRule)
+//   cp-sub    endpoint=H:P stream=S udp=PORT trials=N  plain TCP subscriber (no Spark)
+//   cp-spark  endpoint=H:P stream=S udp=PORT trials=N trigger=micro|continuous
+// Common: bin=PATH (slipstream), step_s=3, words=16 (records per datagram), batch=64 (sendmmsg),
+//   daemon_pid=PID (its CPU is added), rate=5000 (cp datagrams/s), window_ms=10, n=4,
+//   threshold=5, pre_ms, post_ms.
+//
+// Word count: rates are stepped up; each run sends step_s seconds with --expect-counts and is
+// exact when the summed counts equal the generator's multiset. Stepping stops at the first
+// inexact rate. CPU: utime+stime of this JVM (and the daemon) over each run, from /proc.
+// Change point: each trial is one generator run, level alternating 10 / 30, step +-20 after
+// pre_ms; latency = CLOCK_MONOTONIC when the alert is seen here - the generator's
+// step_sent_mono_ns.
+// Not for: correctness tests (src/test).
+package io.slipstream.spark.bench;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import io.slipstream.spark.baseline.ChangePointRule;
+import io.slipstream.spark.baseline.UdpReceiver;
+import org.apache.spark.api.java.JavaPairRDD;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.function.VoidFunction2;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.ForeachWriter;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.streaming.StreamingQuery;
+import org.apache.spark.sql.streaming.Trigger;
+import org.apache.spark.streaming.Durations;
+import org.apache.spark.streaming.api.java.JavaReceiverInputDStream;
+import org.apache.spark.streaming.api.java.JavaStreamingContext;
+import scala.Tuple2;
+
+import java.io.BufferedReader;
+import java.io.File;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.OutputStream;
+import java.net.Socket;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+public final class SparkBench {
+    static final ObjectMapper JSON = new ObjectMapper();
+    /** Alerts seen (CLOCK_MONOTONIC ns when seen, alert value); filled by whichever path runs. */
+    static final LinkedBlockingQueue<double[]> ALERTS = new LinkedBlockingQueue<>();
+    /** Word totals counted by the Spark job under test. */
+    static final ConcurrentHashMap<String, Long> TOTALS = new ConcurrentHashMap<>();
+    static volatile long batchesDone;
+
+    private final Map<String, String> o = new HashMap<>();
+    private final String mode;
+
+    private SparkBench(String[] args) {
+        mode = args[0];
+        for (int i = 1; i < args.length; i++) {
+            int eq = args[i].indexOf('=');
+            if (eq > 0) {
+                o.put(args[i].substring(0, eq), args[i].substring(eq + 1));
+            }
+        }
+    }
+
+    private String s(String k, String d) {
+        return o.getOrDefault(k, d);
+    }
+
+    private long l(String k, long d) {
+        return Long.parseLong(o.getOrDefault(k, Long.toString(d)));
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (args.length < 1) {
+            System.err.println("usage: SparkBench wc-plain|wc-slip|cp-plain|cp-sub|cp-spark key=value...");
+            System.exit(2);
+        }
+        new SparkBench(args).run();
+        System.exit(0);
+    }
+
+    private static SparkSession spark() {
+        SparkSession s = SparkSession.builder().master("local[2]").appName("slipstream-spark-bench")
+                .config("spark.ui.enabled", "false")
+                .config("spark.sql.shuffle.partitions", "2")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .getOrCreate();
+        s.sparkContext().setLogLevel("ERROR");
+        return s;
+    }
+
+    private void run() throws Exception {
+        switch (mode) {
+            case "wc-plain" -> wcPlain();
+            case "wc-slip" -> wcSlip();
+            case "cp-plain" -> cpPlain();
+            case "cp-sub" -> cpSub();
+            case "cp-spark" -> cpSpark();
+            default -> throw new IllegalArgumentException("unknown mode " + mode);
+        }
+    }
+
+    // ------------------------------------------------------------------ CPU and generator
+
+    /** utime+stime of a process in seconds (clock ticks of 100 Hz, Linux's USER_HZ). */
+    static double cpuSeconds(long pid) {
+        if (pid <= 0) {
+            return 0;
+        }
+        try {
+            String stat = Files.readString(new File("/proc/" + pid + "/stat").toPath());
+            String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+            return (Long.parseLong(f[11]) + Long.parseLong(f[12])) / 100.0;
+        } catch (IOException | RuntimeException e) {
+            return 0;
+        }
+    }
+
+    private double cpuNow() {
+        return cpuSeconds(ProcessHandle.current().pid()) + cpuSeconds(l("daemon_pid", 0));
+    }
+
+    /** Runs `slipstream send` with `args`; returns its summary JSON line. */
+    private JsonNode send(List<String> args) throws IOException, InterruptedException {
+        List<String> cmd = new ArrayList<>();
+        cmd.add(s("bin", "target/release/slipstream"));
+        cmd.add("send");
+        cmd.addAll(args);
+        Process p = new ProcessBuilder(cmd).redirectErrorStream(false).start();
+        String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+        if (!p.waitFor(600, TimeUnit.SECONDS) || p.exitValue() != 0) {
+            p.destroyForcibly();
+            throw new IOException("slipstream send failed: " + new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8));
+        }
+        String[] lines = out.strip().split("\n");
+        return JSON.readTree(lines[lines.length - 1]);
+    }
+
+    private static void emit(Map<String, Object> m) throws IOException {
+        System.out.println(JSON.writeValueAsString(m));
+        System.out.flush();
+    }
+
+    // ------------------------------------------------------------------ word count
+
+    private interface Job {
+        void stop() throws Exception;
+    }
+
+    private void wcPlain() throws Exception {
+        SparkSession spark = spark();
+        JavaStreamingContext ssc = new JavaStreamingContext(
+                org.apache.spark.api.java.JavaSparkContext.fromSparkContext(spark.sparkContext()),
+                Durations.milliseconds(l("batch_ms", 1000)));
+        JavaReceiverInputDStream<String> words = ssc.receiverStream(new UdpReceiver("127.0.0.1", (int) l("udp", 0), true));
+        words.countByValue().foreachRDD((JavaPairRDD<String, Long> rdd) -> {
+            for (Tuple2<String, Long> t : rdd.collect()) {
+                TOTALS.merge(t._1(), t._2(), Long::sum);
+            }
+            batchesDone++;
+        });
+        ssc.start();
+        Thread.sleep(2000); // the receiver binds
+        wcSteps("plain-spark", () -> ssc.stop(false, true), l("batch_ms", 1000));
+        ssc.stop(false, false);
+    }
+
+    private void wcSlip() throws Exception {
+        SparkSession spark = spark();
+        Dataset<Row> df = spark.readStream().format("slipstream").option("endpoint", s("endpoint", ""))
+                .option("stream", s("stream", "wc")).load();
+        VoidFunction2<Dataset<Row>, Long> sink = (ds, id) -> {
+            for (Row r : ds.groupBy("word").sum("count").collectAsList()) {
+                if (!r.isNullAt(0)) {
+                    TOTALS.merge(r.getString(0), r.getLong(1), Long::sum);
+                }
+            }
+            batchesDone++;
+        };
+        StreamingQuery q = df.writeStream().foreachBatch(sink).trigger(Trigger.ProcessingTime(100)).start();
+        q.processAllAvailable();
+        wcSteps("slipstream-spark", q::stop, 300);
+        q.stop();
+    }
+
+    /** Steps the rate up until counts are not exact. `settleMs`: how long results may lag. */
+    private void wcSteps(String setup, Job job, long settleMs) throws Exception {
+        File expect = File.createTempFile("spark-bench-expect-", ".json");
+        try {
+            for (String r : s("rates", "10000,20000").split(",")) {
+                long rate = Long.parseLong(r.trim());
+                // Quiet: nothing from the previous run is still on its way.
+                waitQuiet(settleMs);
+                TOTALS.clear();
+                double cpu0 = cpuNow();
+                long t0 = System.nanoTime();
+                JsonNode sum = send(List.of("--to", "127.0.0.1:" + l("udp", 0), "--kind", "words",
+                        "--rate-per-s", Long.toString(rate), "--duration-s", s("step_s", "3"),
+                        "--records-per-datagram", s("words", "16"), "--batch", s("batch", "64"),
+                        "--seed", Long.toString(rate), "--expect-counts", expect.getPath()));
+                waitQuiet(settleMs);
+                double cpu = cpuNow() - cpu0;
+                JsonNode want = JSON.readTree(expect);
+                long wantTotal = 0;
+                boolean exact = true;
+                Iterator<Map.Entry<String, JsonNode>> it = want.fields();
+                while (it.hasNext()) {
+                    Map.Entry<String, JsonNode> e = it.next();
+                    wantTotal += e.getValue().asLong();
+                    if (TOTALS.getOrDefault(e.getKey(), 0L) != e.getValue().asLong()) {
+                        exact = false;
+                    }
+                }
+                long got = TOTALS.values().stream().mapToLong(Long::longValue).sum();
+                if (got != wantTotal) {
+                    exact = false;
+                }
+                Map<String, Object> m = new java.util.LinkedHashMap<>();
+                m.put("bench", "wordcount");
+                m.put("setup", setup);
+                m.put("rate_per_s", rate);
+                m.put("achieved_rate_per_s", sum.path("rate_per_s").asDouble());
+                m.put("datagrams", sum.path("datagrams").asLong());
+                m.put("records", wantTotal);
+                m.put("counted", got);
+                m.put("exact", exact);
+                m.put("cpu_s", cpu);
+                m.put("cpu_s_per_million_records", wantTotal > 0 ? cpu / (wantTotal / 1e6) : 0);
+                m.put("wall_s", (System.nanoTime() - t0) / 1e9);
+                emit(m);
+                if (!exact) {
+                    break;
+                }
+            }
+        } finally {
+            expect.delete();
+        }
+    }
+
+    /** Waits until no batch has changed the totals for `settleMs` (at most 30 s). */
+    private static void waitQuiet(long settleMs) throws InterruptedException {
+        long deadline = System.currentTimeMillis() + 30_000;
+        long lastSum = -1;
+        long lastChange = System.currentTimeMillis();
+        while (System.currentTimeMillis() < deadline) {
+            long sum = TOTALS.values().stream().mapToLong(Long::longValue).sum();
+            if (sum != lastSum) {
+                lastSum = sum;
+                lastChange = System.currentTimeMillis();
+            } else if (System.currentTimeMillis() - lastChange > Math.max(settleMs * 2, 1000)) {
+                return;
+            }
+            Thread.sleep(50);
+        }
+    }
+
+    // ------------------------------------------------------------------ change point
+
+    private void cpPlain() throws Exception {
+        SparkSession spark = spark();
+        long batchMs = l("batch_ms", 1000);
+        JavaStreamingContext ssc = new JavaStreamingContext(
+                org.apache.spark.api.java.JavaSparkContext.fromSparkContext(spark.sparkContext()),
+                Durations.milliseconds(batchMs));
+        ChangePointRule rule = new ChangePointRule(l("window_ms", 10) * 1_000_000L, (int) l("n", 4),
+                Double.parseDouble(s("threshold", "5")));
+        JavaReceiverInputDStream<String> lines = ssc.receiverStream(new UdpReceiver("127.0.0.1", (int) l("udp", 0), false));
+        lines.foreachRDD((JavaRDD<String> rdd) -> {
+            JavaRDD<double[]> tv = rdd.map(x -> {
+                int tab = x.indexOf('\t');
+                return new double[] {Double.parseDouble(x.substring(0, tab)), Double.parseDouble(x.substring(tab + 1))};
+            }).cache();
+            long windowNs = l("window_ms", 10) * 1_000_000L;
+            Map<Long, double[]> sums = new HashMap<>();
+            long[] maxT = {Long.MIN_VALUE};
+            for (Tuple2<Long, double[]> t : tv.mapToPair(a -> new Tuple2<>(Math.floorDiv((long) a[0], windowNs), new double[] {a[1], 1, a[0]}))
+                    .reduceByKey((a, b) -> new double[] {a[0] + b[0], a[1] + b[1], Math.max(a[2], b[2])}).collect()) {
+                sums.put(t._1(), new double[] {t._2()[0], t._2()[1]});
+                maxT[0] = Math.max(maxT[0], (long) t._2()[2]);
+            }
+            double ref = rule.reference();
+            double thr = rule.threshold();
+            List<double[]> dev = Double.isNaN(ref) ? new ArrayList<>() : new ArrayList<>(tv.filter(a -> Math.abs(a[1] - ref) > thr).collect());
+            tv.unpersist();
+            for (ChangePointRule.Alert a : rule.batch(sums, dev, maxT[0])) {
+                ALERTS.add(new double[] {System.nanoTime(), a.value(), a.tNs()});
+            }
+        });
+        ssc.start();
+        Thread.sleep(2000);
+        long pre = l("pre_ms", batchMs + 300);
+        cpTrials("plain-spark-" + batchMs + "ms", pre, batchMs * 3 + 3000);
+        ssc.stop(false, false);
+    }
+
+    private void cpSub() throws Exception {
+        String[] hp = s("endpoint", "").split(":");
+        Socket sock = new Socket(hp[0], Integer.parseInt(hp[1]));
+        sock.setTcpNoDelay(true);
+        OutputStream out = sock.getOutputStream();
+        out.write(("SUBSCRIBE " + s("stream", "cp") + "\n").getBytes(StandardCharsets.UTF_8));
+        out.flush();
+        Thread reader = new Thread(() -> {
+            try (BufferedReader r = new BufferedReader(new InputStreamReader(sock.getInputStream(), StandardCharsets.UTF_8))) {
+                String line;
+                while ((line = r.readLine()) != null) {
+                    if (line.contains("\"type\":\"changepoint\"")) {
+                        long seen = System.nanoTime();
+                        JsonNode v = JSON.readTree(line);
+                        ALERTS.add(new double[] {seen, v.path("value").asDouble(), v.path("t_ns").asDouble()});
+                    }
+                }
+            } catch (IOException ignored) {
+                // socket closed at the end
+            }
+        });
+        reader.setDaemon(true);
+        reader.start();
+        Thread.sleep(300);
+        cpTrials("slipstream-subscriber", l("pre_ms", 120), 3000);
+        sock.close();
+    }
+
+    /** Records when each alert row reaches the sink (same JVM in local mode). */
+    public static final class AlertWriter extends ForeachWriter<Row> {
+        @Override
+        public boolean open(long partitionId, long epochId) {
+            return true;
+        }
+
+        @Override
+        public void process(Row r) {
+            ALERTS.add(new double[] {System.nanoTime(), r.getDouble(r.fieldIndex("value")), r.getLong(r.fieldIndex("t_ns"))});
+        }
+
+        @Override
+        public void close(Throwable error) {}
+    }
+
+    private void cpSpark() throws Exception {
+        SparkSession spark = spark();
+        String trig = s("trigger", "micro");
+        Dataset<Row> df = spark.readStream().format("slipstream").option("endpoint", s("endpoint", ""))
+                .option("stream", s("stream", "cp")).load().select("t_ns", "value", "reference", "seq");
+        // (asyncProgressTrackingEnabled, which takes the offset log off the critical path, is
+        // refused by Spark 4.0 for the foreach sink: "Sink ForeachSink does not support async
+        // progress tracking".)
+        StreamingQuery q = df.writeStream().foreach(new AlertWriter())
+                .trigger(trig.equals("continuous") ? Trigger.Continuous("1 second") : Trigger.ProcessingTime(0))
+                .start();
+        Thread.sleep(3000); // first batches / the continuous task subscribes
+        cpTrials("slipstream-spark-" + trig, l("pre_ms", 200), 5000);
+        q.stop();
+    }
+
+    private void cpTrials(String setup, long preMs, long waitMs) throws Exception {
+        int trials = (int) l("trials", 100);
+        long rate = l("rate", 5000);
+        long postMs = l("post_ms", 30);
+        List<Double> lat = new ArrayList<>();
+        int missed = 0;
+        int falseAlarms = 0;
+        long records = 0;
+        // Warm-up: settle the level at 10 and arm the detector.
+        send(List.of("--to", "127.0.0.1:" + l("udp", 0), "--kind", "numbers", "--rate-per-s", Long.toString(rate),
+                "--duration-s", "1.0", "--mean", "10", "--stddev", "1", "--seed", "999"));
+        Thread.sleep(Math.max(500, waitMs / 3));
+        ALERTS.clear();
+        double cpu0 = cpuNow();
+        for (int k = 0; k < trials; k++) {
+            double mean = k % 2 == 0 ? 10 : 30;
+            double by = k % 2 == 0 ? 20 : -20;
+            double dur = (preMs + postMs) / 1000.0;
+            JsonNode sum = send(List.of("--to", "127.0.0.1:" + l("udp", 0), "--kind", "numbers",
+                    "--rate-per-s", Long.toString(rate), "--duration-s", Double.toString(dur),
+                    "--mean", Double.toString(mean), "--stddev", "1", "--seed", Integer.toString(k + 1),
+                    "--step-at-ms", Long.toString(preMs), "--step-by", Double.toString(by)));
+            records += sum.path("records").asLong();
+            long step = sum.path("step_sent_mono_ns").asLong();
+            double[] hit = null;
+            long deadline = System.nanoTime() + waitMs * 1_000_000L;
+            while (System.nanoTime() < deadline) {
+                double[] a = ALERTS.poll(Math.max(1, (deadline - System.nanoTime()) / 1_000_000L), TimeUnit.MILLISECONDS);
+                if (a == null) {
+                    break;
+                }
+                if (a[0] < step) {
+                    falseAlarms++;
+                    continue;
+                }
+                hit = a;
+                break;
+            }
+            if (hit == null) {
+                missed++;
+            } else {
+                lat.add((hit[0] - step) / 1e6);
+            }
+        }
+        double cpu = cpuNow() - cpu0;
+        List<Double> sorted = new ArrayList<>(lat);
+        sorted.sort(Double::compare);
+        Map<String, Object> m = new java.util.LinkedHashMap<>();
+        m.put("bench", "changepoint");
+        m.put("setup", setup);
+        m.put("trials", trials);
+        m.put("detected", lat.size());
+        m.put("missed", missed);
+        m.put("false_alarms", falseAlarms);
+        m.put("mean_ms", lat.stream().mapToDouble(Double::doubleValue).average().orElse(Double.NaN));
+        m.put("p50_ms", pct(sorted, 0.50));
+        m.put("p99_ms", pct(sorted, 0.99));
+        m.put("max_ms", sorted.isEmpty() ? Double.NaN : sorted.get(sorted.size() - 1));
+        m.put("records", records);
+        m.put("cpu_s", cpu);
+        m.put("cpu_s_per_million_records", records > 0 ? cpu / (records / 1e6) : 0);
+        m.put("latencies_ms", lat);
+        emit(m);
+    }
+
+    /** Nearest-rank percentile. */
+    static double pct(List<Double> sorted, double p) {
+        if (sorted.isEmpty()) {
+            return Double.NaN;
+        }
+        int i = (int) Math.ceil(p * sorted.size()) - 1;
+        return sorted.get(Math.max(0, Math.min(sorted.size() - 1, i)));
+    }
+}
