@@ -21,9 +21,11 @@
 #      - slipstream-spark-continuous: the same with Trigger.Continuous.
 #   c) Host CPU per million input records: utime+stime (/proc/PID/stat) of the Spark JVM plus,
 #      for Slipstream setups, the daemon, over the runs above (not the generator's).
-# XDP column: TODO(xdp) — when `slipstream serve --xdp IFACE` runs streams, add a setup with
-# the daemon in XDP mode and the generator in a netns behind a veth (as bench/xdp_bench.sh
-# does for the KV cache); the SparkBench modes wc-slip / cp-* need only the endpoint and port.
+# XDP column (root only; XDP=0 skips it): the word count again as slipstream-xdp-spark, with the
+# daemon started with `--xdp` on a veth in a server network namespace (its streams run in the
+# XDP engine), the Spark JVM in that namespace too, and the generator in a client namespace
+# sending over the veth pair (as bench/stream_bench.sh's XDP column). Namespaces are removed on
+# exit, also on failure.
 #
 # Output: RESULTS_DIR (default bench/results/spark-<UTC timestamp>/): spark.jsonl (every
 # measurement), summary.md, wordcount_rate.png, changepoint_latency.png, cpu.png.
@@ -49,6 +51,9 @@ TMP="$(mktemp -d /tmp/spark-bench.XXXXXX)"
 DAEMON_PID=""
 JAVA_PID=""
 
+XDP_NS_ID="$$"
+SRV_NS="spks$XDP_NS_ID"; CLI_NS="spkc$XDP_NS_ID"; VS="spkv$XDP_NS_ID"; VC="spkw$XDP_NS_ID"
+XDP_UP=0
 cleanup() {
     # Only what this script started.
     for p in "$JAVA_PID" "$DAEMON_PID"; do
@@ -58,6 +63,10 @@ cleanup() {
             kill -KILL "$p" 2>/dev/null || true
         fi
     done
+    if [[ "$XDP_UP" == 1 ]]; then
+        ip netns del "$SRV_NS" 2>/dev/null || true
+        ip netns del "$CLI_NS" 2>/dev/null || true
+    fi
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
@@ -114,8 +123,9 @@ start_daemon() {
     echo "daemon did not start:"; cat "$TMP/daemon.log"; exit 1
 }
 
+JAVA_PREFIX=()
 run_java() { # args for SparkBench; appends its JSON lines to $OUT
-    SKIP_COMPILE=1 SPARK_JAVA_OPTS="-Xmx4g" connectors/spark/bin/run-java.sh io.slipstream.spark.bench.SparkBench \
+    SKIP_COMPILE=1 SPARK_JAVA_OPTS="-Xmx4g" "${JAVA_PREFIX[@]}" connectors/spark/bin/run-java.sh io.slipstream.spark.bench.SparkBench \
         "$@" bin="$BIN" >"$TMP/java.out" 2>"$TMP/java.err" &
     JAVA_PID=$!
     wait "$JAVA_PID" || { echo "SparkBench $1 failed:"; tail -30 "$TMP/java.err"; }
@@ -128,6 +138,41 @@ start_daemon
 EP="127.0.0.1:$RES_PORT"
 echo "== word count: slipstream -> spark"
 run_java wc-slip endpoint="$EP" stream=wc udp="$WC_PORT" rates="$WC_SLIP_RATES" step_s="$WC_STEP_S" daemon_pid="$DAEMON_PID"
+if [[ "${XDP:-1}" != 0 && "$(id -u)" == 0 ]]; then
+    echo "== word count: slipstream (XDP engine) -> spark"
+    XDP_UP=1
+    ip netns add "$SRV_NS"
+    ip netns add "$CLI_NS"
+    ip link add "$VS" type veth peer name "$VC"
+    ip link set "$VS" netns "$SRV_NS"
+    ip link set "$VC" netns "$CLI_NS"
+    ip -n "$SRV_NS" addr add 10.209.1.1/24 dev "$VS"
+    ip -n "$CLI_NS" addr add 10.209.1.2/24 dev "$VC"
+    for ns in "$SRV_NS" "$CLI_NS"; do ip -n "$ns" link set lo up; done
+    ip -n "$SRV_NS" link set "$VS" up
+    ip -n "$CLI_NS" link set "$VC" up
+    kill -TERM "$DAEMON_PID" 2>/dev/null || true
+    wait "$DAEMON_PID" 2>/dev/null || true
+    ip netns exec "$SRV_NS" "$BIN" serve -p "$KV_PORT" -l 10.209.1.1 --config "$TMP/daemon.toml" --xdp "$VS" \
+        >"$TMP/xdp-daemon.log" 2>&1 &
+    DAEMON_PID=$!
+    up=0
+    for _ in $(seq 1 100); do
+        answer=$(printf 'INFO\n' | timeout 1 ip netns exec "$SRV_NS" nc -q1 10.209.1.1 "$RES_PORT" 2>/dev/null || true)
+        if [[ "$answer" == *'"type":"info"'* ]]; then up=1; break; fi
+        sleep 0.1
+    done
+    if [[ "$up" != 1 ]]; then echo "XDP daemon did not start:"; cat "$TMP/xdp-daemon.log"; exit 1; fi
+    grep -i "xdp\|engine" "$TMP/xdp-daemon.log" | head -5
+    JAVA_PREFIX=(ip netns exec "$SRV_NS")
+    run_java wc-slip endpoint="10.209.1.1:$RES_PORT" stream=wc udp="$WC_PORT" rates="$WC_SLIP_RATES" \
+        step_s="$WC_STEP_S" daemon_pid="$DAEMON_PID" setup=slipstream-xdp-spark send_host=10.209.1.1 \
+        "send_prefix=ip netns exec $CLI_NS"
+    JAVA_PREFIX=()
+    kill -TERM "$DAEMON_PID" 2>/dev/null || true
+    wait "$DAEMON_PID" 2>/dev/null || true
+    start_daemon
+fi
 echo "== word count: plain spark (UDP receiver, 1 s batches)"
 run_java wc-plain udp="$PLAIN_PORT" rates="$WC_PLAIN_RATES" step_s="$WC_STEP_S" batch_ms=1000
 echo "== change point: slipstream subscriber"

@@ -53,13 +53,14 @@ def main():
     out.append("")
     for s, v in sorted(best.items()):
         out.append("- **%s**: highest exact rate %.0f datagrams/s (%.0f words/s)" % (s, v, v * 16))
-    gen_max = [r for r in wc if r["setup"] == "slipstream-spark" and r["rate_per_s"] == 0]
-    if gen_max and gen_max[0]["exact"]:
-        out.append("- slipstream-spark was still exact at the generator's own maximum (%.0f datagrams/s, "
-                   "`--rate-per-s 0`): its limit here is the generator sharing the host's cores, so the "
-                   "ratio below is a lower bound" % gen_max[0]["achieved_rate_per_s"])
-    if best.get("slipstream-spark") and best.get("plain-spark"):
-        out.append("- ratio slipstream-spark / plain-spark: **%.1fx**" % (best["slipstream-spark"] / best["plain-spark"]))
+    for setup in ("slipstream-spark", "slipstream-xdp-spark"):
+        gen_max = [r for r in wc if r["setup"] == setup and r["rate_per_s"] == 0]
+        if gen_max and gen_max[0]["exact"]:
+            out.append("- %s was still exact at the generator's own maximum (%.0f datagrams/s, "
+                       "`--rate-per-s 0`): its limit here is the generator sharing the host's cores, so its "
+                       "ratio below is a lower bound" % (setup, gen_max[0]["achieved_rate_per_s"]))
+        if best.get(setup) and best.get("plain-spark"):
+            out.append("- ratio %s / plain-spark: **%.1fx**" % (setup, best[setup] / best["plain-spark"]))
     out.append("")
 
     # ---- change point
@@ -77,7 +78,7 @@ def main():
             "utime+stime of the Spark JVM, plus the daemon for Slipstream setups, over the runs above "
             "(the generator is not counted), per million input records. Word count: see the table "
             "(lower rates include more idle JVM time per record).", "",
-            "XDP column: TODO(xdp) - see bench/spark_bench.sh.", ""]
+            "XDP column: slipstream-xdp-spark (daemon with `--xdp` on a veth, generator in a client namespace).", ""]
     with open(os.path.join(d, "summary.md"), "w") as f:
         f.write("\n".join(out) + "\n")
 

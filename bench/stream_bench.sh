@@ -268,9 +268,14 @@ def wordcount_run(ports, sub, rate, label):
     drops = (after or {}).get("socket_drops", -1) - before.get("socket_drops", 0)
     received = (after or {}).get("datagrams", -1) - before.get("datagrams", 0)
     exact = got == expected and drops == 0
+    # XDP engine: how many of the run's datagrams the kernel consumed and how many it passed up
+    # to the socket (0 and 0 with the user-space engine).
+    in_kernel = (after or {}).get("xdp_datagrams", 0) - before.get("xdp_datagrams", 0)
+    passed = (after or {}).get("xdp_passed", 0) - before.get("xdp_passed", 0)
     row = {"label": label, "target_rate_per_s": rate, "achieved_rate_per_s": s["rate_per_s"],
            "datagrams_sent": s["datagrams"], "send_errors": s["send_errors"],
            "daemon_datagrams": received, "socket_drops": drops,
+           "xdp_datagrams": in_kernel, "xdp_passed": passed,
            "words_expected": want_total, "words_counted": total,
            "words_missing": sum(max(0, n - got.get(w, 0)) for w, n in expected.items()),
            "exact": exact, "send": s}
@@ -378,12 +383,13 @@ def main():
           "## Word count: highest exact rate vs the generator's maximum", "",
           "Generator maximum (`slipstream send --rate-per-s 0 --batch %d`, %d words/datagram, into the daemon's port): "
           "**%.0f datagrams/s**; its own run exact: %s." % (BATCH, WORDS, gen_max, "yes" if wc["generator_max_run_exact"] else "no"),
-          "", "| run | target/s | achieved/s | % of gen max | socket drops | words counted / sent | exact |",
-          "|---|---:|---:|---:|---:|---:|:---:|"]
+          "", "| run | target/s | achieved/s | % of gen max | socket drops | datagrams in kernel / passed up | words counted / sent | exact |",
+          "|---|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in wc["runs"]:
-        md.append("| %s | %s | %.0f | %.1f%% | %d | %d / %d | %s |" % (
+        md.append("| %s | %s | %.0f | %.1f%% | %d | %d / %d | %d / %d | %s |" % (
             r["label"], r["target_rate_per_s"] or "max", r["achieved_rate_per_s"],
             100.0 * r["achieved_rate_per_s"] / gen_max if gen_max else 0, r["socket_drops"],
+            r.get("xdp_datagrams", 0), r.get("xdp_passed", 0),
             r["words_counted"], r["words_expected"], "yes" if r["exact"] else "**no**"))
     md += ["", "Highest exact rate: **%.0f datagrams/s = %.1f%%** of the generator's maximum (target >= 95%%)." % (
         wc["best_exact_rate_per_s"], wc["best_exact_pct_of_generator"]), "",

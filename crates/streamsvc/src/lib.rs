@@ -294,6 +294,10 @@ impl StreamService {
             socks.push(sock);
         }
         let taddr = SocketAddr::new(cfg.listen, cfg.results.tcp_port);
+        // The kernel engine is set up before the results port listens: a client that sees the
+        // port open may start sending at once, and datagrams that arrived before the XDP slots
+        // were filled would all go to the socket (at line rate, beyond what it can queue).
+        let (engine, xdp_streams, engines, reader) = xdp::setup(&cfg, &stream_addrs, &ops);
         let std_listener = std::net::TcpListener::bind(taddr)
             .and_then(|l| l.set_nonblocking(true).map(|_| l))
             .map_err(|source| ServiceError::BindTcp { addr: taddr, source })?;
@@ -319,7 +323,6 @@ impl StreamService {
             wake_pending: AtomicBool::new(false),
             waker,
         });
-        let (engine, xdp_streams, engines, reader) = xdp::setup(&cfg, &stream_addrs, &ops);
         let mut svc = StreamService { shared: shared.clone(), threads: Vec::new(), results_addr, stream_addrs, engines, _xdp: engine };
         let hub = hub::Hub {
             poll,

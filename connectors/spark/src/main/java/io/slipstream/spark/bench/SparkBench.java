@@ -8,7 +8,8 @@
 //   cp-plain  udp=PORT batch_ms=B trials=N            plain Spark change-point rule (ChangePointRule)
 //   cp-sub    endpoint=H:P stream=S udp=PORT trials=N  plain TCP subscriber (no Spark)
 //   cp-spark  endpoint=H:P stream=S udp=PORT trials=N trigger=micro|continuous
-// Common: bin=PATH (slipstream), step_s=3, words=16 (records per datagram), batch=64 (sendmmsg),
+// Common: bin=PATH (slipstream), send_prefix="ip netns exec NS" and send_host=ADDR (where the
+//   generator runs and sends; default here, 127.0.0.1), setup=NAME (wc-slip's label), step_s=3, words=16 (records per datagram), batch=64 (sendmmsg),
 //   daemon_pid=PID (its CPU is added), rate=5000 (cp datagrams/s), window_ms=10, n=4,
 //   threshold=5, pre_ms, post_ms.
 //
@@ -139,6 +140,13 @@ public final class SparkBench {
     /** Runs `slipstream send` with `args`; returns its summary JSON line. */
     private JsonNode send(List<String> args) throws IOException, InterruptedException {
         List<String> cmd = new ArrayList<>();
+        // send_prefix: a command the generator runs under (the XDP column runs it in a client
+        // network namespace: "ip netns exec NS"), words separated by spaces.
+        for (String w : s("send_prefix", "").trim().split(" ")) {
+            if (!w.isEmpty()) {
+                cmd.add(w);
+            }
+        }
         cmd.add(s("bin", "target/release/slipstream"));
         cmd.add("send");
         cmd.addAll(args);
@@ -195,7 +203,7 @@ public final class SparkBench {
         };
         StreamingQuery q = df.writeStream().foreachBatch(sink).trigger(Trigger.ProcessingTime(100)).start();
         q.processAllAvailable();
-        wcSteps("slipstream-spark", q::stop, 300);
+        wcSteps(s("setup", "slipstream-spark"), q::stop, 300);
         q.stop();
     }
 
@@ -210,7 +218,7 @@ public final class SparkBench {
                 TOTALS.clear();
                 double cpu0 = cpuNow();
                 long t0 = System.nanoTime();
-                JsonNode sum = send(List.of("--to", "127.0.0.1:" + l("udp", 0), "--kind", "words",
+                JsonNode sum = send(List.of("--to", s("send_host", "127.0.0.1") + ":" + l("udp", 0), "--kind", "words",
                         "--rate-per-s", Long.toString(rate), "--duration-s", s("step_s", "3"),
                         "--records-per-datagram", s("words", "16"), "--batch", s("batch", "64"),
                         "--seed", Long.toString(rate), "--expect-counts", expect.getPath()));
@@ -378,7 +386,7 @@ public final class SparkBench {
         int falseAlarms = 0;
         long records = 0;
         // Warm-up: settle the level at 10 and arm the detector.
-        send(List.of("--to", "127.0.0.1:" + l("udp", 0), "--kind", "numbers", "--rate-per-s", Long.toString(rate),
+        send(List.of("--to", s("send_host", "127.0.0.1") + ":" + l("udp", 0), "--kind", "numbers", "--rate-per-s", Long.toString(rate),
                 "--duration-s", "1.0", "--mean", "10", "--stddev", "1", "--seed", "999"));
         Thread.sleep(Math.max(500, waitMs / 3));
         ALERTS.clear();
@@ -387,7 +395,7 @@ public final class SparkBench {
             double mean = k % 2 == 0 ? 10 : 30;
             double by = k % 2 == 0 ? 20 : -20;
             double dur = (preMs + postMs) / 1000.0;
-            JsonNode sum = send(List.of("--to", "127.0.0.1:" + l("udp", 0), "--kind", "numbers",
+            JsonNode sum = send(List.of("--to", s("send_host", "127.0.0.1") + ":" + l("udp", 0), "--kind", "numbers",
                     "--rate-per-s", Long.toString(rate), "--duration-s", Double.toString(dur),
                     "--mean", Double.toString(mean), "--stddev", "1", "--seed", Integer.toString(k + 1),
                     "--step-at-ms", Long.toString(preMs), "--step-by", Double.toString(by)));
