@@ -393,6 +393,7 @@ impl Hub {
             ("subscriber_drops", f(&c.subscriber_drops)),
             ("xdp_datagrams", f(&c.xdp_datagrams)),
             ("xdp_passed", f(&c.xdp_passed)),
+            ("xdp_events_lost", f(&c.xdp_events_lost)),
         ]);
     }
 

@@ -298,6 +298,7 @@ impl Ingest {
                 extra_lines = self.wc.lines + x.lines.load(Ordering::Relaxed);
                 c.xdp_datagrams.store(k.datagrams, Ordering::Relaxed);
                 c.xdp_passed.store(k.passed, Ordering::Relaxed);
+                c.xdp_events_lost.store(k.events_lost, Ordering::Relaxed);
             }
             c.datagrams.store(datagrams + k.datagrams, Ordering::Relaxed);
             c.records.store(parsed.records + k.records, Ordering::Relaxed);

@@ -142,6 +142,9 @@ pub(crate) struct Counters {
     /// XDP engine: datagrams consumed in the kernel / passed up to the socket.
     pub xdp_datagrams: AtomicU64,
     pub xdp_passed: AtomicU64,
+    /// XDP engine: ring-buffer records (alerts, parsed values) the kernel could not send
+    /// because the ring was full.
+    pub xdp_events_lost: AtomicU64,
 }
 
 pub(crate) struct StreamShared {
@@ -385,7 +388,7 @@ impl StreamService {
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         type Get = fn(&Counters) -> &AtomicU64;
-        let metrics: [(&str, &str, &str, Get); 10] = [
+        let metrics: [(&str, &str, &str, Get); 11] = [
             ("datagrams", "counter", "UDP datagrams received", |c| &c.datagrams),
             ("records", "counter", "records parsed and fed to the operator", |c| &c.records),
             ("malformed", "counter", "malformed records skipped", |c| &c.malformed),
@@ -396,6 +399,7 @@ impl StreamService {
             ("subscribers", "gauge", "subscribers receiving this stream", |c| &c.subscribers),
             ("xdp_datagrams", "counter", "datagrams consumed by the XDP engine (included in datagrams)", |c| &c.xdp_datagrams),
             ("xdp_passed", "counter", "datagrams the XDP engine passed to the user-space socket", |c| &c.xdp_passed),
+            ("xdp_events_lost", "counter", "XDP engine ring-buffer records lost to a full ring", |c| &c.xdp_events_lost),
         ];
         for (name, kind, help, get) in metrics {
             let full = if kind == "counter" {
