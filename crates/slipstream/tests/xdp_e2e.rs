@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{ip, pass_object, root};
+use common::{ip, root};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
@@ -60,22 +60,11 @@ impl Topology {
         let id = format!("{}{}", tag, std::process::id() % 100_000);
         let t = Topology { srv: format!("ssrv{id}"), cli: format!("scli{id}"), vs: format!("xs{id}"), server: None };
         let vc = format!("xc{id}");
-        let setup = || -> Result<(), String> {
-            ip(&["netns", "add", &t.srv])?;
-            ip(&["netns", "add", &t.cli])?;
-            ip(&["link", "add", &t.vs, "type", "veth", "peer", "name", &vc])?;
-            ip(&["link", "set", &t.vs, "netns", &t.srv])?;
-            ip(&["link", "set", &vc, "netns", &t.cli])?;
-            for (ns, dev, v4, v6) in [(&t.srv, &t.vs, V4S, V6S), (&t.cli, &vc, V4C, V6C)] {
-                ip(&["-n", ns, "link", "set", "lo", "up"])?;
-                ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev])?;
-                ip(&["-n", ns, "-6", "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"])?;
-                ip(&["-n", ns, "link", "set", dev, "up"])?;
-            }
-            let obj = pass_object();
-            let obj = obj.to_string_lossy();
-            ip(&["-n", &t.cli, "link", "set", "dev", &vc, "xdpdrv", "obj", &obj, "sec", "xdp"])?;
-            Ok(())
+        let setup = || {
+            common::veth_namespaces(
+                &common::End { ns: &t.srv, dev: &t.vs, v4: V4S, v6: Some(V6S) },
+                &common::End { ns: &t.cli, dev: &vc, v4: V4C, v6: Some(V6C) },
+            )
         };
         if let Err(e) = setup() {
             panic!("topology setup: {e}");

@@ -50,22 +50,11 @@ impl Topo {
         let id = format!("{tag}{}", std::process::id() % 100_000);
         let t = Topo { srv: format!("xss{id}"), cli: format!("xsc{id}"), vs: format!("xv{id}"), daemon: None };
         let vc = format!("xw{id}");
-        let setup = || -> Result<(), String> {
-            ip(&["netns", "add", &t.srv])?;
-            ip(&["netns", "add", &t.cli])?;
-            ip(&["link", "add", &t.vs, "type", "veth", "peer", "name", &vc])?;
-            ip(&["link", "set", &t.vs, "netns", &t.srv])?;
-            ip(&["link", "set", &vc, "netns", &t.cli])?;
-            for (ns, dev, a) in [(&t.srv, &t.vs, V4S), (&t.cli, &vc, V4C)] {
-                ip(&["-n", ns, "link", "set", "lo", "up"])?;
-                ip(&["-n", ns, "addr", "add", &format!("{a}/24"), "dev", dev])?;
-                ip(&["-n", ns, "link", "set", dev, "up"])?;
-            }
-            // The client side bounces nothing back, but a veth delivers XDP_TX frames of its
-            // peer (the KV answers) only when it has an XDP program itself.
-            let obj = common::pass_object();
-            ip(&["-n", &t.cli, "link", "set", "dev", &vc, "xdpdrv", "obj", &obj.to_string_lossy(), "sec", "xdp"])?;
-            Ok(())
+        let setup = || {
+            common::veth_namespaces(
+                &common::End { ns: &t.srv, dev: &t.vs, v4: V4S, v6: None },
+                &common::End { ns: &t.cli, dev: &vc, v4: V4C, v6: None },
+            )
         };
         if let Err(e) = setup() {
             drop(t);

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{in_ns, ip, pass_object, root};
+use common::{in_ns, ip, root};
 use slipstream_server::fastpath::KernelFastPath;
 use slipstream_store::{GetOpts, SetMode, Store, StoreConfig, StoreOpts, StoreResult};
 use std::net::UdpSocket;
@@ -42,20 +42,11 @@ impl Topology {
         let id = std::process::id() % 100_000;
         let t = Topology { srv: format!("tsrv{id}"), cli: format!("tcli{id}"), vs: format!("ts{id}") };
         let vc = format!("tc{id}");
-        let setup = || -> Result<(), String> {
-            ip(&["netns", "add", &t.srv])?;
-            ip(&["netns", "add", &t.cli])?;
-            ip(&["link", "add", &t.vs, "type", "veth", "peer", "name", &vc])?;
-            ip(&["link", "set", &t.vs, "netns", &t.srv])?;
-            ip(&["link", "set", &vc, "netns", &t.cli])?;
-            for (ns, dev, v4) in [(&t.srv, &t.vs, V4S), (&t.cli, &vc, V4C)] {
-                ip(&["-n", ns, "link", "set", "lo", "up"])?;
-                ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev])?;
-                ip(&["-n", ns, "link", "set", dev, "up"])?;
-            }
-            let obj = pass_object();
-            ip(&["-n", &t.cli, "link", "set", "dev", &vc, "xdpdrv", "obj", &obj.to_string_lossy(), "sec", "xdp"])?;
-            Ok(())
+        let setup = || {
+            common::veth_namespaces(
+                &common::End { ns: &t.srv, dev: &t.vs, v4: V4S, v6: None },
+                &common::End { ns: &t.cli, dev: &vc, v4: V4C, v6: None },
+            )
         };
         if let Err(e) = setup() {
             panic!("topology setup: {e}");

@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{ip, pass_object, root};
+use common::{ip, root};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -82,20 +82,11 @@ impl Topology {
             daemon_stderr: Arc::new(Mutex::new(String::new())),
         };
         let vc = format!("dc{id}");
-        let setup = || -> Result<(), String> {
-            ip(&["netns", "add", &t.srv])?;
-            ip(&["netns", "add", &t.cli])?;
-            ip(&["link", "add", &t.vs, "type", "veth", "peer", "name", &vc])?;
-            ip(&["link", "set", &t.vs, "netns", &t.srv])?;
-            ip(&["link", "set", &vc, "netns", &t.cli])?;
-            for (ns, dev, v4) in [(&t.srv, &t.vs, V4S), (&t.cli, &vc, V4C)] {
-                ip(&["-n", ns, "link", "set", "lo", "up"])?;
-                ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev])?;
-                ip(&["-n", ns, "link", "set", dev, "up"])?;
-            }
-            let obj = pass_object();
-            ip(&["-n", &t.cli, "link", "set", "dev", &vc, "xdpdrv", "obj", &obj.to_string_lossy(), "sec", "xdp"])?;
-            Ok(())
+        let setup = || {
+            common::veth_namespaces(
+                &common::End { ns: &t.srv, dev: &t.vs, v4: V4S, v6: None },
+                &common::End { ns: &t.cli, dev: &vc, v4: V4C, v6: None },
+            )
         };
         if let Err(e) = setup() {
             panic!("topology setup: {e}");

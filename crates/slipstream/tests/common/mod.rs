@@ -1,7 +1,9 @@
 //! Helpers shared by the namespace (netns + veth + XDP) integration tests: root check, the `ip`
-//! command, the XDP_PASS object for the client side, and running code inside a namespace.
+//! command, the XDP_PASS object for the client side, the two-namespace veth pair they all use,
+//! and running code inside a namespace.
 //!
-//! Not for: topologies (each test builds its own, with its own addresses and cleanup).
+//! Not for: what runs on the topology or its cleanup (each test names its namespaces and
+//! deletes them in its own Drop, so a failed test still leaves nothing behind).
 
 // Each test binary includes this module and uses a different subset of it.
 #![allow(dead_code)]
@@ -54,4 +56,34 @@ pub fn in_ns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static
     })
     .join()
     .unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// One end of the veth pair: namespace, device, IPv4 address (/24), optional IPv6 (/64).
+pub struct End<'a> {
+    pub ns: &'a str,
+    pub dev: &'a str,
+    pub v4: &'a str,
+    pub v6: Option<&'a str>,
+}
+
+/// Creates namespaces `srv.ns` and `cli.ns` joined by a veth pair, addresses and loopback up,
+/// and an XDP_PASS program on the client's end: a veth delivers the XDP_TX frames of its peer
+/// (the kernel fast path's answers) only when it has an XDP program itself. The caller deletes
+/// both namespaces (which removes the pair), also when this fails part-way.
+pub fn veth_namespaces(srv: &End<'_>, cli: &End<'_>) -> Result<(), String> {
+    ip(&["netns", "add", srv.ns])?;
+    ip(&["netns", "add", cli.ns])?;
+    ip(&["link", "add", srv.dev, "type", "veth", "peer", "name", cli.dev])?;
+    for e in [srv, cli] {
+        ip(&["link", "set", e.dev, "netns", e.ns])?;
+        ip(&["-n", e.ns, "link", "set", "lo", "up"])?;
+        ip(&["-n", e.ns, "addr", "add", &format!("{}/24", e.v4), "dev", e.dev])?;
+        if let Some(v6) = e.v6 {
+            ip(&["-n", e.ns, "-6", "addr", "add", &format!("{v6}/64"), "dev", e.dev, "nodad"])?;
+        }
+        ip(&["-n", e.ns, "link", "set", e.dev, "up"])?;
+    }
+    let obj = pass_object();
+    ip(&["-n", cli.ns, "link", "set", "dev", cli.dev, "xdpdrv", "obj", &obj.to_string_lossy(), "sec", "xdp"])?;
+    Ok(())
 }
