@@ -124,7 +124,7 @@ fn attach_fast_path(cfg: &Config, store: &Store) -> (Option<Arc<KernelFastPath>>
         return (
             None,
             format!(
-                "kernel fast path off for the cache: --xdp {iface} needs a UDP port (-U PORT), the fast path answers memcached UDP gets; the cache is served from user space"
+                "kernel fast path off: --xdp {iface} needs a UDP port (-U PORT), the fast path answers memcached UDP gets; serving from user space"
             ),
         );
     }
