@@ -154,6 +154,16 @@ class StreamDaemon:
                 self.proc.wait(timeout=5)
         self.proc = None
 
+    def remove_files(self):
+        """The temporary config and log go with the daemon (teardown; failures have already
+        quoted the log's tail)."""
+        for path in (getattr(self, "config_path", None), getattr(self, "log_path", None)):
+            if path:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
     def log_tail(self, n_bytes=3000):
         try:
             with open(self.log_path, "rb") as f:
@@ -184,6 +194,7 @@ def daemons():
                 d.stop()
             except Exception:  # teardown must not mask the real failure
                 pass
+            d.remove_files()
 
 
 # ------------------------------------------------------------------ subscribers
