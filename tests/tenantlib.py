@@ -19,16 +19,14 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 
+import daemonlib
 import mcwire
 
 HOST = mcwire.HOST
 ADMIN_TOKEN = "tenancy-test-token"
-START_TIMEOUT_S = 10.0
-START_ATTEMPTS = 3
 HTTP_TIMEOUT_S = 5.0
 READ_BYTES_MAX = 64 * 1024 * 1024
 
@@ -73,7 +71,7 @@ def render_config(server, shaping, tenants):
 # ------------------------------------------------------------------ the daemon
 
 
-class TenantDaemon:
+class TenantDaemon(daemonlib.ConfigDaemon):
     """`slipstream serve --config FILE` with tenants on free ports.
 
     tenants: list of dicts, each a [[tenant]] table minus the ports; the key "udp": True asks
@@ -83,8 +81,12 @@ class TenantDaemon:
     plain_port: for a config without tenants, the [server] port (picked here when True).
     """
 
+    what = "slipstream with tenants"
+    file_prefix = "slipstream-tenancy-"
+
     def __init__(self, tenants, shaping=None, admin=True, token=ADMIN_TOKEN, threads=2,
                  plain_port=False, server_extra=None):
+        super().__init__()
         self.tenant_args = [dict(t) for t in tenants]
         self.shaping = shaping
         self.admin_enabled = admin
@@ -92,16 +94,12 @@ class TenantDaemon:
         self.threads = threads
         self.plain_port_wanted = plain_port
         self.server_extra = dict(server_extra or {})
-        self.proc = None
         self.ports = {}       # tenant name -> tcp port
         self.udp_ports = {}   # tenant name -> udp port
         self.admin_port = None
         self.server_port = None
-        self.config_path = None
-        self.config_text = None
-        self.log_path = None
 
-    # ---- start / stop
+    # ---- start / stop (daemonlib.ConfigDaemon starts it)
 
     def _pick_ports(self):
         self.ports, self.udp_ports = {}, {}
@@ -140,32 +138,9 @@ class TenantDaemon:
         server.update(self.server_extra)
         return render_config(server, self.shaping, tenants)
 
-    def start(self):
-        if not mcwire.slipstream_available():
-            raise RuntimeError("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
-        last = None
-        for _attempt in range(START_ATTEMPTS):  # a port may be taken between probe and bind
-            self.config_text = self._pick_ports()
-            fd, self.config_path = tempfile.mkstemp(prefix="slipstream-tenancy-", suffix=".toml")
-            with os.fdopen(fd, "w") as f:
-                f.write(self.config_text)
-            log_dir = os.environ.get("MC_LOG_DIR", "/tmp")
-            self.log_path = os.path.join(log_dir, "mctest-tenancy-%d.log" % self.server_port)
-            log = open(self.log_path, "wb")
-            try:
-                self.proc = subprocess.Popen(
-                    [mcwire.SLIPSTREAM_BIN, "serve", "--config", self.config_path],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                )
-            finally:
-                log.close()
-            try:
-                self._wait_ready()
-                return self
-            except RuntimeError as e:
-                last = "%s\nconfig:\n%s\nlog:\n%s" % (e, self.config_text, self.log_tail())
-                self.stop()
-        raise RuntimeError("slipstream with tenants did not start: %s" % last)
+    def _log_path(self):
+        log_dir = os.environ.get("MC_LOG_DIR", "/tmp")
+        return os.path.join(log_dir, "mctest-tenancy-%d.log" % self.server_port)
 
     def _ready_ports(self):
         if self.ports:
@@ -175,31 +150,6 @@ class TenantDaemon:
         if self.admin_port:
             out.append(self.admin_port)
         return out
-
-    def _wait_ready(self):
-        deadline = time.monotonic() + START_TIMEOUT_S
-        pending = list(self._ready_ports())
-        while pending:
-            if self.proc.poll() is not None:
-                raise RuntimeError("exited with %s" % self.proc.returncode)
-            if time.monotonic() >= deadline:
-                raise RuntimeError("ports %r not accepting after %.0fs" % (pending, START_TIMEOUT_S))
-            try:
-                s = socket.create_connection((HOST, pending[0]), timeout=0.5)
-                s.close()
-                pending.pop(0)
-            except OSError:
-                time.sleep(0.02)
-
-    def log_tail(self, n_bytes=3000):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read()[-n_bytes:].decode("utf-8", "replace")
-        except (OSError, TypeError):
-            return ""
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -211,12 +161,7 @@ class TenantDaemon:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        for p in (self.config_path, self.log_path):
-            try:
-                if p and os.path.exists(p):
-                    os.unlink(p)
-            except OSError:
-                pass
+        self.remove_files()
 
     # ---- memcached side
 

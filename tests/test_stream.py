@@ -18,18 +18,16 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
+import daemonlib
 import mcwire
 from tenantlib import toml_value
 
 HOST = mcwire.HOST
-START_TIMEOUT_S = 10.0
-START_ATTEMPTS = 3
 # A subscriber registers itself when the daemon has read its SUBSCRIBE line (or after the
 # contract's 100 ms without one); data sent before that may not reach it.
 SUBSCRIBE_SETTLE_S = 0.3
@@ -49,22 +47,22 @@ def render_config(results, streams):
     return "\n".join(lines) + "\n"
 
 
-class StreamDaemon:
+class StreamDaemon(daemonlib.ConfigDaemon):
     """`slipstream serve` with [results] and [[stream]]s on free loopback ports.
 
     streams: list of dicts, each a [[stream]] table without udp_port (picked here).
     """
 
+    what = "slipstream with streams"
+    file_prefix = "slipstream-stream-"
+
     def __init__(self, streams, results_extra=None):
+        super().__init__()
         self.stream_args = [dict(s) for s in streams]
         self.results_extra = dict(results_extra or {})
-        self.proc = None
         self.kv_port = None
         self.results_port = None
         self.udp = {}  # stream name -> udp port
-        self.config_text = None
-        self.config_path = None
-        self.log_path = None
 
     def _pick_ports(self):
         taken = set()
@@ -91,50 +89,11 @@ class StreamDaemon:
         results.update(self.results_extra)
         return render_config(results, streams)
 
-    def start(self):
-        if not mcwire.slipstream_available():
-            pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
-        last = None
-        for _attempt in range(START_ATTEMPTS):  # a port may be taken between probe and bind
-            self.config_text = self._pick_ports()
-            fd, self.config_path = tempfile.mkstemp(prefix="slipstream-stream-", suffix=".toml")
-            with os.fdopen(fd, "w") as f:
-                f.write(self.config_text)
-            self.log_path = self.config_path[:-5] + ".log"
-            log = open(self.log_path, "wb")
-            try:
-                self.proc = subprocess.Popen(
-                    [mcwire.SLIPSTREAM_BIN, "serve", "-p", str(self.kv_port), "-l", HOST,
-                     "--config", self.config_path],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                )
-            finally:
-                log.close()
-            try:
-                self._wait_ready()
-                return self
-            except RuntimeError as e:
-                last = "%s\nconfig:\n%s\nlog:\n%s" % (e, self.config_text, self.log_tail())
-                self.stop()
-        raise RuntimeError("slipstream with streams did not start: %s" % last)
+    def _serve_args(self):
+        return ["-p", str(self.kv_port), "-l", HOST]
 
-    def _wait_ready(self):
-        deadline = time.monotonic() + START_TIMEOUT_S
-        pending = [self.kv_port, self.results_port]
-        while pending:
-            if self.proc.poll() is not None:
-                raise RuntimeError("exited with %s" % self.proc.returncode)
-            if time.monotonic() >= deadline:
-                raise RuntimeError("ports %r not accepting after %.0fs" % (pending, START_TIMEOUT_S))
-            try:
-                s = socket.create_connection((HOST, pending[0]), timeout=0.5)
-                s.close()
-                pending.pop(0)
-            except OSError:
-                time.sleep(0.02)
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
+    def _ready_ports(self):
+        return [self.kv_port, self.results_port]
 
     def stop(self):
         if self.proc is None:
@@ -154,23 +113,6 @@ class StreamDaemon:
                 self.proc.wait(timeout=5)
         self.proc = None
 
-    def remove_files(self):
-        """The temporary config and log go with the daemon (teardown; failures have already
-        quoted the log's tail)."""
-        for path in (getattr(self, "config_path", None), getattr(self, "log_path", None)):
-            if path:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-
-    def log_tail(self, n_bytes=3000):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read()[-n_bytes:].decode("utf-8", "replace")
-        except (OSError, TypeError):
-            return ""
-
     def send_udp(self, stream, payload):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
             u.sendto(payload, (HOST, self.udp[stream]))
@@ -182,6 +124,8 @@ def daemons():
     started = []
 
     def start(streams, **kw):
+        if not mcwire.slipstream_available():
+            pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
         d = StreamDaemon(streams, **kw)
         started.append(d)
         return d.start()
