@@ -141,16 +141,8 @@ run_java wc-slip endpoint="$EP" stream=wc udp="$WC_PORT" rates="$WC_SLIP_RATES" 
 if [[ "${XDP:-1}" != 0 && "$(id -u)" == 0 ]]; then
     echo "== word count: slipstream (XDP engine) -> spark"
     XDP_UP=1
-    ip netns add "$SRV_NS"
-    ip netns add "$CLI_NS"
-    ip link add "$VS" type veth peer name "$VC"
-    ip link set "$VS" netns "$SRV_NS"
-    ip link set "$VC" netns "$CLI_NS"
-    ip -n "$SRV_NS" addr add 10.209.1.1/24 dev "$VS"
-    ip -n "$CLI_NS" addr add 10.209.1.2/24 dev "$VC"
-    for ns in "$SRV_NS" "$CLI_NS"; do ip -n "$ns" link set lo up; done
-    ip -n "$SRV_NS" link set "$VS" up
-    ip -n "$CLI_NS" link set "$VC" up
+    . "$ROOT/bench/netns.sh"
+    veth_namespaces "$SRV_NS" "$CLI_NS" "$VS" "$VC" 10.209.1.1 10.209.1.2
     kill -TERM "$DAEMON_PID" 2>/dev/null || true
     wait "$DAEMON_PID" 2>/dev/null || true
     ip netns exec "$SRV_NS" "$BIN" serve -p "$KV_PORT" -l 10.209.1.1 --config "$TMP/daemon.toml" --xdp "$VS" \

@@ -432,16 +432,8 @@ xdp_cleanup() {
     ip netns del "$CLI_NS" 2>/dev/null || true
 }
 trap 'cleanup; xdp_cleanup' EXIT INT TERM
-ip netns add "$SRV_NS"
-ip netns add "$CLI_NS"
-ip link add "$VS" type veth peer name "$VC"
-ip link set "$VS" netns "$SRV_NS"
-ip link set "$VC" netns "$CLI_NS"
-ip -n "$SRV_NS" addr add 10.209.0.1/24 dev "$VS"
-ip -n "$CLI_NS" addr add 10.209.0.2/24 dev "$VC"
-for ns in "$SRV_NS" "$CLI_NS"; do ip -n "$ns" link set lo up; done
-ip -n "$SRV_NS" link set "$VS" up
-ip -n "$CLI_NS" link set "$VC" up
+. "$ROOT/bench/netns.sh"
+veth_namespaces "$SRV_NS" "$CLI_NS" "$VS" "$VC" 10.209.0.1 10.209.0.2
 mkdir -p "$RESULTS_DIR/xdp"
 ENGINE=xdp SERVER_IP=10.209.0.1 CLIENT_NS="$CLI_NS" XDP_IFACE="$VS" \
     setsid ip netns exec "$SRV_NS" python3 "$TMP/driver.py" "$BIN" "$RESULTS_DIR/xdp" "$TMP" &

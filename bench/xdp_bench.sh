@@ -92,17 +92,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+. "$ROOT/bench/netns.sh"
 setup() {
-    ip netns add "$SRV"
-    ip netns add "$CLI"
-    ip link add "$VS" type veth peer name "$VC"
-    ip link set "$VS" netns "$SRV"
-    ip link set "$VC" netns "$CLI"
-    ip -n "$SRV" addr add $V4S/24 dev "$VS"
-    ip -n "$CLI" addr add $V4C/24 dev "$VC"
-    for ns in "$SRV" "$CLI"; do ip -n "$ns" link set lo up; done
-    ip -n "$SRV" link set "$VS" up
-    ip -n "$CLI" link set "$VC" up
+    veth_namespaces "$SRV" "$CLI" "$VS" "$VC" "$V4S" "$V4C"
     ip -n "$CLI" link set dev "$VC" xdpdrv obj "$PASS_OBJ" sec xdp
     # Client-side receive (the replies) in a NAPI kthread on the client core.
     ip netns exec "$CLI" sh -c "echo 1 > /sys/class/net/$VC/threaded"
