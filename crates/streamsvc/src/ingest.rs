@@ -231,6 +231,9 @@ impl Ingest {
         let mut next_tick = monotonic_ns().saturating_add(self.tick_ns);
         // XDP change point: whether user space has taken the stream over.
         let mut taken_over = false;
+        // The XDP engine's counters for this stream, read once per tick (a map lookup is a
+        // system call: not one per received batch).
+        let mut k = slipstream_fastpath::stream::StreamStats::default();
         while !self.shared.stop.load(Ordering::Acquire) {
             let n = match self.rx.recv_batch() {
                 Ok(n) => n,
@@ -282,7 +285,6 @@ impl Ingest {
             }
             let s = &self.shared.streams[self.idx];
             let c = &s.counters;
-            let mut k = slipstream_fastpath::stream::StreamStats::default();
             let mut extra_lines = 0;
             if t_ns >= next_tick {
                 self.rx.poll_drops();
@@ -291,10 +293,10 @@ impl Ingest {
                     if let Kind::WordCount { window_ns, distinct_max } = x.kind {
                         self.wc.flush(x, &self.name, window_ns, distinct_max, t_ns, &mut out);
                     }
+                    k = x.kernel.stats(x.slot).unwrap_or_default();
                 }
             }
             if let Some(x) = &self.xdp {
-                k = x.kernel.stats(x.slot).unwrap_or_default();
                 extra_lines = self.wc.lines + x.lines.load(Ordering::Relaxed);
                 c.xdp_datagrams.store(k.datagrams, Ordering::Relaxed);
                 c.xdp_passed.store(k.passed, Ordering::Relaxed);
