@@ -16,7 +16,7 @@ fn main() {
     }
     // Debian keeps asm/ headers under the multiarch directory.
     let multiarch = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
-    for name in ["xdp_fastpath", "xdp_pass"] {
+    for name in ["xdp_fastpath", "xdp_pass", "xdp_gen"] {
         let src = bpf_dir.join(format!("{name}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let mut cmd = Command::new(&clang);

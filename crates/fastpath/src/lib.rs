@@ -87,6 +87,7 @@
 
 pub mod abi;
 pub mod fixtures;
+pub mod gen;
 pub mod item;
 pub mod model;
 mod netlink;

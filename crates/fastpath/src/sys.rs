@@ -157,3 +157,37 @@ pub fn prog_test_run(prog_fd: RawFd, data: &[u8], repeat: u32) -> io::Result<Tes
     out.truncate((a.data_size_out as usize).min(4096));
     Ok(TestRun { retval: a.retval, data_out: out, duration_ns: a.duration })
 }
+
+/// `BPF_F_TEST_XDP_LIVE_FRAMES`: test_run sends the frames for real (XDP_TX/REDIRECT).
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+
+/// `struct xdp_md` as BPF_PROG_TEST_RUN takes it for its context.
+#[repr(C)]
+#[derive(Default)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+/// Run an XDP program `repeat` times on real frames built from `data`, as if received on
+/// `ifindex` (of the caller's network namespace) queue 0: XDP_TX sends each frame out of that
+/// interface. `batch` frames share one flush (the kernel caps it at 256).
+pub fn prog_test_run_live(prog_fd: RawFd, data: &[u8], ifindex: u32, repeat: u32, batch: u32) -> io::Result<()> {
+    let mut ctx = XdpMd { data_end: data.len() as u32, ingress_ifindex: ifindex, ..Default::default() };
+    let mut a = TestRunAttr {
+        prog_fd: prog_fd as u32,
+        data_size_in: data.len() as u32,
+        data_in: data.as_ptr() as u64,
+        repeat,
+        ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
+        ctx_in: (&mut ctx as *mut XdpMd) as u64,
+        flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+        batch_size: batch,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut a)
+}

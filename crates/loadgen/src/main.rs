@@ -12,6 +12,7 @@ mod tcp;
 mod tcp_rate;
 mod udp;
 mod wire;
+mod xdpgen;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
@@ -52,6 +53,8 @@ slipstream-loadgen: memcached load generator (prints one JSON line)
                          epoch, at most 300 s ahead) before the load starts, so
                          several loadgen processes share one window
   --help
+
+`slipstream-loadgen xdp-gen --help`: the live-frame XDP generator (root, veth).
 
 Open-loop JSON adds: rate_per_s, achieved_rate_per_s (replies in the window per s),
 sent (requests scheduled in the window and sent), behind (of those, how many waited
@@ -555,6 +558,9 @@ fn wait_until_unix_ms(at_ms: u64) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("xdp-gen") {
+        return ExitCode::from(xdpgen::main(&args[1..]));
+    }
     let cfg = match parse_args(&args) {
         Ok(Some(c)) => c,
         Ok(None) => {
