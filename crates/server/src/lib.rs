@@ -18,6 +18,7 @@ pub mod memcache_text;
 pub mod net;
 pub mod stats;
 pub mod tenants;
+mod udp_batch;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.
 pub const VERSION_STRING: &str = "1.6.18-slipstream-0.1.0";

@@ -22,6 +22,7 @@
 use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
 use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
 use crate::tenants::{bind_all, Tenant, TenantTable};
+use crate::udp_batch::{RecvBatch, SendBatch};
 use crate::{memcache_binary, memcache_text};
 use mio::net::{TcpListener, TcpStream, UdpSocket};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -29,6 +30,7 @@ use slipstream_proto::udp;
 use slipstream_store::Store;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -62,6 +64,9 @@ pub const READ_BUF_BYTES_INITIAL: usize = 16 * 1024;
 pub const WRITE_BUF_BYTES_HIGH: usize = 4 * 1024 * 1024;
 /// Largest UDP request datagram accepted.
 pub const UDP_DATAGRAM_BYTES_MAX: usize = 65_536;
+/// Most datagrams one readable event takes from a UDP socket before the loop turns to its other
+/// sockets (mio re-arms while data is still queued).
+const UDP_DRAIN_DATAGRAMS_MAX: usize = 4096;
 /// Bytes of UDP requests one worker holds for one shaped tenant while its buckets refill (on top
 /// of the `max_outstanding` count bound).
 pub const UDP_QUEUE_BYTES_MAX: usize = 1 << 20;
@@ -227,8 +232,9 @@ impl Server {
                 settings: table.settings.clone(),
                 stop: stop_handle.clone(),
                 read_buf_bytes_max,
-                udp_in: vec![0u8; UDP_DATAGRAM_BYTES_MAX],
+                udp_rx: RecvBatch::new(UDP_DATAGRAM_BYTES_MAX),
                 udp: UdpBufs {
+                    tx: SendBatch::new(),
                     out: Vec::with_capacity(UDP_DATAGRAM_BYTES_MAX),
                     frame: Vec::with_capacity(udp::REPLY_PAYLOAD_BYTES_MAX + udp::FRAME_HEADER_BYTES),
                     state: ConnState::new(Transport::Udp),
@@ -308,6 +314,8 @@ struct WorkerTenant {
 
 /// Buffers the UDP path reuses for every datagram.
 struct UdpBufs {
+    /// Replies waiting for the next sendmmsg (flushed at the end of every drain).
+    tx: SendBatch,
     out: Vec<u8>,
     frame: Vec<u8>,
     /// Protocol state for UDP requests, reset per datagram (kept to reuse its buffers).
@@ -325,7 +333,8 @@ struct Worker {
     settings: Arc<Settings>,
     stop: StopHandle,
     read_buf_bytes_max: usize,
-    udp_in: Vec<u8>,
+    /// recvmmsg buffers.
+    udp_rx: RecvBatch,
     udp: UdpBufs,
     /// Connections held back by their tenant's shaper, served round-robin when due.
     throttled: Vec<usize>,
@@ -691,38 +700,47 @@ impl Worker {
         // so loop until WouldBlock but cap the batch by count.
         let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
         let Some(wt) = self.tenants.get_mut(k) else { return };
-        for _ in 0..4096 {
+        let mut taken = 0usize;
+        while taken < UDP_DRAIN_DATAGRAMS_MAX {
             let Some(sock) = wt.udp.as_ref() else { return };
-            let (n, peer) = match sock.recv_from(&mut self.udp_in) {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            let fd = sock.as_raw_fd();
+            let got = match self.udp_rx.recv(fd) {
+                Ok(0) => break,
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return,
+                Err(_) => break,
             };
-            let datagram = &self.udp_in[..n];
-            if let Some(sh) = wt.tenant.shaper.as_deref() {
-                // Keep arrival order: once something waits, later datagrams queue behind it.
-                let wait = if wt.udp_queue.is_empty() { udp_wait_ns(sh, monotonic_now_ns()) } else { 1 };
-                if wait > 0 {
-                    let stats = thread_stats(&wt.tenant, env.index);
-                    ThreadStats::incr(&stats.udp_datagrams_in);
-                    ThreadStats::add(&stats.bytes_read, n as u64);
-                    if wt.udp_queue.len() < sh.max_outstanding() as usize && wt.udp_queue_bytes + n <= UDP_QUEUE_BYTES_MAX {
-                        wt.udp_queue.push_back((datagram.to_vec(), peer));
-                        wt.udp_queue_bytes += n;
-                        if wt.udp_wait_until_ns == 0 {
-                            wt.udp_wait_until_ns = monotonic_now_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
-                        }
-                    } else {
-                        sh.dropped();
-                    }
+            taken += got;
+            for i in 0..got {
+                let Some((datagram, peer)) = self.udp_rx.get(i) else {
+                    // Larger than any UDP datagram memcached takes, or an unknown family.
+                    ThreadStats::incr(&thread_stats(&wt.tenant, env.index).udp_bad_datagrams);
                     continue;
+                };
+                let n = datagram.len();
+                if let Some(sh) = wt.tenant.shaper.as_deref() {
+                    // Keep arrival order: once something waits, later datagrams queue behind it.
+                    let wait = if wt.udp_queue.is_empty() { udp_wait_ns(sh, monotonic_now_ns()) } else { 1 };
+                    if wait > 0 {
+                        let stats = thread_stats(&wt.tenant, env.index);
+                        ThreadStats::incr(&stats.udp_datagrams_in);
+                        ThreadStats::add(&stats.bytes_read, n as u64);
+                        if wt.udp_queue.len() < sh.max_outstanding() as usize && wt.udp_queue_bytes + n <= UDP_QUEUE_BYTES_MAX {
+                            wt.udp_queue.push_back((datagram.to_vec(), peer));
+                            wt.udp_queue_bytes += n;
+                            if wt.udp_wait_until_ns == 0 {
+                                wt.udp_wait_until_ns = monotonic_now_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
+                            }
+                        } else {
+                            sh.dropped();
+                        }
+                        continue;
+                    }
                 }
-                udp_datagram(wt, datagram, peer, &mut self.udp, &env, false);
-            } else {
                 udp_datagram(wt, datagram, peer, &mut self.udp, &env, false);
             }
         }
+        udp_flush(wt, &mut self.udp, &env);
     }
 
     /// Run queued UDP requests of shaped tenants while their buckets allow.
@@ -748,6 +766,7 @@ impl Worker {
                 wt.udp_queue_bytes = wt.udp_queue_bytes.saturating_sub(d.len());
                 udp_datagram(wt, &d, peer, &mut self.udp, &env, true);
             }
+            udp_flush(wt, &mut self.udp, &env);
         }
     }
 }
@@ -818,8 +837,8 @@ fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: 
     if closed {
         bufs.frame.clear();
         udp::compose(&mut bufs.frame, udp::FrameHeader { request_id: hdr.request_id, sequence: 0, total: 0, reserved: 0 });
-        if sock.send_to(&bufs.frame, peer).is_ok() {
-            ThreadStats::incr(&stats.udp_datagrams_out);
+        if bufs.tx.push(&bufs.frame, peer) {
+            flush_to(sock, stats, &mut bufs.tx);
         }
         return;
     }
@@ -841,6 +860,26 @@ fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: 
     bufs.state.udp_marks = marks;
 }
 
+/// Send what `tx` holds. A full socket buffer drops a reply, as UDP may; only what was sent is
+/// counted in datagrams_out.
+fn flush_to(sock: &UdpSocket, stats: &ThreadStats, tx: &mut SendBatch) {
+    let sent = tx.flush(sock.as_raw_fd());
+    ThreadStats::add(&stats.udp_datagrams_out, sent.datagrams);
+    ThreadStats::add(&stats.bytes_written, sent.bytes);
+}
+
+/// Send the replies `wt`'s requests left queued (end of a drain or of a queue run).
+fn udp_flush(wt: &WorkerTenant, bufs: &mut UdpBufs, env: &Env<'_>) {
+    if bufs.tx.is_empty() {
+        return;
+    }
+    let stats = thread_stats(&wt.tenant, env.index);
+    match wt.udp.as_ref() {
+        Some(sock) => flush_to(sock, stats, &mut bufs.tx),
+        None => bufs.tx.clear(),
+    }
+}
+
 /// Send `bufs.out[from..to]` as one memcached UDP message: as many datagrams as it needs,
 /// each with the frame header (same request id, sequence numbers, total).
 fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, request_id: u16, from: usize, to: usize, peer: SocketAddr) {
@@ -855,10 +894,8 @@ fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, r
         bufs.frame.clear();
         udp::compose(&mut bufs.frame, udp::FrameHeader { request_id, sequence: seq as u16, total: total as u16, reserved: 0 });
         bufs.frame.extend_from_slice(&bufs.out[start..end]);
-        // A full socket buffer drops the reply, as UDP may; counted via datagrams_out.
-        if sock.send_to(&bufs.frame, peer).is_ok() {
-            ThreadStats::incr(&stats.udp_datagrams_out);
-            ThreadStats::add(&stats.bytes_written, bufs.frame.len() as u64);
+        if bufs.tx.push(&bufs.frame, peer) {
+            flush_to(sock, stats, &mut bufs.tx);
         }
     }
 }
