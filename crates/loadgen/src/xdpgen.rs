@@ -30,6 +30,9 @@ slipstream-loadgen xdp-gen: live-frame UDP generator (root; prints one JSON line
   --duration-s SECS      measured window                                 [10]
   --warmup-s SECS        sending before the window, not measured         [1]
   --batch B              frames per transmit flush (1..256)              [64]
+  --burst N              paced: wait until N frames are due, then send them in
+                         one call (fewer calls, each with its fixed kernel cost;
+                         keep N under the receiver's ring, 256 on a veth)    [1]
   --sink-port P          count and drop replies from UDP source port P on --iface
   --sink-cpu N           run --iface's receive work (threaded NAPI) on CPU N at
                          SCHED_FIFO, so counting replies is never starved by sending
@@ -62,6 +65,7 @@ struct Cfg {
     duration: Duration,
     warmup: Duration,
     batch: u32,
+    burst: u64,
     sink_port: Option<u16>,
     sink_cpu: Option<usize>,
     server_pid: Option<u32>,
@@ -126,6 +130,7 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(1),
         batch: 64,
+        burst: 1,
         sink_port: None,
         sink_cpu: None,
         server_pid: None,
@@ -155,6 +160,7 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
             "--duration-s" => c.duration = secs(flag, v)?,
             "--warmup-s" => c.warmup = secs(flag, v)?,
             "--batch" => c.batch = num(flag, v)?,
+            "--burst" => c.burst = num(flag, v)?,
             "--sink-port" => c.sink_port = Some(num(flag, v)?),
             "--sink-cpu" => c.sink_cpu = Some(num(flag, v)?),
             "--server-pid" => c.server_pid = Some(num(flag, v)?),
@@ -172,6 +178,9 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
     }
     if !(c.rate_per_s.is_finite() && (0.0..=RATE_PER_S_MAX).contains(&c.rate_per_s)) {
         return Err(format!("--rate-per-s: must be within 0..={RATE_PER_S_MAX}"));
+    }
+    if !(1..=u64::from(FRAMES_PER_CALL_MAX)).contains(&c.burst) {
+        return Err(format!("--burst: must be within 1..={FRAMES_PER_CALL_MAX}"));
     }
     if !(1..=256).contains(&c.batch) {
         return Err("--batch: must be within 1..=256".into());
@@ -350,8 +359,10 @@ fn run(c: &Cfg) -> Result<String, String> {
         }
         let mut n = if c.rate_per_s > 0.0 {
             let due = (now.duration_since(load_start).as_secs_f64() * c.rate_per_s) as u64;
-            if due <= sent {
-                let wait = Duration::from_secs_f64((sent + 1) as f64 / c.rate_per_s)
+            // The last frames of a --count run go out even if fewer than a burst.
+            let burst = if c.count > 0 { c.burst.min(c.count - sent) } else { c.burst };
+            if due < sent + burst {
+                let wait = Duration::from_secs_f64((sent + burst) as f64 / c.rate_per_s)
                     .saturating_sub(now.duration_since(load_start))
                     .min(PACE_SLEEP_MAX);
                 std::thread::sleep(wait);
