@@ -54,6 +54,7 @@ bench: build
 	bash bench/xdp_bench.sh
 	bash bench/tenant_bench.sh
 	bash bench/stream_bench.sh
+	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
 
 clean:
