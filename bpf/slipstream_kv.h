@@ -99,6 +99,12 @@ struct ss_key {
  *   B " <cas>"                          (gets only)
  *   C "\r\n<data>\r\n"                  (the data block, shared by all forms)
  * so each reply form is at most two copies: get = A,C; gets = A+B+C; mg v = D,C; mg v f = D+E,C.
+ *
+ * csum_*: each segment's 16-bit ones'-complement sum, precomputed by user space so the program
+ * never sums reply bytes per packet. Memory order: the segment read as native-endian 16-bit
+ * words from its first byte, an odd last byte as if followed by a zero byte, folded to 16 bits
+ * (0 for an empty segment). A segment that lands at an odd offset of the UDP datagram adds the
+ * byte-swapped sum (ones'-complement sums commute with byte swapping, RFC 1071).
  */
 struct ss_item {
 	__u64 expiry_ns;   /* absolute CLOCK_MONOTONIC (bpf_ktime_get_ns) ns; 0 = never expires */
@@ -111,10 +117,15 @@ struct ss_item {
 	__u16 a_len;
 	__u16 b_len;
 	__u16 c_len;
+	__u16 csum_d;
+	__u16 csum_e;
+	__u16 csum_a;
+	__u16 csum_b;
+	__u16 csum_c;
 	__u16 pad0;
-	__u32 pad1;
+	__u16 pad1;
 	__u8 piece[SS_PIECE_BYTES_MAX];
-};                 /* 32 + 1424 = 1456 bytes */
+};                 /* 40 + 1424 = 1464 bytes */
 
 struct ss_config {
 	__u16 enabled;     /* 0 = fast path off: every packet passes (the last resort) */
@@ -161,17 +172,17 @@ struct ss_tenant_stats {
 
 /* Program-private per-CPU scratch (not read by user space; layout here only for its size). */
 #define SS_SCRATCH_REPLY_BYTES 4096
+#define SS_SCRATCH_HDR_BYTES 64
 struct ss_scratch {
-	/* the request payload, copied out of the packet. reply follows it directly: the program
-	 * reads the request in 8-byte words, and a word starting near the end of req may run into
-	 * reply (those bytes are masked off), which keeps the read inside the map value. */
+	/* the request payload, copied out of the packet. The program reads the request in 8-byte
+	 * words, and a word starting near the end of req may run into hdr (those bytes are masked
+	 * off), which keeps the read inside the map value. */
 	__u8 req[SS_REQUEST_BYTES_MAX];
+	/* The reply's Ethernet and IP headers, composed before the packet is resized, right-aligned
+	 * so that they end where reply starts: headers and reply then go into the packet with one
+	 * store. (Here, not on the stack: the program's stack is near the verifier's limit.) */
+	__u8 hdr[SS_SCRATCH_HDR_BYTES];
 	__u8 reply[SS_SCRATCH_REPLY_BYTES]; /* UDP header + frame header + reply payload */
-	/* The reply's Ethernet and IP headers, composed before the packet is resized (here, not on
-	 * the stack: the program's stack is near the verifier's 512-byte limit). */
-	__u8 hdr_pad[2]; /* so that hdr_ip is 8-byte aligned */
-	__u8 hdr_eth[14];
-	__u8 hdr_ip[40];
 };
 
 #endif /* SLIPSTREAM_KV_H */

@@ -20,7 +20,7 @@
  * offload engine (xdp_stream.h): one program per interface serves the KV cache, the tenants
  * and the streams, each configuring its own map entries.
  *
- * The GPL-compatible licence is needed for the helpers used (bpf_loop, dynptr, csum).
+ * The GPL-compatible licence is needed for the helpers used (bpf_loop, dynptr).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -100,6 +100,12 @@ struct {
 /* Hide a value from the optimiser so that a bound check written after it is really emitted:
  * clang drops checks it can prove redundant, but the verifier needs to see them. */
 #define OPAQUE(x) asm volatile("" : "+r"(x))
+
+/* Where the reply's Ethernet + IP headers sit in scratch.hdr: ending where scratch.reply starts. */
+#define HDR4_BYTES (ETH_HLEN + 20)
+#define HDR6_BYTES (ETH_HLEN + 40)
+#define HDR4_AT (SS_SCRATCH_HDR_BYTES - HDR4_BYTES)
+#define HDR6_AT (SS_SCRATCH_HDR_BYTES - HDR6_BYTES)
 
 enum mode { MODE_GET = 1, MODE_GETS = 2, MODE_MG_V = 3, MODE_MG_VF = 4 };
 
@@ -223,8 +229,8 @@ static __always_inline __u64 key_word(struct ss_scratch *s, __u32 kstart, __u32 
 /* Copy piece[off..off+len] to reply[pos..]. A global function (verified once): inlined, its two
  * ways of copying multiplied the verifier's states in the per-key loop past its limit.
  * Short segments go in whole words, so up to 7 bytes past pos + len are overwritten too:
- * harmless, as every later write starts at pos + len and the 3 bytes past the reply's end are
- * zeroed before the checksum. Longer ones go through one dynptr read. */
+ * harmless, as every later write starts at pos + len and bytes past the reply's end are never
+ * sent (the checksum comes from precomputed sums, not from these bytes). Longer ones go through one dynptr read. */
 __noinline int ss_copy(struct ss_scratch *s, struct ss_item *it, struct bpf_dynptr *dp, __u32 pos_off,
 		       __u32 len)
 {
@@ -330,6 +336,45 @@ __noinline int ss_key_matches(struct ss_scratch *s, struct ss_item *it, __u32 ks
 	return it->piece[sp] == ' ';
 }
 
+/* 1 iff req[start..end) is one token: 1..SS_KEY_BYTES_MAX bytes with no ' ' and no '\n'. The
+ * common request, "get <key>", needs nothing more than this, so it skips the general tokenizer
+ * (a bpf_loop with a callback per 8 bytes). Global for the same reason as the key loops above. */
+__noinline int ss_one_token(struct ss_scratch *s, __u32 start, __u32 end)
+{
+	if (!s || end <= start || end - start > SS_KEY_BYTES_MAX)
+		return 0;
+	__u32 len = end - start;
+	for (__u32 w = 0; w < SS_KEY_WORDS_MAX; w++) {
+		__u32 off = w * 8;
+		if (off >= len)
+			break;
+		__u64 x = *(__u64 *)(s->req + ((start + off) & REQ_MASK));
+		__u32 rem = len - off;
+		if (rem < 8) {
+			/* Bytes past the token become 'x' (neither ' ' nor '\n'). */
+			__u64 keep = (1ULL << (rem * 8)) - 1;
+			x = (x & keep) | ((ONES * 'x') & ~keep);
+		}
+		if (has_zero_byte(x ^ (ONES * ' ')) || has_zero_byte(x ^ (ONES * '\n')))
+			return 0;
+	}
+	return 1;
+}
+
+/* A segment's precomputed sum (see struct ss_item) as it adds to the datagram's checksum when
+ * the segment starts at offset `at` of the datagram: byte-swapped at an odd offset. */
+static __always_inline __u32 seg_sum(__u16 cs, __u32 at)
+{
+	return (at & 1) ? (__u32)__builtin_bswap16(cs) : (__u32)cs;
+}
+
+/* The sum of "END\r\n" as memory-order 16-bit words from an even offset ("EN", "D\r", "\n\0"). */
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define END_SUM (0x4e45 + 0x0d44 + 0x000a)
+#else
+#define END_SUM (0x454e + 0x440d + 0x0a00)
+#endif
+
 /* The KV cache and tenants (everything but stream ports). Not inlined: its frame is near the
  * verifier's stack limit, so the entry below stays small and the stream engine gets a call
  * chain of its own. */
@@ -349,8 +394,8 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 
 	int v6;
 	__u32 l4_off, udp_len;
-	/* Pseudo-header of the REPLY (addresses already swapped), memory order. */
-	__u32 pseudo[10] = {};
+	/* The addresses' part of the UDP checksum (pseudo-header), memory order. */
+	__u64 asum = 0;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > data_end)
@@ -365,9 +410,7 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 		udp_len = tot - sizeof(*ip);
 		l4_off = sizeof(*eth) + sizeof(*ip);
 		v6 = 0;
-		pseudo[0] = ip->daddr;
-		pseudo[1] = ip->saddr;
-		/* pseudo[2] (protocol, length) is set once the reply length is known. */
+		asum = (__u64)ip->daddr + ip->saddr;
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > data_end)
@@ -377,8 +420,9 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 		udp_len = bpf_ntohs(ip6->payload_len);
 		l4_off = sizeof(*eth) + sizeof(*ip6);
 		v6 = 1;
-		__builtin_memcpy(&pseudo[0], &ip6->daddr, 16);
-		__builtin_memcpy(&pseudo[4], &ip6->saddr, 16);
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			asum += (__u64)ip6->daddr.in6_u.u6_addr32[i] + ip6->saddr.in6_u.u6_addr32[i];
 	} else {
 		return XDP_PASS;
 	}
@@ -432,12 +476,14 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 	if (n > SS_REQUEST_BYTES_MAX)
 		goto miss;
 
-	/* Frame header: one datagram only (memcached rejects the rest anyway). */
-	__u8 fh[SS_FRAME_HEADER_BYTES];
-	if (bpf_xdp_load_bytes(ctx, l4_off + sizeof(struct udphdr), fh, sizeof(fh)))
+	/* Frame header: one datagram only (memcached rejects the rest anyway). Read in place: the
+	 * UDP length check above put it inside the packet. */
+	__u8 *fh = (void *)(udp + 1);
+	if ((void *)(fh + SS_FRAME_HEADER_BYTES) > data_end)
 		goto miss;
 	if (fh[2] != 0 || fh[3] != 0 || fh[4] != 0 || fh[5] != 1)
 		goto miss;
+	__u16 request_id = *(__u16 *)fh; /* memory order, echoed as is */
 
 	/* Exactly one line, ending in "\r\n". */
 	__u32 cr = n - 2, lf = n - 1;
@@ -451,11 +497,20 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 	struct tok_ctx t = {};
 	t.s = s;
 	t.n = n - 2;
-	bpf_loop(SS_REQUEST_BYTES_MAX / 8, tok_step, &t, 0);
-	if (t.bad)
-		goto miss;
-	if (t.in_tok)
-		close_token(&t, t.n);
+	/* "get <key>" / "gets <key>" (getlike checked the command and its space). */
+	__u32 key_at = s->req[3] == ' ' ? 4 : 5;
+	if (s->req[0] == 'g' && ss_one_token(s, key_at, n - 2)) {
+		t.ntok = 2;
+		t.tlen[0] = (__u16)(key_at - 1);
+		t.tstart[1] = (__u16)key_at;
+		t.tlen[1] = (__u16)(n - 2 - key_at);
+	} else {
+		bpf_loop(SS_REQUEST_BYTES_MAX / 8, tok_step, &t, 0);
+		if (t.bad)
+			goto miss;
+		if (t.in_tok)
+			close_token(&t, t.n);
+	}
 	if (t.bad || t.ntok < 2 || t.tstart[0] != 0)
 		goto miss;
 
@@ -494,6 +549,8 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 
 	__u64 now = 0; /* read on the first item with an expiry: most have none */
 	__u32 pos = REPLY_PAYLOAD_OFF;
+	/* The payload's part of the UDP checksum, from the items' precomputed segment sums. */
+	__u64 psum = 0;
 	for (__u32 k = 0; k < SS_KEYS_MAX; k++) {
 		if (k >= nkeys)
 			break;
@@ -552,24 +609,29 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 		switch (mode) {
 		case MODE_GET:
 			err |= copy_seg(s, pos, it, &dp, d + e, a);
+			psum += seg_sum(it->csum_a, pos);
 			pos += a;
 			break;
 		case MODE_GETS:
 			err |= copy_seg(s, pos, it, &dp, d + e, a + b);
+			psum += seg_sum(it->csum_a, pos) + seg_sum(it->csum_b, pos + a);
 			pos += a + b;
 			break;
 		case MODE_MG_V:
 			err |= copy_seg(s, pos, it, &dp, 0, d);
+			psum += seg_sum(it->csum_d, pos);
 			pos += d;
 			break;
 		default:
 			err |= copy_seg(s, pos, it, &dp, 0, d + e);
+			psum += seg_sum(it->csum_d, pos) + seg_sum(it->csum_e, pos + d);
 			pos += d + e;
 			break;
 		}
 		if (pos > REPLY_END)
 			goto miss;
 		err |= copy_seg(s, pos, it, &dp, c_off, c);
+		psum += seg_sum(it->csum_c, pos);
 		pos += c;
 		if (err || pos > REPLY_END)
 			goto miss;
@@ -582,14 +644,11 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 		put_byte(s, pos + 2, 'D');
 		put_byte(s, pos + 3, '\r');
 		put_byte(s, pos + 4, '\n');
+		psum += seg_sum(END_SUM, pos);
 		pos += 5;
 	}
 	if (pos > REPLY_END)
 		goto miss;
-	/* Zero padding to a multiple of 4 for the checksum. */
-	put_byte(s, pos + 0, 0);
-	put_byte(s, pos + 1, 0);
-	put_byte(s, pos + 2, 0);
 
 	/* UDP header and frame header of the reply. */
 	struct udphdr *ru = (void *)s->reply;
@@ -597,8 +656,7 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 	ru->dest = sport;
 	ru->len = bpf_htons((__u16)pos);
 	ru->check = 0;
-	s->reply[8] = fh[0];
-	s->reply[9] = fh[1];
+	*(__u16 *)&s->reply[8] = request_id;
 	s->reply[10] = 0; /* sequence 0 */
 	s->reply[11] = 0;
 	s->reply[12] = 0; /* total 1 */
@@ -606,33 +664,15 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 	s->reply[14] = 0; /* reserved */
 	s->reply[15] = 0;
 
-	/* UDP checksum: pseudo-header + datagram, ones' complement, memory order throughout. */
-	if (v6) {
-		pseudo[8] = bpf_htonl(pos);
-		pseudo[9] = bpf_htonl(IPPROTO_UDP);
-	} else {
-		pseudo[2] = bpf_htonl((IPPROTO_UDP << 16) | pos);
-	}
-	__s64 sum = bpf_csum_diff(0, 0, (__be32 *)pseudo, v6 ? 40 : 12, 0);
-	if (sum < 0)
-		goto miss;
-	__u64 rounded = ((__u64)pos + 3) & ~3ull;
-	if (rounded > REPLY_END + 4)
-		goto miss;
-#pragma unroll
-	for (int ch = 0; ch < 3; ch++) {
-		__u64 off = ch * 512;
-		if (rounded > off) {
-			__u64 sz = rounded - off;
-			if (sz > 512)
-				sz = 512;
-			sz &= 0x3fc; /* <= 512 and a multiple of 4, in a form the verifier tracks */
-			sum = bpf_csum_diff(0, 0, (__be32 *)(s->reply + off), (__u32)sz, (__u32)sum);
-			if (sum < 0)
-				goto miss;
-		}
-	}
-	__u16 ucheck = (__u16)~fold((__u64)(__u32)sum);
+	/* UDP checksum: pseudo-header + headers + payload, ones' complement, memory order
+	 * throughout (16-bit words as loaded from memory; the sum is stored the same way). The
+	 * payload's part is psum, summed from the items' precomputed segment sums. */
+	__u16 len_be = bpf_htons((__u16)pos);
+	__u64 sum = psum + asum; /* 32-bit words: fold() makes them 16-bit ones' sums */
+	sum += bpf_htons(IPPROTO_UDP) + len_be;                   /* pseudo-header: protocol, length */
+	sum += dport + sport + len_be;                            /* UDP header (checksum 0) */
+	sum += request_id + bpf_htons(1);                         /* frame header: id, total 1 */
+	__u16 ucheck = (__u16)~fold(sum);
 	if (ucheck == 0)
 		ucheck = 0xffff;
 	ru->check = ucheck;
@@ -651,37 +691,40 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 	}
 
 	/* Compose the reply's Ethernet and IP headers in scratch first: the resize below may
-	 * move the packet start, after which the request headers are gone. */
+	 * move the packet start, after which the request headers are gone. They are placed to end
+	 * where s->reply starts (IPv6: Ethernet at hdr + HDR6_AT; IPv4: at hdr + HDR4_AT). */
 	if ((void *)(eth + 1) > data_end)
 		goto miss;
-	__builtin_memcpy(s->hdr_eth, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(s->hdr_eth + ETH_ALEN, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(s->hdr_eth + 2 * ETH_ALEN, &eth->h_proto, 2);
+	__u8 *he = s->hdr + (v6 ? HDR6_AT : HDR4_AT);
+	__builtin_memcpy(he, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(he + ETH_ALEN, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(he + 2 * ETH_ALEN, &eth->h_proto, 2);
 	if (v6) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > data_end)
 			goto miss;
-		struct ipv6hdr *o6 = (void *)s->hdr_ip;
+		struct ipv6hdr *o6 = (void *)(s->hdr + HDR6_AT + ETH_HLEN);
 		__builtin_memcpy(o6, ip6, sizeof(*o6)); /* keeps version, traffic class, flow label */
-		__builtin_memcpy(&o6->saddr, &pseudo[0], 16);
-		__builtin_memcpy(&o6->daddr, &pseudo[4], 16);
+		__builtin_memcpy(&o6->saddr, &ip6->daddr, 16);
+		__builtin_memcpy(&o6->daddr, &ip6->saddr, 16);
 		o6->payload_len = bpf_htons((__u16)pos);
 		o6->hop_limit = 64;
 	} else {
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > data_end)
 			goto miss;
-		struct iphdr *o4 = (void *)s->hdr_ip;
+		struct iphdr *o4 = (void *)(s->hdr + HDR4_AT + ETH_HLEN);
 		__builtin_memcpy(o4, ip, sizeof(*o4)); /* keeps version/IHL, TOS, protocol */
-		o4->saddr = pseudo[0];
-		o4->daddr = pseudo[1];
+		o4->saddr = ip->daddr;
+		o4->daddr = ip->saddr;
 		o4->tot_len = bpf_htons((__u16)(sizeof(*o4) + pos));
 		o4->id = 0;
 		o4->frag_off = bpf_htons(0x4000); /* DF, as Linux sends UDP replies */
 		o4->ttl = 64;
 		o4->check = 0;
-		__s64 isum = bpf_csum_diff(0, 0, (__be32 *)o4, sizeof(*o4), 0);
-		o4->check = (__u16)~fold((__u64)(__u32)isum);
+		__u32 *w = (void *)o4; /* 4-byte aligned in scratch */
+		__u64 isum = (__u64)w[0] + w[1] + w[2] + w[3] + w[4];
+		o4->check = (__u16)~fold(isum);
 	}
 
 	/* Resize the packet to exactly the reply (dropping any Ethernet padding). Grow at the tail
@@ -701,13 +744,6 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 			goto miss;
 		}
 	}
-	if (v6) {
-		if (bpf_xdp_store_bytes(ctx, 0, s->hdr_eth, ETH_HLEN + sizeof(struct ipv6hdr)))
-			return XDP_DROP; /* cannot happen: the packet is at least that long */
-	} else {
-		if (bpf_xdp_store_bytes(ctx, 0, s->hdr_eth, ETH_HLEN + sizeof(struct iphdr)))
-			return XDP_DROP;
-	}
 	__u64 out_len = pos;
 	asm volatile("%0 &= 2047" : "+r"(out_len)); /* no-op (pos <= REPLY_END); for the verifier */
 	if (out_len == 0)
@@ -715,8 +751,15 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx)
 	OPAQUE(out_len); /* keeps clang from merging the two checks into one range test */
 	if (out_len > REPLY_END)
 		return XDP_DROP;
-	if (bpf_xdp_store_bytes(ctx, l4_off, s->reply, out_len))
-		return XDP_DROP;
+	/* Headers and reply in one store (they are adjacent in scratch). Cannot fail: the packet
+	 * was just resized to exactly this length. */
+	if (v6) {
+		if (bpf_xdp_store_bytes(ctx, 0, s->hdr + HDR6_AT, HDR6_BYTES + out_len))
+			return XDP_DROP;
+	} else {
+		if (bpf_xdp_store_bytes(ctx, 0, s->hdr + HDR4_AT, HDR4_BYTES + out_len))
+			return XDP_DROP;
+	}
 	count(SS_COUNTER_HITS);
 	count_tenant(slot, SS_COUNTER_HITS);
 	return XDP_TX;

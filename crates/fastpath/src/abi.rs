@@ -79,6 +79,24 @@ pub fn key_hash(key: &[u8]) -> u64 {
     h
 }
 
+/// A segment's 16-bit ones'-complement sum as `struct ss_item` stores it: the bytes read as
+/// native-endian 16-bit words from the first, an odd last byte followed by a zero, folded.
+/// Native (memory) order because the program adds it to sums of words it loads from packets.
+pub fn ones_sum(bytes: &[u8]) -> u16 {
+    let mut sum: u64 = 0;
+    let mut words = bytes.chunks_exact(2);
+    for w in &mut words {
+        sum += u64::from(u16::from_ne_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        sum += u64::from(u16::from_ne_bytes([*last, 0]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
 /// `struct ss_item`: one item's pre-composed reply text in five segments D E A B C (see the C
 /// header for what each holds and why).
 #[repr(C)]
@@ -91,8 +109,14 @@ pub struct Item {
     pub a_len: u16,
     pub b_len: u16,
     pub c_len: u16,
+    /// Each segment's ones'-complement sum in memory order (see `ones_sum`).
+    pub csum_d: u16,
+    pub csum_e: u16,
+    pub csum_a: u16,
+    pub csum_b: u16,
+    pub csum_c: u16,
     pub pad0: u16,
-    pub pad1: u32,
+    pub pad1: u16,
     pub piece: [u8; PIECE_BYTES_MAX],
 }
 
@@ -138,7 +162,7 @@ const _: () = assert!(size_of::<Key>() == 16);
 const _: () = assert!(offset_of!(Key, hash) == 0);
 const _: () = assert!(offset_of!(Key, len) == 8);
 const _: () = assert!(KEY_WORDS_MAX * 8 >= KEY_BYTES_MAX);
-const _: () = assert!(size_of::<Item>() == 1456);
+const _: () = assert!(size_of::<Item>() == 1464);
 const _: () = assert!(offset_of!(Item, expiry_ns) == 0);
 const _: () = assert!(offset_of!(Item, epoch) == 8);
 const _: () = assert!(offset_of!(Item, d_len) == 16);
@@ -146,7 +170,12 @@ const _: () = assert!(offset_of!(Item, e_len) == 18);
 const _: () = assert!(offset_of!(Item, a_len) == 20);
 const _: () = assert!(offset_of!(Item, b_len) == 22);
 const _: () = assert!(offset_of!(Item, c_len) == 24);
-const _: () = assert!(offset_of!(Item, piece) == 32);
+const _: () = assert!(offset_of!(Item, csum_d) == 26);
+const _: () = assert!(offset_of!(Item, csum_e) == 28);
+const _: () = assert!(offset_of!(Item, csum_a) == 30);
+const _: () = assert!(offset_of!(Item, csum_b) == 32);
+const _: () = assert!(offset_of!(Item, csum_c) == 34);
+const _: () = assert!(offset_of!(Item, piece) == 40);
 const _: () = assert!(offset_of!(Key, tenant) == 12);
 const _: () = assert!(size_of::<Config>() == 16);
 const _: () = assert!(offset_of!(Config, enabled) == 0);

@@ -3,7 +3,7 @@
 //!
 //! Not for: deciding *when* to fill (the server does, under its shard lock) or map I/O.
 
-use crate::abi::{Item, Key, PIECE_BYTES_MAX, REPLY_PAYLOAD_BYTES_MAX};
+use crate::abi::{ones_sum, Item, Key, PIECE_BYTES_MAX, REPLY_PAYLOAD_BYTES_MAX};
 use std::io::Write;
 
 /// Why an item is not put into the kernel cache. Not an error for the caller: such items are
@@ -64,6 +64,11 @@ pub fn compose(
         a_len: a.len() as u16,
         b_len: b.len() as u16,
         c_len: c_len as u16,
+        csum_d: ones_sum(&d),
+        csum_e: ones_sum(&e),
+        csum_a: ones_sum(&a),
+        csum_b: ones_sum(&b),
+        csum_c: 0,
         pad0: 0,
         pad1: 0,
         piece: [0; PIECE_BYTES_MAX],
@@ -73,6 +78,8 @@ pub fn compose(
         item.piece[at..at + seg.len()].copy_from_slice(seg);
         at += seg.len();
     }
+    let c_start = at - c_len;
+    item.csum_c = ones_sum(&item.piece[c_start..at]);
     Ok(item)
 }
 
@@ -123,6 +130,43 @@ mod tests {
         assert_eq!(s.b, b" 77");
         assert_eq!(s.c, b"\r\nbar\r\n");
         assert_eq!(it.epoch, 3);
+    }
+
+    /// The program adds the segment sums, byte-swapped at odd offsets, instead of summing the
+    /// reply: for every reply form and both parities the result must equal the plain sum.
+    #[test]
+    fn segment_sums_add_up_to_the_reply_sum() {
+        let fold = |mut x: u64| {
+            while x > 0xffff {
+                x = (x & 0xffff) + (x >> 16);
+            }
+            x
+        };
+        for key in [&b"k"[..], b"ke", b"key:00000001", b"odd-key"] {
+            for value in [&b""[..], b"v", b"value", b"0123456789abcdef0123456789abcdef"] {
+                let it = compose(key, 7, 12345, value, 0, 0).unwrap();
+                let s = segments(&it).unwrap();
+                let forms: [(&[&[u8]], [u16; 3]); 4] = [
+                    (&[s.a, s.c], [it.csum_a, it.csum_c, 0]),
+                    (&[s.a, s.b, s.c], [it.csum_a, it.csum_b, it.csum_c]),
+                    (&[s.d, s.c], [it.csum_d, it.csum_c, 0]),
+                    (&[s.d, s.e, s.c], [it.csum_d, it.csum_e, it.csum_c]),
+                ];
+                for (parts, sums) in forms {
+                    for lead in 0..2usize {
+                        let mut reply = vec![0u8; lead];
+                        let mut at = lead;
+                        let mut from_parts: u64 = 0;
+                        for (p, cs) in parts.iter().zip(sums) {
+                            from_parts += u64::from(if at % 2 == 1 { cs.swap_bytes() } else { cs });
+                            reply.extend_from_slice(p);
+                            at += p.len();
+                        }
+                        assert_eq!(fold(from_parts), fold(u64::from(ones_sum(&reply))), "key {key:?} value {value:?} lead {lead}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -67,7 +67,7 @@
 //!
 //! Memory: the items map is a `BPF_F_NO_PREALLOC` hash (memory grows with use; elements are
 //! RCU-freed, so XDP reads a whole old or whole new element, never a torn one), at most
-//! `entries_max` items of 1456 bytes of value each. Items whose `gets` reply would not fit one
+//! `entries_max` items of 1464 bytes of value each. Items whose `gets` reply would not fit one
 //! datagram are not cached. When the map is full, new fills are skipped. The map is shared by all
 //! tenants (no per-tenant entry quota in the kernel; the per-tenant memory limits are the
 //! stores').
@@ -115,7 +115,7 @@ static PASS_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 pub struct FastPathConfig {
     /// memcached UDP port the program answers on (destination port of requests).
     pub udp_port: u16,
-    /// Most items in the kernel cache (each up to 1456 bytes of value, allocated on use).
+    /// Most items in the kernel cache (each up to 1464 bytes of value, allocated on use).
     pub entries_max: u32,
 }
 

@@ -37,6 +37,27 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
+/// `--worker-sched`: the worker threads' scheduling policy, or `auto`: SCHED_BATCH when the
+/// kernel fast path is on (it answers most requests in the receive path on the same cores,
+/// and workers should batch what it passes up rather than preempt it), the default otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerSchedChoice {
+    Auto,
+    Normal,
+    Batch,
+}
+
+impl WorkerSchedChoice {
+    fn parse(name: &'static str, v: &str) -> Result<Self, ConfigError> {
+        match v.trim() {
+            "auto" => Ok(Self::Auto),
+            "normal" => Ok(Self::Normal),
+            "batch" => Ok(Self::Batch),
+            _ => Err(bad(name, v, "expected auto, normal or batch")),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub port: u16,
@@ -56,6 +77,8 @@ pub struct Config {
     pub xdp_iface: Option<String>,
     /// Most items the kernel fast path caches.
     pub xdp_entries: u32,
+    /// Worker threads' scheduling policy (`--worker-sched`).
+    pub worker_sched: WorkerSchedChoice,
     /// Bearer token the admin endpoint requires (None: read-only admin).
     pub admin_token: Option<String>,
     /// `[shaping]` (defaults when absent); used only with tenants.
@@ -86,6 +109,7 @@ impl Default for Config {
             admin_addr: None,
             xdp_iface: None,
             xdp_entries: XDP_ENTRIES_DEFAULT,
+            worker_sched: WorkerSchedChoice::Auto,
             admin_token: None,
             shaping: ShapingSpec::default(),
             tenants: Vec::new(),
@@ -187,6 +211,7 @@ struct FileServer {
     admin: Option<String>,
     xdp: Option<String>,
     xdp_entries: Option<u32>,
+    worker_sched: Option<String>,
     admin_token: Option<String>,
 }
 
@@ -260,7 +285,7 @@ impl Config {
                 flag,
                 "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
                     | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
-                    | "xdp-entries"
+                    | "xdp-entries" | "worker-sched"
             );
             let value = if takes_value {
                 match inline {
@@ -298,6 +323,7 @@ impl Config {
                 "admin" => cfg.admin_addr = Some(parse_sockaddr("--admin", &value)?),
                 "xdp" => cfg.xdp_iface = Some(value),
                 "xdp-entries" => cfg.xdp_entries = parse_num("--xdp-entries", &value)?,
+                "worker-sched" => cfg.worker_sched = WorkerSchedChoice::parse("--worker-sched", &value)?,
                 _ => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
             }
             i += 1;
@@ -351,6 +377,9 @@ impl Config {
             }
             if let Some(v) = s.xdp_entries {
                 self.xdp_entries = v;
+            }
+            if let Some(v) = s.worker_sched {
+                self.worker_sched = WorkerSchedChoice::parse("server.worker_sched", &v)?;
             }
             if let Some(v) = s.admin_token {
                 self.admin_token = Some(v);
@@ -472,6 +501,14 @@ mod tests {
         assert!(matches!(Config::from_args(&args("-I 10")), Err(ConfigError::Value { .. })));
         assert!(matches!(Config::from_args(&args("--bogus")), Err(ConfigError::Usage(_))));
         assert!(matches!(Config::from_args(&args("-p")), Err(ConfigError::Usage(_))));
+        assert!(matches!(Config::from_args(&args("--worker-sched fifo")), Err(ConfigError::Value { .. })));
+    }
+
+    #[test]
+    fn worker_sched_choices() {
+        assert_eq!(Config::from_args(&[]).unwrap().worker_sched, WorkerSchedChoice::Auto);
+        assert_eq!(Config::from_args(&args("--worker-sched normal")).unwrap().worker_sched, WorkerSchedChoice::Normal);
+        assert_eq!(Config::from_args(&args("--worker-sched=batch")).unwrap().worker_sched, WorkerSchedChoice::Batch);
     }
 
     #[test]

@@ -9,12 +9,12 @@
 mod config;
 mod send;
 
-use config::{Config, ConfigError};
+use config::{Config, ConfigError, WorkerSchedChoice};
 use slipstream_server::exec::Settings;
 use slipstream_server::fastpath::KernelFastPath;
 use slipstream_server::admin::{AdminState, MetricsFn};
 use slipstream_streamsvc::{ServiceConfig, StreamService};
-use slipstream_server::net::{NetConfig, Server, StopHandle};
+use slipstream_server::net::{NetConfig, Server, StopHandle, WorkerSched};
 use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
 use slipstream_tenancy::TenantControl;
 use slipstream_server::stats::ServerInfo;
@@ -52,6 +52,9 @@ slipstream's own:
   --xdp-entries=N          most items the kernel fast path caches (16384; allocated on use)
                            With [[stream]]s, --xdp also runs them in the XDP engine (per stream
                            `engine = auto|user|xdp`; one program serves both)
+  --worker-sched=MODE      worker threads' scheduling: auto (SCHED_BATCH when the kernel fast
+                           path is on, so workers batch what it passes up instead of
+                           preempting it; normal otherwise), normal, or batch
 ";
 
 fn main() {
@@ -113,6 +116,24 @@ fn run(mut args: Vec<String>) -> Result<(), MainError> {
     }
     let cfg = Config::from_args(&args)?;
     serve(cfg)
+}
+
+/// The workers' scheduling policy: `auto` is SCHED_BATCH exactly when the kernel fast path is on.
+fn worker_sched(cfg: &Config, fast_path_on: bool) -> WorkerSched {
+    match cfg.worker_sched {
+        WorkerSchedChoice::Normal => WorkerSched::Normal,
+        WorkerSchedChoice::Batch => WorkerSched::Batch,
+        WorkerSchedChoice::Auto if fast_path_on => WorkerSched::Batch,
+        WorkerSchedChoice::Auto => WorkerSched::Normal,
+    }
+}
+
+/// The status line's note on the workers' scheduling (nothing for the default).
+fn sched_note(s: WorkerSched) -> &'static str {
+    match s {
+        WorkerSched::Normal => "",
+        WorkerSched::Batch => " (SCHED_BATCH)",
+    }
 }
 
 /// Attach the kernel fast path if asked for; returns it and the status line's last part.
@@ -243,7 +264,9 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
     let mut info = ServerInfo::detached(Vec::new(), cfg.item_bytes_max);
     info.threads = cfg.threads;
     info.conn_limit = cfg.conn_limit;
-    let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info)).map_err(|e| MainError::Start(e.to_string()))?;
+    let sched = worker_sched(&cfg, kernel.is_some());
+    let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info), sched)
+        .map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, stream_line) = start_streams(&cfg)?;
 
     // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
@@ -288,7 +311,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         })
         .collect();
     println!(
-        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}; {}{}",
+        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}{}; {}{}",
         slipstream_server::VERSION_STRING,
         tenants.len(),
         tenants.join("; "),
@@ -296,6 +319,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         cfg.shaping.egress_bytes_per_s,
         if cfg.shaping.work_conserving { " work-conserving" } else { "" },
         cfg.threads,
+        sched_note(sched),
         admin_line,
         fastpath,
         stream_line,
@@ -375,6 +399,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         threads: cfg.threads,
         conn_limit: cfg.conn_limit,
         read_buf_bytes_max: cfg.read_buf_bytes_max(),
+        worker_sched: WorkerSched::Normal, // decided below, once the fast path is attached or not
     };
     if net.tcp_addr.is_none() && net.udp_addr.is_none() {
         return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
@@ -382,6 +407,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     // Attach before serving, so the kernel cache starts empty and coherent from the first
     // request; a failure leaves the daemon serving from user space with the reason shown.
     let (kernel, fastpath) = attach_fast_path(&cfg, &store);
+    let net = NetConfig { worker_sched: worker_sched(&cfg, kernel.is_some()), ..net };
     let info = ServerInfo {
         started: Instant::now(),
         pid: std::process::id(),
@@ -398,6 +424,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         verbosity: AtomicU64::new(0),
         conns: Default::default(),
     };
+    let net_sched = net.worker_sched;
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, stream_line) = start_streams(&cfg)?;
 
@@ -412,11 +439,12 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         None => String::new(),
     };
     println!(
-        "slipstream {}: tcp {}, udp {}, {} threads, {} MB memory, {} connections max, items up to {} bytes{}; {}{}",
+        "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}",
         slipstream_server::VERSION_STRING,
         server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         cfg.threads,
+        sched_note(net_sched),
         cfg.memory_mb,
         cfg.conn_limit,
         cfg.item_bytes_max,

@@ -116,6 +116,24 @@ impl Topology {
         false
     }
 
+    /// The scheduling policy (stat field 41) of each of the daemon's worker threads.
+    fn worker_policies(&self) -> Vec<i32> {
+        let Some(child) = self.server.as_ref() else { return Vec::new() };
+        let mut out = Vec::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).expect("daemon's tasks");
+        for t in tasks.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if !comm.starts_with("slipstream-w") {
+                continue;
+            }
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // Fields after the ")" that closes comm start at field 3.
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            out.push(rest.split_whitespace().nth(41 - 3).and_then(|f| f.parse().ok()).unwrap_or(-1));
+        }
+        out
+    }
+
     fn server_iface_has_xdp(&self) -> bool {
         ip(&["-n", &self.srv, "link", "show", &self.vs]).map(|s| s.contains("xdp")).unwrap_or(false)
     }
@@ -316,6 +334,9 @@ fn xdp_fast_path_end_to_end() {
     assert!(line.contains(&format!("kernel fast path on {}", topo.vs)), "status line: {line}");
     assert!(line.contains("native XDP"), "veth supports native XDP: {line}");
     assert!(topo.server_iface_has_xdp(), "program attached");
+    // --worker-sched auto: with the fast path on, workers batch what it passes up.
+    assert!(line.contains("2 threads (SCHED_BATCH)"), "status line: {line}");
+    assert_eq!(topo.worker_policies(), vec![libc::SCHED_BATCH; 2], "worker threads' policy");
 
     topo.in_client(|| {
         let mut t = Tcp::connect(false);
@@ -544,6 +565,7 @@ fn xdp_fast_path_end_to_end() {
     let line = topo.start_server(&["--xdp", "nosuchif0", "-t", "1"]);
     assert!(line.contains("kernel fast path off: no network interface named \"nosuchif0\""), "{line}");
     assert!(line.contains("serving from user space"), "{line}");
+    assert!(line.contains("1 threads,"), "auto: no SCHED_BATCH with the fast path off: {line}");
     topo.in_client(|| {
         let mut t = Tcp::connect(false);
         assert_eq!(t.cmd("set a 0 0 1\r\n1\r\nget a\r\n"), "STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\n");
@@ -553,8 +575,10 @@ fn xdp_fast_path_end_to_end() {
     let mut child = Command::new("ip")
         .args(["netns", "exec", &topo.srv, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
         .args([env!("CARGO_BIN_EXE_slipstream"), "serve", "-p", &port, "-U", &port, "-t", "1", "--xdp", &vs])
+        // SCHED_BATCH asked for explicitly needs no privilege.
+        .args(["--worker-sched", "batch"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn unprivileged slipstream");
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -567,9 +591,15 @@ fn xdp_fast_path_end_to_end() {
     let line = rx.recv_timeout(Duration::from_secs(10));
     let _ = child.kill();
     let _ = child.wait();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
     let line = line.expect("unprivileged status line");
     assert!(line.contains("kernel fast path off: XDP fast path needs root"), "{line}");
     assert!(line.contains("serving from user space"), "{line}");
+    assert!(line.contains("1 threads (SCHED_BATCH)"), "{line}");
+    assert!(!err.contains("cannot set"), "unprivileged SCHED_BATCH: {err}");
 }
 
 // ---------------------------------------------------------------------------------------------
