@@ -34,7 +34,9 @@
 # Knobs: SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream], WC_STEP_S [3],
 #   WC_SLIP_RATES ["20000,50000,100000,150000,200000,300000,0"],
 #   WC_PLAIN_RATES ["5000,10000,20000,30000,40000,60000,80000"], CP_TRIALS [100],
-#   CP_BATCHES_MS ["500 1000 2000"].
+#   CP_BATCHES_MS ["500 1000 2000"], CP_WARMUP_TRIALS [10] (change-point trials run first and not
+#   counted, so a JVM's first-run costs (class loading, JIT) are not in the figures),
+#   PARTS ["wc-slip wc-xdp wc-plain cp-sub cp-micro cp-continuous cp-plain"] (which setups run).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,6 +49,9 @@ WC_SLIP_RATES="${WC_SLIP_RATES:-20000,50000,100000,150000,200000,300000,0}"
 WC_PLAIN_RATES="${WC_PLAIN_RATES:-5000,10000,20000,30000,40000,60000,80000}"
 CP_TRIALS="${CP_TRIALS:-100}"
 CP_BATCHES_MS="${CP_BATCHES_MS:-500 1000 2000}"
+CP_WARMUP_TRIALS="${CP_WARMUP_TRIALS:-10}"
+PARTS="${PARTS:-wc-slip wc-xdp wc-plain cp-sub cp-micro cp-continuous cp-plain}"
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 TMP="$(mktemp -d /tmp/spark-bench.XXXXXX)"
 DAEMON_PID=""
 JAVA_PID=""
@@ -136,9 +141,11 @@ run_java() { # args for SparkBench; appends its JSON lines to $OUT
 (cd connectors/spark && mvn -B -ntp -q compile dependency:build-classpath -Dmdep.outputFile=target/classpath.txt >/dev/null)
 start_daemon
 EP="127.0.0.1:$RES_PORT"
-echo "== word count: slipstream -> spark"
-run_java wc-slip endpoint="$EP" stream=wc udp="$WC_PORT" rates="$WC_SLIP_RATES" step_s="$WC_STEP_S" daemon_pid="$DAEMON_PID"
-if [[ "${XDP:-1}" != 0 && "$(id -u)" == 0 ]]; then
+if want wc-slip; then
+    echo "== word count: slipstream -> spark"
+    run_java wc-slip endpoint="$EP" stream=wc udp="$WC_PORT" rates="$WC_SLIP_RATES" step_s="$WC_STEP_S" daemon_pid="$DAEMON_PID"
+fi
+if want wc-xdp && [[ "${XDP:-1}" != 0 && "$(id -u)" == 0 ]]; then
     echo "== word count: slipstream (XDP engine) -> spark"
     XDP_UP=1
     . "$ROOT/bench/netns.sh"
@@ -165,19 +172,30 @@ if [[ "${XDP:-1}" != 0 && "$(id -u)" == 0 ]]; then
     wait "$DAEMON_PID" 2>/dev/null || true
     start_daemon
 fi
-echo "== word count: plain spark (UDP receiver, 1 s batches)"
-run_java wc-plain udp="$PLAIN_PORT" rates="$WC_PLAIN_RATES" step_s="$WC_STEP_S" batch_ms=1000
-echo "== change point: slipstream subscriber"
-run_java cp-sub endpoint="$EP" stream=cp udp="$CP_PORT" trials="$CP_TRIALS" daemon_pid="$DAEMON_PID"
-echo "== change point: slipstream -> spark (micro-batch, trigger as fast as possible)"
-run_java cp-spark endpoint="$EP" stream=cp udp="$CP_PORT" trials="$CP_TRIALS" trigger=micro daemon_pid="$DAEMON_PID"
-echo "== change point: slipstream -> spark (continuous)"
-run_java cp-spark endpoint="$EP" stream=cp udp="$CP_PORT" trials="$CP_TRIALS" trigger=continuous daemon_pid="$DAEMON_PID"
-for b in $CP_BATCHES_MS; do
-    echo "== change point: plain spark, $b ms batches"
-    PLAIN_PORT=$(free_port udp)
-    run_java cp-plain udp="$PLAIN_PORT" batch_ms="$b" trials="$CP_TRIALS"
-done
+if want wc-plain; then
+    echo "== word count: plain spark (UDP receiver, 1 s batches)"
+    run_java wc-plain udp="$PLAIN_PORT" rates="$WC_PLAIN_RATES" step_s="$WC_STEP_S" batch_ms=1000
+fi
+CP=(trials="$CP_TRIALS" warmup_trials="$CP_WARMUP_TRIALS")
+if want cp-sub; then
+    echo "== change point: slipstream subscriber"
+    run_java cp-sub endpoint="$EP" stream=cp udp="$CP_PORT" "${CP[@]}" daemon_pid="$DAEMON_PID"
+fi
+if want cp-micro; then
+    echo "== change point: slipstream -> spark (micro-batch, trigger as fast as possible)"
+    run_java cp-spark endpoint="$EP" stream=cp udp="$CP_PORT" "${CP[@]}" trigger=micro daemon_pid="$DAEMON_PID"
+fi
+if want cp-continuous; then
+    echo "== change point: slipstream -> spark (continuous)"
+    run_java cp-spark endpoint="$EP" stream=cp udp="$CP_PORT" "${CP[@]}" trigger=continuous daemon_pid="$DAEMON_PID"
+fi
+if want cp-plain; then
+    for b in $CP_BATCHES_MS; do
+        echo "== change point: plain spark, $b ms batches"
+        PLAIN_PORT=$(free_port udp)
+        run_java cp-plain udp="$PLAIN_PORT" batch_ms="$b" "${CP[@]}"
+    done
+fi
 
 {
     echo "machine: $(nproc) cores, $(uname -r), $(java -version 2>&1 | head -1)"
