@@ -230,7 +230,8 @@ static __always_inline __u64 key_word(struct ss_scratch *s, __u32 kstart, __u32 
  * ways of copying multiplied the verifier's states in the per-key loop past its limit.
  * Short segments go in whole words, so up to 7 bytes past pos + len are overwritten too:
  * harmless, as every later write starts at pos + len and bytes past the reply's end are never
- * sent (the checksum comes from precomputed sums, not from these bytes). Longer ones go through one dynptr read. */
+ * sent (the checksum comes from precomputed sums, not from these bytes). Longer ones go
+ * through one dynptr read. */
 __noinline int ss_copy(struct ss_scratch *s, struct ss_item *it, struct bpf_dynptr *dp, __u32 pos_off,
 		       __u32 len)
 {
