@@ -164,6 +164,12 @@ static __always_inline __u64 has_zero_byte(__u64 x)
 	return (x - ONES) & ~x & HIGHS;
 }
 
+/* Nonzero iff some byte of x is ' ' (memcached's token separator) or '\n' (a second line). */
+static __always_inline int has_separator(__u64 x)
+{
+	return has_zero_byte(x ^ (ONES * ' ')) || has_zero_byte(x ^ (ONES * '\n'));
+}
+
 /* Eight bytes of the request line per call (one bpf_loop callback per byte cost more than the
  * byte work), read as one word. memcached's tokenizer splits on ' ' only and skips empty
  * tokens; a '\n' inside the line means several commands in one datagram: not ours. A whole
@@ -178,7 +184,7 @@ static long tok_step(__u32 w, void *c)
 	__u64 x = *(__u64 *)(t->s->req + (base & REQ_MASK));
 	__u32 lim = n - base;
 	__u32 in_tok = t->in_tok;
-	if (lim >= 8 && !has_zero_byte(x ^ (ONES * ' ')) && !has_zero_byte(x ^ (ONES * '\n'))) {
+	if (lim >= 8 && !has_separator(x)) {
 		if (!in_tok) {
 			t->in_tok = 1;
 			t->start = base;
@@ -356,7 +362,7 @@ __noinline int ss_one_token(struct ss_scratch *s, __u32 start, __u32 end)
 			__u64 keep = (1ULL << (rem * 8)) - 1;
 			x = (x & keep) | ((ONES * 'x') & ~keep);
 		}
-		if (has_zero_byte(x ^ (ONES * ' ')) || has_zero_byte(x ^ (ONES * '\n')))
+		if (has_separator(x))
 			return 0;
 	}
 	return 1;

@@ -88,17 +88,7 @@ pub fn map_delete(fd: RawFd, key: &[u8]) -> io::Result<bool> {
 /// Lookup into `value` (which must be the map's full value size, per-CPU maps: times CPUs).
 /// Returns `Ok(false)` if the key is absent.
 pub fn map_lookup(fd: RawFd, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
-    let mut a = MapElemAttr {
-        map_fd: fd as u32,
-        key: key.as_ptr() as u64,
-        value_or_next_key: value.as_mut_ptr() as u64,
-        ..Default::default()
-    };
-    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-        Err(e) => Err(e),
-    }
+    map_lookup_flags(fd, key, value, 0)
 }
 
 /// Lookup with `flags` (e.g. BPF_F_LOCK); `Ok(false)` if the key is absent.

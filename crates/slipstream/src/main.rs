@@ -393,21 +393,21 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         flush_enabled: cfg.flush_enabled,
         ..Settings::default()
     };
+    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
+        return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
+    }
+    // Attach before serving, so the kernel cache starts empty and coherent from the first
+    // request; a failure leaves the daemon serving from user space with the reason shown.
+    let (kernel, fastpath) = attach_fast_path(&cfg, &store);
+    let sched = worker_sched(&cfg, kernel.is_some());
     let net = NetConfig {
         tcp_addr: cfg.tcp_addr(),
         udp_addr: cfg.udp_addr(),
         threads: cfg.threads,
         conn_limit: cfg.conn_limit,
         read_buf_bytes_max: cfg.read_buf_bytes_max(),
-        worker_sched: WorkerSched::Normal, // decided below, once the fast path is attached or not
+        worker_sched: sched,
     };
-    if net.tcp_addr.is_none() && net.udp_addr.is_none() {
-        return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
-    }
-    // Attach before serving, so the kernel cache starts empty and coherent from the first
-    // request; a failure leaves the daemon serving from user space with the reason shown.
-    let (kernel, fastpath) = attach_fast_path(&cfg, &store);
-    let net = NetConfig { worker_sched: worker_sched(&cfg, kernel.is_some()), ..net };
     let info = ServerInfo {
         started: Instant::now(),
         pid: std::process::id(),
@@ -424,7 +424,6 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         verbosity: AtomicU64::new(0),
         conns: Default::default(),
     };
-    let net_sched = net.worker_sched;
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, stream_line) = start_streams(&cfg)?;
 
@@ -444,7 +443,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         cfg.threads,
-        sched_note(net_sched),
+        sched_note(sched),
         cfg.memory_mb,
         cfg.conn_limit,
         cfg.item_bytes_max,

@@ -546,20 +546,20 @@ fn push_word(buf: &mut Vec<u8>, rank: usize) {
 /// Shortest round-trip decimal; exponent form when that is longer than the daemon accepts
 /// (Rust's `Display` never uses an exponent, so 1e300 would be 301 digits).
 fn push_number(buf: &mut Vec<u8>, v: f64) {
-    let mut s = String::with_capacity(24);
-    let _ = write!(s, "{v}");
-    if s.len() > NUMBER_BYTES_MAX {
-        s.clear();
-        let _ = write!(s, "{v:e}");
-    }
-    buf.extend_from_slice(s.as_bytes());
+    push_bounded(buf, v, format_args!("{v}"));
 }
 
 /// `v` with exactly `decimals` fractional digits (what the XDP engine parses exactly for
 /// `decimals <= 6`); exponent form if that would be longer than the daemon accepts.
 fn push_fixed(buf: &mut Vec<u8>, v: f64, decimals: usize) {
+    push_bounded(buf, v, format_args!("{v:.decimals$}"));
+}
+
+/// `text` (a rendering of `v`), or `v` in exponent form when `text` is longer than the daemon
+/// accepts.
+fn push_bounded(buf: &mut Vec<u8>, v: f64, text: std::fmt::Arguments<'_>) {
     let mut s = String::with_capacity(24);
-    let _ = write!(s, "{v:.decimals$}");
+    let _ = s.write_fmt(text);
     if s.len() > NUMBER_BYTES_MAX {
         s.clear();
         let _ = write!(s, "{v:e}");
