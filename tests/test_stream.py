@@ -28,8 +28,9 @@ import mcwire
 from tenantlib import toml_value
 
 HOST = mcwire.HOST
-# A subscriber registers itself when the daemon has read its SUBSCRIBE line (or after the
-# contract's 100 ms without one); data sent before that may not reach it.
+# Lines produced after a subscriber's connection is accepted reach it (issue 12.1); the tests
+# still let a subscriber settle before sending so that lines produced *before* it connected
+# (the daemon's start) cannot confuse them.
 SUBSCRIBE_SETTLE_S = 0.3
 SEND_TIMEOUT_S = 30.0
 READ_BYTES_MAX = 256 * 1024 * 1024
@@ -336,6 +337,51 @@ def test_wordcount_exact_counts(daemons, subscribers, tmp_path):
             assert k in line, "stats line lacks %s: %r" % (k, line)
         assert line["socket_drops"] == 0, line
     assert d.alive()
+
+
+@pytest.mark.parametrize("window_ms", [20, 100, 250])
+def test_subscriber_gets_every_line_after_accept(daemons, window_ms):
+    """Issue 12.1: a subscriber gets every result line produced after its connection was
+    accepted, whether it sends no SUBSCRIBE line, sends one at once, or sends one late (while
+    results are already being produced). One datagram at once after connecting, three more
+    spaced by several windows: all four words must arrive, and the daemon's own `lines` counter
+    must equal the wordcount lines the subscriber got."""
+    d = daemons([{"name": "w", "operator": "wordcount", "window_ms": window_ms}])
+    gap_s = max(0.3, 4 * window_ms / 1000.0)
+    modes = {"none": None, "at_once": 0.0, "late": 0.08}
+    for mode, delay_s in modes.items():
+        sock = socket.create_connection((HOST, d.results_port), timeout=5)
+        try:
+            if delay_s == 0.0:
+                sock.sendall(b"SUBSCRIBE w\n")
+            words = ["%s%d" % (mode, i) for i in range(4)]
+            d.send_udp("w", words[0].encode())
+            if delay_s:
+                time.sleep(delay_s)
+                sock.sendall(b"SUBSCRIBE w\n")
+            for w in words[1:]:
+                time.sleep(gap_s)
+                d.send_udp("w", w.encode())
+            deadline = time.monotonic() + gap_s + 2.0
+            got, buf = {}, b""
+            sock.settimeout(0.1)
+            while time.monotonic() < deadline and not all(w in got for w in words):
+                try:
+                    chunk = sock.recv(65536)
+                except socket.timeout:
+                    continue
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    l = json.loads(raw)
+                    if l.get("type") == "wordcount":
+                        for w, n in l["counts"].items():
+                            got[w] = got.get(w, 0) + n
+        finally:
+            sock.close()
+        assert got == {w: 1 for w in words}, "window %d ms, SUBSCRIBE %s: got %r" % (window_ms, mode, got)
 
 
 # ====================================================================== change point

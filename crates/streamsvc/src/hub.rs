@@ -24,8 +24,11 @@
 //!
 //! Subscriber protocol: optionally one line within [`SUBSCRIBE_WAIT_NS`] of connecting (no line
 //! = all streams, live). Lines:
-//! - `SUBSCRIBE a,b` / `SUBSCRIBE *` / `SUBSCRIBE`: live lines of those streams from now on.
-//!   Lines produced before the subscription is settled are not delivered to it.
+//! - `SUBSCRIBE a,b` / `SUBSCRIBE *` / `SUBSCRIBE`: live lines of those streams, starting with
+//!   the first line stamped after the connection was accepted: the lines produced while the
+//!   request was pending are copied from the retention ring when it settles, so a subscriber
+//!   that sends its line late (or none) misses nothing (what does not fit its buffer is counted
+//!   as dropped, as for live lines).
 //! - `SUBSCRIBE name FROM S [UNTIL U] [EPOCH E]` (one stream; S a seq, `EARLIEST` or
 //!   `LATEST`): first one `hello` line (same body as `info`), then the retained lines with
 //!   seq >= S, then live lines; with UNTIL, only seqs < U, and the connection is closed after
@@ -186,7 +189,9 @@ impl Ring {
 }
 
 enum State {
-    Pending { deadline_ns: u64, line: Vec<u8> },
+    /// No request yet. `from_seqs[i]`: stream i's next seq when the connection was accepted,
+    /// where a live subscription starts (so nothing produced while pending is lost).
+    Pending { deadline_ns: u64, line: Vec<u8>, from_seqs: Vec<u64> },
     Active,
     /// Write what is queued, then close (after `INFO`, an error, or the end of a range).
     Closing,
@@ -313,7 +318,7 @@ impl Hub {
             for ev in events.iter() {
                 match ev.token() {
                     WAKER => {}
-                    LISTENER => self.accept(&mut subs, nstreams),
+                    LISTENER => self.accept(&mut subs, &rings),
                     Token(i) => {
                         let fate = match subs.get_mut(i).and_then(Option::as_mut) {
                             Some(sub) => {
@@ -339,7 +344,7 @@ impl Hub {
             for s in subs.iter_mut().flatten() {
                 if let State::Pending { deadline_ns, .. } = s.state {
                     if now >= deadline_ns {
-                        self.activate(s, vec![true; nstreams], Mode::Live);
+                        self.activate_live(s, vec![true; nstreams], &rings);
                     }
                 }
             }
@@ -504,7 +509,8 @@ impl Hub {
         }
     }
 
-    fn accept(&mut self, subs: &mut Vec<Option<Sub>>, nstreams: usize) {
+    fn accept(&mut self, subs: &mut Vec<Option<Sub>>, rings: &[Ring]) {
+        let nstreams = rings.len();
         loop {
             let (mut sock, _) = match self.listener.accept() {
                 Ok(c) => c,
@@ -541,6 +547,7 @@ impl Hub {
                     state: State::Pending {
                         deadline_ns: monotonic_ns().saturating_add(SUBSCRIBE_WAIT_NS),
                         line: Vec::new(),
+                        from_seqs: rings.iter().map(|r| r.next_seq).collect(),
                     },
                     mode: Mode::Live,
                     out: Vec::new(),
@@ -565,12 +572,45 @@ impl Hub {
         sub.state = State::Active;
     }
 
+    /// Settles a pending subscriber on live lines of `wants`: first the lines of those streams
+    /// stamped since it was accepted (from the rings), then fan-out as they come.
+    fn activate_live(&self, sub: &mut Sub, wants: Vec<bool>, rings: &[Ring]) {
+        let from_seqs = match &mut sub.state {
+            State::Pending { from_seqs, .. } => std::mem::take(from_seqs),
+            _ => Vec::new(),
+        };
+        for (idx, (&from, ring)) in from_seqs.iter().zip(rings).enumerate() {
+            if wants.get(idx).copied().unwrap_or(false) && from < ring.next_seq {
+                self.catch_up(sub, idx, from, ring);
+            }
+        }
+        self.activate(sub, wants, Mode::Live);
+    }
+
+    /// Copies stream `idx`'s lines `[from, next_seq)` into `sub`'s buffer within its bound;
+    /// lines that were not retained or do not fit are counted as dropped for it.
+    fn catch_up(&self, sub: &mut Sub, idx: usize, from: u64, ring: &Ring) {
+        let before = sub.out.len();
+        let budget = before + self.buf_bytes_max.saturating_sub(sub.queued());
+        ring.copy(from, ring.next_seq, &mut sub.out, budget);
+        let copied = sub.out.get(before..).unwrap_or(&[]).iter().filter(|&&b| b == b'\n').count() as u64;
+        let missing = (ring.next_seq - from).saturating_sub(copied);
+        if missing > 0 {
+            if let Some(d) = sub.dropped.get_mut(idx) {
+                *d += missing;
+            }
+            if let Some(s) = self.shared.streams.get(idx) {
+                s.counters.subscriber_drops.fetch_add(missing, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Acts on a complete request line.
     fn handle(&self, sub: &mut Sub, line: &[u8], rings: &[Ring], epoch: &str) -> Fate {
         let nstreams = self.shared.streams.len();
         match parse_request(line, &self.shared.names()) {
             Ok(Request::Live(wants)) => {
-                self.activate(sub, wants, Mode::Live);
+                self.activate_live(sub, wants, rings);
                 Fate::Keep
             }
             Ok(Request::Info) => {
