@@ -87,7 +87,7 @@ class SlipstreamSourceTest {
         return p;
     }
 
-    private static void deleteTree(Path p) throws IOException {
+    static void deleteTree(Path p) throws IOException {
         if (!Files.exists(p)) {
             return;
         }
@@ -109,7 +109,7 @@ class SlipstreamSourceTest {
     }
 
     /** `datagrams` datagrams of 1..6 Zipf-ish words each from `seed`; adds the multiset to `expect`. */
-    private static List<String> words(long seed, int datagrams, Map<String, Long> expect) {
+    static List<String> words(long seed, int datagrams, Map<String, Long> expect) {
         System.out.println("words seed = " + seed);
         Random r = new Random(seed);
         List<String> out = new ArrayList<>();
@@ -170,7 +170,7 @@ class SlipstreamSourceTest {
         q.processAllAvailable();
         assertEquals(expect, sums(spark.sql("SELECT * FROM wc_exact").collectAsList()));
         SlipstreamClient.Info info = d.info();
-        JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset());
+        JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset()).path(d.endpoint());
         assertEquals(info.epoch(), end.path("epoch").asText());
         assertEquals(info.stream("w").nextSeq(), end.path("seq").asLong());
         // Every row carries its line's seq; seqs are below the end offset.
@@ -320,7 +320,7 @@ class SlipstreamSourceTest {
             assertTrue(q.isActive());
             List<Row> after = spark.sql("SELECT value, seq FROM gone_rows WHERE value > 5 ORDER BY value").collectAsList();
             assertEquals(List.of(0L, 1L, 2L), after.stream().map(r -> r.getLong(1)).toList(), "new run's seqs start at 0");
-            JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset());
+            JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset()).path(dd.endpoint());
             assertEquals(epoch2, end.path("epoch").asText());
             q.stop();
         }
