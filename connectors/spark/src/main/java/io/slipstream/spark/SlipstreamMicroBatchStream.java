@@ -20,6 +20,8 @@
 //   maxUnavailableMs (RangeReader), since only the same run can serve that exact range.
 // - Never reached yet (unreachable when the query started, or added to `endpoints` of a query
 //   restarted from its checkpoint): when first reached it starts at its earliest retained line.
+// Trigger.AvailableNow: reads up to each endpoint's next seq as of the trigger's start (an
+// endpoint unreachable or restarted since then contributes nothing more in that run).
 // Not for: continuous mode (SlipstreamContinuousStream).
 package io.slipstream.spark;
 
@@ -30,7 +32,7 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.connector.read.streaming.Offset;
 import org.apache.spark.sql.connector.read.streaming.ReadLimit;
-import org.apache.spark.sql.connector.read.streaming.SupportsAdmissionControl;
+import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -46,7 +48,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 
-public final class SlipstreamMicroBatchStream implements MicroBatchStream, SupportsAdmissionControl {
+public final class SlipstreamMicroBatchStream implements MicroBatchStream, SupportsTriggerAvailableNow {
     private static final Logger LOG = LoggerFactory.getLogger(SlipstreamMicroBatchStream.class);
     /** How long a reader waits between attempts to reach an unreachable endpoint. */
     static final int RETRY_MS = 100;
@@ -57,6 +59,8 @@ public final class SlipstreamMicroBatchStream implements MicroBatchStream, Suppo
     private final Map<String, Long> unavailableSinceMs = new HashMap<>();
     /** Checkpointed endpoints no longer in the option, and epoch changes seen (each logged once). */
     private final Set<String> logged = new HashSet<>();
+    /** Bound on `logged` (cleared when full: at worst a warning is repeated). */
+    private static final int LOGGED_MAX = 4096;
 
     SlipstreamMicroBatchStream(SlipstreamOptions opts, ResultType type) {
         this.opts = opts;
@@ -112,6 +116,22 @@ public final class SlipstreamMicroBatchStream implements MicroBatchStream, Suppo
                     + " results: every endpoint must run the same operator for the stream");
         }
         return s;
+    }
+
+    /** Trigger.AvailableNow: each endpoint's end as of the trigger's start (null: not that trigger). */
+    private Map<String, SlipstreamOffset.Position> availableNow;
+
+    @Override
+    public void prepareForTriggerAvailableNow() {
+        List<Object> infos = infoAll(opts.endpoints);
+        Map<String, SlipstreamOffset.Position> m = new HashMap<>();
+        for (int i = 0; i < infos.size(); i++) {
+            if (infos.get(i) instanceof SlipstreamClient.Info info) {
+                SlipstreamClient.Endpoint ep = opts.endpoints.get(i);
+                m.put(ep.toString(), new SlipstreamOffset.Position(info.epoch(), checkedStream(ep, info).nextSeq()));
+            }
+        }
+        availableNow = m;
     }
 
     /** Computed once: Spark asks for it more than once and must get the same start each time. */
@@ -177,6 +197,9 @@ public final class SlipstreamMicroBatchStream implements MicroBatchStream, Suppo
                         + "it is no longer read", k);
             }
         }
+        if (logged.size() > LOGGED_MAX) {
+            logged.clear();
+        }
         List<Object> infos = infoAll(opts.endpoints);
         Map<String, SlipstreamOffset.Position> m = new TreeMap<>();
         long now = System.currentTimeMillis();
@@ -212,9 +235,24 @@ public final class SlipstreamMicroBatchStream implements MicroBatchStream, Suppo
                 m.put(key, new SlipstreamOffset.Position(info.epoch(), s.firstSeq()));
                 continue;
             }
-            m.put(key, new SlipstreamOffset.Position(info.epoch(), s.nextSeq()));
+            m.put(key, capped(key, had, new SlipstreamOffset.Position(info.epoch(), s.nextSeq())));
         }
         return new SlipstreamOffset(m);
+    }
+
+    /** `now`, or under Trigger.AvailableNow no further than the end recorded when it started. */
+    private SlipstreamOffset.Position capped(String key, SlipstreamOffset.Position had, SlipstreamOffset.Position now) {
+        if (availableNow == null) {
+            return now;
+        }
+        SlipstreamOffset.Position target = availableNow.get(key);
+        if (target == null || !target.epoch().equals(now.epoch())) {
+            return had; // unreachable at the start, or restarted since: nothing more in this run
+        }
+        if (had.epoch().equals(target.epoch()) && had.seq() >= target.seq()) {
+            return had;
+        }
+        return now.seq() <= target.seq() ? now : target;
     }
 
     @Override

@@ -218,6 +218,17 @@ class SlipstreamSourceTest {
         }
         Files.delete(ckpt.resolve("commits").resolve(Long.toString(lastId)));
         Files.deleteIfExists(ckpt.resolve("commits").resolve("." + lastId + ".crc"));
+        // Rewrite the offset log in the single-endpoint form of earlier versions: old
+        // checkpoints keep working.
+        File[] logged = ckpt.resolve("offsets").toFile().listFiles((dir, n) -> n.matches("\\d+"));
+        for (File f : logged) {
+            List<String> lines = new ArrayList<>(Files.readAllLines(f.toPath()));
+            JsonNode pos = SlipstreamClient.JSON.readTree(lines.get(lines.size() - 1)).path(d.endpoint());
+            assertTrue(pos.has("epoch"), lines.toString());
+            lines.set(lines.size() - 1, pos.toString());
+            Files.write(f.toPath(), lines);
+            Files.deleteIfExists(f.toPath().resolveSibling("." + f.getName() + ".crc"));
+        }
         long rowsBefore = BATCHES.get(lastId).size();
         assertTrue(rowsBefore > 0, "the replayed batch must not be empty");
         // Data B arrives while the query is down.
