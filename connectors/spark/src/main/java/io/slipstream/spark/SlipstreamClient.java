@@ -32,7 +32,8 @@ public final class SlipstreamClient {
     public record Endpoint(String host, int port, int connectTimeoutMs, int readTimeoutMs) implements Serializable {
         static Endpoint parse(String hostPort, int connectTimeoutMs, int readTimeoutMs) {
             if (hostPort == null || hostPort.isBlank()) {
-                throw new IllegalArgumentException("slipstream: option \"endpoint\" (host:port of the [results] tcp_port) is required");
+                throw new IllegalArgumentException("slipstream: option \"endpoint\" (host:port of the [results] tcp_port) "
+                        + "or \"endpoints\" (host:port,host:port,... for several daemons) is required");
             }
             int colon = hostPort.lastIndexOf(':');
             if (colon <= 0 || colon == hostPort.length() - 1) {
@@ -56,7 +57,7 @@ public final class SlipstreamClient {
 
         @Override
         public String toString() {
-            return host + ":" + port;
+            return (host.contains(":") ? "[" + host + "]" : host) + ":" + port;
         }
     }
 

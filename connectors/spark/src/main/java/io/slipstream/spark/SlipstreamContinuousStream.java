@@ -1,11 +1,13 @@
 // SlipstreamContinuousStream: continuous processing (Trigger.Continuous): one long-running
-// task holds a tail subscription `SUBSCRIBE stream FROM seq EPOCH e` and hands each result line
-// to Spark as it arrives, so a change-point alert becomes a row without waiting for a
-// micro-batch. Spark's continuous mode is at-least-once: after a failure it restarts from the
-// last epoch's committed offset, so lines since then may be seen twice.
-// Restart of the daemon (new epoch) or an outage: the reader reconnects (every 100 ms, for up
-// to maxUnavailableMs); in a new epoch it logs that the rest of the old run is gone and
-// continues from the new run's start, like the micro-batch reader.
+// task per endpoint holds a tail subscription `SUBSCRIBE stream FROM seq EPOCH e` and hands each
+// result line to Spark as it arrives, so a change-point alert becomes a row without waiting for
+// a micro-batch (Spark needs a free core per endpoint for these tasks). Spark's continuous
+// mode is at-least-once: after a failure it restarts from the last epoch's committed offset, so
+// lines since then may be seen twice.
+// Restart of a daemon (new epoch) or an outage: its reader reconnects (every 100 ms, for up
+// to maxUnavailableMs; the other endpoints' readers go on); in a new epoch it logs that the
+// rest of the old run is gone and continues from the new run's start, like the micro-batch
+// reader. An endpoint without a position (not reached yet) is read from its earliest line.
 // Not for: micro-batch (SlipstreamMicroBatchStream).
 package io.slipstream.spark;
 
@@ -24,6 +26,8 @@ import java.io.Serializable;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
 
 public final class SlipstreamContinuousStream implements ContinuousStream {
     private static final Logger LOG = LoggerFactory.getLogger(SlipstreamContinuousStream.class);
@@ -32,21 +36,29 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
 
     private final SlipstreamOptions opts;
     private final ResultType type;
+    /** Same starting rules as micro-batch (and computed once there). */
+    private final SlipstreamMicroBatchStream starter;
 
     SlipstreamContinuousStream(SlipstreamOptions opts, ResultType type) {
         this.opts = opts;
         this.type = type;
+        this.starter = new SlipstreamMicroBatchStream(opts, type);
     }
 
     @Override
     public Offset initialOffset() {
-        // Same starting rules as micro-batch.
-        return new SlipstreamMicroBatchStream(opts, type).initialOffset();
+        return starter.initialOffset();
     }
 
     @Override
     public InputPartition[] planInputPartitions(Offset start) {
-        return new InputPartition[] {new TailPartition(opts, type, (SlipstreamOffset) start)};
+        SlipstreamOffset so = (SlipstreamOffset) start;
+        InputPartition[] parts = new InputPartition[opts.endpoints.size()];
+        for (int i = 0; i < parts.length; i++) {
+            SlipstreamClient.Endpoint ep = opts.endpoints.get(i);
+            parts[i] = new TailPartition(opts, type, ep, so.get(ep.toString()));
+        }
+        return parts;
     }
 
     @Override
@@ -56,15 +68,19 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
 
     @Override
     public Offset mergeOffsets(PartitionOffset[] offsets) {
-        if (offsets.length != 1) {
-            throw new IllegalStateException("slipstream: expected one partition offset, got " + offsets.length);
+        Map<String, SlipstreamOffset.Position> m = new TreeMap<>();
+        for (PartitionOffset o : offsets) {
+            SlipstreamOffset.EndpointOffset e = (SlipstreamOffset.EndpointOffset) o;
+            if (e.position() != null) {
+                m.put(e.endpoint(), e.position());
+            }
         }
-        return (SlipstreamOffset) offsets[0];
+        return new SlipstreamOffset(m);
     }
 
     @Override
     public Offset deserializeOffset(String json) {
-        return SlipstreamOffset.fromJson(json);
+        return SlipstreamOffset.fromJson(json, opts.keys());
     }
 
     @Override
@@ -73,7 +89,9 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
     @Override
     public void stop() {}
 
-    record TailPartition(SlipstreamOptions opts, ResultType type, SlipstreamOffset start) implements InputPartition, Serializable {}
+    /** One endpoint's tail from `start` (null: from its earliest retained line). */
+    record TailPartition(SlipstreamOptions opts, ResultType type, SlipstreamClient.Endpoint endpoint,
+                         SlipstreamOffset.Position start) implements InputPartition, Serializable {}
 
     static final class TailReaderFactory implements ContinuousPartitionReaderFactory {
         @Override
@@ -87,6 +105,7 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
         private final ArrayDeque<InternalRow> rows = new ArrayDeque<>();
         private final List<InternalRow> scratch = new ArrayList<>();
         private SlipstreamClient.Subscription sub;
+        /** The run being read (null: not reached yet, no position). */
         private String epoch;
         /** Seq of the next line not yet fully handed to Spark. */
         private long next;
@@ -97,25 +116,41 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
 
         TailReader(TailPartition p) {
             this.p = p;
-            this.epoch = p.start().epoch;
-            this.next = p.start().seq;
+            this.epoch = p.start() == null ? null : p.start().epoch();
+            this.next = p.start() == null ? 0 : p.start().seq();
         }
 
         private void connect() throws IOException {
+            if (epoch == null) {
+                sub = new SlipstreamClient.Subscription(p.endpoint(), p.opts().stream, "EARLIEST", -1, null);
+                SlipstreamClient.StreamInfo s;
+                try {
+                    s = p.opts().streamOf(p.endpoint(), sub.hello);
+                } catch (IllegalArgumentException e) {
+                    closeSub();
+                    throw e;
+                }
+                epoch = sub.hello.epoch();
+                next = s.firstSeq();
+                LOG.info("slipstream: {} reached: reading stream {} from its earliest retained seq {}", p.endpoint(),
+                        p.opts().stream, next);
+                sub.setReadTimeoutMs(POLL_MS);
+                return;
+            }
             try {
-                sub = new SlipstreamClient.Subscription(p.opts().endpoint, p.opts().stream, Long.toString(next), -1, epoch);
+                sub = new SlipstreamClient.Subscription(p.endpoint(), p.opts().stream, Long.toString(next), -1, epoch);
             } catch (SlipstreamClient.ServerError e) {
                 if ("epoch".equals(e.code) && e.epoch != null) {
                     LOG.warn("slipstream: {} restarted (epoch {} -> {}): stream {} results after seq {} of the old run are gone; "
-                            + "continuing from the start of the new run", p.opts().endpoint, epoch, e.epoch, p.opts().stream, next);
+                            + "continuing from the start of the new run", p.endpoint(), epoch, e.epoch, p.opts().stream, next);
                     epoch = e.epoch;
                     next = 0;
-                    sub = new SlipstreamClient.Subscription(p.opts().endpoint, p.opts().stream, "0", -1, epoch);
+                    sub = new SlipstreamClient.Subscription(p.endpoint(), p.opts().stream, "0", -1, epoch);
                 } else if ("data_loss".equals(e.code) && !p.opts().failOnDataLoss && e.firstSeq > next) {
                     LOG.warn("slipstream: stream {} seqs {}..{} are no longer retained; skipping them (failOnDataLoss=false)",
                             p.opts().stream, next, e.firstSeq - 1);
                     next = e.firstSeq;
-                    sub = new SlipstreamClient.Subscription(p.opts().endpoint, p.opts().stream, Long.toString(next), -1, epoch);
+                    sub = new SlipstreamClient.Subscription(p.endpoint(), p.opts().stream, Long.toString(next), -1, epoch);
                 } else {
                     throw e;
                 }
@@ -156,7 +191,7 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
                         unavailableSinceMs = now;
                         LOG.warn("slipstream: {}; reconnecting", e.getMessage());
                     } else if (now - unavailableSinceMs > p.opts().maxUnavailableMs) {
-                        throw new IOException("slipstream: " + p.opts().endpoint + " unreachable for more than "
+                        throw new IOException("slipstream: " + p.endpoint() + " unreachable for more than "
                                 + p.opts().maxUnavailableMs + " ms: " + e.getMessage(), e);
                     }
                     closeSub();
@@ -224,7 +259,8 @@ public final class SlipstreamContinuousStream implements ContinuousStream {
         @Override
         public PartitionOffset getOffset() {
             // A line whose rows are only partly handed over is read again after a restart.
-            return new SlipstreamOffset(epoch, rows.isEmpty() ? next : pendingSeq);
+            return new SlipstreamOffset.EndpointOffset(p.endpoint().toString(),
+                    epoch == null ? null : new SlipstreamOffset.Position(epoch, rows.isEmpty() ? next : pendingSeq));
         }
 
         @Override

@@ -2,6 +2,7 @@
 // (META-INF/services/org.apache.spark.sql.sources.DataSourceRegister):
 //   spark.readStream.format("slipstream").option("endpoint","127.0.0.1:7100")
 //        .option("stream","sensor").load()
+//   (or .option("endpoints","h1:7100,h2:7100") for several daemons: one partition each)
 // The schema is the stream's result type (ResultType), asked from the daemon unless the
 // `type` option names it. Reading: micro-batch (SlipstreamMicroBatchStream) or continuous
 // (SlipstreamContinuousStream). Not for batch (non-streaming) reads.
@@ -62,7 +63,7 @@ public final class SlipstreamSource implements TableProvider, DataSourceRegister
 
         @Override
         public String name() {
-            return "slipstream:" + opts.endpoint + "/" + opts.stream;
+            return "slipstream:" + opts.label() + "/" + opts.stream;
         }
 
         @Override
@@ -98,7 +99,7 @@ public final class SlipstreamSource implements TableProvider, DataSourceRegister
 
         @Override
         public String description() {
-            return "Slipstream " + type.lineType + " results of stream " + opts.stream + " at " + opts.endpoint;
+            return "Slipstream " + type.lineType + " results of stream " + opts.stream + " at " + opts.label();
         }
 
         @Override

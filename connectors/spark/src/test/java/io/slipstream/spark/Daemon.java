@@ -1,8 +1,8 @@
 // Daemon: a real `slipstream serve` for the connector tests, on free loopback ports, with a
 // temp TOML config of [[stream]]s. The binary comes from -Dslipstream.bin or $SLIPSTREAM_BIN
 // (default ../../target/release/slipstream). stop() kills it (also from close(), so
-// try-with-resources and @AfterAll clean up on failure); restart() brings it back on the same
-// ports (a new run: a new epoch).
+// try-with-resources and @AfterAll clean up on failure), kill() SIGKILLs it; start() / restart()
+// bring it back on the same ports (a new run: a new epoch).
 // Not for: anything but tests.
 package io.slipstream.spark;
 
@@ -122,6 +122,19 @@ final class Daemon implements AutoCloseable {
                 }
             } catch (InterruptedException e) {
                 proc.destroyForcibly();
+                Thread.currentThread().interrupt();
+            }
+            proc = null;
+        }
+    }
+
+    /** SIGKILL: the daemon vanishes without closing anything cleanly. */
+    void kill() {
+        if (proc != null) {
+            proc.destroyForcibly();
+            try {
+                proc.waitFor(5, TimeUnit.SECONDS);
+            } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
             }
             proc = null;

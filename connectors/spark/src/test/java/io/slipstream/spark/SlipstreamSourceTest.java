@@ -87,7 +87,7 @@ class SlipstreamSourceTest {
         return p;
     }
 
-    private static void deleteTree(Path p) throws IOException {
+    static void deleteTree(Path p) throws IOException {
         if (!Files.exists(p)) {
             return;
         }
@@ -109,7 +109,7 @@ class SlipstreamSourceTest {
     }
 
     /** `datagrams` datagrams of 1..6 Zipf-ish words each from `seed`; adds the multiset to `expect`. */
-    private static List<String> words(long seed, int datagrams, Map<String, Long> expect) {
+    static List<String> words(long seed, int datagrams, Map<String, Long> expect) {
         System.out.println("words seed = " + seed);
         Random r = new Random(seed);
         List<String> out = new ArrayList<>();
@@ -170,7 +170,7 @@ class SlipstreamSourceTest {
         q.processAllAvailable();
         assertEquals(expect, sums(spark.sql("SELECT * FROM wc_exact").collectAsList()));
         SlipstreamClient.Info info = d.info();
-        JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset());
+        JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset()).path(d.endpoint());
         assertEquals(info.epoch(), end.path("epoch").asText());
         assertEquals(info.stream("w").nextSeq(), end.path("seq").asLong());
         // Every row carries its line's seq; seqs are below the end offset.
@@ -218,6 +218,17 @@ class SlipstreamSourceTest {
         }
         Files.delete(ckpt.resolve("commits").resolve(Long.toString(lastId)));
         Files.deleteIfExists(ckpt.resolve("commits").resolve("." + lastId + ".crc"));
+        // Rewrite the offset log in the single-endpoint form of earlier versions: old
+        // checkpoints keep working.
+        File[] logged = ckpt.resolve("offsets").toFile().listFiles((dir, n) -> n.matches("\\d+"));
+        for (File f : logged) {
+            List<String> lines = new ArrayList<>(Files.readAllLines(f.toPath()));
+            JsonNode pos = SlipstreamClient.JSON.readTree(lines.get(lines.size() - 1)).path(d.endpoint());
+            assertTrue(pos.has("epoch"), lines.toString());
+            lines.set(lines.size() - 1, pos.toString());
+            Files.write(f.toPath(), lines);
+            Files.deleteIfExists(f.toPath().resolveSibling("." + f.getName() + ".crc"));
+        }
         long rowsBefore = BATCHES.get(lastId).size();
         assertTrue(rowsBefore > 0, "the replayed batch must not be empty");
         // Data B arrives while the query is down.
@@ -320,7 +331,7 @@ class SlipstreamSourceTest {
             assertTrue(q.isActive());
             List<Row> after = spark.sql("SELECT value, seq FROM gone_rows WHERE value > 5 ORDER BY value").collectAsList();
             assertEquals(List.of(0L, 1L, 2L), after.stream().map(r -> r.getLong(1)).toList(), "new run's seqs start at 0");
-            JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset());
+            JsonNode end = SlipstreamClient.JSON.readTree(q.lastProgress().sources()[0].endOffset()).path(dd.endpoint());
             assertEquals(epoch2, end.path("epoch").asText());
             q.stop();
         }

@@ -1,6 +1,6 @@
 // ChangePointAlertJob: example — Slipstream's change-point alerts as rows of a Spark query:
 // each alert (value, reference, deviation and the raw values around it) printed as it arrives.
-//   ChangePointAlertJob ENDPOINT STREAM [SECONDS] [MASTER] [continuous]
+//   ChangePointAlertJob ENDPOINTS STREAM [SECONDS] [MASTER] [continuous]
 // With `continuous` the query uses Trigger.Continuous (an alert reaches the sink in a few ms);
 // otherwise micro-batches as fast as possible (about 0.2 s on a laptop-class host).
 // Not for: benchmarks (bench/SparkBench).
@@ -20,7 +20,7 @@ public final class ChangePointAlertJob {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 2) {
-            System.err.println("usage: ChangePointAlertJob ENDPOINT STREAM [SECONDS] [MASTER] [continuous]");
+            System.err.println("usage: ChangePointAlertJob ENDPOINTS STREAM [SECONDS] [MASTER] [continuous]");
             System.exit(2);
         }
         long seconds = args.length > 2 ? Long.parseLong(args[2]) : 0;
@@ -31,7 +31,7 @@ public final class ChangePointAlertJob {
         }
         SparkSession spark = b.getOrCreate();
         Dataset<Row> alerts = spark.readStream().format("slipstream")
-                .option("endpoint", args[0]).option("stream", args[1]).load()
+                .option("endpoints", args[0]).option("stream", args[1]).load()
                 .select(col("seq"), col("t_ns"), col("value"), col("reference"), col("deviation"),
                         size(col("history")).as("history_values"));
         StreamingQuery q = alerts.writeStream().format("console").option("truncate", "false")

@@ -1,6 +1,7 @@
 // WordCountJob: example — running word totals from a Slipstream `wordcount` stream. Slipstream
-// counts words per window at ingress; Spark only sums the compact per-window counts.
-//   WordCountJob ENDPOINT STREAM [SECONDS] [MASTER]
+// counts words per window at ingress; Spark only sums the compact per-window counts, and with
+// several ingest nodes (ENDPOINTS = h1:7100,h2:7100,...) it merges their counts the same way.
+//   WordCountJob ENDPOINTS STREAM [SECONDS] [MASTER]
 // e.g. run.sh wordcount (local[2]), or on a cluster:
 //   spark-submit --master spark://HOST:7077 --jars slipstream-spark-0.1.0.jar \
 //     --class io.slipstream.spark.examples.WordCountJob slipstream-spark-0.1.0.jar 10.0.0.5:7100 words
@@ -22,7 +23,7 @@ public final class WordCountJob {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 2) {
-            System.err.println("usage: WordCountJob ENDPOINT STREAM [SECONDS] [MASTER]");
+            System.err.println("usage: WordCountJob ENDPOINTS STREAM [SECONDS] [MASTER]");
             System.exit(2);
         }
         long seconds = args.length > 2 ? Long.parseLong(args[2]) : 0;
@@ -34,7 +35,9 @@ public final class WordCountJob {
         }
         SparkSession spark = b.getOrCreate();
         Dataset<Row> counts = spark.readStream().format("slipstream")
-                .option("endpoint", args[0]).option("stream", args[1]).load();
+                .option("endpoints", args[0]).option("stream", args[1]).load();
+        // Each node's rows count what that node received; summing per word adds the nodes up
+        // (per window: groupBy("window_start_ns", "word")).
         Dataset<Row> totals = counts.where(col("word").isNotNull())
                 .groupBy("word").agg(sum("count").as("total")).orderBy(desc("total")).limit(10);
         StreamingQuery q = totals.writeStream().outputMode("complete").format("console")
