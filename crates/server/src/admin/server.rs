@@ -56,6 +56,9 @@ pub const CONNECTIONS_MAX: usize = 1024;
 pub const DRAIN_BYTES_MAX: usize = 64 * 1024;
 /// ... and for at most this long.
 pub const DRAIN_TIMEOUT_MS: u64 = 200;
+/// Listen backlog: a burst of connections (up to the cap) waits in the kernel instead of having
+/// its SYNs dropped (which costs a client, e.g. a liveness probe, a 1 s retransmit).
+const LISTEN_BACKLOG: i32 = 1024;
 /// Pause after a failed accept (e.g. out of descriptors) when no idle connection can be closed.
 const ACCEPT_BACKOFF_MS: u64 = 10;
 
@@ -81,8 +84,13 @@ impl Default for Limits {
 
 /// Bind now (so the caller learns of a taken port), then serve on the thread "slipstream-admin".
 pub(super) fn start(addr: SocketAddr, shared: Arc<Shared>, limits: Limits) -> io::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(addr)?;
-    listener.set_nonblocking(true)?;
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    // As std's bind does: a restarted daemon may rebind while old connections sit in TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    let listener: std::net::TcpListener = socket.into();
     let local = listener.local_addr()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
     std::thread::Builder::new()
