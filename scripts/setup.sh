@@ -30,11 +30,13 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 
-# Python test dependencies.
+# Python test dependencies: the whole requirements file every time (pip installs only what is
+# missing or too old, without a network round trip when everything is satisfied), so a package
+# added to tests/requirements.txt reaches machines that already have the older set.
 PY=${PYTHON:-python3}
-if ! $PY -c 'import pytest, pymemcache' >/dev/null 2>&1; then
-  echo "setup: installing Python test packages"
-  $PY -m pip install -q -r tests/requirements.txt 2>/dev/null || \
-    $PY -m pip install -q --break-system-packages -r tests/requirements.txt
-fi
+PIP=($PY -m pip install -q --disable-pip-version-check -r tests/requirements.txt)
+"${PIP[@]}" >/dev/null 2>&1 || "${PIP[@]}" --break-system-packages >/dev/null 2>&1 || {
+  echo "setup: installing Python test packages (tests/requirements.txt) failed" >&2
+  "${PIP[@]}" --break-system-packages
+}
 exit 0
