@@ -30,13 +30,24 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 
-# Python test dependencies: the whole requirements file every time (pip installs only what is
-# missing or too old, without a network round trip when everything is satisfied), so a package
-# added to tests/requirements.txt reaches machines that already have the older set.
+# Python test dependencies: whatever tests/requirements.txt names that is not installed (so a
+# package added to the file later reaches machines that already have the older set).
 PY=${PYTHON:-python3}
-PIP=($PY -m pip install -q --disable-pip-version-check -r tests/requirements.txt)
-"${PIP[@]}" >/dev/null 2>&1 || "${PIP[@]}" --break-system-packages >/dev/null 2>&1 || {
-  echo "setup: installing Python test packages (tests/requirements.txt) failed" >&2
-  "${PIP[@]}" --break-system-packages
-}
+# Every distribution the file names is installed? (names only; pip decides versions below.)
+missing_py=$($PY - <<'PYEOF'
+import importlib.metadata as md, re
+for line in open("tests/requirements.txt"):
+    name = re.split(r"[<>=!~;\[ ]", line.strip(), maxsplit=1)[0]
+    if name and not name.startswith("#"):
+        try:
+            md.distribution(name)
+        except md.PackageNotFoundError:
+            print(name)
+PYEOF
+)
+if [ -n "$missing_py" ]; then
+  echo "setup: installing Python test packages: $(echo $missing_py)"
+  PIP=($PY -m pip install -q --disable-pip-version-check -r tests/requirements.txt)
+  "${PIP[@]}" >/dev/null 2>&1 || "${PIP[@]}" --break-system-packages
+fi
 exit 0
