@@ -640,6 +640,31 @@ mod tests {
     }
 
     #[test]
+    fn cache_memlimit_sets_the_store_limit_unless_refused() {
+        let mut h = h();
+        check(&mut h, b"cache_memlimit 16\r\ncache_memlimit 7\r\n",
+            b"OK\r\nMEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n");
+        assert_eq!(h.store.memory_bytes_max(), 16 << 20);
+        check(&mut h, b"cache_memlimit 9 noreply\r\n", b"");
+        assert_eq!(h.store.memory_bytes_max(), 9 << 20);
+        // A named tenant's port: the admin endpoint owns the limit.
+        h.info.cache_memlimit_allowed = false;
+        check(&mut h, b"cache_memlimit 32\r\n", b"MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust\r\n");
+        assert_eq!(h.store.memory_bytes_max(), 9 << 20);
+    }
+
+    #[test]
+    fn stats_detail_counts_with_the_configured_delimiter() {
+        let mut h = h();
+        h.settings.prefix_delimiter = b'|';
+        check(&mut h, b"stats detail on\r\nset a|1 0 0 1\r\nx\r\nset a:1 0 0 1\r\nx\r\nget a|1 a|2\r\n",
+            b"OK\r\nSTORED\r\nSTORED\r\nVALUE a|1 0 1\r\nx\r\nEND\r\n");
+        check(&mut h, b"stats detail dump\r\n", b"PREFIX a get 2 hit 1 set 1 del 0\r\nEND\r\n");
+        let settings = String::from_utf8(h.feed(b"stats settings\r\n")).unwrap();
+        assert!(settings.contains("STAT stat_key_prefix |\r\nSTAT detail_enabled yes\r\n"), "{settings}");
+    }
+
+    #[test]
     fn multiget_reply_is_bounded_with_memcacheds_oom_line() {
         use slipstream_store::{Clock, StoreConfig};
         let cfg = StoreConfig { memory_bytes_max: 64 << 20, item_bytes_max: 1 << 20, shards: 4, cas_enabled: true };
