@@ -317,12 +317,12 @@ def _():
 
 
 # Sessions whose listed stat values are compared too (they start with `stats reset`).
-COUNTER_SESSIONS = {"counters_visible_in_stats"}
+COUNTER_SESSIONS = {"counters_visible_in_stats", "stats_detail_counts"}
 UNMASKED_STATS = {
     b"cmd_get", b"cmd_set", b"cmd_flush", b"cmd_touch", b"get_hits", b"get_misses",
     b"delete_misses", b"delete_hits", b"incr_misses", b"incr_hits", b"decr_misses", b"decr_hits",
     b"cas_misses", b"cas_hits", b"cas_badval", b"touch_hits", b"touch_misses",
-    b"store_too_large", b"total_items",
+    b"store_too_large", b"total_items", b"detailed",
 }
 
 
@@ -343,6 +343,34 @@ def _():
         req(GAT, b"bd:nope", struct.pack(">I", 10), opaque=11),
         req(GETQ, b"bd:nope", opaque=12),
         req(STAT, opaque=13),
+    ]
+
+
+@session("stats_detail_counts")
+def _():
+    # Which binary commands count per prefix (get/touch/gat hits and misses, every storage
+    # command, oversize ones too, delete; not incr), and the dump (one "detailed" stat).
+    return [
+        req(STAT, b"reset", opaque=0),
+        req(STAT, b"detail on", opaque=1),
+        set_(b"bd:s", b"1", opaque=2),
+        req(GET, b"bd:s", opaque=3),
+        req(GETK, b"bd:nope", opaque=4),
+        req(TOUCH, b"bd:s", struct.pack(">I", 10), opaque=5),
+        req(GAT, b"bd:nope", struct.pack(">I", 10), opaque=6),
+        req(APPEND, b"bd:s", value=b"x", opaque=7),
+        set_(b"bd:s", b"v" * (2 << 20), opaque=8),
+        req(DELETE, b"bd:nope", opaque=9),
+        req(INCR, b"bd:s", arith_extras(1), opaque=10),
+        set_(b"other:1", b"1", op=ADD, opaque=11),
+        set_(b"noprefix", b"1", opaque=12),
+        req(GETQ, b"zz:1", opaque=13),
+        req(STAT, b"detail dump", opaque=14),
+        req(STAT, b"detail off", opaque=15),
+        req(GET, b"bd:s", opaque=16),
+        req(STAT, b"detail dump", opaque=17),
+        req(STAT, b"reset", opaque=18),
+        req(STAT, b"detail dump", opaque=19),
     ]
 
 

@@ -256,6 +256,35 @@ case("meta_flags_range", L(b"ms a 1 F4294967296", b"x", b"mg a f v", b"ms a 1 F4
 case("admin_commands", L(b"shutdown", b"cache_memlimit 100", b"cache_memlimit abc", b"slabs automove 1",
                          b"lru_crawler bogus", b"misbehave", b"version"))
 case("stats_conns", L(b"stats conns"))
+# cache_memlimit: every reply memcached gives (its limits: 8 MB minimum, a number above 10^9 is
+# taken to be bytes, a 32-bit parse so 4294967296 reads as 0), and the new limit in `stats
+# settings` maxbytes and `stats` limit_maxbytes.
+case("cache_memlimit", L(b"cache_memlimit 7", b"cache_memlimit 1000000001", b"cache_memlimit -5",
+                         b"cache_memlimit 4294967296", b"cache_memlimit 0x20", b"cache_memlimit 32abc",
+                         b"cache_memlimit", b"cache_memlimit 1 2 3", b"cache_memlimit 32 x",
+                         b"cache_memlimit 7 noreply", b"cache_memlimit 08", b"stats settings",
+                         b"cache_memlimit  48 noreply", b"stats", b"cache_memlimit 1000000000", b"stats settings"))
+# stats detail: which commands count under which prefix (text get/gets/gat/gats, every storage
+# command, delete; hits; not meta, incr/decr, touch), keys without the delimiter, an empty
+# prefix, too-large and bad-chunk sets, off/on, the dump order across memcached's prefix hash
+# buckets, stats settings' detail_enabled, and stats reset clearing the table.
+case("stats_detail", L(b"stats detail dump", b"stats detail on", b"stats settings",
+                       b"set a:1 0 0 1", b"x", b"get a:1 a:2 b:1", b"gets a:1", b"gat 0 a:1 zz:9",
+                       b"add a:1 0 0 1", b"y", b"replace b:1 0 0 1", b"y", b"append a:1 0 0 1", b"z",
+                       b"prepend a:1 0 0 1", b"z", b"cas a:1 0 0 1 1", b"q", b"delete a:1", b"delete b:1",
+                       b"incr n:1 1", b"touch a:1 0", b"mg m:1 v", b"ms m:1 1", b"x", b"md m:1",
+                       b"set plain 0 0 1", b"x", b"get plain", b"set :e 0 0 1", b"x", b"get :e",
+                       b"set k:" + b"k" * 246 + b" 0 0 1", b"x",
+                       b"set big:1 0 0 1100000", b"x" * 1100000, b"set bad:1 0 0 1", b"xyz",
+                       b"set c:1 0 0 1 noreply", b"x", b"get c:1",
+                       b"set ab:1 0 0 1", b"x", b"set abc:1 0 0 1", b"x", b"get ab:2 abc:2",
+                       b"stats detail dump", b"stats detail off", b"set a:1 0 0 1", b"x", b"get a:1",
+                       b"stats detail dump", b"stats settings", b"stats detail on", b"get a:1",
+                       b"stats detail dump", b"stats reset", b"stats detail dump"))
+# Many prefixes: the dump lists them in memcached's bucket order.
+case("stats_detail_order", L(b"stats detail on") + b"".join(
+    L(b"set p%d:x 0 0 1" % i, b"x", b"get p%d:x q%d:y" % (i, i)) for i in range(40)) + L(b"stats detail dump"),
+     split=False)
 case("stats_settings_1k", L(b"stats settings"), settings={"item_size": "1k"},
      memcached_extra=("-o", "slab_chunk_max=1024"))
 case("stats_settings_small", L(b"stats settings"), settings={"mem_mb": 8, "conns": 100, "threads": 1})

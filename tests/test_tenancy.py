@@ -154,6 +154,18 @@ def test_isolation_stats_and_reset(daemons):
     assert int(s1["curr_items"]) == 2  # reset does not drop items
 
 
+def test_tenant_cannot_change_its_memory_limit(daemons):
+    # The admin endpoint owns a tenant's memory: cache_memlimit on its port is refused with
+    # memcached's line for a limit it cannot adjust, and the limit stays.
+    d = two_tenants(daemons)
+    with d.connect("t0") as a:
+        assert ask(a, b"cache_memlimit 1024\r\n", b"\r\n") == (
+            b"MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust\r\n")
+        assert ask(a, b"cache_memlimit 7\r\n", b"\r\n") == (
+            b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n")
+    assert int(tl.stats(d, "t0")["limit_maxbytes"]) == 16 * MiB
+
+
 def test_isolation_udp(daemons):
     d = two_tenants(daemons, t0={"udp": True}, t1={"udp": True})
     u0, u1 = d.udp_ports["t0"], d.udp_ports["t1"]

@@ -201,9 +201,16 @@ pub enum Request<'a> {
     Shutdown(ShutdownMode),
     /// A meta command (`mg ms md ma mn me`): hand the whole input to the meta parser.
     Meta,
+    /// `cache_memlimit <megabytes> [noreply]` with a value memcached accepts (8 to
+    /// 1,000,000,000): set the memory limit to this many MiB, answer `OK`. Refused values are
+    /// `Admin` with memcached's line.
+    CacheMemlimit {
+        megabytes: u32,
+        noreply: bool,
+    },
     /// An administrative command whose memcached answer follows from its arguments alone
-    /// (`cache_memlimit`, `slabs automove`, `lru_crawler` tuning): send `line` unless noreply.
-    /// Slipstream accepts these for compatibility without changing its own behaviour.
+    /// (`cache_memlimit` errors, `slabs automove`, `lru_crawler` tuning): send `line` unless
+    /// noreply. Slipstream accepts these for compatibility without changing its own behaviour.
     Admin {
         line: &'static [u8],
         noreply: bool,
@@ -268,6 +275,25 @@ impl TextError {
             TextErrorKind::Close => return None,
         })
     }
+}
+
+/// Smallest `cache_memlimit` memcached accepts, in MiB.
+pub const MEMLIMIT_MB_MIN: u32 = 8;
+/// Largest `cache_memlimit` memcached accepts, in MiB (a larger number is taken to be bytes).
+pub const MEMLIMIT_MB_MAX: u32 = 1_000_000_000;
+
+/// The second word of the request line at the front of `input` (the key of a storage
+/// command), read by the same rules as `parse`. For counting a storage request whose data
+/// block turned out bad (`CLIENT_ERROR bad data chunk`): memcached counts it by key
+/// (`stats detail`) before it reads the data.
+pub fn line_key(input: &[u8]) -> &[u8] {
+    let end = memchr::memchr(b'\n', input).unwrap_or(input.len());
+    let mut line = input.get(..end).unwrap_or(&[]);
+    if let Some(z) = memchr::memchr(0, line) {
+        line = line.get(..z).unwrap_or(&[]);
+    }
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    Keys::new(line).nth(1).unwrap_or(&[])
 }
 
 /// Whether memcached refuses an item of this shape as too large (`item_size_ok`):
@@ -668,13 +694,16 @@ fn parse_line<'a>(
                 return bad(TextErrorKind::Error);
             }
             let noreply = t.noreply();
+            // memcached's process_memlimit_command; a 32-bit parse, so 4294967296 reads as 0.
             let line: &'static [u8] = match safe_strtoul(t.get(1)) {
                 None => b"ERROR\r\n",
-                Some(mb) if mb < 8 => b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n",
-                Some(mb) if mb > 1_000_000_000 => {
+                Some(mb) if mb < MEMLIMIT_MB_MIN => {
+                    b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"
+                }
+                Some(mb) if mb > MEMLIMIT_MB_MAX => {
                     b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
                 }
-                Some(_) => b"OK\r\n",
+                Some(megabytes) => return complete(Request::CacheMemlimit { megabytes, noreply }, consumed),
             };
             complete(Request::Admin { line, noreply }, consumed)
         }
@@ -1522,12 +1551,25 @@ mod tests {
             Request::Admin { line, noreply } => (line, noreply),
             other => panic!("{other:?}"),
         };
-        assert_eq!(admin(b"cache_memlimit 100\r\n"), (&b"OK\r\n"[..], false));
+        let memlimit = |i: &'static [u8]| match ok(i).0 {
+            Request::CacheMemlimit { megabytes, noreply } => (megabytes, noreply),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(memlimit(b"cache_memlimit 100\r\n"), (100, false));
+        assert_eq!(memlimit(b"cache_memlimit 08\r\n"), (8, false));
+        assert_eq!(memlimit(b"cache_memlimit 1000000000 noreply\r\n"), (1_000_000_000, true));
+        assert_eq!(memlimit(b"cache_memlimit 100 x\r\n"), (100, false));
         assert_eq!(admin(b"cache_memlimit abc\r\n"), (&b"ERROR\r\n"[..], false));
+        assert_eq!(admin(b"cache_memlimit -5\r\n"), (&b"ERROR\r\n"[..], false));
+        assert_eq!(admin(b"cache_memlimit 7\r\n").0, &b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"[..]);
+        assert_eq!(admin(b"cache_memlimit 4294967296\r\n").0, &b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"[..]);
         assert_eq!(
-            admin(b"cache_memlimit 100 noreply\r\n"),
-            (&b"OK\r\n"[..], true)
+            admin(b"cache_memlimit 1000000001 noreply\r\n"),
+            (&b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"[..], true)
         );
+        assert_eq!(line_key(b"set k:1 0 0 1\r\nxx\r\n"), b"k:1");
+        assert_eq!(line_key(b"  cas  a  0 0 1 1\r\n"), b"a");
+        assert_eq!(line_key(b"set\r\n"), b"");
         assert_eq!(admin(b"slabs automove 1\r\n"), (&b"OK\r\n"[..], false));
         assert_eq!(admin(b"slabs automove 3\r\n"), (&b"ERROR\r\n"[..], false));
         assert_eq!(admin(b"slabs\r\n"), (&b"ERROR\r\n"[..], false));

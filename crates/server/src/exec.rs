@@ -63,6 +63,11 @@ pub struct Settings {
     pub flush_enabled: bool,
     /// Text reported by `version`.
     pub version: &'static str,
+    /// The byte that ends a key's prefix for `stats detail` (memcached `-D`, default ':').
+    pub prefix_delimiter: u8,
+    /// Per-prefix counting on from the start (memcached `-D` turns it on); `stats detail
+    /// on|off` switches it at run time.
+    pub detail_enabled: bool,
 }
 
 impl Default for Settings {
@@ -72,6 +77,8 @@ impl Default for Settings {
             shutdown_enabled: false,
             flush_enabled: true,
             version: crate::VERSION_STRING,
+            prefix_delimiter: b':',
+            detail_enabled: false,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod memcache_meta;
 pub mod memcache_text;
 pub mod net;
 pub mod stats;
+pub mod stats_prefix;
 pub mod tenants;
 mod udp_batch;
 

@@ -80,6 +80,7 @@ fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize)
                 }
                 None => false,
             });
+            crate::stats_prefix::record_get(ctx, key, hit);
             if hit {
                 ThreadStats::incr(&stats.touch_hits);
             } else {
@@ -91,6 +92,7 @@ fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize)
             store(ctx, h, kind, key, flags, exptime, value, quiet, out);
         }
         Command::Concat { append, key, value } => {
+            crate::stats_prefix::record_set(ctx, key);
             let mode = if append { SetMode::Append } else { SetMode::Prepend };
             let opts = StoreOpts { cas: nonzero(storage_cas(ctx, h)), ..StoreOpts::default() };
             match ctx.store.store(mode, key, value, 0, 0, opts) {
@@ -110,7 +112,9 @@ fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize)
             }
         }
         Command::Oversize { key, unlink_old, value_bytes } => {
-            // memcached's binary path does not count store_too_large (checked against 1.6.18).
+            // memcached's binary path does not count store_too_large (checked against 1.6.18),
+            // but counts the prefix before it finds the item too large.
+            crate::stats_prefix::record_set(ctx, key);
             binary::compose_error(out, h, status::E2BIG);
             if unlink_old {
                 // memcached never leaves the old value readable after a failed SET.
@@ -119,6 +123,7 @@ fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize)
             ctx.conn.swallow_bytes = value_bytes;
         }
         Command::Delete { key } => {
+            crate::stats_prefix::record_delete(ctx, key);
             let opts = DeleteOpts { cas: nonzero(h.cas), ..DeleteOpts::default() };
             match ctx.store.delete(key, opts) {
                 DeleteResult::Deleted => {
@@ -227,6 +232,7 @@ fn get_reply(
         }
         None => false,
     });
+    crate::stats_prefix::record_get(ctx, key, hit);
     let stats = ctx.stats;
     match (hit, touch) {
         (true, false) => ThreadStats::incr(&stats.get_hits),
@@ -257,6 +263,7 @@ fn store(
     out: &mut Vec<u8>,
 ) {
     let stats = ctx.stats;
+    crate::stats_prefix::record_set(ctx, key);
     let cas = storage_cas(ctx, h);
     // A nonzero CAS in the header turns set, add and replace alike into a CAS operation.
     let mode = match (kind, cas) {
@@ -331,10 +338,14 @@ fn stat(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], out: &mut Vec<u8>) {
         }
     } else if let Some(rest) = key.strip_prefix(b"detail") {
         if rest.starts_with(b" dump") {
-            // No per-prefix detail is collected, so the dump is empty, as memcached's is
-            // before `detail on`.
-            stat_packet(out, h, b"detailed", b"END\r\n");
-        } else if !(rest.starts_with(b" on") || rest.starts_with(b" off")) {
+            let mut dump = Vec::new();
+            ctx.server.prefix_stats.dump(&mut dump);
+            stat_packet(out, h, b"detailed", &dump);
+        } else if rest.starts_with(b" on") {
+            ctx.server.prefix_stats.set_enabled(true);
+        } else if rest.starts_with(b" off") {
+            ctx.server.prefix_stats.set_enabled(false);
+        } else {
             binary::compose_error(out, h, status::KEY_ENOENT);
             return;
         }

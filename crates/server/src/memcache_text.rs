@@ -17,6 +17,7 @@
 
 use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
+use crate::stats_prefix;
 use slipstream_proto::text::{
     self, compose_end, compose_number, compose_stat, compose_stat_u64, compose_value, Keys, Limits,
     Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind, KEY_BYTES_MAX,
@@ -63,7 +64,10 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
                     return Step::Close;
                 }
                 // memcached counts the set as soon as the data block is read, before checking it.
-                TextErrorKind::BadDataChunk => ThreadStats::incr(&ctx.stats.cmd_set),
+                TextErrorKind::BadDataChunk => {
+                    ThreadStats::incr(&ctx.stats.cmd_set);
+                    stats_prefix::record_set(ctx, text::line_key(input));
+                }
                 _ => {}
             }
             if let Some(reply) = error.reply() {
@@ -113,6 +117,7 @@ fn run(
             noreply,
             swallow_bytes,
         } => {
+            stats_prefix::record_set(ctx, key);
             ThreadStats::incr(&ctx.stats.store_too_large);
             reply(out, noreply, b"SERVER_ERROR object too large for cache\r\n");
             ctx.conn.swallow_bytes = swallow_bytes;
@@ -121,16 +126,19 @@ fn run(
                 ctx.store.unlink(key);
             }
         }
-        Request::Delete { key, noreply } => match ctx.store.delete(key, DeleteOpts::default()) {
-            DeleteResult::Deleted => {
-                ThreadStats::incr(&ctx.stats.delete_hits);
-                reply(out, noreply, b"DELETED\r\n");
+        Request::Delete { key, noreply } => {
+            stats_prefix::record_delete(ctx, key);
+            match ctx.store.delete(key, DeleteOpts::default()) {
+                DeleteResult::Deleted => {
+                    ThreadStats::incr(&ctx.stats.delete_hits);
+                    reply(out, noreply, b"DELETED\r\n");
+                }
+                DeleteResult::NotFound | DeleteResult::Exists => {
+                    ThreadStats::incr(&ctx.stats.delete_misses);
+                    reply(out, noreply, b"NOT_FOUND\r\n");
+                }
             }
-            DeleteResult::NotFound | DeleteResult::Exists => {
-                ThreadStats::incr(&ctx.stats.delete_misses);
-                reply(out, noreply, b"NOT_FOUND\r\n");
-            }
-        },
+        }
         Request::Arith {
             incr,
             key,
@@ -220,6 +228,16 @@ fn run(
             }
         }
         Request::Meta => return crate::memcache_meta::execute(ctx, input, out),
+        Request::CacheMemlimit { megabytes, noreply } => {
+            // memcached's own answer when it cannot adjust the limit.
+            let line: &[u8] = if ctx.server.cache_memlimit_allowed {
+                ctx.store.set_memory_limit((megabytes as usize).saturating_mul(1024 * 1024));
+                b"OK\r\n"
+            } else {
+                b"MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust\r\n"
+            };
+            reply(out, noreply, line);
+        }
         Request::Admin { line, noreply } => reply(out, noreply, line),
     }
     Step::Consumed(consumed)
@@ -274,6 +292,7 @@ fn get(
             }
             None => false,
         });
+        stats_prefix::record_get(ctx, key, hit);
         if touch_exptime.is_some() {
             // gat/gats count as touches, not gets (memcached's process_get_command).
             ThreadStats::incr(&stats.cmd_touch);
@@ -319,6 +338,7 @@ fn store(
         ..StoreOpts::default()
     };
     let stats = ctx.stats;
+    stats_prefix::record_set(ctx, key);
     let result = ctx.store.store(mode, key, data, flags, exptime, opts);
     // memcached refuses too-large / out-of-memory items before reading the data, so those are
     // not counted as sets.
@@ -380,19 +400,19 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
             compose_stat(out, "sizes_status", b"disabled");
             compose_end(out);
         }
-        // No per-connection table and no extstore; per-prefix detail is not recorded, so the
-        // dumps are empty (memcached prints the same for nothing recorded).
         StatsCmd::Conns => stats_conns(ctx, out),
-        StatsCmd::Extstore | StatsCmd::DetailDump | StatsCmd::Cachedump => {
-            compose_end(out)
-        }
+        // No extstore and no slab classes to dump: memcached prints the same for nothing there.
+        StatsCmd::Extstore | StatsCmd::Cachedump => compose_end(out),
+        StatsCmd::DetailDump => ctx.server.prefix_stats.dump(out),
         StatsCmd::Reset => {
             ctx.server.reset();
             ctx.store.reset_stats();
             out.extend_from_slice(b"RESET\r\n");
         }
-        // Per-prefix detail is not recorded (see DetailDump), so on/off only acknowledge.
-        StatsCmd::DetailOn | StatsCmd::DetailOff => out.extend_from_slice(b"OK\r\n"),
+        StatsCmd::DetailOn | StatsCmd::DetailOff => {
+            ctx.server.prefix_stats.set_enabled(cmd == StatsCmd::DetailOn);
+            out.extend_from_slice(b"OK\r\n");
+        }
         StatsCmd::Unknown => out.extend_from_slice(b"ERROR\r\n"),
     }
 }
@@ -457,8 +477,8 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         ("chunk_size", n(48)),
         ("num_threads", n(info.threads as u64)),
         ("num_threads_per_udp", n(info.threads as u64)),
-        ("stat_key_prefix", b":".to_vec()),
-        ("detail_enabled", b"no".to_vec()),
+        ("stat_key_prefix", vec![st.prefix_delimiter]),
+        ("detail_enabled", yes_no(ctx.server.prefix_stats.enabled()).to_vec()),
         ("reqs_per_event", n(20)),
         ("cas_enabled", yes_no(cfg.cas_enabled).to_vec()),
         ("tcp_backlog", n(1024)),
@@ -617,6 +637,31 @@ mod tests {
             "input {:?}",
             String::from_utf8_lossy(input)
         );
+    }
+
+    #[test]
+    fn cache_memlimit_sets_the_store_limit_unless_refused() {
+        let mut h = h();
+        check(&mut h, b"cache_memlimit 16\r\ncache_memlimit 7\r\n",
+            b"OK\r\nMEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n");
+        assert_eq!(h.store.memory_bytes_max(), 16 << 20);
+        check(&mut h, b"cache_memlimit 9 noreply\r\n", b"");
+        assert_eq!(h.store.memory_bytes_max(), 9 << 20);
+        // A named tenant's port: the admin endpoint owns the limit.
+        h.info.cache_memlimit_allowed = false;
+        check(&mut h, b"cache_memlimit 32\r\n", b"MEMLIMIT_ADJUST_FAILED out of bounds or unable to adjust\r\n");
+        assert_eq!(h.store.memory_bytes_max(), 9 << 20);
+    }
+
+    #[test]
+    fn stats_detail_counts_with_the_configured_delimiter() {
+        let mut h = h();
+        h.settings.prefix_delimiter = b'|';
+        check(&mut h, b"stats detail on\r\nset a|1 0 0 1\r\nx\r\nset a:1 0 0 1\r\nx\r\nget a|1 a|2\r\n",
+            b"OK\r\nSTORED\r\nSTORED\r\nVALUE a|1 0 1\r\nx\r\nEND\r\n");
+        check(&mut h, b"stats detail dump\r\n", b"PREFIX a get 2 hit 1 set 1 del 0\r\nEND\r\n");
+        let settings = String::from_utf8(h.feed(b"stats settings\r\n")).unwrap();
+        assert!(settings.contains("STAT stat_key_prefix |\r\nSTAT detail_enabled yes\r\n"), "{settings}");
     }
 
     #[test]

@@ -149,6 +149,11 @@ pub struct ServerInfo {
     /// Open connections and listeners for `stats conns`. Locked only on accept, close and
     /// `stats conns`, never per request.
     pub conns: std::sync::Mutex<std::collections::BTreeMap<i32, ConnEntry>>,
+    /// `stats detail` per-prefix counters (cleared by `reset`).
+    pub prefix_stats: crate::stats_prefix::PrefixStats,
+    /// Whether `cache_memlimit` may change the store's memory limit. False on a named
+    /// tenant's ports: the admin endpoint owns a tenant's memory, so a client cannot raise it.
+    pub cache_memlimit_allowed: bool,
 }
 
 /// One line group of `stats conns`: a listener or a client connection.
@@ -181,6 +186,8 @@ impl ServerInfo {
             listen_interface: None,
             verbosity: AtomicU64::new(0),
             conns: Default::default(),
+            prefix_stats: Default::default(),
+            cache_memlimit_allowed: true,
         }
     }
 
@@ -192,10 +199,12 @@ impl ServerInfo {
         t
     }
 
+    /// `stats reset`: every counter, and the per-prefix table (as memcached's stats_reset).
     pub fn reset(&self) {
         for s in &self.per_thread {
             s.reset();
         }
+        self.prefix_stats.clear();
     }
 
     pub fn uptime_s(&self) -> u64 {

@@ -174,6 +174,8 @@ fn tenant_info(started: Instant, threads: usize, conn_limit: usize, item_bytes_m
         listen_interface,
         verbosity: AtomicU64::new(0),
         conns: Default::default(),
+        prefix_stats: Default::default(),
+        cache_memlimit_allowed: false,
     }
 }
 
@@ -258,6 +260,7 @@ impl TenantTable {
         let shards = StoreConfig::shards_for(spec.memory_bytes(), d.store.item_bytes_max);
         let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
         let mut info = tenant_info(self.started, self.threads, d.conn_limit, d.item_bytes_max, d.listen_interface.clone(), tcp_local, udp_local);
+        info.prefix_stats.set_enabled(self.settings.detail_enabled);
         // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.
         let kernel = self.kernel.clone();
         info.fastpath = Some(FastPathSource(Arc::new(move || kernel.get().map(|k| k.totals(slot)).unwrap_or_default())));

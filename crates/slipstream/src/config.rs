@@ -72,6 +72,10 @@ pub struct Config {
     pub cas_enabled: bool,
     pub flush_enabled: bool,
     pub shutdown_enabled: bool,
+    /// The byte ending a key's prefix for `stats detail` (memcached `-D <char>`; default ':').
+    pub prefix_delimiter: u8,
+    /// Per-prefix counting on from the start (memcached's `-D` also turns it on).
+    pub detail_enabled: bool,
     pub verbose: u8,
     pub admin_addr: Option<SocketAddr>,
     pub xdp_iface: Option<String>,
@@ -105,6 +109,8 @@ impl Default for Config {
             cas_enabled: true,
             flush_enabled: true,
             shutdown_enabled: false,
+            prefix_delimiter: b':',
+            detail_enabled: false,
             verbose: 0,
             admin_addr: None,
             xdp_iface: None,

@@ -18,6 +18,7 @@ use slipstream_server::net::{NetConfig, Server, StopHandle, WorkerSched};
 use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
 use slipstream_tenancy::TenantControl;
 use slipstream_server::stats::ServerInfo;
+use slipstream_server::stats_prefix::PrefixStats;
 use slipstream_store::{Store, StoreConfig};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -242,6 +243,8 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
     let settings = Arc::new(Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
+        prefix_delimiter: cfg.prefix_delimiter,
+        detail_enabled: cfg.detail_enabled,
         ..Settings::default()
     });
     let defaults = TenantDefaults {
@@ -391,6 +394,8 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     let settings = Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
+        prefix_delimiter: cfg.prefix_delimiter,
+        detail_enabled: cfg.detail_enabled,
         ..Settings::default()
     };
     if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
@@ -423,6 +428,8 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         listen_interface: cfg.listen_arg.clone(),
         verbosity: AtomicU64::new(0),
         conns: Default::default(),
+        prefix_stats: PrefixStats::new(cfg.detail_enabled),
+        cache_memlimit_allowed: true,
     };
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, stream_line) = start_streams(&cfg)?;

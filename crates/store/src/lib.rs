@@ -17,14 +17,28 @@
 //!
 //! Memory policy: every item is charged `key + value + ITEM_OVERHEAD_BYTES`; the sum over all
 //! shards is reserved in one atomic before an item is linked, so [`StoreStats::bytes`] never
-//! exceeds `memory_bytes_max`. Each shard keeps an LRU list: stores link at the head; reads
-//! only set an ACTIVE bit, and eviction moves ACTIVE tail items back to the head (second
-//! chance), which orders like LRU by last access without relinking the list on every hit.
-//! When the budget is full, a store evicts from its own shard's LRU tail while that shard holds
-//! more than `memory_bytes_max / shards`, otherwise from the tail of a shard that does
-//! (try-lock, never blocking), so one 1 MB item fits even when a shard's share is smaller.
-//! The limit can change at run time ([`Store::set_memory_limit`], a tenant's memory being
-//! re-allocated): lowering it evicts the same way until the charged bytes fit.
+//! exceeds `memory_bytes_max`. When the budget is full, a store evicts the globally least
+//! recently used item ("used" = stored, read with a bumping read, touched, incr/decr'd or
+//! re-added), whichever shard holds it, so one 1 MB item fits even when a shard's share of
+//! memory is smaller. The limit can change at run time ([`Store::set_memory_limit`]: a
+//! tenant's memory being re-allocated, `cache_memlimit`): lowering it evicts in the same order
+//! until the charged bytes fit.
+//!
+//! Global LRU without a global lock: one relaxed atomic LRU clock ticks once per item written.
+//! Every use stamps the item with the clock (a write takes a fresh tick, a read the current
+//! value) and moves it to the head of its shard's LRU list, under the shard lock it already
+//! holds, so each list is sorted by stamp; a read that finds the clock unmoved since the item
+//! was last placed writes nothing (hot items in a read-mostly load are not relinked on every
+//! hit). Each shard publishes its tail's stamp in an atomic, so an eviction reads the 64 tail
+//! stamps, locks the shard whose tail is oldest (try-lock, so two evicting stores never wait on
+//! each other) and evicts that tail (an expired item among the last few first, as memcached's
+//! tail search does). Error bound: writes are ordered exactly, and reads to within the writes
+//! between them: the victim was last used no later than the first write after the last use
+//! of the true least recently used item (a tie in stamps; measured in
+//! `tests::global_lru_within_one_tick` and against memcached in tests/test_lru.py). Two
+//! documented exceptions: when the oldest shard stays locked for a while (contended), the
+//! next-oldest one is used; items are stamped with 32 bits, so an item untouched for 2^32
+//! writes (about 4 billion) is ordered as if it were 2^32 writes younger.
 //! Expiry and flush_all are lazy: an item is checked when accessed, and the few items at an
 //! LRU tail are checked for expiry before a live item is evicted (`reclaimed` vs `evictions`).
 //!
@@ -59,7 +73,7 @@ pub use clock::Clock;
 pub use hash::hash_key;
 
 use numeric::{fmt_u64, parse_stored_u64};
-use shard::{Counters, Entry, Now, Shard, ACTIVE, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
+use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
@@ -307,12 +321,16 @@ struct FlushState {
     generation: AtomicU64,
 }
 
-/// Most lock shards a store will create (bounds memory for empty shards and the steal scan).
-const SHARDS_MAX: usize = 1 << 16;
+/// Most lock shards a store will create: every eviction reads each shard's published tail
+/// stamp, and a 64-bit mask tracks the shards it found locked.
+const SHARDS_MAX: usize = 64;
 /// Most eviction steps one store may take before it gives up with `NoMemory`.
 const RESERVE_STEPS_MAX: usize = 1 << 20;
 /// How often a store retries when nothing could be evicted because other shards were locked.
 const STEAL_RETRIES_MAX: usize = 64;
+/// How many times an eviction retries the try-lock of the shard holding the oldest item before
+/// it takes the next-oldest shard instead (the holder is usually inside a short operation).
+const OLDEST_LOCK_SPINS_MAX: usize = 64;
 /// memcached's `sizeof(item)` on 64-bit builds, used only to reproduce its `-I` size check.
 const MEMCACHED_ITEM_HEADER_BYTES: usize = 48;
 
@@ -337,17 +355,13 @@ pub struct Store {
     /// The memory limit in force: starts at `config.memory_bytes_max`, changed at run time by
     /// [`Store::set_memory_limit`] (a tenant's memory can be re-allocated without a restart).
     memory_bytes_max: AtomicUsize,
-    /// memory_bytes_max / shards: a shard above this evicts its own items first. Updated
-    /// together with `memory_bytes_max`; a reader that sees one new and one old value only
-    /// picks a slightly different victim shard, never breaks the limit.
-    fair_share_bytes: AtomicUsize,
     /// Charged bytes of all items; never above `memory_bytes_max` (reserved before insert).
     used_bytes: Padded<AtomicUsize>,
     /// Last CAS value handed out.
     cas_last: Padded<AtomicU64>,
     flush: Padded<FlushState>,
-    /// Where the next cross-shard eviction scan starts, so stealing spreads over shards.
-    steal_cursor: Padded<AtomicUsize>,
+    /// The LRU clock and the shards' published tail stamps (see the crate doc).
+    lru: Arc<LruBoard>,
     /// The kernel cache observer, once installed (each shard holds a clone too).
     kernel: OnceLock<Arc<dyn KernelCache>>,
 }
@@ -366,12 +380,12 @@ impl Store {
     pub fn with_clock(mut config: StoreConfig, clock: Clock) -> Store {
         let shards = config.shards.clamp(1, SHARDS_MAX).next_power_of_two();
         config.shards = shards;
-        let fair_share_bytes = config.memory_bytes_max / shards;
+        let lru = Arc::new(LruBoard::new(shards));
         Store {
-            shards: (0..shards).map(|_| Padded(Mutex::new(Shard::new()))).collect(),
+            shards: (0..shards).map(|i| Padded(Mutex::new(Shard::new(lru.clone(), i)))).collect(),
             shard_bits: shards.trailing_zeros(),
             memory_bytes_max: AtomicUsize::new(config.memory_bytes_max),
-            fair_share_bytes: AtomicUsize::new(fair_share_bytes),
+            lru,
             used_bytes: Padded(AtomicUsize::new(0)),
             cas_last: Padded(AtomicU64::new(0)),
             flush: Padded(FlushState {
@@ -379,7 +393,6 @@ impl Store {
                 oldest_cas: AtomicU64::new(0),
                 generation: AtomicU64::new(0),
             }),
-            steal_cursor: Padded(AtomicUsize::new(0)),
             kernel: OnceLock::new(),
             config,
             clock,
@@ -416,43 +429,37 @@ impl Store {
     }
 
     /// Change the memory limit at run time. Raising it takes effect at once. Lowering it
-    /// evicts before returning until the charged bytes fit the new limit: first from shards
-    /// holding more than their new fair share (each from its LRU tail, expired items first,
-    /// exactly as a store's own eviction does), then round-robin from any shard. Stores racing
+    /// evicts before returning until the charged bytes fit the new limit, in global LRU order
+    /// (expired items at a tail first), exactly as a store's own eviction does. Stores racing
     /// with this call already reserve against the new limit, so they evict for themselves.
     /// Items larger than the new limit can no longer be stored (`NoMemory`/`TooLarge` rules as
     /// for the limit at creation).
     pub fn set_memory_limit(&self, bytes: usize) {
-        let shards = self.shards.len();
         self.memory_bytes_max.store(bytes, Ordering::Relaxed);
-        self.fair_share_bytes.store(bytes / shards, Ordering::Relaxed);
         let used = &self.used_bytes.0;
-        if used.load(Ordering::Relaxed) <= bytes {
-            return;
-        }
         let t = self.now();
-        let fair = bytes / shards;
-        // Pass 1: shards over their fair share give back down to it (LRU tail first).
-        for i in 0..shards {
+        for _ in 0..RESERVE_STEPS_MAX {
             if used.load(Ordering::Relaxed) <= bytes {
                 return;
             }
-            let mut g = self.lock(i);
-            while g.bytes > fair && used.load(Ordering::Relaxed) > bytes {
-                if !g.evict_one(&t, used) {
-                    break;
-                }
+            // No shard lock is held here, so waiting for the oldest shard's lock is safe.
+            let Some(i) = self.oldest_shard(0) else { return };
+            self.lock(i).evict_one(&t, used);
+        }
+    }
+
+    /// The shard whose LRU tail is oldest by the published stamps, skipping the shards in
+    /// `skip` (bit i = shard i); None if every other shard is empty.
+    #[inline]
+    fn oldest_shard(&self, skip: u64) -> Option<usize> {
+        let mut best = (EMPTY_TAIL, usize::MAX);
+        for i in 0..self.lru.shards() {
+            let s = self.lru.tail(i);
+            if s < best.0 && skip & (1 << i) == 0 {
+                best = (s, i);
             }
         }
-        // Pass 2 (only when stores raced with pass 1, since fair shares sum to at most the
-        // limit): one item at a time from each shard in turn, bounded.
-        for step in 0..RESERVE_STEPS_MAX {
-            if used.load(Ordering::Relaxed) <= bytes {
-                return;
-            }
-            let mut g = self.lock(step & (shards - 1));
-            g.evict_one(&t, used);
-        }
+        (best.0 != EMPTY_TAIL).then_some(best.1)
     }
 
     pub fn clock(&self) -> &Clock {
@@ -542,12 +549,10 @@ impl Store {
             && key_len + value_len + ITEM_OVERHEAD_BYTES <= self.memory_bytes_max()
     }
 
-    /// Reserve `need` charged bytes in the global budget, evicting as needed: from this shard
-    /// while it holds more than its fair share, else from a shard that does (try-lock only, so
-    /// two shards stealing from each other cannot deadlock), else from this shard anyway.
+    /// Reserve `need` charged bytes in the global budget, evicting the globally least recently
+    /// used items as needed (see `evict_lru`).
     fn reserve(&self, si: usize, sh: &mut Shard, need: usize, t: &Now) -> bool {
         let max = self.memory_bytes_max();
-        let fair_share_bytes = self.fair_share_bytes.load(Ordering::Relaxed);
         let used = &self.used_bytes.0;
         let mut blocked_rounds = 0;
         for _ in 0..RESERVE_STEPS_MAX {
@@ -558,16 +563,11 @@ impl Store {
                 }
                 continue;
             }
-            if sh.bytes + need > fair_share_bytes && sh.evict_one(t, used) {
+            if self.evict_lru(si, sh, t) {
                 continue;
             }
-            if self.steal(si, t) {
-                continue;
-            }
-            if sh.evict_one(t, used) {
-                continue;
-            }
-            // Every other shard was busy or empty: give their holders a moment, then retry.
+            // Nothing evictable (every other shard locked or empty, reservations in flight):
+            // give their holders a moment, then retry.
             blocked_rounds += 1;
             if blocked_rounds > STEAL_RETRIES_MAX {
                 return false;
@@ -577,34 +577,39 @@ impl Store {
         false
     }
 
-    /// Evict one item from another shard; first pass only shards above their fair share.
-    fn steal(&self, si: usize, t: &Now) -> bool {
-        let n = self.shards.len();
-        if n == 1 {
-            return false;
-        }
-        let fair_share_bytes = self.fair_share_bytes.load(Ordering::Relaxed);
-        let start = self.steal_cursor.0.fetch_add(1, Ordering::Relaxed);
-        for pass in 0..2 {
-            for k in 0..n {
-                let j = start.wrapping_add(k) & (n - 1);
-                if j == si {
-                    continue;
-                }
-                let mut g = match self.shards[j].0.try_lock() {
-                    Ok(g) => g,
-                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(TryLockError::WouldBlock) => continue,
-                };
-                if pass == 0 && g.bytes <= fair_share_bytes {
-                    continue;
-                }
-                if g.evict_one(t, &self.used_bytes.0) {
+    /// Evict one item for a store that holds shard `si` (`sh`): the tail of the shard whose
+    /// published tail stamp is oldest. Other shards are only try-locked (two stores evicting
+    /// from each other's shard must not deadlock): the oldest one is retried a few times, then
+    /// the next-oldest is taken. False if nothing could be evicted.
+    fn evict_lru(&self, si: usize, sh: &mut Shard, t: &Now) -> bool {
+        let used = &self.used_bytes.0;
+        let mut skip = 0u64;
+        while let Some(j) = self.oldest_shard(skip) {
+            if j == si {
+                if sh.evict_one(t, used) {
                     return true;
                 }
+            } else {
+                for _ in 0..OLDEST_LOCK_SPINS_MAX {
+                    let mut g = match self.shards[j].0.try_lock() {
+                        Ok(g) => g,
+                        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                        Err(TryLockError::WouldBlock) => {
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                    };
+                    if g.evict_one(t, used) {
+                        return true;
+                    }
+                    break;
+                }
             }
+            skip |= 1 << j;
         }
-        false
+        // Every shard was locked or empty by its published stamp; this one may still hold
+        // something (its own slot is current, so only if it is empty will this fail).
+        sh.evict_one(t, used)
     }
 
     /// Reserve memory for and link a new entry built from `data` (key then value).
@@ -626,7 +631,9 @@ impl Store {
         if !self.reserve(si, sh, charge, t) {
             return None;
         }
-        Some(sh.insert(Entry {
+        // The tick is taken after eviction, with the lock held: the newest stamp in the shard.
+        let stamp = self.lru.tick();
+        let entry = Entry {
             data,
             cas,
             tag,
@@ -636,9 +643,11 @@ impl Store {
             exptime,
             time: t.now,
             atime: t.now,
+            stamp: stamp as u32,
             key_len: key_len as u16,
             bits,
-        }))
+        };
+        Some(sh.insert(entry, stamp))
     }
 
     /// Store `value` as the new item for `key`, replacing `existing`. Same-size replacements
@@ -684,7 +693,7 @@ impl Store {
                 e.time = t.now;
                 e.atime = t.now;
                 e.bits = bits;
-                sh.lru_bump(i);
+                sh.lru_touch(i, self.lru.tick());
                 sh.counters.total_items += 1;
                 return StoreResult::Stored(cas);
             }
@@ -760,8 +769,9 @@ impl Store {
             e.bits |= TOKEN_SENT;
         }
         if opts.bump {
-            e.bits |= FETCHED | ACTIVE;
+            e.bits |= FETCHED;
             e.atime = t.now;
+            sh.lru_touch(idx, self.lru.now());
         }
         if opts.kernel_fill && !created && touch_to.is_none() {
             self.kernel_fill(sh, idx, &t, flush_generation);
@@ -891,7 +901,7 @@ impl Store {
         match mode {
             SetMode::Add => {
                 // memcached bumps an existing item on a failed add.
-                sh.entries[idx as usize].bits |= ACTIVE;
+                sh.lru_touch(idx, self.lru.now());
                 StoreResult::NotStored
             }
             SetMode::Append | SetMode::Prepend => {
@@ -1034,7 +1044,7 @@ impl Store {
             pad.fill(b' ');
             e.cas = cas;
             e.atime = t.now;
-            e.bits |= ACTIVE;
+            sh.lru_touch(idx, self.lru.tick());
             idx
         } else {
             let (flags, exptime) = (e.flags, e.exptime);
@@ -1066,8 +1076,9 @@ impl Store {
         let exp = self.realtime(exptime, t.now);
         let e = &mut sh.entries[idx as usize];
         e.exptime = exp;
-        e.bits |= FETCHED | ACTIVE;
+        e.bits |= FETCHED;
         e.atime = t.now;
+        sh.lru_touch(idx, self.lru.now());
         true
     }
 

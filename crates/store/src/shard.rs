@@ -1,12 +1,15 @@
 //! One lock shard: the item slab (a `Vec` of entries reused through a free list), the hash
 //! index, an intrusive doubly linked LRU over slab slot numbers, and the shard's counters.
+//! The LRU is kept sorted by LRU stamp (see [`LruBoard`]) and the shard publishes its tail's
+//! stamp on the board, so a store can find the globally least recently used item without
+//! taking any other lock.
 //!
 //! Not for: locking, CAS numbering or exptime conversion; `Store` does those and calls in
 //! here with the lock held. Every operation here is O(1) (index growth amortised).
 
 use crate::index::Index;
 use crate::{KernelCache, ITEM_OVERHEAD_BYTES};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub(crate) const NIL: u32 = u32::MAX;
@@ -17,10 +20,6 @@ pub(crate) const FETCHED: u8 = 1;
 pub(crate) const STALE: u8 = 2;
 /// A win token was handed out for this item (meta `Z` to later readers).
 pub(crate) const TOKEN_SENT: u8 = 4;
-/// Accessed since it was last placed at the LRU head. Reads only set this bit (one write to
-/// an entry already in cache) instead of relinking the list; eviction gives such an item a
-/// second chance by moving it to the head. The result orders like LRU by last access.
-pub(crate) const ACTIVE: u8 = 8;
 /// The kernel cache (see [`KernelCache`]) may hold a copy of this item: every change or removal
 /// must invalidate it first. Cleared by that invalidation.
 pub(crate) const IN_KERNEL: u8 = 16;
@@ -34,8 +33,65 @@ pub(crate) const KEY_BINARY: u8 = 64;
 /// How many LRU tail items an eviction inspects for an expired one before evicting a live one
 /// (memcached's lru_pull_tail searches the same small window).
 const TAIL_SEARCH_ITEMS: usize = 5;
-/// Most ACTIVE tail items one eviction moves back to the head before it evicts anyway.
-const SECOND_CHANCE_MAX: usize = 256;
+/// An access relinks an item to the LRU head only when the LRU clock has moved at least this
+/// many ticks since the item was last placed there. Every access still counts: the item's
+/// position is then at most this many ticks older than its last access, which is the error
+/// bound of the eviction order (see the crate doc). 1 = relink whenever the clock has moved,
+/// so accesses between the same two stores are the only ones whose order is not kept.
+pub(crate) const BUMP_TICKS_MIN: u32 = 1;
+/// Published tail stamp of an empty shard: never the oldest.
+pub(crate) const EMPTY_TAIL: u64 = u64::MAX;
+
+/// The global LRU clock and every shard's published tail stamp, shared by the store and its
+/// shards. The clock ticks once per item written (a new item, a replacement, incr/decr), so
+/// stamps order writes exactly and reads to within the writes between them. A shard writes
+/// its slot only with its own lock held; readers compare slots without any lock.
+pub(crate) struct LruBoard {
+    /// Last tick handed out (its own cache line: every write bumps it).
+    clock: crate::Padded<AtomicU64>,
+    /// Stamp of each shard's LRU tail; `EMPTY_TAIL` for an empty shard. Packed: written only
+    /// when a tail changes, read by every eviction scan.
+    tails: Box<[AtomicU64]>,
+}
+
+impl LruBoard {
+    pub(crate) fn new(shards: usize) -> LruBoard {
+        LruBoard {
+            clock: crate::Padded(AtomicU64::new(0)),
+            tails: (0..shards).map(|_| AtomicU64::new(EMPTY_TAIL)).collect(),
+        }
+    }
+
+    /// The current tick, for a read (does not advance the clock).
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.0.load(Ordering::Relaxed)
+    }
+
+    /// A fresh tick, for a write.
+    #[inline]
+    pub(crate) fn tick(&self) -> u64 {
+        self.clock.0.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
+    }
+
+    /// Stamp of shard `i`'s least recently used item (`EMPTY_TAIL` if it has none).
+    #[inline]
+    pub(crate) fn tail(&self, i: usize) -> u64 {
+        self.tails[i].load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn shards(&self) -> usize {
+        self.tails.len()
+    }
+
+    /// The full stamp whose low 32 bits are `lo`: the latest one not after now. Exact for
+    /// items placed within the last 2^32 ticks; an item untouched for longer is taken to be
+    /// 2^32 ticks younger than it is (documented in the crate doc).
+    fn widen(&self, lo: u32) -> u64 {
+        let now = self.now();
+        now.wrapping_sub(u64::from((now as u32).wrapping_sub(lo)))
+    }
+}
 
 #[repr(align(64))] // one cache line per entry: a lookup touches exactly one line here
 pub(crate) struct Entry {
@@ -53,9 +109,16 @@ pub(crate) struct Entry {
     pub(crate) time: u32,
     /// Relative second of the last access (meta `l`, `stats items` age).
     pub(crate) atime: u32,
+    /// Low 32 bits of the LRU tick when the item was last placed at its shard's LRU head;
+    /// the LRU is sorted by it (see [`LruBoard`]).
+    pub(crate) stamp: u32,
     pub(crate) key_len: u16,
     pub(crate) bits: u8,
 }
+
+// One cache line per entry is what keeps a lookup to one line: a field that does not fit
+// must go elsewhere.
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 impl Entry {
     #[inline]
@@ -118,10 +181,13 @@ pub(crate) struct Shard {
     pub(crate) counters: Counters,
     /// The kernel cache observer, if one is installed (same one in every shard).
     pub(crate) kernel: Option<Arc<dyn KernelCache>>,
+    /// Where this shard publishes its tail stamp (slot `id`) and reads the LRU clock.
+    board: Arc<LruBoard>,
+    id: usize,
 }
 
 impl Shard {
-    pub(crate) fn new() -> Shard {
+    pub(crate) fn new(board: Arc<LruBoard>, id: usize) -> Shard {
         Shard {
             index: Index::new(),
             entries: Vec::new(),
@@ -132,7 +198,21 @@ impl Shard {
             items: 0,
             counters: Counters::default(),
             kernel: None,
+            board,
+            id,
         }
+    }
+
+    /// Publish the stamp of the current tail (after the tail changed).
+    #[inline]
+    fn publish_tail(&self, stamp: u64) {
+        self.board.tails[self.id].store(stamp, Ordering::Relaxed);
+    }
+
+    /// Publish the tail found in the list, widening its stored stamp.
+    fn publish_list_tail(&self) {
+        let s = if self.tail == NIL { EMPTY_TAIL } else { self.board.widen(self.entries[self.tail as usize].stamp) };
+        self.publish_tail(s);
     }
 
     /// Drop the kernel's copy of item `idx` (if it may have one) before the item changes:
@@ -175,7 +255,8 @@ impl Shard {
         Some(idx)
     }
 
-    pub(crate) fn lru_unlink(&mut self, idx: u32) {
+    /// Take `idx` off the list; republish the tail if it was the tail.
+    fn lru_unlink(&mut self, idx: u32) {
         let (prev, next) = {
             let e = &self.entries[idx as usize];
             (e.prev, e.next)
@@ -193,35 +274,54 @@ impl Shard {
         let e = &mut self.entries[idx as usize];
         e.prev = NIL;
         e.next = NIL;
+        if next == NIL {
+            self.publish_list_tail();
+        }
     }
 
-    pub(crate) fn lru_push_front(&mut self, idx: u32) {
+    /// Link `idx` at the head with the full stamp `stamp` (the newest in this shard).
+    fn lru_push_front(&mut self, idx: u32, stamp: u64) {
         let old_head = self.head;
         {
             let e = &mut self.entries[idx as usize];
             e.prev = NIL;
             e.next = old_head;
+            e.stamp = stamp as u32;
         }
         if old_head == NIL {
             self.tail = idx;
+            self.publish_tail(stamp);
         } else {
             self.entries[old_head as usize].prev = idx;
         }
         self.head = idx;
     }
 
-    /// Move to the most recently used end.
+    /// An access at LRU tick `now` (from [`LruBoard::now`] for reads, [`LruBoard::tick`] for
+    /// writes, taken with this shard's lock held so stamps never decrease along the list):
+    /// move the item to the head unless it was placed there less than `BUMP_TICKS_MIN` ticks
+    /// ago. Reads that find the clock unmoved write nothing.
     #[inline]
-    pub(crate) fn lru_bump(&mut self, idx: u32) {
+    pub(crate) fn lru_touch(&mut self, idx: u32, now: u64) {
+        let e = &mut self.entries[idx as usize];
+        if (now as u32).wrapping_sub(e.stamp) < BUMP_TICKS_MIN {
+            return;
+        }
         if self.head != idx {
             self.lru_unlink(idx);
-            self.lru_push_front(idx);
+            self.lru_push_front(idx, now);
+        } else {
+            e.stamp = now as u32;
+            if self.tail == idx {
+                self.publish_tail(now);
+            }
         }
     }
 
-    /// Put a new entry in the slab, index and LRU head. The caller has already reserved its
-    /// charge in the global byte count.
-    pub(crate) fn insert(&mut self, e: Entry) -> u32 {
+    /// Put a new entry in the slab, index and LRU head with full stamp `stamp` (a fresh tick
+    /// taken under this shard's lock). The caller has already reserved its charge in the
+    /// global byte count.
+    pub(crate) fn insert(&mut self, e: Entry, stamp: u64) -> u32 {
         let tag = e.tag;
         let charge = e.charge();
         let idx = if self.free_head != NIL {
@@ -235,7 +335,7 @@ impl Shard {
             (self.entries.len() - 1) as u32
         };
         self.index.insert(tag, idx);
-        self.lru_push_front(idx);
+        self.lru_push_front(idx, stamp);
         self.bytes += charge;
         self.items += 1;
         self.counters.total_items += 1;
@@ -249,7 +349,7 @@ impl Shard {
     }
 
     /// Like `remove` for an item already taken off the LRU.
-    pub(crate) fn remove_detached(&mut self, idx: u32, used: &AtomicUsize) {
+    fn remove_detached(&mut self, idx: u32, used: &AtomicUsize) {
         // Every removal (delete, replacement, eviction, expiry, flush, unlink) passes here:
         // a kernel copy must never outlive the item, or a later write to a key the store no
         // longer has would find no IN_KERNEL bit to tell it to invalidate.
@@ -272,18 +372,6 @@ impl Shard {
     /// Free one item from the LRU tail: an expired/flushed one among the last few if any
     /// (`reclaimed`), else the least recently used live one (`evictions`). False if empty.
     pub(crate) fn evict_one(&mut self, t: &Now, used: &AtomicUsize) -> bool {
-        for _ in 0..SECOND_CHANCE_MAX {
-            let tail = self.tail;
-            if tail == NIL {
-                break;
-            }
-            let e = &mut self.entries[tail as usize];
-            if e.bits & ACTIVE == 0 {
-                break;
-            }
-            e.bits &= !ACTIVE;
-            self.lru_bump(tail);
-        }
         let mut i = self.tail;
         for _ in 0..TAIL_SEARCH_ITEMS {
             if i == NIL {
@@ -317,6 +405,28 @@ impl Shard {
         (self.tail != NIL).then(|| self.entries[self.tail as usize].atime)
     }
 
+    /// Check the LRU invariants: stamps never increase from head to tail, and the published
+    /// tail stamp is the tail's.
+    #[cfg(test)]
+    pub(crate) fn check_lru(&self) {
+        let mut i = self.head;
+        let mut prev: Option<u32> = None;
+        while i != NIL {
+            let e = &self.entries[i as usize];
+            if let Some(p) = prev {
+                assert!(p.wrapping_sub(e.stamp) < 1 << 31, "stamps out of order: {p} before {}", e.stamp);
+            }
+            prev = Some(e.stamp);
+            i = e.next;
+        }
+        let published = self.board.tail(self.id);
+        match prev {
+            None => assert_eq!(published, EMPTY_TAIL),
+            Some(p) => assert_eq!(published as u32, p, "published tail stamp"),
+        }
+    }
+
+    /// Keys from the LRU head (most recent) to the tail.
     #[cfg(test)]
     pub(crate) fn lru_keys(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
