@@ -28,14 +28,9 @@ fn udp_buffers(s: &socket2::Socket) -> io::Result<()> {
 /// Bind `threads` sockets on each address given; nothing stays bound on failure.
 pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr>, threads: usize) -> Result<Bound, BindError> {
     let threads = threads.max(1);
-    let (mut tcps, mut tcp_local) = (Vec::new(), None);
-    if let Some(addr) = tcp_addr {
-        let socks = bind_group(Kind::Tcp { backlog: TCP_BACKLOG }, addr, threads, &|_| Ok(()))?;
-        tcp_local = socks.first().and_then(|s| s.local_addr().ok()).and_then(|a| a.as_socket());
-        tcps = socks.into_iter().map(|s| Some(s.into())).collect();
-    } else {
-        tcps.resize_with(threads, || None);
-    }
+    // UDP first: clients (and tests) take an accepting TCP listener as "ready", and the
+    // kernel completes TCP handshakes as soon as a listener exists, so once TCP answers the
+    // UDP port must already be bound.
     let (mut udps, mut udp_local) = (Vec::new(), None);
     if let Some(addr) = udp_addr {
         let socks = bind_group(Kind::Udp, addr, threads, &udp_buffers)?;
@@ -43,6 +38,14 @@ pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr
         udps = socks.into_iter().map(|s| Some(s.into())).collect();
     } else {
         udps.resize_with(threads, || None);
+    }
+    let (mut tcps, mut tcp_local) = (Vec::new(), None);
+    if let Some(addr) = tcp_addr {
+        let socks = bind_group(Kind::Tcp { backlog: TCP_BACKLOG }, addr, threads, &|_| Ok(()))?;
+        tcp_local = socks.first().and_then(|s| s.local_addr().ok()).and_then(|a| a.as_socket());
+        tcps = socks.into_iter().map(|s| Some(s.into())).collect();
+    } else {
+        tcps.resize_with(threads, || None);
     }
     Ok((tcps, udps, tcp_local, udp_local))
 }
