@@ -44,8 +44,8 @@ options (memcached's, with memcached's defaults):
   -A, --enable-shutdown    allow the `shutdown` command
   -v, -vv                  verbose
   -u, --user=NAME          as root: become NAME once every port is bound and the kernel fast
-                           path attached (no capabilities kept but, when XDP is attached,
-                           cap_net_admin for the main thread's detach at exit)
+                           path attached (no capabilities kept; kernels before 5.9 only: the
+                           main thread keeps cap_net_admin permitted to detach XDP at exit)
 slipstream's own:
   --config=FILE            TOML file for everything (flags given on the command line win)
   --admin=ADDR:PORT        Prometheus metrics at http://ADDR:PORT/metrics (off by default)
@@ -384,7 +384,7 @@ fn xdp_streams(streams: &Option<Arc<StreamService>>) -> bool {
 fn drop_privileges(target: &Option<privs::Target>, xdp_attached: bool) -> Result<(Option<privs::Dropped>, String), MainError> {
     match target {
         Some(t) => {
-            let d = privs::drop_to(t, xdp_attached).map_err(MainError::Start)?;
+            let d = privs::drop_to(t, xdp_attached && privs::xdp_detach_needs_net_admin()).map_err(MainError::Start)?;
             let note = format!("; {}", d.note());
             Ok((Some(d), note))
         }

@@ -5,11 +5,12 @@
 //! - Nothing effective, in any thread. The network path needs no privilege once set up: its
 //!   sockets are open, and the XDP maps and ring buffers are used through descriptors opened as
 //!   root (map lookups and updates on an open map fd check the fd, not a capability).
-//! - CAP_NET_ADMIN in the permitted set of the main thread only, and only when an XDP program
-//!   is attached: the main thread raises it for the detach at shutdown, which needs it when the
-//!   program was attached through netlink (kernels without XDP bpf_links). Every other thread
-//!   (workers, admin, streams, signals) has no capability at all: glibc changes the ids of all
-//!   threads, and only the main thread keeps its permitted set across the change.
+//! - XDP programs are attached through a bpf_link (kernel 5.9 and later, as aya does): closing
+//!   the link detaches, with no capability. Only on older kernels, where aya attaches through
+//!   netlink and the detach needs CAP_NET_ADMIN, does the main thread keep CAP_NET_ADMIN in its
+//!   permitted set (never effective until it raises it for the detach at shutdown). Every other
+//!   thread (workers, admin, streams, signals) has no capability at all: glibc changes the ids
+//!   of all threads, and only the main thread keeps its permitted set across the change.
 //! - Not CAP_NET_BIND_SERVICE: a tenant added later through the admin API on a port below
 //!   `net.ipv4.ip_unprivileged_port_start` (1024 by default) is refused with "Permission
 //!   denied". Ports chosen at start may be anything.
@@ -80,6 +81,30 @@ impl Dropped {
     }
 }
 
+/// Whether detaching an XDP program will need CAP_NET_ADMIN: aya attaches through a bpf_link
+/// (detached by closing it) from kernel 5.9 on, through netlink before.
+pub fn xdp_detach_needs_net_admin() -> bool {
+    // SAFETY: `utsname` is plain byte arrays, for which all-zero bytes are a valid value.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uname writes into our local `u`.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return true;
+    }
+    let release: String = u.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect();
+    !kernel_at_least(&release, (5, 9))
+}
+
+/// `release` (e.g. "6.18.44-fc") is at least `want` (major, minor); unparsable: no.
+fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    let major = it.next().and_then(|s| s.parse::<u32>().ok());
+    let minor = it.next().and_then(|s| s.parse::<u32>().ok());
+    match (major, minor) {
+        (Some(a), Some(b)) => (a, b) >= want,
+        _ => false,
+    }
+}
+
 /// The status line's note when nothing is dropped.
 pub fn root_note() -> &'static str {
     if is_root() {
@@ -90,7 +115,8 @@ pub fn root_note() -> &'static str {
 }
 
 /// Become `t` for good: no supplementary groups, its gid, its uid. Call on the main thread
-/// once every socket is bound and every XDP program attached; `keep_net_admin` when one is.
+/// once every socket is bound and every XDP program attached; `keep_net_admin` when one is and
+/// its detach needs the capability ([`xdp_detach_needs_net_admin`]).
 pub fn drop_to(t: &Target, keep_net_admin: bool) -> Result<Dropped, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| format!("failed to assume identity of user {}: {what}: {e}", t.name);
     // Keep the permitted set of this thread across the uid change (the others lose theirs).
@@ -111,4 +137,18 @@ pub fn drop_to(t: &Target, keep_net_admin: bool) -> Result<Dropped, String> {
         return Err(format!("failed to assume identity of user {}: could become root again", t.name));
     }
     Ok(Dropped { target: t.clone(), net_admin_kept: keep_net_admin })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_at_least;
+
+    #[test]
+    fn kernel_versions() {
+        assert!(kernel_at_least("6.18.44-fc-v595", (5, 9)));
+        assert!(kernel_at_least("5.9.0", (5, 9)));
+        assert!(!kernel_at_least("5.8.18-1", (5, 9)));
+        assert!(!kernel_at_least("4.19.0", (5, 9)));
+        assert!(!kernel_at_least("weird", (5, 9)));
+    }
 }
