@@ -9,6 +9,7 @@
 //! (`slipstream-proto`).
 
 pub mod admin;
+mod bind;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;

@@ -21,7 +21,8 @@
 
 use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
 use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
-use crate::tenants::{bind_all, Tenant, TenantTable};
+use crate::bind::bind_all;
+use crate::tenants::{Tenant, TenantTable};
 use crate::udp_batch::{RecvBatch, SendBatch};
 use crate::{memcache_binary, memcache_text};
 use mio::net::{TcpListener, TcpStream, UdpSocket};
@@ -131,7 +132,7 @@ pub struct NetConfig {
 /// Errors that stop the server from starting.
 #[derive(Debug)]
 pub enum NetError {
-    Bind { addr: SocketAddr, source: io::Error },
+    Bind(slipstream_bind::BindError),
     Poll(io::Error),
     Thread(io::Error),
 }
@@ -139,7 +140,7 @@ pub enum NetError {
 impl std::fmt::Display for NetError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NetError::Bind { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
+            NetError::Bind(e) => write!(f, "{e}"),
             NetError::Poll(e) => write!(f, "cannot create event loop: {e}"),
             NetError::Thread(e) => write!(f, "cannot start worker thread: {e}"),
         }
@@ -180,30 +181,6 @@ impl StopHandle {
     }
 }
 
-pub(crate) fn bind_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    let domain = socket2::Domain::for_address(addr);
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    s.listen(1024)?;
-    Ok(s.into())
-}
-
-pub(crate) fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    let domain = socket2::Domain::for_address(addr);
-    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.set_nonblocking(true)?;
-    // Bigger buffers absorb bursts from many clients; the kernel caps these at rmem_max.
-    let _ = s.set_recv_buffer_size(4 * 1024 * 1024);
-    let _ = s.set_send_buffer_size(4 * 1024 * 1024);
-    s.bind(&addr.into())?;
-    Ok(s.into())
-}
-
 impl Server {
     /// Single-tenant mode: bind every listener and start the workers. With port 0, the first
     /// bind picks the port and the other threads bind the same one.
@@ -214,7 +191,7 @@ impl Server {
         info_template: ServerInfo,
     ) -> Result<Server, NetError> {
         let threads = net.threads.max(1);
-        let bound = bind_all(net.tcp_addr, net.udp_addr, threads).map_err(|(addr, source)| NetError::Bind { addr, source })?;
+        let bound = bind_all(net.tcp_addr, net.udp_addr, threads).map_err(NetError::Bind)?;
         let (tcp_local, udp_local) = (bound.2, bound.3);
         let per_thread: Vec<Arc<ThreadStats>> = (0..threads).map(|_| Arc::new(ThreadStats::default())).collect();
         let info = Arc::new(ServerInfo {

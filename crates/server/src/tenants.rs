@@ -13,6 +13,7 @@
 //!
 //! Not for: the shaping arithmetic (slipstream-tenancy) or HTTP (admin.rs).
 
+use crate::bind::{bind_all, Bound};
 use crate::exec::Settings;
 use crate::stats::{FastPathSource, FastPathTotals, ServerInfo, ThreadStats};
 use mio::Waker;
@@ -20,7 +21,6 @@ use slipstream_store::{KernelCache, Store, StoreConfig};
 use slipstream_tenancy::shaper::Member;
 use slipstream_tenancy::spec::{validate_all, SpecError, TENANTS_MAX};
 use slipstream_tenancy::{ControlError, ShapingSpec, Shaper, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView};
-use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -82,39 +82,6 @@ impl Tenant {
     pub fn spec(&self) -> Option<TenantSpec> {
         self.spec.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
-}
-
-/// Bind `threads` SO_REUSEPORT sockets on each address given (port 0: the first picks).
-pub(crate) type Bound = (Vec<Option<std::net::TcpListener>>, Vec<Option<std::net::UdpSocket>>, Option<SocketAddr>, Option<SocketAddr>);
-
-pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr>, threads: usize) -> Result<Bound, (SocketAddr, io::Error)> {
-    let mut tcps = Vec::new();
-    let mut udps = Vec::new();
-    let mut tcp_local = None;
-    let mut udp_local = None;
-    for _ in 0..threads {
-        if let Some(mut addr) = tcp_addr {
-            if let Some(l) = tcp_local {
-                addr = l;
-            }
-            let l = crate::net::bind_tcp(addr).map_err(|e| (addr, e))?;
-            tcp_local = l.local_addr().ok();
-            tcps.push(Some(l));
-        } else {
-            tcps.push(None);
-        }
-        if let Some(mut addr) = udp_addr {
-            if let Some(l) = udp_local {
-                addr = l;
-            }
-            let u = crate::net::bind_udp(addr).map_err(|e| (addr, e))?;
-            udp_local = u.local_addr().ok();
-            udps.push(Some(u));
-        } else {
-            udps.push(None);
-        }
-    }
-    Ok((tcps, udps, tcp_local, udp_local))
 }
 
 /// What a new tenant's store and counters are built from.
@@ -249,11 +216,12 @@ impl TenantTable {
         let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
         let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
         let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
-        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads).map_err(|(addr, e)| {
-            if e.kind() == io::ErrorKind::AddrInUse {
-                ControlError::Conflict(format!("cannot listen on {addr}: {e}"))
+        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads).map_err(|e| {
+            // Taken by another process (or a port this one may not share): 409.
+            if e.in_use() {
+                ControlError::Conflict(format!("tenant {:?}: {e}", spec.name))
             } else {
-                ControlError::Failed(format!("cannot listen on {addr}: {e}"))
+                ControlError::Failed(format!("tenant {:?}: {e}", spec.name))
             }
         })?;
         // Lock shards as the single-tenant daemon picks them, for the tenant's own memory.

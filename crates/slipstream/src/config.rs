@@ -93,6 +93,8 @@ pub struct Config {
     pub results: ResultsConfig,
     /// `[[stream]]` entries; empty = no stream offload.
     pub streams: Vec<StreamConfig>,
+    /// `-u`: the user to become once everything is bound and attached (only when root).
+    pub user: Option<String>,
 }
 
 impl Default for Config {
@@ -121,6 +123,7 @@ impl Default for Config {
             tenants: Vec::new(),
             results: ResultsConfig::default(),
             streams: Vec::new(),
+            user: None,
         }
     }
 }
@@ -219,6 +222,7 @@ struct FileServer {
     xdp_entries: Option<u32>,
     worker_sched: Option<String>,
     admin_token: Option<String>,
+    user: Option<String>,
 }
 
 fn bad(name: &'static str, value: &str, why: &str) -> ConfigError {
@@ -321,7 +325,7 @@ impl Config {
                 "C" | "disable-cas" => cfg.cas_enabled = false,
                 "F" | "disable-flush-all" => cfg.flush_enabled = false,
                 "A" | "enable-shutdown" => cfg.shutdown_enabled = true,
-                "u" | "user" => {}
+                "u" | "user" => cfg.user = Some(value),
                 "v" | "verbose" => cfg.verbose = cfg.verbose.saturating_add(1),
                 "vv" => cfg.verbose = cfg.verbose.saturating_add(2),
                 "vvv" => cfg.verbose = cfg.verbose.saturating_add(3),
@@ -389,6 +393,9 @@ impl Config {
             }
             if let Some(v) = s.admin_token {
                 self.admin_token = Some(v);
+            }
+            if let Some(v) = s.user {
+                self.user = Some(v);
             }
         }
         if let Some(sh) = file.shaping {
@@ -498,6 +505,9 @@ mod tests {
         assert!(c.shutdown_enabled && !c.cas_enabled);
         assert_eq!(c.verbose, 2);
         assert_eq!(c.listen, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(c.user, None);
+        assert_eq!(Config::from_args(&args("-u nobody")).unwrap().user.as_deref(), Some("nobody"));
+        assert_eq!(Config::from_args(&args("--user=daemon")).unwrap().user.as_deref(), Some("daemon"));
     }
 
     #[test]
@@ -525,6 +535,9 @@ mod tests {
         std::fs::write(&f, "[server]\nport = 2000\nthreads = 3\nmax_item_size = \"512k\"\n").unwrap();
         let c = Config::from_args(&args(&format!("--config {} -p 3000", f.display()))).unwrap();
         assert_eq!((c.port, c.threads, c.item_bytes_max), (3000, 3, 512 * 1024));
+        std::fs::write(&f, "[server]\nuser = \"nobody\"\n").unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.user.as_deref(), Some("nobody"));
         std::fs::write(&f, "[server]\nprot = 2000\n").unwrap();
         assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
         // A stream port may be neither the memcached UDP port nor a tenant's port.

@@ -7,6 +7,7 @@
 //! (slipstream-store).
 
 mod config;
+mod privs;
 mod send;
 
 use config::{Config, ConfigError, WorkerSchedChoice};
@@ -43,7 +44,9 @@ options (memcached's, with memcached's defaults):
   -F, --disable-flush-all  refuse flush_all
   -A, --enable-shutdown    allow the `shutdown` command
   -v, -vv                  verbose
-  -u, --user=NAME          accepted for memcached compatibility (no privilege drop needed)
+  -u, --user=NAME          as root: become NAME once every port is bound and the kernel fast
+                           path attached (no capabilities kept; kernels before 5.9 only: the
+                           main thread keeps cap_net_admin permitted to detach XDP at exit)
 slipstream's own:
   --config=FILE            TOML file for everything (flags given on the command line win)
   --admin=ADDR:PORT        Prometheus metrics at http://ADDR:PORT/metrics (off by default)
@@ -239,7 +242,7 @@ fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), M
 
 /// Tenant mode: every `[[tenant]]` on its own ports with its own store, shaped by `[shaping]`;
 /// the admin endpoint (if configured) edits tenants at run time.
-fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
+fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>) -> Result<(), MainError> {
     let settings = Arc::new(Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
@@ -294,11 +297,13 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
                     ", admin http://{local}/ ({})",
                     if cfg.admin_token.is_some() { "token required" } else { "read-only: no admin_token" }
                 ),
-                Err(e) => return Err(MainError::Start(format!("cannot listen for admin on {addr}: {e}"))),
+                Err(e) => return Err(admin_bind_error(addr, e)),
             }
         }
         None => String::new(),
     };
+    spawn_signal_thread(sigset, server.stop_handle())?;
+    let (dropped, privs_line) = drop_privileges(&target, kernel.is_some() || xdp_streams(&streams))?;
     let tenants: Vec<String> = table
         .snapshot()
         .iter()
@@ -314,7 +319,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         })
         .collect();
     println!(
-        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}{}; {}{}",
+        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}{}; {}{}{}",
         slipstream_server::VERSION_STRING,
         tenants.len(),
         tenants.join("; "),
@@ -326,9 +331,12 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t) -> Result<(), MainError> {
         admin_line,
         fastpath,
         stream_line,
+        privs_line,
     );
-    spawn_signal_thread(sigset, server.stop_handle())?;
     server.join();
+    if let Some(d) = &dropped {
+        d.for_teardown();
+    }
     stop_streams(streams);
     if let Some(k) = kernel {
         k.shutdown();
@@ -363,6 +371,68 @@ fn attach_tenant_fast_path(cfg: &Config, table: &TenantTable) -> (Option<Arc<Ker
     }
 }
 
+/// The admin endpoint's bind failure, worded like every other port's.
+fn admin_bind_error(addr: std::net::SocketAddr, source: std::io::Error) -> MainError {
+    let e = slipstream_bind::BindError { kind: slipstream_bind::Kind::Tcp { backlog: 0 }, addr, source };
+    MainError::Start(format!("admin: {e}"))
+}
+
+/// Whether a stream runs in the XDP engine (an XDP program is attached for it).
+fn xdp_streams(streams: &Option<Arc<StreamService>>) -> bool {
+    streams.as_ref().is_some_and(|s| s.engines().iter().any(|e| e.starts_with("xdp")))
+}
+
+/// `-u`: become the user now (every port bound, every XDP program attached); returns what was
+/// dropped and the status line's last part.
+fn drop_privileges(target: &Option<privs::Target>, xdp_attached: bool) -> Result<(Option<privs::Dropped>, String), MainError> {
+    match target {
+        Some(t) => {
+            let d = privs::drop_to(t, xdp_attached && privs::xdp_detach_needs_net_admin()).map_err(MainError::Start)?;
+            let note = format!("; {}", d.note());
+            Ok((Some(d), note))
+        }
+        None => {
+            let note = privs::root_note();
+            Ok((None, if note.is_empty() { String::new() } else { format!("; {note}") }))
+        }
+    }
+}
+
+/// Streams (and their results port) only, no KV port: `-p 0` with `[[stream]]`s.
+fn serve_streams_only(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>) -> Result<(), MainError> {
+    let (streams, stream_line) = start_streams(&cfg)?;
+    let admin_line = match cfg.admin_addr {
+        Some(addr) => match slipstream_server::admin::start(
+            addr,
+            AdminState { node: None, tenants: None, token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) },
+        ) {
+            Ok(local) => format!(", metrics http://{local}/metrics"),
+            Err(e) => return Err(admin_bind_error(addr, e)),
+        },
+        None => String::new(),
+    };
+    let (dropped, privs_line) = drop_privileges(&target, xdp_streams(&streams))?;
+    println!(
+        "slipstream {}: tcp off, udp off (no KV port){}{}{}",
+        slipstream_server::VERSION_STRING,
+        admin_line,
+        stream_line,
+        privs_line,
+    );
+    // No workers to stop: this thread waits for SIGINT/SIGTERM itself.
+    let mut sig: libc::c_int = 0;
+    // SAFETY: sigwait reads the sigset we built and writes the signal number into a local; both
+    // outlive the call.
+    if unsafe { libc::sigwait(&sigset, &mut sig) } == 0 {
+        eprintln!("slipstream: signal {sig}, shutting down");
+    }
+    if let Some(d) = &dropped {
+        d.for_teardown();
+    }
+    stop_streams(streams);
+    Ok(())
+}
+
 /// Block SIGINT/SIGTERM in every thread and wait for them in one dedicated thread, so the
 /// workers never run signal handlers and shutdown is an ordinary stop request.
 fn block_signals() -> libc::sigset_t {
@@ -380,8 +450,18 @@ fn block_signals() -> libc::sigset_t {
 
 fn serve(cfg: Config) -> Result<(), MainError> {
     let sigset = block_signals();
+    // Looked up before anything is bound, so a typo fails at once.
+    let target = privs::resolve(cfg.user.as_deref()).map_err(MainError::Start)?;
     if !cfg.tenants.is_empty() {
-        return serve_tenants(cfg, sigset);
+        return serve_tenants(cfg, sigset, target);
+    }
+    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
+        if cfg.streams.is_empty() {
+            return Err(MainError::Start(
+                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve".into(),
+            ));
+        }
+        return serve_streams_only(cfg, sigset, target);
     }
 
     let store_cfg = StoreConfig {
@@ -398,9 +478,6 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         detail_enabled: cfg.detail_enabled,
         ..Settings::default()
     };
-    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
-        return Err(MainError::Start("both TCP and UDP are off (-p 0 -U 0): nothing to serve".into()));
-    }
     // Attach before serving, so the kernel cache starts empty and coherent from the first
     // request; a failure leaves the daemon serving from user space with the reason shown.
     let (kernel, fastpath) = attach_fast_path(&cfg, &store);
@@ -440,12 +517,14 @@ fn serve(cfg: Config) -> Result<(), MainError> {
             AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) },
         ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
-            Err(e) => return Err(MainError::Start(format!("cannot listen for admin on {addr}: {e}"))),
+            Err(e) => return Err(admin_bind_error(addr, e)),
         },
         None => String::new(),
     };
+    spawn_signal_thread(sigset, server.stop_handle())?;
+    let (dropped, privs_line) = drop_privileges(&target, kernel.is_some() || xdp_streams(&streams))?;
     println!(
-        "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}",
+        "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
         slipstream_server::VERSION_STRING,
         server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
@@ -457,10 +536,13 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         admin_line,
         fastpath,
         stream_line,
+        privs_line,
     );
 
-    spawn_signal_thread(sigset, server.stop_handle())?;
     server.join();
+    if let Some(d) = &dropped {
+        d.for_teardown();
+    }
     stop_streams(streams);
     if let Some(k) = kernel {
         // Detach explicitly: the store (still referenced by the admin thread) holds the fast

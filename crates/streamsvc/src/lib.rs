@@ -99,8 +99,8 @@ pub enum ServiceError {
     /// A stream's configuration is invalid.
     Config { stream: String, error: ConfigError },
     Limit { key: &'static str, value: u64, max: u64 },
-    BindUdp { stream: String, addr: SocketAddr, source: io::Error },
-    BindTcp { addr: SocketAddr, source: io::Error },
+    BindUdp { stream: String, error: slipstream_bind::BindError },
+    BindTcp(slipstream_bind::BindError),
     Poll(io::Error),
     Thread(io::Error),
 }
@@ -110,10 +110,8 @@ impl fmt::Display for ServiceError {
         match self {
             ServiceError::Config { stream, error } => write!(f, "stream {stream:?}: {error}"),
             ServiceError::Limit { key, value, max } => write!(f, "{key} = {value}: expected 1..={max}"),
-            ServiceError::BindUdp { stream, addr, source } => {
-                write!(f, "cannot bind udp {addr} (stream {stream:?}): {source}")
-            }
-            ServiceError::BindTcp { addr, source } => write!(f, "cannot bind tcp {addr} (results): {source}"),
+            ServiceError::BindUdp { stream, error } => write!(f, "stream {stream:?}: {error}"),
+            ServiceError::BindTcp(error) => write!(f, "results: {error}"),
             ServiceError::Poll(e) => write!(f, "cannot create results event loop: {e}"),
             ServiceError::Thread(e) => write!(f, "cannot start stream thread: {e}"),
         }
@@ -195,21 +193,26 @@ impl Shared {
 
 /// A UDP socket for ingest: SO_RXQ_OVFL on (required: drops must never be silent), SO_RCVBUF
 /// as large as allowed (`SO_RCVBUF`, then `SO_RCVBUFFORCE` which works with CAP_NET_ADMIN).
-/// No SO_REUSEADDR: for UDP on Linux it would let a second process bind the same port and
-/// silently take part of the traffic; without it a taken port fails with "Address in use".
-pub(crate) fn bind_udp(addr: SocketAddr, rcvbuf_bytes: usize) -> io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    let _ = sock.set_recv_buffer_size(rcvbuf_bytes);
-    // The kernel reports double the usable size; compare against that.
-    if sock.recv_buffer_size().unwrap_or(0) < rcvbuf_bytes {
-        let v = libc::c_int::try_from(rcvbuf_bytes).unwrap_or(libc::c_int::MAX);
-        setsockopt_int(sock.as_raw_fd(), libc::SO_RCVBUFFORCE, v).ok();
-    }
-    setsockopt_int(sock.as_raw_fd(), libc::SO_RXQ_OVFL, 1)?;
-    sock.bind(&addr.into())?;
+/// One socket, exclusive to this process by the project's port rule (`slipstream-bind`): a
+/// taken port fails with "Address already in use".
+pub(crate) fn bind_udp(addr: SocketAddr, rcvbuf_bytes: usize) -> Result<UdpSocket, slipstream_bind::BindError> {
+    let prepare = |sock: &socket2::Socket| {
+        let _ = sock.set_recv_buffer_size(rcvbuf_bytes);
+        // The kernel reports double the usable size; compare against that.
+        if sock.recv_buffer_size().unwrap_or(0) < rcvbuf_bytes {
+            let v = libc::c_int::try_from(rcvbuf_bytes).unwrap_or(libc::c_int::MAX);
+            setsockopt_int(sock.as_raw_fd(), libc::SO_RCVBUFFORCE, v).ok();
+        }
+        setsockopt_int(sock.as_raw_fd(), libc::SO_RXQ_OVFL, 1)
+    };
+    let sock = slipstream_bind::bind_one(slipstream_bind::Kind::Udp, addr, &prepare)?;
+    // The ingest thread blocks in recvmmsg with SO_RCVTIMEO as its tick.
+    sock.set_nonblocking(false).map_err(|source| slipstream_bind::BindError { kind: slipstream_bind::Kind::Udp, addr, source })?;
     Ok(sock.into())
 }
+
+/// Listen backlog of the results port.
+const RESULTS_BACKLOG: i32 = 128;
 
 fn setsockopt_int(fd: libc::c_int, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: passes a pointer to a live c_int and its exact size; `fd` is an open socket.
@@ -291,7 +294,7 @@ impl StreamService {
         for s in &cfg.streams {
             let addr = SocketAddr::new(cfg.listen, s.udp_port);
             let sock = bind_udp(addr, cfg.udp_rcvbuf_bytes)
-                .map_err(|source| ServiceError::BindUdp { stream: s.name.clone(), addr, source })?;
+                .map_err(|error| ServiceError::BindUdp { stream: s.name.clone(), error })?;
             let local = sock.local_addr().unwrap_or(addr);
             stream_addrs.push((s.name.clone(), local));
             socks.push(sock);
@@ -301,9 +304,10 @@ impl StreamService {
         // port open may start sending at once, and datagrams that arrived before the XDP slots
         // were filled would all go to the socket (at line rate, beyond what it can queue).
         let (engine, xdp_streams, engines, reader) = xdp::setup(&cfg, &stream_addrs, &ops);
-        let std_listener = std::net::TcpListener::bind(taddr)
-            .and_then(|l| l.set_nonblocking(true).map(|_| l))
-            .map_err(|source| ServiceError::BindTcp { addr: taddr, source })?;
+        let std_listener: std::net::TcpListener =
+            slipstream_bind::bind_one(slipstream_bind::Kind::Tcp { backlog: RESULTS_BACKLOG }, taddr, &|_| Ok(()))
+                .map_err(ServiceError::BindTcp)?
+                .into();
         let results_addr = std_listener.local_addr().unwrap_or(taddr);
         let mut listener = mio::net::TcpListener::from_std(std_listener);
         let poll = Poll::new().map_err(ServiceError::Poll)?;
