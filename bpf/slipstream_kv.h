@@ -185,4 +185,20 @@ struct ss_scratch {
 	__u8 reply[SS_SCRATCH_REPLY_BYTES]; /* UDP header + frame header + reply payload */
 };
 
+/* ---- layout checks: what the comments above promise, checked by every compiler that reads
+ * this header (the BPF build and the host probe that generates the Rust mirror, see
+ * crates/fastpath/build.rs), so the two targets cannot disagree silently. ---- */
+_Static_assert(sizeof(struct ss_key) == 16, "ss_key: 16 bytes, no padding");
+_Static_assert(sizeof(struct ss_item) == 40 + SS_PIECE_BYTES_MAX, "ss_item: 40-byte header + piece");
+_Static_assert(__builtin_offsetof(struct ss_item, piece) == 40, "ss_item: piece after the 40-byte header");
+_Static_assert(sizeof(struct ss_config) == 16, "ss_config: 16 bytes");
+_Static_assert(sizeof(struct ss_tenant) == 64, "ss_tenant: one cache line");
+_Static_assert(__builtin_offsetof(struct ss_tenant, allow_in_bytes) % 8 == 0, "ss_tenant: atomics aligned");
+_Static_assert(sizeof(struct ss_tenant_stats) == 32, "ss_tenant_stats: 32 bytes");
+_Static_assert(SS_KEY_WORDS_MAX * 8 >= SS_KEY_BYTES_MAX, "the hash reads every key byte");
+_Static_assert((SS_REQUEST_BYTES_MAX & (SS_REQUEST_BYTES_MAX - 1)) == 0, "request bound is a power of two (masking)");
+_Static_assert(SS_PIECE_BYTES_MAX >= SS_REPLY_PAYLOAD_BYTES_MAX + 32, "a cacheable gets form plus the meta prefix fit");
+_Static_assert(SS_SCRATCH_REPLY_BYTES >= 16 + SS_REPLY_PAYLOAD_BYTES_MAX, "UDP + frame header + payload fit the scratch reply");
+_Static_assert(SS_COUNTER_THROTTLED < SS_COUNTER_COUNT, "counter slots");
+
 #endif /* SLIPSTREAM_KV_H */

@@ -162,4 +162,16 @@ struct ss_sscratch {
 	__u64 work[16];
 };
 
+/* ---- layout checks (see the same block in slipstream_kv.h) ---- */
+_Static_assert(sizeof(struct ss_stream) == 48, "ss_stream: 48 bytes");
+_Static_assert(sizeof(struct ss_stream_stats) == 64, "ss_stream_stats: 64 bytes");
+_Static_assert(sizeof(struct ss_wc_key) == 16 + SS_WORD_KEY_BYTES, "ss_wc_key: no padding");
+_Static_assert(sizeof(struct ss_cp_state) == 64 + SS_CP_REF_MAX * 24 + SS_CP_HISTORY_MAX * 8, "ss_cp_state layout");
+_Static_assert(sizeof(struct ss_ev_hdr) == 16, "ss_ev_hdr: 16 bytes");
+_Static_assert(__builtin_offsetof(struct ss_alert, ring_sum) == 48, "ss_alert: rings after the 48-byte head");
+_Static_assert(__builtin_offsetof(struct ss_values, v) == 24, "ss_values: values after the 24-byte head");
+_Static_assert((SS_STREAM_PAYLOAD_MAX & (SS_STREAM_PAYLOAD_MAX - 1)) == 0, "payload bound is a power of two (masking)");
+_Static_assert(SS_STREAMS_MAX <= SS_PORT_SLOT_MASK + 1, "stream slots fit the port value");
+_Static_assert(SS_VALUES_BATCH >= SS_VALUES_MAX, "one datagram's values fit one record");
+
 #endif /* SLIPSTREAM_STREAM_H */

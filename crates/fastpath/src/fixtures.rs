@@ -318,7 +318,7 @@ pub fn all() -> Vec<Fixture> {
     v.push(miss("nine keys", false, b"get a b c d e f g h i\r\n", eight));
     // The largest value the kernel caches (its `gets` form, " 9" included, fills a datagram),
     // spanning several checksum chunks.
-    let big = vec![b'x'; 1392 - "VALUE big 0 1365".len() - " 9".len() - 4 - 5];
+    let big = vec![b'x'; crate::abi::REPLY_PAYLOAD_BYTES_MAX - "VALUE big 0 1365".len() - " 9".len() - 4 - 5];
     let mut reply = format!("VALUE big 0 {}\r\n", big.len()).into_bytes();
     reply.extend_from_slice(&big);
     reply.extend_from_slice(b"\r\nEND\r\n");

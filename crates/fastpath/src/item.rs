@@ -175,7 +175,7 @@ mod tests {
         assert_eq!(compose(&[b'k'; 251], 0, 0, b"x", 0, 0), Err(NotCacheable::Key));
         assert_eq!(compose(b"a b", 0, 0, b"x", 0, 0), Err(NotCacheable::Key));
         assert_eq!(compose(b"k", 0, 0, &[0; 2000], 0, 0), Err(NotCacheable::TooLarge));
-        // Largest that fits: "VALUE k 0 N cas\r\n" + N + "\r\nEND\r\n" <= 1392.
+        // Largest that fits: "VALUE k 0 N cas\r\n" + N + "\r\nEND\r\n" <= REPLY_PAYLOAD_BYTES_MAX.
         let fixed = "VALUE k 0 1360".len() + " 1".len() + 4 + 5;
         let n = REPLY_PAYLOAD_BYTES_MAX - fixed;
         assert!(compose(b"k", 0, 1, &vec![b'v'; n], 0, 0).is_ok());

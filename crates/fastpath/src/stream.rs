@@ -13,13 +13,14 @@
 //! program itself, serving no tenant.
 
 use std::io;
-use std::mem::{offset_of, size_of};
+use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use aya::maps::{MapData, RingBuf};
 
-use crate::{sys, AttachMode, FastPath, FastPathError};
+use crate::abi::header::{self as h, ss_alert, ss_ev_hdr, ss_values};
+use crate::{mirror, sys, AttachMode, FastPath, FastPathError};
 
 /// Map and limit names of `slipstream_stream.h`.
 pub const MAP_STREAMS: &str = "ss_streams";
@@ -28,30 +29,30 @@ pub const MAP_WORDCOUNT: &str = "ss_wc";
 pub const MAP_CHANGEPOINT: &str = "ss_cp";
 pub const MAP_EVENTS: &str = "ss_events";
 
-pub const STREAMS_MAX: u32 = 64;
-pub const PORT_STREAM: u32 = 0x8000_0000;
-pub const PORT_SLOT_MASK: u32 = 0xffff;
-pub const WORD_KEY_BYTES: usize = 32;
-pub const STREAM_PAYLOAD_MAX: usize = 2048;
-pub const WORDS_MAX: usize = 1024;
-pub const VALUES_MAX: usize = 256;
-pub const WC_ENTRIES: u32 = 65536;
-pub const CP_REF_MAX: usize = 64;
-pub const CP_HISTORY_MAX: usize = 1024;
+pub const STREAMS_MAX: u32 = h::SS_STREAMS_MAX as u32;
+pub const PORT_STREAM: u32 = h::SS_PORT_STREAM as u32;
+pub const PORT_SLOT_MASK: u32 = h::SS_PORT_SLOT_MASK as u32;
+pub const WORD_KEY_BYTES: usize = h::SS_WORD_KEY_BYTES as usize;
+pub const STREAM_PAYLOAD_MAX: usize = h::SS_STREAM_PAYLOAD_MAX as usize;
+pub const WORDS_MAX: usize = h::SS_WORDS_MAX as usize;
+pub const VALUES_MAX: usize = h::SS_VALUES_MAX as usize;
+pub const WC_ENTRIES: u32 = h::SS_WC_ENTRIES as u32;
+pub const CP_REF_MAX: usize = h::SS_CP_REF_MAX as usize;
+pub const CP_HISTORY_MAX: usize = h::SS_CP_HISTORY_MAX as usize;
 /// Values are micro-units: `value = micro / FIXED_SCALE`.
-pub const FIXED_SCALE: i64 = 1_000_000;
+pub const FIXED_SCALE: i64 = h::SS_FIXED_SCALE as i64;
 /// Largest |micro| the kernel takes (10^8 units).
-pub const FIXED_ABS_MAX: i64 = 100_000_000_000_000;
+pub const FIXED_ABS_MAX: i64 = h::SS_FIXED_ABS_MAX as i64;
 
-pub const OP_NONE: u32 = 0;
-pub const OP_WORDCOUNT: u32 = 1;
-pub const OP_CHANGEPOINT: u32 = 2;
-pub const OP_VALUES: u32 = 3;
-pub const FORMAT_AUTO: u32 = 0;
-pub const FORMAT_TEXT: u32 = 1;
-pub const FORMAT_BINARY: u32 = 2;
-const EV_ALERT: u32 = 1;
-const EV_VALUES: u32 = 2;
+pub const OP_NONE: u32 = h::SS_OP_NONE as u32;
+pub const OP_WORDCOUNT: u32 = h::SS_OP_WORDCOUNT as u32;
+pub const OP_CHANGEPOINT: u32 = h::SS_OP_CHANGEPOINT as u32;
+pub const OP_VALUES: u32 = h::SS_OP_VALUES as u32;
+pub const FORMAT_AUTO: u32 = h::SS_FORMAT_AUTO as u32;
+pub const FORMAT_TEXT: u32 = h::SS_FORMAT_TEXT as u32;
+pub const FORMAT_BINARY: u32 = h::SS_FORMAT_BINARY as u32;
+const EV_ALERT: u32 = h::SS_EV_ALERT as u32;
+const EV_VALUES: u32 = h::SS_EV_VALUES as u32;
 /// `BPF_F_LOCK`: copy a spin-locked map value under its lock.
 const BPF_F_LOCK: u64 = 4;
 
@@ -119,25 +120,12 @@ pub struct CpState {
     pub hist: [i64; CP_HISTORY_MAX],
 }
 
-const ALERT_HIST_OFF: usize = 16 + 8 + 24 + CP_REF_MAX * 16;
-const ALERT_BYTES: usize = ALERT_HIST_OFF + CP_HISTORY_MAX * 8;
-
-const _: () = assert!(size_of::<StreamCfg>() == 48);
-const _: () = assert!(offset_of!(StreamCfg, window_ns) == 8);
-const _: () = assert!(offset_of!(StreamCfg, threshold_n) == 32);
-const _: () = assert!(offset_of!(StreamCfg, format) == 40);
-const _: () = assert!(size_of::<StreamStats>() == 64);
-const _: () = assert!(offset_of!(StreamStats, passed) == 24);
-const _: () = assert!(offset_of!(StreamStats, events_lost) == 40);
-const _: () = assert!(size_of::<WcKey>() == 48);
-const _: () = assert!(offset_of!(WcKey, stream) == 8);
-const _: () = assert!(offset_of!(WcKey, word) == 16);
-const _: () = assert!(offset_of!(CpState, high_t_ns) == 8);
-const _: () = assert!(offset_of!(CpState, ring_len) == 40);
-const _: () = assert!(offset_of!(CpState, ref_sum_n) == 48);
-const _: () = assert!(offset_of!(CpState, ring_sum) == 64);
-const _: () = assert!(offset_of!(CpState, hist) == 64 + CP_REF_MAX * 24);
-const _: () = assert!(size_of::<CpState>() == 64 + CP_REF_MAX * 24 + CP_HISTORY_MAX * 8);
+mirror!(StreamCfg, ss_stream, [op, user_only, window_ns, word_bytes_max, records_max, reference_windows, history, threshold_n, format, pad0]);
+mirror!(StreamStats, ss_stream_stats, [datagrams, records, malformed, passed, alerts, events_lost, pad0, pad1]);
+mirror!(WcKey, ss_wc_key, [window, stream, len, word]);
+mirror!(CpState, ss_cp_state, [lock, mode, high_t_ns, cur_window, cur_sum, cur_count, ring_len, ring_head, ref_sum_n, hist_len, hist_head, ring_sum, ring_count, ring_mean_n, hist]);
+// Ring-buffer records are read field by field at the header's offsets (parse_event).
+const _: () = assert!(ss_ev_hdr::SIZE == 16 && ss_alert::hdr == 0 && ss_values::hdr == 0);
 
 impl crate::abi::Plain for StreamCfg {}
 impl crate::abi::Plain for WcKey {}
@@ -193,38 +181,37 @@ fn ring_order(head: u32, len: u32, cap: u32) -> impl Iterator<Item = usize> {
 
 /// Parses one ring-buffer record (`None`: unknown or short).
 pub fn parse_event(b: &[u8]) -> Option<Event> {
-    let ty = u32_at(b, 0)?;
-    let stream = u32_at(b, 4)?;
-    let t_ns = u64_at(b, 8)?;
+    let ty = u32_at(b, ss_ev_hdr::r#type)?;
+    let stream = u32_at(b, ss_ev_hdr::stream)?;
+    let t_ns = u64_at(b, ss_ev_hdr::t_ns)?;
     match ty {
         EV_ALERT => {
-            if b.len() < ALERT_BYTES {
+            if b.len() < ss_alert::SIZE {
                 return None;
             }
-            let value_micro = i64_at(b, 16)?;
-            let (ring_len, ring_head, hist_len, hist_head) = (u32_at(b, 24)?, u32_at(b, 28)?, u32_at(b, 32)?, u32_at(b, 36)?);
-            let (n, h) = (u32_at(b, 40)?, u32_at(b, 44)?);
+            let value_micro = i64_at(b, ss_alert::value)?;
+            let (ring_len, ring_head) = (u32_at(b, ss_alert::ring_len)?, u32_at(b, ss_alert::ring_head)?);
+            let (hist_len, hist_head) = (u32_at(b, ss_alert::hist_len)?, u32_at(b, ss_alert::hist_head)?);
+            let (n, h) = (u32_at(b, ss_alert::reference_windows)?, u32_at(b, ss_alert::history)?);
             if n == 0 || n as usize > CP_REF_MAX || h as usize > CP_HISTORY_MAX {
                 return None;
             }
-            let sums = 48;
-            let counts = sums + CP_REF_MAX * 8;
             let windows = ring_order(ring_head, ring_len, n)
-                .map(|i| Some((i64_at(b, sums + i * 8)?, u64_at(b, counts + i * 8)?)))
+                .map(|i| Some((i64_at(b, ss_alert::ring_sum + i * 8)?, u64_at(b, ss_alert::ring_count + i * 8)?)))
                 .collect::<Option<Vec<_>>>()?;
             let history = if h == 0 {
                 Vec::new()
             } else {
-                ring_order(hist_head, hist_len, h).map(|i| i64_at(b, ALERT_HIST_OFF + i * 8)).collect::<Option<Vec<_>>>()?
+                ring_order(hist_head, hist_len, h).map(|i| i64_at(b, ss_alert::hist + i * 8)).collect::<Option<Vec<_>>>()?
             };
             Some(Event::Alert { stream, t_ns, value_micro, windows, history })
         }
         EV_VALUES => {
-            let n = u32_at(b, 16)? as usize;
+            let n = u32_at(b, ss_values::n)? as usize;
             if n > VALUES_MAX {
                 return None;
             }
-            let values = (0..n).map(|i| i64_at(b, 24 + i * 8)).collect::<Option<Vec<_>>>()?;
+            let values = (0..n).map(|i| i64_at(b, ss_values::v + i * 8)).collect::<Option<Vec<_>>>()?;
             Some(Event::Values { stream, t_ns, values })
         }
         _ => None,
@@ -518,27 +505,6 @@ impl StreamKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn header_constants_match() {
-        let h = include_str!("../../../bpf/slipstream_stream.h");
-        for (name, v) in [
-            ("SS_STREAMS_MAX", STREAMS_MAX.to_string()),
-            ("SS_WORD_KEY_BYTES", WORD_KEY_BYTES.to_string()),
-            ("SS_STREAM_PAYLOAD_MAX", STREAM_PAYLOAD_MAX.to_string()),
-            ("SS_WORDS_MAX", WORDS_MAX.to_string()),
-            ("SS_VALUES_MAX", VALUES_MAX.to_string()),
-            ("SS_WC_ENTRIES", WC_ENTRIES.to_string()),
-            ("SS_CP_REF_MAX", CP_REF_MAX.to_string()),
-            ("SS_CP_HISTORY_MAX", CP_HISTORY_MAX.to_string()),
-            ("SS_FIXED_SCALE", FIXED_SCALE.to_string()),
-            ("SS_FIXED_ABS_MAX", format!("{FIXED_ABS_MAX}LL")),
-            ("SS_PORT_STREAM", format!("{PORT_STREAM:#x}u")),
-        ] {
-            let line = format!("#define {name} {v}");
-            assert!(h.contains(&line), "header lacks `{line}`");
-        }
-    }
 
     #[test]
     fn rings_are_ordered_oldest_first() {
