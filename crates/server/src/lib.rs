@@ -9,6 +9,7 @@
 //! (`slipstream-proto`).
 
 pub mod admin;
+pub mod bufbudget;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;
