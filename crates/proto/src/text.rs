@@ -19,8 +19,10 @@
 //!   sign are accepted, trailing white space inside the token is accepted, 32-bit fields are
 //!   silently truncated from 64 bits (`flags 4294967296` stores 0; `exptime 4294967396` is 100).
 //! - No `\n` within `line_bytes_max` (2048) bytes closes the connection without a reply, unless
-//!   the line starts (after at most 100 spaces) with `get ` or `gets ` — a large multiget. We
-//!   bound that at `Limits::multiget_line_bytes_max` (memcached grows its buffer without bound).
+//!   the line starts (after at most 100 spaces) with `get ` or `gets ` — a large multiget, which
+//!   memcached buffers whatever its length (try_read_command_ascii). `Limits::
+//!   multiget_line_bytes_max` can bound it; the server leaves it unbounded and bounds the buffer
+//!   by memory instead, so the answer never depends on how the line was split across reads.
 //! - A storage command whose item would exceed the item size limit is refused at once, before
 //!   its data arrives: the caller swallows `vlen + 2` bytes (`Request::StoreTooLarge`).
 //! - A data block not followed by `\r\n` is `CLIENT_ERROR bad data chunk`; exactly `vlen + 2`

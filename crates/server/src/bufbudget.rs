@@ -24,10 +24,11 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Default budget (the daemon's `Config::conn_buf_bytes_max`): one get reply at the per-request
-/// cap, or ~30 large requests (1 MB items) being received at once. Part of the documented RSS
-/// bound, so it is kept small next to `-m`'s default.
-pub const CONN_BUF_BYTES_MAX_DEFAULT: usize = 32 * 1024 * 1024;
+/// Default budget (the daemon's `Config::conn_buf_bytes_max`): a 16 MB multi-get reply waiting
+/// for the socket, or 16 requests with 1 MB items being received at the same moment (a request
+/// holds its share only while it arrives). It is a term of the documented RSS bound, so it is
+/// kept small next to `-m`'s default of 64 MB.
+pub const CONN_BUF_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 /// Reply bytes a connection may hold waiting for the socket without charging the budget: a
 /// pipelined batch of small replies never touches the shared counter.
 pub const REPLY_BYTES_FREE: usize = 64 * 1024;

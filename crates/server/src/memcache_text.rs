@@ -13,7 +13,8 @@
 //!
 //! What it is not for: protocol byte rules (in `slipstream-proto`), I/O, or buffering — the
 //! network loop owns buffers and must let a connection's input grow to one whole storage
-//! request (line + item) or, for a multiget line, to `text::MULTIGET_LINE_BYTES_MAX_DEFAULT`.
+//! request (line + item) or, for a multiget line, as far as the connection-buffer budget allows
+//! (`bufbudget`; `refuse_unbufferable` answers when it does not).
 
 use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
@@ -30,7 +31,8 @@ const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 /// Most reply bytes one get/gets/gat/gats request may produce. memcached streams item memory
 /// straight to the socket; we copy values into the reply buffer, so an unbounded multi-get
 /// (1 MiB of keys naming 1 MB items) would be unbounded memory. Past this bound the request is
-/// answered with memcached's own line for a get response it cannot allocate.
+/// answered with memcached's own line for a get response it cannot allocate. (Each copy is also
+/// charged to the connection-buffer budget first, which usually refuses sooner.)
 pub const GET_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// memcached's line for a get response it cannot allocate: past `GET_REPLY_BYTES_MAX`, or when
 /// the connection-buffer budget (`bufbudget`) refuses the copy of a value.

@@ -328,6 +328,9 @@ struct Conn {
     /// Bytes of the connection-buffer budget `rbuf` holds beyond `READ_BUF_BYTES_INITIAL`
     /// (the replies' share is `state.reply_charged_bytes`).
     rbuf_charged: usize,
+    /// `rbuf` is full with one incomplete request at its front: the next read may grow it.
+    /// (A full buffer that still holds complete requests is executed first, not grown.)
+    needs_grow: bool,
     /// The budget refused to grow `rbuf` for the request at its front: the executor refuses
     /// that request the way memcached refuses one it cannot allocate for.
     grow_refused: bool,
@@ -674,6 +677,7 @@ impl Worker {
                             wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
                             wstart: 0,
                             rbuf_charged: 0,
+                            needs_grow: false,
                             grow_refused: false,
                             state,
                             blocked_on_write: false,
@@ -1032,6 +1036,10 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
                         conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
                         conn.rend -= conn.rstart;
                         conn.rstart = 0;
+                    } else if !conn.needs_grow {
+                        // Execute what the buffer holds before deciding it must grow.
+                        more_to_read = true;
+                        break;
                     } else if conn.rbuf.len() < env.read_buf_bytes_max || long_get_line(conn) {
                         // A get line may outgrow the bound for other requests: memcached
                         // buffers it whatever its length; the budget bounds it here.
@@ -1044,6 +1052,7 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
                         }
                         conn.rbuf_charged += new_len - len;
                         conn.rbuf.resize(new_len, 0);
+                        conn.needs_grow = false;
                     } else {
                         more_to_read = true;
                         break;
@@ -1187,12 +1196,15 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
                     break;
                 }
                 conn.rstart += n;
+                conn.needs_grow = false;
                 end.requests += 1;
                 ThreadStats::incr(&stats.requests);
             }
             Step::Incomplete => {
                 let full = conn.rstart == 0 && conn.rend == conn.rbuf.len();
+                conn.needs_grow = full;
                 if full && std::mem::take(&mut conn.grow_refused) {
+                    conn.needs_grow = false;
                     // The budget would not let the buffer grow for this request.
                     match memcache_text::refuse_unbufferable(&mut ctx, input, &mut conn.wbuf) {
                         Step::Consumed(n) if n <= input.len() => {
