@@ -11,9 +11,10 @@ mod send;
 
 // The global allocator. Item memory is many long-lived blocks of mixed sizes freed in LRU
 // order: glibc malloc keeps the holes (its arenas fragment; measured RSS 2.4-2.8x -m with
-// values of 1 KB-500 KB). jemalloc's size classes and page-run reuse keep RSS near the charged
-// bytes (measurements and the bound in README "How it serves"); `--no-default-features
-// --features alloc-mimalloc` builds the alternative that was measured against it.
+// values of 1 KB-500 KB). jemalloc's size classes and page-run reuse, with freed pages returned
+// at once (below), keep RSS near the charged bytes: 81-90 MB at -m 64 where glibc held 114-140
+// and mimalloc (its defaults) 240-251 (docs/benchmarks.md). `--no-default-features --features
+// alloc-mimalloc` builds the alternative that was measured against it.
 #[cfg(feature = "alloc-jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
