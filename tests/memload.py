@@ -108,20 +108,15 @@ def half_sent_sets(srv, conns=500, hold_s=2.0):
     return socks
 
 
-def _size_log_uniform(rnd):
-    return int(1024 * (500 ** rnd.random()))
-
-
 def _size_uniform(rnd):
     return rnd.randrange(1024, 500 * 1024)
 
 
-SIZE_FN = _size_uniform
 
 
 def mixed_sets(srv, total_bytes=2 * 1024 * MB, conns=2, seed=None, time_max_s=40.0):
     """(c) `total_bytes` of `set ... noreply` with value sizes drawn from 1 KB..500 KB
-    (log-uniform, seeded), over `conns` connections in parallel, keys cycling over a space
+    (uniform, seeded), over `conns` connections in parallel, keys cycling over a space
     several times -m. Returns (seed, bytes written, replies that were not empty)."""
     if seed is None:
         seed = random.randrange(1 << 30)
@@ -137,7 +132,7 @@ def mixed_sets(srv, total_bytes=2 * 1024 * MB, conns=2, seed=None, time_max_s=40
             batch_bytes = 0
             i = 0
             while written[c] < total_bytes // conns and time.monotonic() < deadline:
-                size = SIZE_FN(rnd)
+                size = _size_uniform(rnd)
                 off = rnd.randrange(len(pool) - size)
                 batch.append(b"set mix:%d:%d 0 0 %d noreply\r\n" % (c, i % 20000, size))
                 batch.append(pool[off:off + size])
