@@ -51,6 +51,7 @@ spark-bench: build
 
 bench: build
 	bash bench/kv_bench.sh
+	python3 bench/mem_bench.py
 	bash bench/xdp_bench.sh
 	bash bench/tenant_bench.sh
 	bash bench/stream_bench.sh

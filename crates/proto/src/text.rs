@@ -19,8 +19,10 @@
 //!   sign are accepted, trailing white space inside the token is accepted, 32-bit fields are
 //!   silently truncated from 64 bits (`flags 4294967296` stores 0; `exptime 4294967396` is 100).
 //! - No `\n` within `line_bytes_max` (2048) bytes closes the connection without a reply, unless
-//!   the line starts (after at most 100 spaces) with `get ` or `gets ` — a large multiget. We
-//!   bound that at `Limits::multiget_line_bytes_max` (memcached grows its buffer without bound).
+//!   the line starts (after at most 100 spaces) with `get ` or `gets ` — a large multiget, which
+//!   memcached buffers whatever its length (try_read_command_ascii). `Limits::
+//!   multiget_line_bytes_max` can bound it; the server leaves it unbounded and bounds the buffer
+//!   by memory instead, so the answer never depends on how the line was split across reads.
 //! - A storage command whose item would exceed the item size limit is refused at once, before
 //!   its data arrives: the caller swallows `vlen + 2` bytes (`Request::StoreTooLarge`).
 //! - A data block not followed by `\r\n` is `CLIENT_ERROR bad data chunk`; exactly `vlen + 2`
@@ -498,15 +500,47 @@ pub fn parse<'a>(input: &'a [u8], limits: &Limits) -> Parsed<Request<'a>, TextEr
     parse_line(line, input, consumed, limits)
 }
 
+/// A storage command whose line has arrived but whose data block has not (all of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingStore<'a> {
+    pub cmd: StoreCmd,
+    pub key: &'a [u8],
+    pub noreply: bool,
+    /// Bytes of the command line, its `\n` included.
+    pub line_bytes: usize,
+    /// Bytes of the data block, its `\r\n` included.
+    pub block_bytes: usize,
+}
+
+/// If `input` starts with a valid storage command line whose data block is not complete yet,
+/// say so (the network loop uses it to refuse, memcached-style, a data block it cannot buffer).
+pub fn pending_store<'a>(input: &'a [u8], limits: &Limits) -> Option<PendingStore<'a>> {
+    let nl = memchr::memchr(b'\n', input)?;
+    // With no room for any item, a valid storage line parses as "too large" at once, which
+    // carries what we need without waiting for (or looking at) the data.
+    let probe = Limits { item_bytes_max: 0, ..*limits };
+    match parse(input.get(..=nl)?, &probe) {
+        Parsed::Complete { request: Request::StoreTooLarge { cmd, key, noreply, swallow_bytes }, consumed } => {
+            (input.len() < consumed.saturating_add(swallow_bytes))
+                .then_some(PendingStore { cmd, key, noreply, line_bytes: consumed, block_bytes: swallow_bytes })
+        }
+        _ => None,
+    }
+}
+
+/// Whether `input` (no newline in it yet) is the start of a `get`/`gets` line, which memcached
+/// buffers whatever its length (other lines close the connection past `line_bytes_max`).
+pub fn is_multiget_start(input: &[u8]) -> bool {
+    let spaces = input.iter().take_while(|&&b| b == b' ').count();
+    let after = input.get(spaces..).unwrap_or(&[]);
+    spaces <= LINE_LEADING_SPACES_MAX && (after.starts_with(b"get ") || after.starts_with(b"gets "))
+}
+
 fn no_newline_yet<'a>(input: &'a [u8], limits: &Limits) -> Parsed<Request<'a>, TextError> {
     if input.len() <= limits.line_bytes_max {
         return Parsed::Incomplete;
     }
-    let spaces = input.iter().take_while(|&&b| b == b' ').count();
-    let after = input.get(spaces..).unwrap_or(&[]);
-    let multiget = after.starts_with(b"get ") || after.starts_with(b"gets ");
-    if spaces > LINE_LEADING_SPACES_MAX || !multiget || input.len() > limits.multiget_line_bytes_max
-    {
+    if !is_multiget_start(input) || input.len() > limits.multiget_line_bytes_max {
         return invalid(TextErrorKind::Close, false, input.len());
     }
     Parsed::Incomplete
@@ -1584,6 +1618,19 @@ mod tests {
     fn stats_tab_is_part_of_the_word() {
         // "stats\tx" is one token, an unknown command.
         assert_eq!(err(b"stats\tx\r\n").0, Error);
+    }
+
+    #[test]
+    fn pending_store_lines() {
+        let l = lim();
+        let p = pending_store(b"set k 0 0 10 noreply\r\nabc", &l).unwrap();
+        assert_eq!(p, PendingStore { cmd: StoreCmd::Set, key: b"k", noreply: true, line_bytes: 22, block_bytes: 12 });
+        assert_eq!(pending_store(b"set k 0 0 1\r\na\r\n", &l), None);
+        assert_eq!(pending_store(b"set k 0 0 1", &l), None);
+        assert_eq!(pending_store(b"get k\r\n", &l), None);
+        assert_eq!(pending_store(b"set k 0 0 x\r\n", &l), None);
+        assert!(is_multiget_start(b"  gets a b"));
+        assert!(!is_multiget_start(b"gat 0 a"));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! What it is not for: I/O. Executors never touch sockets, so they are unit-testable and the
 //! same executor serves TCP and UDP.
 
+use crate::bufbudget::BufBudget;
 use crate::stats::{ServerInfo, ThreadStats};
 use slipstream_store::Store;
+use std::sync::Arc;
 
 /// Which wire protocol a connection speaks; decided by its first byte (0x80 = binary), as
 /// memcached does.
@@ -44,11 +46,14 @@ pub struct ConnState {
     pub udp_marks: Vec<usize>,
     /// This connection's key in `ServerInfo::conns` (-1 when it has none: UDP, tests).
     pub conn_id: i32,
+    /// Bytes of `Settings::conn_buf` this connection's unsent replies hold (given back by the
+    /// network loop when the socket has taken them or the connection closes).
+    pub reply_charged_bytes: usize,
 }
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1 }
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0 }
     }
 }
 
@@ -68,6 +73,8 @@ pub struct Settings {
     /// Per-prefix counting on from the start (memcached `-D` turns it on); `stats detail
     /// on|off` switches it at run time.
     pub detail_enabled: bool,
+    /// The budget all connections' buffers share (see `bufbudget`).
+    pub conn_buf: Arc<BufBudget>,
 }
 
 impl Default for Settings {
@@ -79,6 +86,7 @@ impl Default for Settings {
             version: crate::VERSION_STRING,
             prefix_delimiter: b':',
             detail_enabled: false,
+            conn_buf: Arc::new(BufBudget::default()),
         }
     }
 }
@@ -92,6 +100,28 @@ pub struct Ctx<'a> {
     /// Server-wide gauges and all threads' counters, for `stats`.
     pub server: &'a ServerInfo,
     pub conn: &'a mut ConnState,
+}
+
+impl Ctx<'_> {
+    /// Make room in `out` for `extra` more reply bytes, charging the connection-buffer budget
+    /// for whatever the buffer's capacity grows beyond the free part (TCP only; a UDP reply is
+    /// sent before the next datagram is read). False means the budget refused: the get that
+    /// asked answers with its out-of-memory reply instead of copying the value.
+    ///
+    /// Capacity, not length, is charged (what the allocator hands out is what may be resident),
+    /// and it grows by half at a time so a multi-get copies each byte a bounded number of times.
+    pub fn reserve_reply(&mut self, out: &mut Vec<u8>, extra: usize) -> bool {
+        let need = out.len().saturating_add(extra);
+        if need <= out.capacity() || self.conn.transport == Transport::Udp {
+            return true;
+        }
+        let target = need.max(out.capacity().saturating_add(out.capacity() / 2));
+        if !self.settings.conn_buf.charge_reply(&mut self.conn.reply_charged_bytes, target) {
+            return false;
+        }
+        out.reserve_exact(target - out.len());
+        true
+    }
 }
 
 /// What handling one request did.

@@ -10,6 +10,7 @@
 
 pub mod admin;
 mod bind;
+pub mod bufbudget;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;

@@ -21,6 +21,9 @@ use slipstream_store::{
 /// memcached's texts for out-of-memory replies (its `SERVER_ERROR` text minus the prefix).
 const NO_MEMORY_STORE_TEXT: &[u8] = b"Out of memory allocating item";
 const NO_MEMORY_ARITH_TEXT: &[u8] = b"Out of memory incrementing value";
+/// memcached's text-protocol line for this case without its "SERVER_ERROR " prefix, as its
+/// out_of_memory() sends it on a binary connection.
+const NO_MEMORY_GET_TEXT: &[u8] = b"out of memory writing get response";
 
 /// Handle one binary request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
@@ -215,8 +218,13 @@ fn get_reply(
     out: &mut Vec<u8>,
     touch: bool,
 ) {
-    let hit = ctx.store.get(key, opts, |o| match o.item {
+    let store = ctx.store;
+    let found = store.get(key, opts, |o| match o.item {
         Some(item) => {
+            // Charge the connection-buffer budget before copying the value out.
+            if !ctx.reserve_reply(out, binary::HEADER_BYTES + 4 + key.len() + item.value.len()) {
+                return None;
+            }
             let reply_key = if with_key { key } else { &[][..] };
             binary::compose_response(
                 out,
@@ -228,10 +236,16 @@ fn get_reply(
                 reply_key,
                 item.value,
             );
-            true
+            Some(true)
         }
-        None => false,
+        None => Some(false),
     });
+    let Some(hit) = found else {
+        // The binary form of memcached's out-of-memory answer (its out_of_memory() strips the
+        // "SERVER_ERROR " prefix); quiet or not, an error is always sent.
+        binary::compose_error_text(out, h, status::ENOMEM, NO_MEMORY_GET_TEXT);
+        return;
+    };
     crate::stats_prefix::record_get(ctx, key, hit);
     let stats = ctx.stats;
     match (hit, touch) {

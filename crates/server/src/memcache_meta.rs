@@ -20,6 +20,10 @@ const NO_MEMORY_STORE: &[u8] = b"SERVER_ERROR out of memory storing object";
 const NO_MEMORY_ARITH: &[u8] = b"SERVER_ERROR out of memory";
 const NON_NUMERIC: &[u8] = b"CLIENT_ERROR cannot increment or decrement non-numeric value";
 const OPAQUE_TOO_LONG: &[u8] = b"CLIENT_ERROR opaque token too long";
+const GET_REPLY_OOM: &[u8] = b"SERVER_ERROR out of memory writing get response";
+/// Bound on an `mg` hit's reply beyond key and value: `VA <bytes>`, every flag with a 20-digit
+/// number, an opaque of up to 32 bytes, the line ends.
+const META_HEADER_BYTES_MAX: usize = 512;
 
 /// Handle one meta request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
@@ -92,8 +96,14 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     // A vivified item has no exptime until memcached reaches the N flag, so a `t` before
     // N prints -1.
     let t_before_n = matches!((flag_pos(req, b't'), flag_pos(req, b'N')), (Some(t), Some(n)) if t < n);
-    let hit = ctx.store.get(req.key.bytes(), opts, |outcome| match outcome.item {
+    let store = ctx.store;
+    let found = store.get(req.key.bytes(), opts, |outcome| match outcome.item {
         Some(item) => {
+            // Charge the connection-buffer budget before copying the value out (the flags a
+            // reply can carry take well under META_HEADER_BYTES_MAX).
+            if f.has(b'v') && !ctx.reserve_reply(out, META_HEADER_BYTES_MAX + item.key.len() + item.value.len()) {
+                return None;
+            }
             // The store does not say "created"; a fresh vivified item is the only kind that
             // wins while empty, unfetched and not stale.
             let created = f.vivify.is_some()
@@ -114,10 +124,16 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 key_binary: item.key_binary,
             };
             meta::compose_get_hit(out, req, &hit);
-            true
+            Some(true)
         }
-        None => false,
+        None => Some(false),
     });
+    let Some(hit) = found else {
+        // Our allocation failure, answered with memcached's line for it (memcached itself
+        // never copies the value, so it has no such case for mg).
+        meta::compose_error_line(out, GET_REPLY_OOM);
+        return;
+    };
     if hit && touch_later {
         let touch = GetOpts { touch_exptime: f.ttl.map(i64::from), bump: !f.no_bump, ..GetOpts::default() };
         ctx.store.get(req.key.bytes(), touch, |_| ());

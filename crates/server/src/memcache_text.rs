@@ -13,7 +13,8 @@
 //!
 //! What it is not for: protocol byte rules (in `slipstream-proto`), I/O, or buffering — the
 //! network loop owns buffers and must let a connection's input grow to one whole storage
-//! request (line + item) or, for a multiget line, to `text::MULTIGET_LINE_BYTES_MAX_DEFAULT`.
+//! request (line + item) or, for a multiget line, as far as the connection-buffer budget allows
+//! (`bufbudget`; `refuse_unbufferable` answers when it does not).
 
 use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
@@ -31,9 +32,15 @@ const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 /// Most reply bytes one get/gets/gat/gats request may produce. memcached streams item memory
 /// straight to the socket; we copy values into the reply buffer, so an unbounded multi-get
 /// (1 MiB of keys naming 1 MB items) would be unbounded memory. Past this bound the request is
-/// answered with memcached's own line for a get response it cannot allocate.
+/// answered with memcached's own line for a get response it cannot allocate. (Each copy is also
+/// charged to the connection-buffer budget first, which usually refuses sooner.)
 pub const GET_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
-const GET_REPLY_OOM: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
+/// memcached's line for a get response it cannot allocate: past `GET_REPLY_BYTES_MAX`, or when
+/// the connection-buffer budget (`bufbudget`) refuses the copy of a value.
+pub const GET_REPLY_OOM: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
+/// Bound on a `VALUE <key> <flags> <bytes> [<cas>]\r\n` line and the value's `\r\n`, key
+/// excluded (three numbers of at most 20 digits, spaces, the word).
+const VALUE_LINE_BYTES_MAX: usize = 80;
 
 /// Handle one text or meta request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
@@ -49,7 +56,10 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
     let config = ctx.store.config();
     let limits = Limits {
         line_bytes_max: ctx.settings.line_bytes_max,
-        multiget_line_bytes_max: text::MULTIGET_LINE_BYTES_MAX_DEFAULT,
+        // memcached buffers a get line whatever its length; what bounds it here is the
+        // connection-buffer budget (the network loop), so the answer does not depend on how
+        // the line was split across reads.
+        multiget_line_bytes_max: usize::MAX,
         item_bytes_max: config.item_bytes_max,
         cas_enabled: config.cas_enabled,
     };
@@ -77,6 +87,35 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
         }
         Parsed::Complete { request, consumed } => run(ctx, request, consumed, input, out),
     }
+}
+
+/// The network loop could not buffer more of the request at the front of `input` (the
+/// connection-buffer budget refused; see `bufbudget`). Answer as memcached does when the
+/// allocation fails: a storage command whose data block is still arriving gets `SERVER_ERROR
+/// out of memory storing object` (unless noreply), its data is swallowed and a `set` unlinks
+/// the old item (memcached's process_update_command); anything else gets `SERVER_ERROR out of
+/// memory reading request` and the connection closes after it (memcached's try_read_network).
+pub fn refuse_unbufferable(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
+    let config = ctx.store.config();
+    let limits = Limits {
+        line_bytes_max: ctx.settings.line_bytes_max,
+        multiget_line_bytes_max: usize::MAX,
+        item_bytes_max: config.item_bytes_max,
+        cas_enabled: config.cas_enabled,
+    };
+    if ctx.conn.swallow_bytes == 0 && ctx.conn.protocol != crate::exec::Protocol::Binary {
+        if let Some(p) = text::pending_store(input, &limits) {
+            ThreadStats::incr(&ctx.stats.store_no_memory);
+            reply(out, p.noreply, b"SERVER_ERROR out of memory storing object\r\n");
+            ctx.conn.swallow_bytes = (p.line_bytes + p.block_bytes).saturating_sub(input.len());
+            if p.cmd == StoreCmd::Set {
+                ctx.store.unlink(p.key);
+            }
+            return Step::Consumed(input.len().max(1));
+        }
+        out.extend_from_slice(b"SERVER_ERROR out of memory reading request\r\n");
+    }
+    Step::Close
 }
 
 /// Append `line` unless the command carried `noreply`.
@@ -279,8 +318,13 @@ fn get(
             out.extend_from_slice(BAD_FORMAT);
             return;
         }
-        let hit = ctx.store.get(key, opts, |o| match o.item {
+        let store = ctx.store;
+        let found = store.get(key, opts, |o| match o.item {
             Some(item) => {
+                // Charge the connection-buffer budget before copying the value out.
+                if !ctx.reserve_reply(out, VALUE_LINE_BYTES_MAX + key.len() + item.value.len()) {
+                    return None;
+                }
                 compose_value(
                     out,
                     key,
@@ -288,10 +332,16 @@ fn get(
                     item.value,
                     with_cas.then_some(item.cas),
                 );
-                true
+                Some(true)
             }
-            None => false,
+            None => Some(false),
         });
+        let Some(hit) = found else {
+            out.truncate(reply_start);
+            ctx.conn.udp_marks.retain(|&m| m <= reply_start);
+            out.extend_from_slice(GET_REPLY_OOM);
+            return;
+        };
         stats_prefix::record_get(ctx, key, hit);
         if touch_exptime.is_some() {
             // gat/gats count as touches, not gets (memcached's process_get_command).
@@ -684,6 +734,61 @@ mod tests {
         // Under the bound the same item is served as often as asked.
         let out = h.feed(b"get big big big\r\n");
         assert_eq!(out.len(), 3 * (b"VALUE big 0 1000000\r\n".len() + 1_000_002) + 5);
+    }
+
+    #[test]
+    fn get_replies_are_charged_to_the_connection_buffer_budget() {
+        use crate::bufbudget::{BufBudget, REPLY_BYTES_FREE};
+        use std::sync::Arc;
+        let mut h = h();
+        let budget = Arc::new(BufBudget::new(300_000));
+        h.settings.conn_buf = budget.clone();
+        let value = vec![b'v'; 100_000];
+        let mut set = b"set v 0 0 100000\r\n".to_vec();
+        set.extend_from_slice(&value);
+        set.extend_from_slice(b"\r\n");
+        check(&mut h, &set, b"STORED\r\n");
+        // Within the free part plus the budget: served, and charged.
+        let out = h.feed(b"get v v\r\n");
+        assert_eq!(out.len(), 2 * (b"VALUE v 0 100000\r\n".len() + 100_002) + 5);
+        assert!(budget.used_bytes() > 0 && budget.used_bytes() <= 300_000);
+        // Beyond it: memcached's line for a get response it cannot allocate. (The harness never
+        // flushes, so the charge of the first reply is still held.)
+        check(&mut h, b"get v v v v v\r\n", b"SERVER_ERROR out of memory writing get response\r\n");
+        assert!(budget.refused() > 0);
+        // Small replies never touch the budget.
+        let used = budget.used_bytes();
+        let mut small = Harness::small();
+        small.settings.conn_buf = budget.clone();
+        check(&mut small, b"set s 0 0 1\r\nx\r\nget s\r\n", b"STORED\r\nVALUE s 0 1\r\nx\r\nEND\r\n");
+        assert_eq!(budget.used_bytes(), used);
+        assert!(REPLY_BYTES_FREE < 300_000);
+    }
+
+    #[test]
+    fn an_unbufferable_request_is_refused_like_memcached() {
+        use crate::exec::Ctx;
+        let mut h = h();
+        check(&mut h, b"set k 0 0 1\r\nx\r\n", b"STORED\r\n");
+        let mut out = Vec::new();
+        let input = b"set k 0 0 10\r\nabc";
+        let step = {
+            let mut ctx = Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
+            super::refuse_unbufferable(&mut ctx, input, &mut out)
+        };
+        assert_eq!(step, crate::exec::Step::Consumed(input.len()));
+        assert_eq!(out, b"SERVER_ERROR out of memory storing object\r\n");
+        // The rest of the data block (7 value bytes and \r\n) is swallowed; the old value is gone.
+        check(&mut h, b"defghij\r\nget k\r\n", b"END\r\n");
+        assert_eq!(stat(&mut h, "store_no_memory"), 1);
+        // Anything else: memcached's "out of memory reading request", then close.
+        let mut out = Vec::new();
+        let step = {
+            let mut ctx = Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
+            super::refuse_unbufferable(&mut ctx, b"get aaaa bbbb", &mut out)
+        };
+        assert_eq!(step, crate::exec::Step::Close);
+        assert_eq!(out, b"SERVER_ERROR out of memory reading request\r\n");
     }
 
     fn stat(h: &mut Harness, name: &str) -> u64 {

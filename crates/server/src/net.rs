@@ -19,6 +19,7 @@
 //! What it is not for: protocol rules (the executors), configuration (the binary crate) or
 //! shaping arithmetic (slipstream-tenancy).
 
+use crate::bufbudget::REPLY_BYTES_FREE;
 use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
 use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
 use crate::bind::bind_all;
@@ -301,6 +302,15 @@ struct Conn {
     wbuf: Vec<u8>,
     /// Bytes of wbuf already written.
     wstart: usize,
+    /// Bytes of the connection-buffer budget `rbuf` holds beyond `READ_BUF_BYTES_INITIAL`
+    /// (the replies' share is `state.reply_charged_bytes`).
+    rbuf_charged: usize,
+    /// `rbuf` is full with one incomplete request at its front: the next read may grow it.
+    /// (A full buffer that still holds complete requests is executed first, not grown.)
+    needs_grow: bool,
+    /// The budget refused to grow `rbuf` for the request at its front: the executor refuses
+    /// that request the way memcached refuses one it cannot allocate for.
+    grow_refused: bool,
     state: ConnState,
     /// Waiting for the socket to drain (write interest registered).
     blocked_on_write: bool,
@@ -643,6 +653,9 @@ impl Worker {
                             rend: 0,
                             wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
                             wstart: 0,
+                            rbuf_charged: 0,
+                            needs_grow: false,
+                            grow_refused: false,
                             state,
                             blocked_on_write: false,
                             close_after_flush: false,
@@ -670,6 +683,7 @@ impl Worker {
     fn close(&mut self, idx: usize) {
         if let Some(mut s) = self.conns.get_mut(idx).and_then(Option::take) {
             let _ = self.poll.registry().deregister(&mut s.conn.stream);
+            self.settings.conn_buf.release(s.conn.rbuf_charged + s.conn.state.reply_charged_bytes);
             if let Ok(mut reg) = s.tenant.info.conns.lock() {
                 reg.remove(&s.conn.fd);
             }
@@ -689,7 +703,7 @@ impl Worker {
         let registry = self.poll.registry();
         let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
         if writable && conn.blocked_on_write {
-            match flush(conn, thread_stats(tenant, self.index)) {
+            match flush(conn, thread_stats(tenant, self.index), &self.settings) {
                 Ok(true) => {
                     if let Some(sh) = tenant.shaper.as_ref() {
                         sh.complete(std::mem::take(&mut conn.outstanding));
@@ -999,9 +1013,23 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
                         conn.rbuf.copy_within(conn.rstart..conn.rend, 0);
                         conn.rend -= conn.rstart;
                         conn.rstart = 0;
-                    } else if conn.rbuf.len() < env.read_buf_bytes_max {
-                        let new_len = (conn.rbuf.len() * 2).min(env.read_buf_bytes_max);
+                    } else if !conn.needs_grow {
+                        // Execute what the buffer holds before deciding it must grow.
+                        more_to_read = true;
+                        break;
+                    } else if conn.rbuf.len() < env.read_buf_bytes_max || long_get_line(conn) {
+                        // A get line may outgrow the bound for other requests: memcached
+                        // buffers it whatever its length; the budget bounds it here.
+                        let len = conn.rbuf.len();
+                        let new_len = if len < env.read_buf_bytes_max { (len * 2).min(env.read_buf_bytes_max) } else { len * 2 };
+                        if !env.settings.conn_buf.try_charge(new_len - len) {
+                            conn.grow_refused = true;
+                            more_to_read = true;
+                            break;
+                        }
+                        conn.rbuf_charged += new_len - len;
                         conn.rbuf.resize(new_len, 0);
+                        conn.needs_grow = false;
                     } else {
                         more_to_read = true;
                         break;
@@ -1050,7 +1078,7 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
         }
         conn.outstanding = conn.outstanding.saturating_add(batch.requests);
 
-        match flush(conn, stats) {
+        match flush(conn, stats, env.settings) {
             Ok(true) => {
                 if let Some(sh) = shaper {
                     sh.complete(std::mem::take(&mut conn.outstanding));
@@ -1112,7 +1140,12 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
     let start_len = conn.wbuf.len();
     let mut end = BatchEnd::default();
     loop {
-        if conn.wbuf.len() - conn.wstart >= WRITE_BUF_BYTES_HIGH {
+        if conn.wbuf.len() - conn.wstart >= WRITE_BUF_BYTES_HIGH
+            || !env.settings.conn_buf.charge_reply(&mut ctx.conn.reply_charged_bytes, conn.wbuf.capacity())
+        {
+            // Too much waiting for the socket, or replies that grew the buffer (a get charges
+            // before it copies; other replies are small) and the budget cannot cover them:
+            // execute nothing more until the client reads.
             end.high = true;
             break;
         }
@@ -1140,11 +1173,24 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
                     break;
                 }
                 conn.rstart += n;
+                conn.needs_grow = false;
                 end.requests += 1;
                 ThreadStats::incr(&stats.requests);
             }
             Step::Incomplete => {
-                if conn.rstart == 0 && conn.rend == conn.rbuf.len() && conn.rbuf.len() >= env.read_buf_bytes_max {
+                let full = conn.rstart == 0 && conn.rend == conn.rbuf.len();
+                conn.needs_grow = full;
+                if full && std::mem::take(&mut conn.grow_refused) {
+                    conn.needs_grow = false;
+                    // The budget would not let the buffer grow for this request.
+                    match memcache_text::refuse_unbufferable(&mut ctx, input, &mut conn.wbuf) {
+                        Step::Consumed(n) if n <= input.len() => {
+                            conn.rstart += n;
+                            continue;
+                        }
+                        _ => conn.close_after_flush = true,
+                    }
+                } else if full && conn.rbuf.len() >= env.read_buf_bytes_max && !long_get_line(conn) {
                     // A single request larger than we will ever buffer.
                     conn.close_after_flush = true;
                 }
@@ -1169,13 +1215,25 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             // Give back the memory a large request needed.
             conn.rbuf.truncate(READ_BUF_BYTES_INITIAL);
             conn.rbuf.shrink_to_fit();
+            env.settings.conn_buf.release(std::mem::take(&mut conn.rbuf_charged));
         }
     }
     end
 }
 
-/// Write pending replies. Ok(true) = all written.
-fn flush(conn: &mut Conn, stats: &ThreadStats) -> io::Result<bool> {
+/// Whether the unconsumed input is the start of a text `get`/`gets` line still waiting for its
+/// newline (memcached buffers those whatever their length).
+fn long_get_line(conn: &Conn) -> bool {
+    let input = &conn.rbuf[conn.rstart..conn.rend];
+    conn.state.protocol == Protocol::Text
+        && conn.state.swallow_bytes == 0
+        && !input.contains(&b'\n')
+        && slipstream_proto::text::is_multiget_start(input)
+}
+
+/// Write pending replies. Ok(true) = all written (then the buffer is back within its free
+/// size and its budget charge is given back).
+fn flush(conn: &mut Conn, stats: &ThreadStats, settings: &Settings) -> io::Result<bool> {
     while conn.wstart < conn.wbuf.len() {
         match conn.stream.write(&conn.wbuf[conn.wstart..]) {
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
@@ -1191,9 +1249,10 @@ fn flush(conn: &mut Conn, stats: &ThreadStats) -> io::Result<bool> {
     }
     conn.wbuf.clear();
     conn.wstart = 0;
-    if conn.wbuf.capacity() > WRITE_BUF_BYTES_HIGH {
+    if conn.wbuf.capacity() > REPLY_BYTES_FREE {
         conn.wbuf.shrink_to(READ_BUF_BYTES_INITIAL);
     }
+    settings.conn_buf.release(std::mem::take(&mut conn.state.reply_charged_bytes));
     Ok(true)
 }
 

@@ -83,6 +83,9 @@ pub struct Config {
     pub xdp_entries: u32,
     /// Worker threads' scheduling policy (`--worker-sched`).
     pub worker_sched: WorkerSchedChoice,
+    /// Budget shared by all connections' buffers beyond their base size (memcached's
+    /// `-o read_buf_mem_limit`; see slipstream_server::bufbudget).
+    pub conn_buf_bytes_max: usize,
     /// Bearer token the admin endpoint requires (None: read-only admin).
     pub admin_token: Option<String>,
     /// `[shaping]` (defaults when absent); used only with tenants.
@@ -118,6 +121,7 @@ impl Default for Config {
             xdp_iface: None,
             xdp_entries: XDP_ENTRIES_DEFAULT,
             worker_sched: WorkerSchedChoice::Auto,
+            conn_buf_bytes_max: slipstream_server::bufbudget::CONN_BUF_BYTES_MAX_DEFAULT,
             admin_token: None,
             shaping: ShapingSpec::default(),
             tenants: Vec::new(),

@@ -10,7 +10,30 @@ mod config;
 mod privs;
 mod send;
 
+// The global allocator. Item memory is many long-lived blocks of mixed sizes freed in LRU
+// order: glibc malloc keeps the holes (its arenas fragment; measured RSS 2.4-2.8x -m with
+// values of 1 KB-500 KB). jemalloc's size classes and page-run reuse, with freed pages returned
+// at once (below), keep RSS near the charged bytes: 81-90 MB at -m 64 where glibc held 114-140
+// and mimalloc (its defaults) 240-251 (docs/benchmarks.md). `--no-default-features --features
+// alloc-mimalloc` builds the alternative that was measured against it.
+#[cfg(feature = "alloc-jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+/// jemalloc's options (its `malloc_conf`, read at start-up). Freed pages go back to the kernel
+/// at once: by default jemalloc keeps them resident for ~10 s, and a cache that replaces items
+/// at GB/s then holds 2-3x `-m` of dead pages (measured: peak RSS 212 MB at -m 64 with the
+/// default, 88-90 MB with 0; 100 ms gave 155 MB). The price is an madvise per freed page run,
+/// paid only by large items (small ones live in slabs and are reused in place).
+#[cfg(feature = "alloc-jemalloc")]
+#[used]
+#[export_name = "_rjem_malloc_conf"]
+static JEMALLOC_CONF: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";
+#[cfg(all(feature = "alloc-mimalloc", not(feature = "alloc-jemalloc")))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use config::{Config, ConfigError, WorkerSchedChoice};
+use slipstream_server::bufbudget::BufBudget;
 use slipstream_server::exec::Settings;
 use slipstream_server::fastpath::KernelFastPath;
 use slipstream_server::admin::{AdminState, MetricsFn};
@@ -248,6 +271,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Targ
         flush_enabled: cfg.flush_enabled,
         prefix_delimiter: cfg.prefix_delimiter,
         detail_enabled: cfg.detail_enabled,
+        conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
         ..Settings::default()
     });
     let defaults = TenantDefaults {
@@ -476,6 +500,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         flush_enabled: cfg.flush_enabled,
         prefix_delimiter: cfg.prefix_delimiter,
         detail_enabled: cfg.detail_enabled,
+        conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
         ..Settings::default()
     };
     // Attach before serving, so the kernel cache starts empty and coherent from the first
