@@ -1,5 +1,5 @@
 //! slipstream-bind: the one rule by which Slipstream opens a port (KV TCP and UDP, tenants,
-//! stream UDP, stream results; the admin endpoint should use it too).
+//! stream UDP, stream results, the admin endpoint).
 //!
 //! The rule: a port Slipstream listens on is exclusive to this process, as memcached's are.
 //! A single socket gets that from the kernel (no SO_REUSEPORT, so any overlapping bind fails

@@ -42,6 +42,20 @@ pub const GET_REPLY_OOM: &[u8] = b"SERVER_ERROR out of memory writing get respon
 /// excluded (three numbers of at most 20 digits, spaces, the word).
 const VALUE_LINE_BYTES_MAX: usize = 80;
 
+/// The text parser's limits for this connection's store and settings.
+fn text_limits(ctx: &Ctx<'_>) -> Limits {
+    let config = ctx.store.config();
+    Limits {
+        line_bytes_max: ctx.settings.line_bytes_max,
+        // memcached buffers a get line whatever its length; what bounds it here is the
+        // connection-buffer budget (the network loop), so the answer does not depend on how
+        // the line was split across reads.
+        multiget_line_bytes_max: usize::MAX,
+        item_bytes_max: config.item_bytes_max,
+        cas_enabled: config.cas_enabled,
+    }
+}
+
 /// Handle one text or meta request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
     // Drain the data block of a refused storage command first (memcached's conn_swallow).
@@ -53,16 +67,7 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
         ctx.conn.swallow_bytes -= n;
         return Step::Consumed(n);
     }
-    let config = ctx.store.config();
-    let limits = Limits {
-        line_bytes_max: ctx.settings.line_bytes_max,
-        // memcached buffers a get line whatever its length; what bounds it here is the
-        // connection-buffer budget (the network loop), so the answer does not depend on how
-        // the line was split across reads.
-        multiget_line_bytes_max: usize::MAX,
-        item_bytes_max: config.item_bytes_max,
-        cas_enabled: config.cas_enabled,
-    };
+    let limits = text_limits(ctx);
     match text::parse(input, &limits) {
         Parsed::Incomplete => Step::Incomplete,
         Parsed::Invalid { error, consumed } => {
@@ -96,13 +101,7 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
 /// the old item (memcached's process_update_command); anything else gets `SERVER_ERROR out of
 /// memory reading request` and the connection closes after it (memcached's try_read_network).
 pub fn refuse_unbufferable(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
-    let config = ctx.store.config();
-    let limits = Limits {
-        line_bytes_max: ctx.settings.line_bytes_max,
-        multiget_line_bytes_max: usize::MAX,
-        item_bytes_max: config.item_bytes_max,
-        cas_enabled: config.cas_enabled,
-    };
+    let limits = text_limits(ctx);
     if ctx.conn.swallow_bytes == 0 && ctx.conn.protocol != crate::exec::Protocol::Binary {
         if let Some(p) = text::pending_store(input, &limits) {
             ThreadStats::incr(&ctx.stats.store_no_memory);

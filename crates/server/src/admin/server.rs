@@ -84,12 +84,9 @@ impl Default for Limits {
 
 /// Bind now (so the caller learns of a taken port), then serve on the thread "slipstream-admin".
 pub(super) fn start(addr: SocketAddr, shared: Arc<Shared>, limits: Limits) -> io::Result<SocketAddr> {
-    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
-    // As std's bind does: a restarted daemon may rebind while old connections sit in TIME_WAIT.
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    socket.set_nonblocking(true)?;
+    // The one rule every Slipstream port is opened by (exclusive to this process, non-blocking).
+    let kind = slipstream_bind::Kind::Tcp { backlog: LISTEN_BACKLOG };
+    let socket = slipstream_bind::bind_one(kind, addr, &|_| Ok(())).map_err(|e| e.source)?;
     let listener: std::net::TcpListener = socket.into();
     let local = listener.local_addr()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
