@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::{ip, root};
-use std::io::{BufRead, BufReader, Read, Write};
+use common::root;
+
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,17 +43,7 @@ impl Drop for Daemon {
 
 fn start(cmd: &mut Command) -> Daemon {
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn slipstream");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        let mut sink = Vec::new();
-        let _ = r.read_to_end(&mut sink);
-    });
-    let status_line = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_default();
+    let status_line = common::status_line(&mut child, Duration::from_secs(15));
     assert!(!status_line.is_empty(), "no status line");
     Daemon { child, status_line }
 }
@@ -120,17 +110,7 @@ fn assert_dropped(d: &Daemon, uid: u32, gid: u32, net_admin_kept: bool) {
 }
 
 fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> String {
-    s.write_all(req).expect("write");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !got.ends_with(end) && Instant::now() < deadline {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&got).into_owned()
+    String::from_utf8_lossy(&common::ask(s, req, end)).into_owned()
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
@@ -181,34 +161,6 @@ fn as_root_u_nobody_drops_everything_and_serves() {
     assert!(err.contains("can't find the user no-such-user-x to switch to"), "{err}");
 }
 
-/// Server namespace (daemon, XDP) and client namespace joined by a veth pair; removed on drop.
-struct Topology {
-    srv: String,
-    cli: String,
-    vs: String,
-}
-
-impl Topology {
-    fn new() -> Topology {
-        let id = std::process::id() % 100_000;
-        let t = Topology { srv: format!("psrv{id}"), cli: format!("pcli{id}"), vs: format!("ps{id}") };
-        let vc = format!("pc{id}");
-        common::veth_namespaces(&common::End { ns: &t.srv, dev: &t.vs, v4: V4S, v6: None }, &common::End { ns: &t.cli, dev: &vc, v4: V4C, v6: None })
-            .unwrap_or_else(|e| panic!("topology setup: {e}"));
-        t
-    }
-
-    fn has_xdp(&self) -> bool {
-        ip(&["-n", &self.srv, "link", "show", &self.vs]).map(|s| s.contains("xdp")).unwrap_or(false)
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.srv]);
-        let _ = ip(&["netns", "del", &self.cli]);
-    }
-}
 
 /// One memcached UDP get; the reply's text (None after 500 ms).
 fn udp_get(sock: &UdpSocket, rid: u16, key: &str) -> Option<String> {
@@ -240,9 +192,9 @@ fn xdp_fast_path_works_after_dropping_to_nobody_and_detaches_on_sigterm() {
         return;
     }
     let (uid, gid) = nobody();
-    let topo = Topology::new();
+    let topo = common::Pair::new("p", V4S, V4C);
     let port = XDP_PORT.to_string();
-    let mut d = start(Command::new("ip").args(["netns", "exec", &topo.srv, env!("CARGO_BIN_EXE_slipstream"), "serve", "-l", V4S, "-p", &port, "-U", &port, "-t", "2", "--xdp", &topo.vs, "-u", "nobody"]));
+    let mut d = start(Command::new("ip").args(["netns", "exec", &topo.srv, env!("CARGO_BIN_EXE_slipstream"), "serve", "-l", V4S, "-p", &port, "-U", &port, "-t", "2", "--xdp", &topo.srv_dev, "-u", "nobody"]));
     assert!(d.status_line.contains("kernel fast path on"), "{}", d.status_line);
     assert!(d.status_line.contains("running as user nobody"), "{}", d.status_line);
     // `ip netns exec` execs the daemon: the child's pid is the daemon's. On kernels with XDP
@@ -250,7 +202,7 @@ fn xdp_fast_path_works_after_dropping_to_nobody_and_detaches_on_sigterm() {
     let kept = d.status_line.contains("cap_net_admin permitted");
     assert!(kept || d.status_line.contains("no capabilities"), "{}", d.status_line);
     assert_dropped(&d, uid, gid, kept);
-    assert!(topo.has_xdp());
+    assert!(topo.srv_has_xdp());
     common::in_ns(&topo.cli, || {
         let mut t = connect(SocketAddr::new(V4S.parse().unwrap(), XDP_PORT));
         let u = UdpSocket::bind((V4C, 0)).expect("udp");
@@ -268,5 +220,5 @@ fn xdp_fast_path_works_after_dropping_to_nobody_and_detaches_on_sigterm() {
         assert_eq!(stat(&mut t, "fastpath_hits"), 2, "kernel hit on the new value");
     });
     assert!(d.stop(), "clean exit on SIGTERM");
-    assert!(!topo.has_xdp(), "XDP program detached on exit");
+    assert!(!topo.srv_has_xdp(), "XDP program detached on exit");
 }

@@ -82,19 +82,9 @@ impl Topology {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn slipstream");
-        let stdout = child.stdout.take().expect("stdout");
+        let line = common::status_line(&mut child, Duration::from_secs(15));
         self.server = Some(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the daemon never blocks on a full pipe.
-            let mut sink = Vec::new();
-            let _ = r.read_to_end(&mut sink);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(15)).expect("status line within 15 s");
+        assert!(!line.is_empty(), "status line within 15 s");
         // The TCP listener is up once the status line is printed.
         line
     }

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{in_ns, ip, root};
+use common::{in_ns, root};
 use slipstream_server::fastpath::KernelFastPath;
 use slipstream_store::{GetOpts, SetMode, Store, StoreConfig, StoreOpts, StoreResult};
 use std::net::UdpSocket;
@@ -30,38 +30,6 @@ const V4C: &str = "10.204.0.2";
 
 
 
-/// Two namespaces joined by a veth pair; removed on drop.
-struct Topology {
-    srv: String,
-    cli: String,
-    vs: String,
-}
-
-impl Topology {
-    fn new() -> Topology {
-        let id = std::process::id() % 100_000;
-        let t = Topology { srv: format!("tsrv{id}"), cli: format!("tcli{id}"), vs: format!("ts{id}") };
-        let vc = format!("tc{id}");
-        let setup = || {
-            common::veth_namespaces(
-                &common::End { ns: &t.srv, dev: &t.vs, v4: V4S, v6: None },
-                &common::End { ns: &t.cli, dev: &vc, v4: V4C, v6: None },
-            )
-        };
-        if let Err(e) = setup() {
-            panic!("topology setup: {e}");
-        }
-        t
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        // Deleting a namespace removes the veth pair with it.
-        let _ = ip(&["netns", "del", &self.srv]);
-        let _ = ip(&["netns", "del", &self.cli]);
-    }
-}
 
 /// The user-space side: answers every memcached UDP request on the tenants' ports with
 /// "USER <port>\r\n" (so the client can tell it from a kernel answer). Stops with `stop`.
@@ -141,8 +109,8 @@ fn xdp_serves_two_tenants_each_on_its_port_and_share() {
         println!("SKIP: xdp_serves_two_tenants_each_on_its_port_and_share: no `ip` command");
         return;
     }
-    let topo = Topology::new();
-    let vs = topo.vs.clone();
+    let topo = common::Pair::new("t", V4S, V4C);
+    let vs = topo.srv_dev.clone();
     // Attach inside the server namespace (the interface name is resolved there).
     let fp = in_ns(&topo.srv, move || KernelFastPath::attach_multi(&vs, 1024).expect("attach multi-tenant XDP"));
     fp.add_tenant(0, PORT_A, false).expect("tenant A");

@@ -111,8 +111,8 @@ impl Topology {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn slipstream");
-        let stdout = child.stdout.take().expect("daemon stdout");
         let stderr = child.stderr.take().expect("daemon stderr");
+        let status = common::status_line(&mut child, Duration::from_secs(15));
         self.daemon = Some(child);
         let sink = self.daemon_stderr.clone();
         std::thread::spawn(move || {
@@ -126,18 +126,8 @@ impl Topology {
                 }
             }
         });
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the daemon never blocks on a full pipe.
-            let mut rest = Vec::new();
-            let _ = r.read_to_end(&mut rest);
-        });
-        match rx.recv_timeout(Duration::from_secs(15)) {
-            Ok(line) if !line.is_empty() => line,
+        match status {
+            line if !line.is_empty() => line,
             _ => panic!("no status line from the daemon within 15 s; stderr:\n{}", self.stderr_text()),
         }
     }

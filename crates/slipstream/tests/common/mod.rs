@@ -1,14 +1,17 @@
-//! Helpers shared by the namespace (netns + veth + XDP) integration tests: root check, the `ip`
-//! command, the XDP_PASS object for the client side, the two-namespace veth pair they all use,
-//! and running code inside a namespace.
+//! Helpers shared by the daemon's integration tests: root check, the `ip` command, the XDP_PASS
+//! object for the client side, the two-namespace veth pair the namespace tests use (and
+//! [`Pair`], which deletes it on drop, so a failed test still leaves nothing behind), running
+//! code inside a namespace, reading a spawned daemon's status line, and one TCP request/reply.
 //!
-//! Not for: what runs on the topology or its cleanup (each test names its namespaces and
-//! deletes them in its own Drop, so a failed test still leaves nothing behind).
+//! Not for: what runs on the topology.
 
 // Each test binary includes this module and uses a different subset of it.
 #![allow(dead_code)]
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 pub fn root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -86,4 +89,73 @@ pub fn veth_namespaces(srv: &End<'_>, cli: &End<'_>) -> Result<(), String> {
     let obj = pass_object();
     ip(&["-n", cli.ns, "link", "set", "dev", cli.dev, "xdpdrv", "obj", &obj.to_string_lossy(), "sec", "xdp"])?;
     Ok(())
+}
+
+/// Server and client namespaces joined by a veth pair with IPv4 addresses (see
+/// [`veth_namespaces`]), named from `prefix` and the process id; both deleted on drop.
+pub struct Pair {
+    pub srv: String,
+    pub cli: String,
+    /// The server's end of the veth pair (where XDP attaches).
+    pub srv_dev: String,
+}
+
+impl Pair {
+    /// Panics with the reason if the set-up fails (after deleting what it made).
+    pub fn new(prefix: &str, v4_srv: &str, v4_cli: &str) -> Pair {
+        let id = std::process::id() % 100_000;
+        let p = Pair { srv: format!("{prefix}srv{id}"), cli: format!("{prefix}cli{id}"), srv_dev: format!("{prefix}s{id}") };
+        let cli_dev = format!("{prefix}c{id}");
+        let srv = End { ns: &p.srv, dev: &p.srv_dev, v4: v4_srv, v6: None };
+        let cli = End { ns: &p.cli, dev: &cli_dev, v4: v4_cli, v6: None };
+        if let Err(e) = veth_namespaces(&srv, &cli) {
+            panic!("topology setup: {e}");
+        }
+        p
+    }
+
+    /// Is an XDP program attached to the server's end?
+    pub fn srv_has_xdp(&self) -> bool {
+        ip(&["-n", &self.srv, "link", "show", &self.srv_dev]).map(|s| s.contains("xdp")).unwrap_or(false)
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        // Deleting a namespace removes the veth pair with it.
+        let _ = ip(&["netns", "del", &self.srv]);
+        let _ = ip(&["netns", "del", &self.cli]);
+    }
+}
+
+/// The first line a spawned daemon prints on stdout (its status line), waiting at most `wait`;
+/// empty if none came. A thread keeps draining stdout afterwards so the daemon never blocks on a
+/// full pipe. `child` must have been spawned with `stdout(Stdio::piped())`.
+pub fn status_line(child: &mut Child, wait: Duration) -> String {
+    let Some(stdout) = child.stdout.take() else { return String::new() };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        let mut sink = Vec::new();
+        let _ = r.read_to_end(&mut sink);
+    });
+    rx.recv_timeout(wait).unwrap_or_default()
+}
+
+/// Writes `req` and reads until the reply ends with `end` (or 5 s pass, or the peer closes).
+pub fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
+    s.write_all(req).expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !got.ends_with(end) && Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    got
 }
