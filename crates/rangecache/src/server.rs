@@ -182,7 +182,7 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     let tables = c.table_stats();
     type Pick = fn(&crate::cache::Stats) -> u64;
     let per_table: [(&str, &str, Pick); 7] = [
-        ("hits_total", "Queries answered from the cache, by strategy", |s| s.hits_all_row),
+        ("all_row_hits_total", "Queries answered from all-row entries", |s| s.hits_all_row),
         ("each_row_hits_total", "Queries answered from each-row entries", |s| s.hits_each_row),
         ("misses_total", "Queries that went to HBase", |s| s.misses),
         ("fills_total", "Results stored in the cache", |s| s.fills),

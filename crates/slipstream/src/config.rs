@@ -89,6 +89,8 @@ pub struct Config {
     pub results: ResultsConfig,
     /// `[[stream]]` entries; empty = no stream offload.
     pub streams: Vec<StreamConfig>,
+    /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
+    pub hbase: Option<slipstream_rangecache::Settings>,
 }
 
 impl Default for Config {
@@ -115,6 +117,7 @@ impl Default for Config {
             tenants: Vec::new(),
             results: ResultsConfig::default(),
             streams: Vec::new(),
+            hbase: None,
         }
     }
 }
@@ -130,6 +133,7 @@ struct FileConfig {
     results: Option<FileResults>,
     #[serde(default)]
     stream: Vec<FileStream>,
+    hbase: Option<slipstream_rangecache::HbaseConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -393,6 +397,10 @@ impl Config {
             let r = ResultsConfig { tcp_port: r.tcp_port };
             r.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[results]: {e}") })?;
             self.results = r;
+        }
+        if let Some(h) = file.hbase {
+            let h = h.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[hbase]: {e}") })?;
+            self.hbase = Some(h);
         }
         if !file.stream.is_empty() {
             let streams: Vec<StreamConfig> = file.stream.into_iter().map(FileStream::into_config).collect();

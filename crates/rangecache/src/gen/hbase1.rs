@@ -5128,9 +5128,8 @@ impl HbaseEnableTableArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseEnableTableArgs.table_name", &f_1)?;
     let ret = HbaseEnableTableArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -5232,9 +5231,8 @@ impl HbaseDisableTableArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseDisableTableArgs.table_name", &f_1)?;
     let ret = HbaseDisableTableArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -5336,9 +5334,8 @@ impl HbaseIsTableEnabledArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseIsTableEnabledArgs.table_name", &f_1)?;
     let ret = HbaseIsTableEnabledArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -5461,9 +5458,8 @@ impl HbaseCompactArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseCompactArgs.table_name_or_region_name", &f_1)?;
     let ret = HbaseCompactArgs {
-      table_name_or_region_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name_or_region_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -5565,9 +5561,8 @@ impl HbaseMajorCompactArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseMajorCompactArgs.table_name_or_region_name", &f_1)?;
     let ret = HbaseMajorCompactArgs {
-      table_name_or_region_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name_or_region_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -5792,9 +5787,8 @@ impl HbaseGetColumnDescriptorsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetColumnDescriptorsArgs.table_name", &f_1)?;
     let ret = HbaseGetColumnDescriptorsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -5941,11 +5935,9 @@ impl HbaseCreateTableArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseCreateTableArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseCreateTableArgs.column_families", &f_2)?;
     let ret = HbaseCreateTableArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      column_families: f_2.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      column_families: f_2.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -6082,9 +6074,8 @@ impl HbaseDeleteTableArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseDeleteTableArgs.table_name", &f_1)?;
     let ret = HbaseDeleteTableArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -6211,15 +6202,11 @@ impl HbaseGetArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetArgs.column", &f_3)?;
-    verify_required_field_exists("HbaseGetArgs.attributes", &f_4)?;
     let ret = HbaseGetArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      column: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      column: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -6397,17 +6384,12 @@ impl HbaseGetVerArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetVerArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetVerArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetVerArgs.column", &f_3)?;
-    verify_required_field_exists("HbaseGetVerArgs.num_versions", &f_4)?;
-    verify_required_field_exists("HbaseGetVerArgs.attributes", &f_5)?;
     let ret = HbaseGetVerArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      column: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      num_versions: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      column: f_3.unwrap_or_default(),
+      num_versions: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -6594,19 +6576,13 @@ impl HbaseGetVerTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetVerTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetVerTsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetVerTsArgs.column", &f_3)?;
-    verify_required_field_exists("HbaseGetVerTsArgs.timestamp", &f_4)?;
-    verify_required_field_exists("HbaseGetVerTsArgs.num_versions", &f_5)?;
-    verify_required_field_exists("HbaseGetVerTsArgs.attributes", &f_6)?;
     let ret = HbaseGetVerTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      column: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      num_versions: f_5.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_6.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      column: f_3.unwrap_or_default(),
+      timestamp: f_4.unwrap_or_default(),
+      num_versions: f_5.unwrap_or_default(),
+      attributes: f_6.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -6778,13 +6754,10 @@ impl HbaseGetRowArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetRowArgs.attributes", &f_3)?;
     let ret = HbaseGetRowArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_3.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      attributes: f_3.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -6959,15 +6932,11 @@ impl HbaseGetRowWithColumnsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowWithColumnsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsArgs.attributes", &f_4)?;
     let ret = HbaseGetRowWithColumnsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -7143,15 +7112,11 @@ impl HbaseGetRowTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowTsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetRowTsArgs.timestamp", &f_3)?;
-    verify_required_field_exists("HbaseGetRowTsArgs.attributes", &f_4)?;
     let ret = HbaseGetRowTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      timestamp: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -7335,17 +7300,12 @@ impl HbaseGetRowWithColumnsTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowWithColumnsTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsTsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsTsArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsTsArgs.timestamp", &f_4)?;
-    verify_required_field_exists("HbaseGetRowWithColumnsTsArgs.attributes", &f_5)?;
     let ret = HbaseGetRowWithColumnsTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      timestamp: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -7524,13 +7484,10 @@ impl HbaseGetRowsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowsArgs.rows", &f_2)?;
-    verify_required_field_exists("HbaseGetRowsArgs.attributes", &f_3)?;
     let ret = HbaseGetRowsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      rows: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_3.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      rows: f_2.unwrap_or_default(),
+      attributes: f_3.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -7715,15 +7672,11 @@ impl HbaseGetRowsWithColumnsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsArgs.rows", &f_2)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsArgs.attributes", &f_4)?;
     let ret = HbaseGetRowsWithColumnsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      rows: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      rows: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -7909,15 +7862,11 @@ impl HbaseGetRowsTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowsTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowsTsArgs.rows", &f_2)?;
-    verify_required_field_exists("HbaseGetRowsTsArgs.timestamp", &f_3)?;
-    verify_required_field_exists("HbaseGetRowsTsArgs.attributes", &f_4)?;
     let ret = HbaseGetRowsTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      rows: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      rows: f_2.unwrap_or_default(),
+      timestamp: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -8111,17 +8060,12 @@ impl HbaseGetRowsWithColumnsTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsTsArgs.rows", &f_2)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsTsArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsTsArgs.timestamp", &f_4)?;
-    verify_required_field_exists("HbaseGetRowsWithColumnsTsArgs.attributes", &f_5)?;
     let ret = HbaseGetRowsWithColumnsTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      rows: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      rows: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      timestamp: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -8310,15 +8254,11 @@ impl HbaseMutateRowArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseMutateRowArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseMutateRowArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseMutateRowArgs.mutations", &f_3)?;
-    verify_required_field_exists("HbaseMutateRowArgs.attributes", &f_4)?;
     let ret = HbaseMutateRowArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      mutations: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      mutations: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -8489,17 +8429,12 @@ impl HbaseMutateRowTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseMutateRowTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseMutateRowTsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseMutateRowTsArgs.mutations", &f_3)?;
-    verify_required_field_exists("HbaseMutateRowTsArgs.timestamp", &f_4)?;
-    verify_required_field_exists("HbaseMutateRowTsArgs.attributes", &f_5)?;
     let ret = HbaseMutateRowTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      mutations: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      mutations: f_3.unwrap_or_default(),
+      timestamp: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -8661,13 +8596,10 @@ impl HbaseMutateRowsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseMutateRowsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseMutateRowsArgs.row_batches", &f_2)?;
-    verify_required_field_exists("HbaseMutateRowsArgs.attributes", &f_3)?;
     let ret = HbaseMutateRowsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row_batches: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_3.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row_batches: f_2.unwrap_or_default(),
+      attributes: f_3.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -8829,15 +8761,11 @@ impl HbaseMutateRowsTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseMutateRowsTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseMutateRowsTsArgs.row_batches", &f_2)?;
-    verify_required_field_exists("HbaseMutateRowsTsArgs.timestamp", &f_3)?;
-    verify_required_field_exists("HbaseMutateRowsTsArgs.attributes", &f_4)?;
     let ret = HbaseMutateRowsTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row_batches: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row_batches: f_2.unwrap_or_default(),
+      timestamp: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -8989,15 +8917,11 @@ impl HbaseAtomicIncrementArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseAtomicIncrementArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseAtomicIncrementArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseAtomicIncrementArgs.column", &f_3)?;
-    verify_required_field_exists("HbaseAtomicIncrementArgs.value", &f_4)?;
     let ret = HbaseAtomicIncrementArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      column: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      value: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      column: f_3.unwrap_or_default(),
+      value: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -9168,15 +9092,11 @@ impl HbaseDeleteAllArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseDeleteAllArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseDeleteAllArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseDeleteAllArgs.column", &f_3)?;
-    verify_required_field_exists("HbaseDeleteAllArgs.attributes", &f_4)?;
     let ret = HbaseDeleteAllArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      column: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      column: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -9323,17 +9243,12 @@ impl HbaseDeleteAllTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseDeleteAllTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseDeleteAllTsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseDeleteAllTsArgs.column", &f_3)?;
-    verify_required_field_exists("HbaseDeleteAllTsArgs.timestamp", &f_4)?;
-    verify_required_field_exists("HbaseDeleteAllTsArgs.attributes", &f_5)?;
     let ret = HbaseDeleteAllTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      column: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      column: f_3.unwrap_or_default(),
+      timestamp: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -9471,13 +9386,10 @@ impl HbaseDeleteAllRowArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseDeleteAllRowArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseDeleteAllRowArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseDeleteAllRowArgs.attributes", &f_3)?;
     let ret = HbaseDeleteAllRowArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_3.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      attributes: f_3.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -9615,15 +9527,11 @@ impl HbaseDeleteAllRowTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseDeleteAllRowTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseDeleteAllRowTsArgs.row", &f_2)?;
-    verify_required_field_exists("HbaseDeleteAllRowTsArgs.timestamp", &f_3)?;
-    verify_required_field_exists("HbaseDeleteAllRowTsArgs.attributes", &f_4)?;
     let ret = HbaseDeleteAllRowTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      row: f_2.unwrap_or_default(),
+      timestamp: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -9739,9 +9647,8 @@ impl HbaseIncrementArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseIncrementArgs.increment", &f_1)?;
     let ret = HbaseIncrementArgs {
-      increment: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      increment: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -9862,13 +9769,10 @@ impl HbaseScannerOpenWithScanArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerOpenWithScanArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseScannerOpenWithScanArgs.scan", &f_2)?;
-    verify_required_field_exists("HbaseScannerOpenWithScanArgs.attributes", &f_3)?;
     let ret = HbaseScannerOpenWithScanArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      scan: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_3.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      scan: f_2.unwrap_or_default(),
+      attributes: f_3.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -10033,15 +9937,11 @@ impl HbaseScannerOpenArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerOpenArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseScannerOpenArgs.start_row", &f_2)?;
-    verify_required_field_exists("HbaseScannerOpenArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseScannerOpenArgs.attributes", &f_4)?;
     let ret = HbaseScannerOpenArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      start_row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      start_row: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -10219,17 +10119,12 @@ impl HbaseScannerOpenWithStopArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerOpenWithStopArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopArgs.start_row", &f_2)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopArgs.stop_row", &f_3)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopArgs.columns", &f_4)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopArgs.attributes", &f_5)?;
     let ret = HbaseScannerOpenWithStopArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      start_row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      stop_row: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      start_row: f_2.unwrap_or_default(),
+      stop_row: f_3.unwrap_or_default(),
+      columns: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -10404,15 +10299,11 @@ impl HbaseScannerOpenWithPrefixArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerOpenWithPrefixArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseScannerOpenWithPrefixArgs.start_and_prefix", &f_2)?;
-    verify_required_field_exists("HbaseScannerOpenWithPrefixArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseScannerOpenWithPrefixArgs.attributes", &f_4)?;
     let ret = HbaseScannerOpenWithPrefixArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      start_and_prefix: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_4.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      start_and_prefix: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      attributes: f_4.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -10590,17 +10481,12 @@ impl HbaseScannerOpenTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerOpenTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseScannerOpenTsArgs.start_row", &f_2)?;
-    verify_required_field_exists("HbaseScannerOpenTsArgs.columns", &f_3)?;
-    verify_required_field_exists("HbaseScannerOpenTsArgs.timestamp", &f_4)?;
-    verify_required_field_exists("HbaseScannerOpenTsArgs.attributes", &f_5)?;
     let ret = HbaseScannerOpenTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      start_row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_5.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      start_row: f_2.unwrap_or_default(),
+      columns: f_3.unwrap_or_default(),
+      timestamp: f_4.unwrap_or_default(),
+      attributes: f_5.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -10787,19 +10673,13 @@ impl HbaseScannerOpenWithStopTsArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerOpenWithStopTsArgs.table_name", &f_1)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopTsArgs.start_row", &f_2)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopTsArgs.stop_row", &f_3)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopTsArgs.columns", &f_4)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopTsArgs.timestamp", &f_5)?;
-    verify_required_field_exists("HbaseScannerOpenWithStopTsArgs.attributes", &f_6)?;
     let ret = HbaseScannerOpenWithStopTsArgs {
-      table_name: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      start_row: f_2.expect("auto-generated code should have checked for presence of required fields"),
-      stop_row: f_3.expect("auto-generated code should have checked for presence of required fields"),
-      columns: f_4.expect("auto-generated code should have checked for presence of required fields"),
-      timestamp: f_5.expect("auto-generated code should have checked for presence of required fields"),
-      attributes: f_6.expect("auto-generated code should have checked for presence of required fields"),
+      table_name: f_1.unwrap_or_default(),
+      start_row: f_2.unwrap_or_default(),
+      stop_row: f_3.unwrap_or_default(),
+      columns: f_4.unwrap_or_default(),
+      timestamp: f_5.unwrap_or_default(),
+      attributes: f_6.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -10946,9 +10826,8 @@ impl HbaseScannerGetArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerGetArgs.id", &f_1)?;
     let ret = HbaseScannerGetArgs {
-      id: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      id: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -11101,11 +10980,9 @@ impl HbaseScannerGetListArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerGetListArgs.id", &f_1)?;
-    verify_required_field_exists("HbaseScannerGetListArgs.nb_rows", &f_2)?;
     let ret = HbaseScannerGetListArgs {
-      id: f_1.expect("auto-generated code should have checked for presence of required fields"),
-      nb_rows: f_2.expect("auto-generated code should have checked for presence of required fields"),
+      id: f_1.unwrap_or_default(),
+      nb_rows: f_2.unwrap_or_default(),
     };
     Ok(ret)
   }
@@ -11255,9 +11132,8 @@ impl HbaseScannerCloseArgs {
       i_prot.read_field_end()?;
     }
     i_prot.read_struct_end()?;
-    verify_required_field_exists("HbaseScannerCloseArgs.id", &f_1)?;
     let ret = HbaseScannerCloseArgs {
-      id: f_1.expect("auto-generated code should have checked for presence of required fields"),
+      id: f_1.unwrap_or_default(),
     };
     Ok(ret)
   }
