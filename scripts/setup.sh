@@ -32,7 +32,7 @@ command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust
 
 # Python test dependencies.
 PY=${PYTHON:-python3}
-if ! $PY -c 'import pytest, pymemcache' >/dev/null 2>&1; then
+if ! $PY -c 'import pytest, pymemcache, happybase' >/dev/null 2>&1; then
   echo "setup: installing Python test packages"
   $PY -m pip install -q -r tests/requirements.txt 2>/dev/null || \
     $PY -m pip install -q --break-system-packages -r tests/requirements.txt

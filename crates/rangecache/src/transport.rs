@@ -45,19 +45,22 @@ pub struct BoundedInput<R: Read> {
     inner: TBinaryInputProtocol<Budgeted<R>>,
     left: Rc<Cell<usize>>,
     pub read_after_begin: bool,
+    /// A read failed inside this message: the stream is out of step and must be closed.
+    pub failed: bool,
 }
 
 impl<R: Read> BoundedInput<R> {
     pub fn new(r: R) -> BoundedInput<R> {
         let left = Rc::new(Cell::new(0));
         let b = Budgeted { inner: r, left: left.clone() };
-        BoundedInput { inner: TBinaryInputProtocol::new(b, true), left, read_after_begin: false }
+        BoundedInput { inner: TBinaryInputProtocol::new(b, true), left, read_after_begin: false, failed: false }
     }
 
     /// Starts a new message that may use at most `bytes_max` bytes.
     pub fn reset(&mut self, bytes_max: usize) {
         self.left.set(bytes_max);
         self.read_after_begin = false;
+        self.failed = false;
     }
 
     fn len(&mut self, what: &str) -> thrift::Result<usize> {
@@ -169,7 +172,9 @@ impl<R: Read> TInputProtocol for BoundedInput<R> {
     }
 }
 
-/// Replays an already-read message header once, then reads through.
+/// Replays an already-read message header once, then reads through, noting any failed read
+/// (the processor answers a bad argument with an exception and carries on; the connection must
+/// not, since the rest of the message is unknown).
 struct Replay<'a, R: Read> {
     inner: &'a mut BoundedInput<R>,
     header: Option<TMessageIdentifier>,
@@ -177,7 +182,13 @@ struct Replay<'a, R: Read> {
 
 macro_rules! through {
     ($($name:ident -> $t:ty),* $(,)?) => {
-        $(fn $name(&mut self) -> thrift::Result<$t> { self.inner.$name() })*
+        $(fn $name(&mut self) -> thrift::Result<$t> {
+            let r = self.inner.$name();
+            if r.is_err() {
+                self.inner.failed = true;
+            }
+            r
+        })*
     };
 }
 
@@ -213,6 +224,9 @@ fn one_message<R: Read, W: Write>(
     let header = input.read_message_begin()?;
     let mut replay = Replay { inner: input, header: Some(header) };
     processor.process(&mut replay, output)?;
+    if input.failed {
+        return Err(thrift::Error::Protocol(ProtocolError::new(ProtocolErrorKind::InvalidData, "malformed arguments")));
+    }
     if !input.read_after_begin {
         input.skip(TType::Struct)?;
         input.read_message_end()?;
