@@ -136,6 +136,8 @@ enum EntryRef {
 
 struct QueryEntry {
     rows: Arc<Vec<Row>>,
+    /// Where the query continues past the cached rows (None = the result is complete).
+    continue_at: Option<Vec<u8>>,
     bytes: usize,
     tick: u64,
 }
@@ -188,12 +190,12 @@ pub struct Cache {
     lru: BTreeMap<u64, EntryRef>,
 }
 
-/// A result served from the cache.
+/// A result served from the cache, and where the query continues past it (None = complete).
 pub enum Hit {
-    /// A whole all-row result (shared).
-    Rows(Arc<Vec<Row>>),
+    /// An all-row result (shared).
+    Rows(Arc<Vec<Row>>, Option<Vec<u8>>),
     /// Rows assembled from each-row entries (already projected).
-    Assembled(Vec<Row>),
+    Assembled(Vec<Row>, Option<Vec<u8>>),
 }
 
 impl Cache {
@@ -234,16 +236,17 @@ impl Cache {
         self.strategy == Strategy::EachRow && filter.is_empty() && each_row_servable(spec)
     }
 
-    /// Looks a query up; counts a hit or a miss.
-    pub fn lookup(&mut self, table: &[u8], q: &QueryKey) -> Option<Hit> {
+    /// Looks a query up; counts a hit or a miss. Each-row hits need only `q.start` inside a
+    /// complete interval and return at most `rows_max` rows, with where to continue.
+    pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
         let each = self.uses_each_row(&q.spec, &q.filter);
         let tick = self.next_tick();
         let Cache { tables, lru, .. } = self;
         let Some(st) = tables.get_mut(table) else { return None };
         if each {
-            if let Some(rows) = each_row_lookup(st, q, tick, lru) {
+            if let Some((rows, next)) = each_row_lookup(st, q, rows_max, tick, lru) {
                 st.stats.hits_each_row += 1;
-                return Some(Hit::Assembled(rows));
+                return Some(Hit::Assembled(rows, next));
             }
         } else if let Some(e) = st.queries.get_mut(q) {
             if let Some(r) = lru.remove(&e.tick) {
@@ -251,7 +254,7 @@ impl Cache {
             }
             e.tick = tick;
             st.stats.hits_all_row += 1;
-            return Some(Hit::Rows(e.rows.clone()));
+            return Some(Hit::Rows(e.rows.clone(), e.continue_at.clone()));
         }
         st.stats.misses += 1;
         None
@@ -283,16 +286,18 @@ impl Cache {
         self.uses_each_row(spec, filter)
     }
 
-    /// Stores a query's result read from HBase. For each-row shapes `rows` must be whole rows
-    /// (every column, newest version) of the complete range `[q.start, q.stop)`.
+    /// Stores a query's result read from HBase: every row of `[q.start, continue_at)` (or of
+    /// the whole query when `continue_at` is None). For each-row shapes `rows` must be whole
+    /// rows (every column, newest version).
     /// Returns false when the fill was dropped (a write raced it, or it is too large).
-    pub fn fill(&mut self, table: &[u8], q: &QueryKey, rows: Vec<Row>, ticket: FillTicket) -> bool {
+    pub fn fill(&mut self, table: &[u8], q: &QueryKey, rows: Vec<Row>, continue_at: Option<Vec<u8>>, ticket: FillTicket) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
             return false;
         }
         if self.uses_each_row(&q.spec, &q.filter) {
-            self.fill_each_row(table, &q.start, &q.stop, rows);
+            let stop = continue_at.unwrap_or_else(|| q.stop.clone());
+            self.fill_each_row(table, &q.start, &stop, rows);
         } else {
             let tick = self.next_tick();
             let st = self.table(table);
@@ -303,7 +308,7 @@ impl Cache {
                 self.lru.remove(&old.tick);
             }
             let st = self.table(table);
-            st.queries.insert(q.clone(), QueryEntry { rows: Arc::new(rows), bytes, tick });
+            st.queries.insert(q.clone(), QueryEntry { rows: Arc::new(rows), continue_at, bytes, tick });
             st.bytes += bytes;
             self.bytes += bytes;
             self.lru.insert(tick, EntryRef::Query(name, q.clone()));
@@ -314,7 +319,7 @@ impl Cache {
 
     /// Stores whole rows of the complete range [start, stop) (each-row).
     fn fill_each_row(&mut self, table: &[u8], start: &[u8], stop: &[u8], rows: Vec<Row>) {
-        for r in rows {
+        for r in rows.into_iter().filter(|r| !r.cells.is_empty()) {
             let tick = self.next_tick();
             let bytes = rows_bytes(std::slice::from_ref(&r)) + r.row.len();
             let st = self.table(table);
@@ -435,14 +440,31 @@ impl Cache {
     }
 }
 
-/// Serves `q` from each-row entries if one complete interval covers it.
-fn each_row_lookup(st: &mut TableState, q: &QueryKey, tick: u64, lru: &mut BTreeMap<u64, EntryRef>) -> Option<Vec<Row>> {
-    if !covered(&st.complete, &q.start, &q.stop) {
-        return None;
-    }
-    let upper = if q.stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(q.stop.as_slice()) };
+/// Serves the start of `q` from each-row entries when a complete interval holds `q.start`:
+/// up to `rows_max` rows, and the key to continue from (None = `q` is done).
+fn each_row_lookup(
+    st: &mut TableState,
+    q: &QueryKey,
+    rows_max: usize,
+    tick: u64,
+    lru: &mut BTreeMap<u64, EntryRef>,
+) -> Option<(Vec<Row>, Option<Vec<u8>>)> {
+    let iv_end = covering_end(&st.complete, &q.start)?;
+    // The walk ends at the query's stop or the interval's, whichever comes first.
+    let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
+        (_, true) => (q.stop.clone(), None),
+        (true, false) => (iv_end.clone(), Some(iv_end)),
+        (false, false) if q.stop <= iv_end => (q.stop.clone(), None),
+        (false, false) => (iv_end.clone(), Some(iv_end)),
+    };
+    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
     let mut out = Vec::new();
-    for (_, e) in st.rows.range::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
+    let mut next = next;
+    for (k, e) in st.rows.range::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
+        if out.len() >= rows_max.max(1) {
+            next = Some(k.clone());
+            break;
+        }
         let r = project(&e.row, &q.spec.columns);
         if !r.cells.is_empty() {
             out.push(r);
@@ -458,10 +480,17 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, tick: u64, lru: &mut BTree
             }
         }
     }
-    Some(out)
+    Some((out, next))
 }
 
-/// Is [start, stop) inside one complete interval?
+/// The end of the complete interval holding `key` (empty = end of table), if any.
+fn covering_end(iv: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<Vec<u8>> {
+    let (_, e) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
+    (e.is_empty() || key < e.as_slice()).then(|| e.clone())
+}
+
+/// Is [start, stop) inside one complete interval? (Test helper: lookups need only the start.)
+#[cfg(test)]
 fn covered(iv: &BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], stop: &[u8]) -> bool {
     let Some((_, s)) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(start))).next_back() else {
         return false;
@@ -550,14 +579,14 @@ mod tests {
     fn all_row_hit_then_invalidated_by_write_in_range_only() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
         let t = c.fill_ticket(b"t");
-        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1"), row("b", "1")], t));
-        assert!(matches!(c.lookup(b"t", &q("a", "c")), Some(Hit::Rows(r)) if r.len() == 2));
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1"), row("b", "1")], None, t));
+        assert!(matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2));
         c.begin_write(b"t", Some(&[b"x".to_vec()]));
         c.end_write(b"t");
-        assert!(c.lookup(b"t", &q("a", "c")).is_some(), "write outside the range keeps the entry");
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_some(), "write outside the range keeps the entry");
         c.begin_write(b"t", Some(&[b"b".to_vec()]));
         c.end_write(b"t");
-        assert!(c.lookup(b"t", &q("a", "c")).is_none(), "write inside the range drops it");
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none(), "write inside the range drops it");
         assert_eq!(c.bytes(), 0);
     }
 
@@ -567,39 +596,46 @@ mod tests {
         let t = c.fill_ticket(b"t");
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
         c.end_write(b"t");
-        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], t));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t));
         // A fill that starts while a write is in flight is dropped even if it ends before.
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
         let t2 = c.fill_ticket(b"t");
-        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], t2));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t2));
         c.end_write(b"t");
-        assert!(c.lookup(b"t", &q("a", "c")).is_none());
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
     }
 
     #[test]
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
         let t = c.fill_ticket(b"t");
-        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], t));
-        let Some(Hit::Assembled(r)) = c.lookup(b"t", &q("c", "f")) else { panic!("sub-range not served") };
+        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row, b"d");
         // A Get of an absent row inside the interval is served as absent.
-        let Some(Hit::Assembled(r)) = c.lookup(b"t", &q("c", "c\0")) else { panic!("absent row not served") };
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else { panic!("absent row not served") };
         assert!(r.is_empty());
         // Column projection.
         let mut pq = q("a", "z");
         pq.spec.columns = vec![b"g".to_vec()];
-        let Some(Hit::Assembled(r)) = c.lookup(b"t", &pq) else { panic!() };
+        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else { panic!() };
         assert!(r.iter().all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
-        // Outside the interval: miss.
-        assert!(c.lookup(b"t", &q("a", "zz")).is_none());
+        // Past the interval: its part is served, with where to continue.
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else { panic!("partial") };
+        assert_eq!((r.len(), next.as_slice()), (2, &b"z"[..]));
+        // A page limit: two rows at most, continue at the next cached row.
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("a", "z"), 2) else { panic!("paged") };
+        assert_eq!((r.len(), next.as_slice()), (2, &b"f"[..]));
+        // Start outside every interval: miss.
+        assert!(c.lookup(b"t", &q("zz", ""), 100).is_none());
         // A write splits the interval: scans over the row miss, others still hit.
         c.begin_write(b"t", Some(&[b"d".to_vec()]));
         c.end_write(b"t");
-        assert!(c.lookup(b"t", &q("c", "f")).is_none());
-        assert!(c.lookup(b"t", &q("a", "c")).is_some());
-        assert!(c.lookup(b"t", &q("e", "g")).is_some());
+        assert!(c.lookup(b"t", &q("d", "f"), 100).is_none());
+        assert!(matches!(c.lookup(b"t", &q("c", "f"), 100), Some(Hit::Assembled(_, Some(_)))), "served up to the write");
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_some());
+        assert!(c.lookup(b"t", &q("e", "g"), 100).is_some());
     }
 
     #[test]
@@ -626,13 +662,13 @@ mod tests {
         for i in 0..50 {
             let k = format!("k{i:02}");
             let t = c.fill_ticket(b"t");
-            c.fill(b"t", &q(&k, &format!("{k}\0")), vec![row(&k, "v")], t);
+            c.fill(b"t", &q(&k, &format!("{k}\0")), vec![row(&k, "v")], None, t);
             // Keep k00 hot.
-            c.lookup(b"t", &q("k00", "k00\0"));
+            c.lookup(b"t", &q("k00", "k00\0"), 100);
             assert!(c.bytes() <= 4000);
         }
-        assert!(c.lookup(b"t", &q("k00", "k00\0")).is_some());
-        assert!(c.lookup(b"t", &q("k01", "k01\0")).is_none());
+        assert!(c.lookup(b"t", &q("k00", "k00\0"), 100).is_some());
+        assert!(c.lookup(b"t", &q("k01", "k01\0"), 100).is_none());
         assert!(c.table_stats()[0].1.evictions > 0);
     }
 

@@ -11,16 +11,19 @@ use crate::gen::hbase1::{
 };
 use crate::sidecar::client::SidecarClient;
 use crate::sidecar::codec::{self, op, Family, MutateOrder, ReadSpec, Row, RowMutations, SidecarError, TS_LATEST};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Rows asked of the sidecar per scan page.
+/// Most rows asked of the sidecar per scan page.
 const SCAN_PAGE_ROWS: i32 = 1000;
+/// Rows per page when the client gives no caching hint.
+const SCAN_PAGE_ROWS_DEFAULT: usize = 100;
 /// Bytes asked of the sidecar per scan page.
 const SCAN_PAGE_BYTES: i32 = 4 << 20;
-/// A scan longer than this is streamed from HBase, not cached.
+/// A bounded scan (with a stop row) is read and cached whole up to this many rows; past it, and
+/// for open-ended scans past the first page, the rest is read page by page as the client asks.
 const CACHED_SCAN_ROWS_MAX: usize = 10_000;
 /// A scanner unused this long may be reclaimed when the scanner table is full.
 const SCANNER_IDLE_MAX: Duration = Duration::from_secs(60);
@@ -34,15 +37,17 @@ pub struct FrontStats {
     pub sidecar_calls: AtomicU64,
 }
 
-/// Where a scanner's rows come from.
-enum Source {
-    /// The whole result, from the cache or a complete fill.
-    Memory { rows: Arc<Vec<Row>>, pos: usize },
-    /// A scan too long to cache: pages fetched from the sidecar as the client reads.
-    Stream { table: Vec<u8>, key: QueryKey, next_start: Vec<u8>, buf: VecDeque<Row>, more: bool },
+/// A scanner's rows in hand, and where the query continues after them (None = done).
+struct Source {
+    rows: Arc<Vec<Row>>,
+    pos: usize,
+    rest: Option<Vec<u8>>,
 }
 
 struct Scanner {
+    table: Vec<u8>,
+    key: QueryKey,
+    page_rows: usize,
     source: Source,
     batch: usize,
     sort_columns: bool,
@@ -181,9 +186,9 @@ impl RangeCache {
         {
             let mut c = self.cache();
             for (i, k) in keys.iter().enumerate() {
-                match c.lookup(table, k) {
-                    Some(Hit::Rows(v)) => out[i] = Some(v.first().cloned().unwrap_or_else(|| empty(&rows[i]))),
-                    Some(Hit::Assembled(mut v)) => out[i] = Some(v.pop().unwrap_or_else(|| empty(&rows[i]))),
+                match c.lookup(table, k, 1) {
+                    Some(Hit::Rows(v, _)) => out[i] = Some(v.first().cloned().unwrap_or_else(|| empty(&rows[i]))),
+                    Some(Hit::Assembled(mut v, _)) => out[i] = Some(v.pop().unwrap_or_else(|| empty(&rows[i]))),
                     None => missing.push(i),
                 }
             }
@@ -199,56 +204,80 @@ impl RangeCache {
             let mut c = self.cache();
             for (&i, r) in missing.iter().zip(got) {
                 let cached = if r.cells.is_empty() { Vec::new() } else { vec![r.clone()] };
-                c.fill(table, &keys[i], cached, ticket);
+                c.fill(table, &keys[i], cached, None, ticket);
                 out[i] = Some(if whole { crate::cache::project(&r, &spec.columns) } else { r });
             }
         }
         Ok(out.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| empty(&rows[i]))).collect())
     }
 
-    /// Opens a scanner: from the cache, or by reading the range (cached if it is short enough).
-    fn open_scan(&self, table: &[u8], key: QueryKey, batch: usize, sort_columns: bool) -> Result<ScannerID, SidecarError> {
+    /// Opens a scanner and reads its first page (from the cache or HBase), so a bad table or
+    /// filter fails here, as with HBase.
+    fn open_scan(&self, table: &[u8], key: QueryKey, batch: usize, sort_columns: bool, page_rows: usize) -> Result<ScannerID, SidecarError> {
         self.stats.scanners_opened.fetch_add(1, Ordering::Relaxed);
-        let hit = self.cache().lookup(table, &key);
-        let source = match hit {
-            Some(Hit::Rows(rows)) => Source::Memory { rows, pos: 0 },
-            Some(Hit::Assembled(rows)) => Source::Memory { rows: Arc::new(rows), pos: 0 },
-            None => self.scan_miss(table, key)?,
+        let source = self.page(table, &key, &key.start, page_rows, true)?;
+        let sc = Scanner {
+            table: table.to_vec(),
+            key,
+            page_rows,
+            source,
+            batch,
+            sort_columns,
+            partial: None,
+            last_used: Instant::now(),
         };
-        let sc = Scanner { source, batch, sort_columns, partial: None, last_used: Instant::now() };
         self.add_scanner(sc)
     }
 
-    fn scan_miss(&self, table: &[u8], key: QueryKey) -> Result<Source, SidecarError> {
+    /// The next rows of `key` from `start`: from the cache (all-row entries only for the first
+    /// page; each-row entries for any page), else from HBase, filling the cache. A bounded
+    /// query's first page reads up to CACHED_SCAN_ROWS_MAX rows so short ranges are cached whole.
+    fn page(&self, table: &[u8], key: &QueryKey, start: &[u8], page_rows: usize, first: bool) -> Result<Source, SidecarError> {
+        let at = QueryKey { start: start.to_vec(), ..key.clone() };
+        let hit = {
+            let mut c = self.cache();
+            if first || c.fill_wants_whole_rows(&key.spec, &key.filter) {
+                c.lookup(table, &at, page_rows)
+            } else {
+                None
+            }
+        };
+        match hit {
+            Some(Hit::Rows(rows, rest)) => return Ok(Source { rows, pos: 0, rest }),
+            Some(Hit::Assembled(rows, rest)) => return Ok(Source { rows: Arc::new(rows), pos: 0, rest }),
+            None => {}
+        }
         let (ticket, whole, bytes_max) = {
             let mut c = self.cache();
             (c.fill_ticket(table), c.fill_wants_whole_rows(&key.spec, &key.filter), c.result_bytes_max())
         };
-        let fetch = QueryKey { spec: if whole { ReadSpec::latest() } else { key.spec.clone() }, ..key.clone() };
+        let fetch_spec = if whole { ReadSpec::latest() } else { key.spec.clone() };
+        let rows_max = if first && !key.stop.is_empty() { CACHED_SCAN_ROWS_MAX } else { page_rows };
         let mut rows = Vec::new();
         let mut bytes = 0usize;
-        let mut start = fetch.start.clone();
+        let mut next = start.to_vec();
+        let mut rest = None;
         loop {
-            let (page, more) = self.side(|s| {
-                s.scan(table, &start, &fetch.stop, &fetch.spec, &fetch.filter, SCAN_PAGE_ROWS, SCAN_PAGE_BYTES)
-            })?;
-            if let Some(last) = page.last() {
-                start = next_key(&last.row);
+            let want = (rows_max - rows.len()).min(SCAN_PAGE_ROWS as usize) as i32;
+            let (got, more) = self.side(|s| s.scan(table, &next, &key.stop, &fetch_spec, &key.filter, want, SCAN_PAGE_BYTES))?;
+            if let Some(last) = got.last() {
+                next = next_key(&last.row);
             }
-            bytes += page.iter().map(Row::size_bytes).sum::<usize>();
-            rows.extend(page);
+            bytes += got.iter().map(Row::size_bytes).sum::<usize>();
+            rows.extend(got);
             if !more {
                 break;
             }
-            if rows.len() >= CACHED_SCAN_ROWS_MAX || bytes >= bytes_max {
-                // Too long to cache: stream the rest from HBase as the client reads.
-                let buf = project_all(rows, whole, &key.spec.columns).into();
-                return Ok(Source::Stream { table: table.to_vec(), key: fetch, next_start: start, buf, more: true });
+            if rows.len() >= rows_max || bytes >= bytes_max {
+                rest = Some(next);
+                break;
             }
         }
-        let served = if whole { project_all(rows.clone(), true, &key.spec.columns) } else { rows.clone() };
-        self.cache().fill(table, &key, rows, ticket);
-        Ok(Source::Memory { rows: Arc::new(served), pos: 0 })
+        let served = project_all(rows.clone(), whole, &key.spec.columns);
+        if first || whole {
+            self.cache().fill(table, &at, rows, rest.clone(), ticket);
+        }
+        Ok(Source { rows: Arc::new(served), pos: 0, rest })
     }
 
     fn add_scanner(&self, sc: Scanner) -> Result<ScannerID, SidecarError> {
@@ -292,7 +321,7 @@ impl RangeCache {
                 }
                 continue;
             }
-            match self.next_row(&mut sc.source) {
+            match self.next_row(&mut sc) {
                 Ok(Some(row)) => {
                     if sc.batch > 0 && row.cells.len() > sc.batch {
                         sc.partial = Some((row, 0));
@@ -315,27 +344,17 @@ impl RangeCache {
         }
     }
 
-    fn next_row(&self, src: &mut Source) -> Result<Option<Row>, SidecarError> {
-        match src {
-            Source::Memory { rows, pos } => {
-                let r = rows.get(*pos).cloned();
-                *pos += 1;
-                Ok(r)
+    fn next_row(&self, sc: &mut Scanner) -> Result<Option<Row>, SidecarError> {
+        // Bounded: each refill either yields rows or moves `rest` forward, and pages are finite.
+        for _ in 0..1000 {
+            if let Some(r) = sc.source.rows.get(sc.source.pos) {
+                sc.source.pos += 1;
+                return Ok(Some(r.clone()));
             }
-            Source::Stream { table, key, next_start, buf, more } => {
-                if buf.is_empty() && *more {
-                    let (page, m) = self.side(|s| {
-                        s.scan(table, next_start, &key.stop, &key.spec, &key.filter, SCAN_PAGE_ROWS, SCAN_PAGE_BYTES)
-                    })?;
-                    if let Some(last) = page.last() {
-                        *next_start = next_key(&last.row);
-                    }
-                    *more = m;
-                    buf.extend(page);
-                }
-                Ok(buf.pop_front())
-            }
+            let Some(start) = sc.source.rest.take() else { return Ok(None) };
+            sc.source = self.page(&sc.table, &sc.key, &start, sc.page_rows, false)?;
         }
+        Err(SidecarError::Io { message: "scanner made no progress".into(), can_retry: true })
     }
 
     fn get_rows(&self, table: &[u8], rows: Vec<Vec<u8>>, columns: Vec<Vec<u8>>, ts: i64) -> thrift::Result<Vec<TRowResult>> {
@@ -369,7 +388,7 @@ impl RangeCache {
 
     fn scan_open(&self, table: Vec<u8>, start: Vec<u8>, stop: Vec<u8>, columns: Vec<Vec<u8>>, ts: i64) -> thrift::Result<ScannerID> {
         let key = QueryKey { start, stop, spec: spec(columns, ts, 1), filter: Vec::new() };
-        self.open_scan(&table, key, 0, false).map_err(io)
+        self.open_scan(&table, key, 0, false, SCAN_PAGE_ROWS_DEFAULT).map_err(io)
     }
 }
 
@@ -557,7 +576,12 @@ impl HbaseSyncHandler for Handler {
             filter: scan.filter_string.unwrap_or_default(),
         };
         let sort = scan.sort_columns.unwrap_or(false);
-        self.0.open_scan(&t, key, batch as usize, sort).map_err(io)
+        // The client's caching hint sizes pages (happybase sends min(batch_size, limit)).
+        let page_rows = match scan.caching {
+            Some(c) if c > 0 => (c as usize).min(SCAN_PAGE_ROWS as usize),
+            _ => SCAN_PAGE_ROWS_DEFAULT,
+        };
+        self.0.open_scan(&t, key, batch as usize, sort, page_rows).map_err(io)
     }
     fn handle_scanner_open(&self, t: Text, start: Text, cols: Vec<Text>, _a: Attrs) -> thrift::Result<ScannerID> {
         self.0.scan_open(t, start, Vec::new(), cols, TS_LATEST)
