@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen spark-wordcount spark-changepoint spark-bench bench fuzz clean
+.PHONY: all setup build run test test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench bench fuzz clean
 
 all: build
 
@@ -37,7 +37,11 @@ spark-build:
 test-spark: test-rust
 	cd connectors/spark && SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(MVN) test
 
-test: test-rust test-py test-spark
+test: test-rust test-py test-spark test-hbase-java
+
+# The sidecar's codec tests (JUnit, no HBase started; the end-to-end tests are tests/test_hbase.py).
+test-hbase-java: setup
+	cd connectors/hbase && $(MVN) -q test
 
 # HBase (connectors/hbase): the sidecar + an in-process mini cluster, Java 17 + Maven (HBase 2.6.4
 # from Maven Central into ~/.m2 on first use). tests/test_hbase.py (in test-py) needs this build.

@@ -216,4 +216,12 @@ mod tests {
         let bad = HbaseConfig { sidecar: "nope".into(), ..Default::default() };
         assert!(bad.validate().is_err());
     }
+
+    #[test]
+    fn config_table_parses_and_rejects_unknown_keys() {
+        let c: HbaseConfig = toml::from_str("thrift_port = 9999\nstrategy = \"each-row\"\n").unwrap();
+        let s = c.validate().unwrap();
+        assert_eq!((s.thrift_addr.port(), s.strategy, s.memory_bytes_max), (9999, Strategy::EachRow, 256 << 20));
+        assert!(toml::from_str::<HbaseConfig>("thrift_prot = 1\n").is_err());
+    }
 }
