@@ -254,6 +254,33 @@ mod tests {
         assert_eq!((a, b), (10, 20));
     }
 
+    /// HBase (the sidecar) going away fails the pending call; the next call dials again.
+    #[test]
+    fn lost_connection_fails_pending_calls_and_the_next_call_redials() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            // First connection: read one request, then drop it unanswered.
+            let (mut s, _) = l.accept().unwrap();
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            drop(s);
+            // Second connection: answer PING.
+            let (mut s, _) = l.accept().unwrap();
+            s.read_exact(&mut len).unwrap();
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            s.read_exact(&mut body).unwrap();
+            let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            s.write_all(&Encoder::new(id, status::OK).finish().unwrap()).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let c = SidecarClient::new(addr, Duration::from_secs(5));
+        let t0 = std::time::Instant::now();
+        assert!(matches!(c.ping(), Err(SidecarError::Unavailable(_))));
+        assert!(t0.elapsed() < Duration::from_secs(2), "failed fast, not at the deadline");
+        c.ping().unwrap();
+    }
+
     #[test]
     fn unreachable_sidecar_is_unavailable_not_a_hang() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
