@@ -117,6 +117,14 @@ def test_happybase_answers_equal_the_native_client(daemon, oracle):
         chunks = [(r, {c: v}) for r, d in oracle_scan_rows(oracle, name) for c, v in sorted(d.items())]
         assert list(t.scan(scan_batching=1, batch_size=7)) == chunks
         assert list(t.scan(limit=3)) == oracle_scan_rows(oracle, name)[:3]
+    # A family the table lacks is HBase's error, also once the rows are cached.
+    for _ in range(2):
+        with pytest.raises(Exception) as e:
+            t.row(keys[0], columns=[b"nofam:x"])
+        assert type(e.value).__name__ == "IOError"
+        with pytest.raises(Exception) as e:
+            list(t.scan(columns=[b"nofam"]))
+        assert type(e.value).__name__ == "IOError"
     assert t.counter_inc(b"cnt", b"cf1:n") == 1
     assert t.counter_inc(b"cnt", b"cf1:n", 5) == 6
     assert t.counter_get(b"cnt", b"cf1:n") == 6

@@ -172,6 +172,8 @@ struct TableState {
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
     stats: Stats,
+    /// The table's column families, once looked up (each-row projections check against them).
+    families: Option<Vec<Vec<u8>>>,
 }
 
 /// Proof that a fill started at a given table version.
@@ -279,6 +281,15 @@ impl Cache {
             st.stats.fills_discarded += 1;
         }
         ok
+    }
+
+    /// The table's families if known (forgotten on any table-wide change).
+    pub fn families(&self, table: &[u8]) -> Option<Vec<Vec<u8>>> {
+        self.tables.get(table).and_then(|t| t.families.clone())
+    }
+
+    pub fn set_families(&mut self, table: &[u8], families: Vec<Vec<u8>>) {
+        self.table(table).families = Some(families);
     }
 
     /// Does a fill for `spec`/`filter` want whole rows (each-row) rather than the query's own?
@@ -399,6 +410,7 @@ impl Cache {
         st.queries.clear();
         st.rows.clear();
         st.complete.clear();
+        st.families = None;
         self.bytes -= st.bytes;
         st.bytes = 0;
     }

@@ -175,8 +175,36 @@ impl RangeCache {
         r
     }
 
+    /// May this query use the cache? Each-row entries hold whole rows, so a projection naming a
+    /// family the table lacks would come back empty where HBase raises an error: such queries
+    /// (and any when the families cannot be read) go to HBase uncached.
+    fn cache_usable(&self, table: &[u8], spec: &ReadSpec, filter: &[u8]) -> bool {
+        if spec.columns.is_empty() || !self.cache().fill_wants_whole_rows(spec, filter) {
+            return true;
+        }
+        let known = self.cache().families(table);
+        let families = match known {
+            Some(f) => f,
+            None => match self.side(|s| s.describe(table)) {
+                Ok(f) => {
+                    let names: Vec<Vec<u8>> = f.into_iter().map(|f| f.name).collect();
+                    self.cache().set_families(table, names.clone());
+                    names
+                }
+                Err(_) => return false,
+            },
+        };
+        spec.columns.iter().all(|c| {
+            let fam = c.split(|&b| b == b':').next().unwrap_or(&[]);
+            families.iter().any(|f| f.as_slice() == fam)
+        })
+    }
+
     /// Reads rows (Get semantics), from the cache where possible; one Row per requested row.
     pub fn read_rows(&self, table: &[u8], rows: &[Vec<u8>], spec: &ReadSpec) -> Result<Vec<Row>, SidecarError> {
+        if !self.cache_usable(table, spec, &[]) {
+            return self.side(|s| s.get(table, rows, spec));
+        }
         let mut out: Vec<Option<Row>> = vec![None; rows.len()];
         let mut missing = Vec::new();
         let keys: Vec<QueryKey> = rows
@@ -234,9 +262,12 @@ impl RangeCache {
     /// query's first page reads up to CACHED_SCAN_ROWS_MAX rows so short ranges are cached whole.
     fn page(&self, table: &[u8], key: &QueryKey, start: &[u8], page_rows: usize, first: bool) -> Result<Source, SidecarError> {
         let at = QueryKey { start: start.to_vec(), ..key.clone() };
+        let usable = self.cache_usable(table, &key.spec, &key.filter);
         let hit = {
             let mut c = self.cache();
-            if first || c.fill_wants_whole_rows(&key.spec, &key.filter) {
+            if !usable {
+                None
+            } else if first || c.fill_wants_whole_rows(&key.spec, &key.filter) {
                 c.lookup(table, &at, page_rows)
             } else {
                 None
@@ -249,7 +280,7 @@ impl RangeCache {
         }
         let (ticket, whole, bytes_max) = {
             let mut c = self.cache();
-            (c.fill_ticket(table), c.fill_wants_whole_rows(&key.spec, &key.filter), c.result_bytes_max())
+            (c.fill_ticket(table), usable && c.fill_wants_whole_rows(&key.spec, &key.filter), c.result_bytes_max())
         };
         let fetch_spec = if whole { ReadSpec::latest() } else { key.spec.clone() };
         let rows_max = if first && !key.stop.is_empty() { CACHED_SCAN_ROWS_MAX } else { page_rows };
@@ -274,7 +305,7 @@ impl RangeCache {
             }
         }
         let served = project_all(rows.clone(), whole, &key.spec.columns);
-        if first || whole {
+        if usable && (first || whole) {
             self.cache().fill(table, &at, rows, rest.clone(), ticket);
         }
         Ok(Source { rows: Arc::new(served), pos: 0, rest })
