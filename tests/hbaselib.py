@@ -33,18 +33,19 @@ def mini_available():
 class MiniHBase:
     """`run.sh mini`: prints READY sidecar=PORT zk=... start_ms=... heap_used_mb=... pid=..."""
 
-    def __init__(self):
+    def __init__(self, sidecar_port=0):
         self.proc = None
         self.dir = None
         self.info = {}
         self.log_path = None
+        self.want_port = sidecar_port
 
     def start(self):
         self.dir = tempfile.mkdtemp(prefix="slipstream-hbase-")
         self.log_path = os.path.join(self.dir, "jvm.log")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [RUN_SH, "mini", "--sidecar-port", "0", "--dir", os.path.join(self.dir, "data")],
+            [RUN_SH, "mini", "--sidecar-port", str(self.want_port), "--dir", os.path.join(self.dir, "data")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
         )
         log.close()

@@ -292,3 +292,36 @@ def test_missing_hbase_is_an_ioerror_not_a_hang():
         assert d.alive()
     finally:
         d.stop()
+
+
+def test_hbase_going_away_and_back():
+    """HBase (with its sidecar) stops and a fresh, empty one starts on the same port: while it
+    is away calls are IOErrors, and afterwards nothing cached from the old one is served."""
+    port = mcwire.free_port()
+    m = hbaselib.MiniHBase(sidecar_port=port).start()
+    d = hbaselib.HbaseDaemon(port, timeout_ms=3000).start()
+    try:
+        conn = connect(d)
+        name = fresh_table(conn)
+        t = conn.table(name)
+        t.put(b"a", {b"cf1:q": b"1"})
+        assert t.row(b"a") == {b"cf1:q": b"1"}
+        assert t.row(b"a") == {b"cf1:q": b"1"}  # now cached
+        m.stop()
+        time.sleep(0.5)  # the daemon's sidecar connection sees the loss
+        with pytest.raises(Exception) as e:
+            t.row(b"b")
+        assert type(e.value).__name__ == "IOError"
+        m = hbaselib.MiniHBase(sidecar_port=port).start()
+        # The new HBase has no such table: HBase's error, not the old cached row.
+        with pytest.raises(Exception) as e:
+            t.row(b"a")
+        assert type(e.value).__name__ == "IOError"
+        name2 = fresh_table(conn)
+        t2 = conn.table(name2)
+        t2.put(b"x", {b"cf2:y": b"2"})
+        assert t2.row(b"x") == {b"cf2:y": b"2"}
+        assert d.alive()
+    finally:
+        d.stop()
+        m.stop()

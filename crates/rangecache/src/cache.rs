@@ -397,6 +397,16 @@ impl Cache {
         self.bytes -= freed;
     }
 
+    /// Drops everything and voids fills in flight (the path to HBase was lost: whatever
+    /// happened there meanwhile is unknown).
+    pub fn clear_all(&mut self) {
+        let names: Vec<Arc<[u8]>> = self.tables.keys().cloned().collect();
+        for t in names {
+            self.table(&t).version += 1;
+            self.clear_table(&t);
+        }
+    }
+
     /// Drops everything cached for a table (admin operations, lost notifications).
     pub fn clear_table(&mut self, table: &[u8]) {
         let Some(st) = self.tables.get_mut(table) else { return };
@@ -648,6 +658,18 @@ mod tests {
         assert!(matches!(c.lookup(b"t", &q("c", "f"), 100), Some(Hit::Assembled(_, Some(_)))), "served up to the write");
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_some());
         assert!(c.lookup(b"t", &q("e", "g"), 100).is_some());
+    }
+
+    #[test]
+    fn clear_all_drops_entries_and_voids_fills_in_flight() {
+        let mut c = Cache::new(Strategy::AllRow, 1 << 20);
+        let t = c.fill_ticket(b"t");
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        let late = c.fill_ticket(b"t");
+        c.clear_all();
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, late));
+        assert_eq!(c.bytes(), 0);
     }
 
     #[test]

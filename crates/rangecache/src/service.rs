@@ -63,6 +63,8 @@ pub struct RangeCache {
     scanners: Mutex<HashMap<i32, Scanner>>,
     next_scanner: AtomicI32,
     scanners_max: usize,
+    /// The sidecar connection generation the cache was filled under.
+    sidecar_generation: AtomicU64,
     pub stats: FrontStats,
 }
 
@@ -149,12 +151,21 @@ impl RangeCache {
             scanners: Mutex::new(HashMap::new()),
             next_scanner: AtomicI32::new(1),
             scanners_max,
+            sidecar_generation: AtomicU64::new(0),
             stats: FrontStats::default(),
         }
     }
 
+    /// The cache, flushed first if the sidecar connection was lost or remade since the last
+    /// look: HBase may have restarted or changed unseen meanwhile, so nothing cached before can
+    /// be trusted (and fills in flight are voided).
     pub fn cache(&self) -> MutexGuard<'_, Cache> {
-        lock(&self.cache)
+        let mut c = lock(&self.cache);
+        let g = self.sidecar.generation();
+        if self.sidecar_generation.swap(g, Ordering::SeqCst) != g {
+            c.clear_all();
+        }
+        c
     }
 
     fn side<T>(&self, f: impl FnOnce(&SidecarClient) -> Result<T, SidecarError>) -> Result<T, SidecarError> {

@@ -10,7 +10,7 @@ use super::codec::{
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,11 +23,15 @@ struct Conn {
     pending: Mutex<HashMap<u32, SyncSender<Reply>>>,
     next_id: AtomicU32,
     dead: AtomicBool,
+    /// The client's connect-and-loss counter (see `SidecarClient::generation`).
+    generation: Arc<AtomicU64>,
 }
 
 impl Conn {
     fn fail_all(&self, why: &str) {
-        self.dead.store(true, Ordering::SeqCst);
+        if !self.dead.swap(true, Ordering::SeqCst) {
+            self.generation.fetch_add(1, Ordering::SeqCst);
+        }
         let waiters: Vec<_> = lock(&self.pending).drain().collect();
         for (_, tx) in waiters {
             let _ = tx.try_send(Err(SidecarError::Unavailable(why.to_string())));
@@ -77,11 +81,19 @@ pub struct SidecarClient {
     addr: SocketAddr,
     timeout: Duration,
     conn: Mutex<Option<Arc<Conn>>>,
+    /// Connections made plus connections lost: a change means the sidecar (and maybe HBase)
+    /// was away.
+    generation: Arc<AtomicU64>,
 }
 
 impl SidecarClient {
     pub fn new(addr: SocketAddr, timeout: Duration) -> SidecarClient {
-        SidecarClient { addr, timeout, conn: Mutex::new(None) }
+        SidecarClient { addr, timeout, conn: Mutex::new(None), generation: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Connections made plus lost; the cache flushes when it moves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     fn connection(&self) -> Result<Arc<Conn>, SidecarError> {
@@ -100,6 +112,7 @@ impl SidecarClient {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(1),
             dead: AtomicBool::new(false),
+            generation: self.generation.clone(),
         });
         let c2 = conn.clone();
         std::thread::Builder::new()
@@ -107,6 +120,7 @@ impl SidecarClient {
             .spawn(move || reader_loop(c2, read_half))
             .map_err(unavailable)?;
         *slot = Some(conn.clone());
+        self.generation.fetch_add(1, Ordering::SeqCst);
         Ok(conn)
     }
 
