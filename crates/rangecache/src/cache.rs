@@ -41,7 +41,10 @@ impl Strategy {
         match s {
             "all-row" | "allrow" => Ok(Strategy::AllRow),
             "each-row" | "eachrow" => Ok(Strategy::EachRow),
-            "adaptive" => Err("strategy \"adaptive\" is not implemented yet; use \"all-row\" or \"each-row\"".into()),
+            "adaptive" => Err(
+                "strategy \"adaptive\" is not implemented yet; use \"all-row\" or \"each-row\""
+                    .into(),
+            ),
             other => Err(format!("unknown strategy {other:?} (all-row, each-row)")),
         }
     }
@@ -68,7 +71,10 @@ impl QueryKey {
         row >= self.start.as_slice() && (self.stop.is_empty() || row < self.stop.as_slice())
     }
     fn size_bytes(&self) -> usize {
-        self.start.len() + self.stop.len() + self.filter.len() + self.spec.columns.iter().map(Vec::len).sum::<usize>()
+        self.start.len()
+            + self.stop.len()
+            + self.filter.len()
+            + self.spec.columns.iter().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -115,16 +121,21 @@ pub fn project(row: &Row, columns: &[Vec<u8>]) -> Row {
         .iter()
         .filter(|c| match sel.get(c.family.as_slice()) {
             Some(None) => true,
-            Some(Some(qs)) => qs.iter().any(|q| *q == c.qualifier.as_slice()),
+            Some(Some(qs)) => qs.contains(&c.qualifier.as_slice()),
             None => false,
         })
         .cloned()
         .collect();
-    Row { row: row.row.clone(), cells }
+    Row {
+        row: row.row.clone(),
+        cells,
+    }
 }
 
 fn rows_bytes(rows: &[Row]) -> usize {
-    rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.cells.len() * CELL_OVERHEAD_BYTES).sum()
+    rows.iter()
+        .map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.cells.len() * CELL_OVERHEAD_BYTES)
+        .sum()
 }
 
 /// What the LRU index points at.
@@ -202,7 +213,14 @@ pub enum Hit {
 
 impl Cache {
     pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
-        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), lru: BTreeMap::new() }
+        Cache {
+            strategy,
+            memory_bytes_max,
+            bytes: 0,
+            tick: 0,
+            tables: HashMap::new(),
+            lru: BTreeMap::new(),
+        }
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -221,7 +239,10 @@ impl Cache {
     fn table(&mut self, table: &[u8]) -> &mut TableState {
         if !self.tables.contains_key(table) {
             let name: Arc<[u8]> = Arc::from(table);
-            let st = TableState { name: Some(name.clone()), ..Default::default() };
+            let st = TableState {
+                name: Some(name.clone()),
+                ..Default::default()
+            };
             self.tables.insert(name, st);
         }
         // Inserted just above when missing.
@@ -243,8 +264,9 @@ impl Cache {
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
         let each = self.uses_each_row(&q.spec, &q.filter);
         let tick = self.next_tick();
+        self.table(table); // so a first query of a table counts as a miss
         let Cache { tables, lru, .. } = self;
-        let Some(st) = tables.get_mut(table) else { return None };
+        let st = tables.get_mut(table)?;
         if each {
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max, tick, lru) {
                 st.stats.hits_each_row += 1;
@@ -262,14 +284,11 @@ impl Cache {
         None
     }
 
-    /// Counts a miss for a table not yet known (lookup found no state).
-    pub fn count_miss(&mut self, table: &[u8]) {
-        self.table(table).stats.misses += 1;
-    }
-
     /// Call before reading from HBase for a fill.
     pub fn fill_ticket(&mut self, table: &[u8]) -> FillTicket {
-        FillTicket { version: self.table(table).version }
+        FillTicket {
+            version: self.table(table).version,
+        }
     }
 
     fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
@@ -301,7 +320,14 @@ impl Cache {
     /// the whole query when `continue_at` is None). For each-row shapes `rows` must be whole
     /// rows (every column, newest version).
     /// Returns false when the fill was dropped (a write raced it, or it is too large).
-    pub fn fill(&mut self, table: &[u8], q: &QueryKey, rows: Vec<Row>, continue_at: Option<Vec<u8>>, ticket: FillTicket) -> bool {
+    pub fn fill(
+        &mut self,
+        table: &[u8],
+        q: &QueryKey,
+        rows: Vec<Row>,
+        continue_at: Option<Vec<u8>>,
+        ticket: FillTicket,
+    ) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
             return false;
@@ -319,7 +345,15 @@ impl Cache {
                 self.lru.remove(&old.tick);
             }
             let st = self.table(table);
-            st.queries.insert(q.clone(), QueryEntry { rows: Arc::new(rows), continue_at, bytes, tick });
+            st.queries.insert(
+                q.clone(),
+                QueryEntry {
+                    rows: Arc::new(rows),
+                    continue_at,
+                    bytes,
+                    tick,
+                },
+            );
             st.bytes += bytes;
             self.bytes += bytes;
             self.lru.insert(tick, EntryRef::Query(name, q.clone()));
@@ -336,7 +370,14 @@ impl Cache {
             let st = self.table(table);
             let name = st.name.clone().expect("named table");
             let key = r.row.clone();
-            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: Arc::new(r), bytes, tick }) {
+            if let Some(old) = st.rows.insert(
+                key.clone(),
+                RowEntry {
+                    row: Arc::new(r),
+                    bytes,
+                    tick,
+                },
+            ) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
                 self.lru.remove(&old.tick);
@@ -377,8 +418,15 @@ impl Cache {
 
     /// Drops every entry that could contain `row`.
     fn invalidate_row(&mut self, table: &[u8], row: &[u8]) {
-        let Some(st) = self.tables.get_mut(table) else { return };
-        let hit: Vec<QueryKey> = st.queries.keys().filter(|k| k.contains(row)).cloned().collect();
+        let Some(st) = self.tables.get_mut(table) else {
+            return;
+        };
+        let hit: Vec<QueryKey> = st
+            .queries
+            .keys()
+            .filter(|k| k.contains(row))
+            .cloned()
+            .collect();
         let mut freed = 0;
         for k in hit {
             if let Some(e) = st.queries.remove(&k) {
@@ -409,7 +457,9 @@ impl Cache {
 
     /// Drops everything cached for a table (admin operations, lost notifications).
     pub fn clear_table(&mut self, table: &[u8]) {
-        let Some(st) = self.tables.get_mut(table) else { return };
+        let Some(st) = self.tables.get_mut(table) else {
+            return;
+        };
         for e in st.queries.values() {
             self.lru.remove(&e.tick);
         }
@@ -428,7 +478,9 @@ impl Cache {
     /// Evicts least recently used entries until under the memory limit.
     fn evict(&mut self) {
         while self.bytes > self.memory_bytes_max {
-            let Some((_, victim)) = self.lru.pop_first() else { break };
+            let Some((_, victim)) = self.lru.pop_first() else {
+                break;
+            };
             match victim {
                 EntryRef::Query(t, k) => {
                     if let Some(st) = self.tables.get_mut(&t) {
@@ -456,7 +508,11 @@ impl Cache {
 
     /// Per-table stats, by table name.
     pub fn table_stats(&self) -> Vec<(Vec<u8>, Stats, usize)> {
-        let mut v: Vec<_> = self.tables.iter().map(|(n, s)| (n.to_vec(), s.stats, s.bytes)).collect();
+        let mut v: Vec<_> = self
+            .tables
+            .iter()
+            .map(|(n, s)| (n.to_vec(), s.stats, s.bytes))
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -479,10 +535,17 @@ fn each_row_lookup(
         (false, false) if q.stop <= iv_end => (q.stop.clone(), None),
         (false, false) => (iv_end.clone(), Some(iv_end)),
     };
-    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
+    let upper = if end.is_empty() {
+        Bound::Unbounded
+    } else {
+        Bound::Excluded(end.as_slice())
+    };
     let mut out = Vec::new();
     let mut next = next;
-    for (k, e) in st.rows.range::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
+    for (k, e) in st
+        .rows
+        .range::<[u8], _>((Bound::Included(q.start.as_slice()), upper))
+    {
         if out.len() >= rows_max.max(1) {
             next = Some(k.clone());
             break;
@@ -507,14 +570,19 @@ fn each_row_lookup(
 
 /// The end of the complete interval holding `key` (empty = end of table), if any.
 fn covering_end(iv: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<Vec<u8>> {
-    let (_, e) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
+    let (_, e) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
+        .next_back()?;
     (e.is_empty() || key < e.as_slice()).then(|| e.clone())
 }
 
 /// Is [start, stop) inside one complete interval? (Test helper: lookups need only the start.)
 #[cfg(test)]
 fn covered(iv: &BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], stop: &[u8]) -> bool {
-    let Some((_, s)) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(start))).next_back() else {
+    let Some((_, s)) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(start)))
+        .next_back()
+    else {
         return false;
     };
     if s.is_empty() {
@@ -526,7 +594,10 @@ fn covered(iv: &BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], stop: &[u8]) -> bool {
 /// Adds [start, stop) to the disjoint interval set, merging overlapping or touching ones.
 fn add_interval(iv: &mut BTreeMap<Vec<u8>, Vec<u8>>, mut start: Vec<u8>, mut stop: Vec<u8>) {
     // Merge with a predecessor that reaches start.
-    if let Some((s, e)) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(start.as_slice()))).next_back() {
+    if let Some((s, e)) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(start.as_slice())))
+        .next_back()
+    {
         if e.is_empty() || e.as_slice() >= start.as_slice() {
             start = s.clone();
             if !e.is_empty() && !stop.is_empty() && e.as_slice() > stop.as_slice() {
@@ -587,28 +658,57 @@ mod tests {
         Row {
             row: k.as_bytes().to_vec(),
             cells: vec![
-                Cell { family: b"f".to_vec(), qualifier: b"a".to_vec(), timestamp: 1, value: v.as_bytes().to_vec() },
-                Cell { family: b"g".to_vec(), qualifier: b"b".to_vec(), timestamp: 1, value: v.as_bytes().to_vec() },
+                Cell {
+                    family: b"f".to_vec(),
+                    qualifier: b"a".to_vec(),
+                    timestamp: 1,
+                    value: v.as_bytes().to_vec(),
+                },
+                Cell {
+                    family: b"g".to_vec(),
+                    qualifier: b"b".to_vec(),
+                    timestamp: 1,
+                    value: v.as_bytes().to_vec(),
+                },
             ],
         }
     }
 
     fn q(start: &str, stop: &str) -> QueryKey {
-        QueryKey { start: start.into(), stop: stop.into(), spec: ReadSpec::latest(), filter: Vec::new() }
+        QueryKey {
+            start: start.into(),
+            stop: stop.into(),
+            spec: ReadSpec::latest(),
+            filter: Vec::new(),
+        }
     }
 
     #[test]
     fn all_row_hit_then_invalidated_by_write_in_range_only() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
         let t = c.fill_ticket(b"t");
-        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1"), row("b", "1")], None, t));
-        assert!(matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2));
+        assert!(c.fill(
+            b"t",
+            &q("a", "c"),
+            vec![row("a", "1"), row("b", "1")],
+            None,
+            t
+        ));
+        assert!(
+            matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2)
+        );
         c.begin_write(b"t", Some(&[b"x".to_vec()]));
         c.end_write(b"t");
-        assert!(c.lookup(b"t", &q("a", "c"), 100).is_some(), "write outside the range keeps the entry");
+        assert!(
+            c.lookup(b"t", &q("a", "c"), 100).is_some(),
+            "write outside the range keeps the entry"
+        );
         c.begin_write(b"t", Some(&[b"b".to_vec()]));
         c.end_write(b"t");
-        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none(), "write inside the range drops it");
+        assert!(
+            c.lookup(b"t", &q("a", "c"), 100).is_none(),
+            "write inside the range drops it"
+        );
         assert_eq!(c.bytes(), 0);
     }
 
@@ -631,23 +731,41 @@ mod tests {
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
         let t = c.fill_ticket(b"t");
-        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
-        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
+        assert!(c.fill(
+            b"t",
+            &q("a", "z"),
+            vec![row("b", "1"), row("d", "1"), row("f", "1")],
+            None,
+            t
+        ));
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else {
+            panic!("sub-range not served")
+        };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row, b"d");
         // A Get of an absent row inside the interval is served as absent.
-        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else { panic!("absent row not served") };
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else {
+            panic!("absent row not served")
+        };
         assert!(r.is_empty());
         // Column projection.
         let mut pq = q("a", "z");
         pq.spec.columns = vec![b"g".to_vec()];
-        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else { panic!() };
-        assert!(r.iter().all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
+        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else {
+            panic!()
+        };
+        assert!(r
+            .iter()
+            .all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
         // Past the interval: its part is served, with where to continue.
-        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else { panic!("partial") };
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else {
+            panic!("partial")
+        };
         assert_eq!((r.len(), next.as_slice()), (2, &b"z"[..]));
         // A page limit: two rows at most, continue at the next cached row.
-        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("a", "z"), 2) else { panic!("paged") };
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("a", "z"), 2) else {
+            panic!("paged")
+        };
         assert_eq!((r.len(), next.as_slice()), (2, &b"f"[..]));
         // Start outside every interval: miss.
         assert!(c.lookup(b"t", &q("zz", ""), 100).is_none());
@@ -655,7 +773,13 @@ mod tests {
         c.begin_write(b"t", Some(&[b"d".to_vec()]));
         c.end_write(b"t");
         assert!(c.lookup(b"t", &q("d", "f"), 100).is_none());
-        assert!(matches!(c.lookup(b"t", &q("c", "f"), 100), Some(Hit::Assembled(_, Some(_)))), "served up to the write");
+        assert!(
+            matches!(
+                c.lookup(b"t", &q("c", "f"), 100),
+                Some(Hit::Assembled(_, Some(_)))
+            ),
+            "served up to the write"
+        );
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_some());
         assert!(c.lookup(b"t", &q("e", "g"), 100).is_some());
     }
@@ -712,8 +836,14 @@ mod tests {
         assert_eq!(project(&r, &[b"f:a".to_vec()]).cells.len(), 1);
         assert_eq!(project(&r, &[b"f".to_vec(), b"g".to_vec()]).cells.len(), 2);
         // family then a column of it: narrowed to the column (HBase's addColumn replaces the family).
-        assert_eq!(project(&r, &[b"f".to_vec(), b"f:zz".to_vec()]).cells.len(), 0);
+        assert_eq!(
+            project(&r, &[b"f".to_vec(), b"f:zz".to_vec()]).cells.len(),
+            0
+        );
         // column then family: widened.
-        assert_eq!(project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(), 1);
+        assert_eq!(
+            project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(),
+            1
+        );
     }
 }

@@ -88,7 +88,12 @@ pub struct SidecarClient {
 
 impl SidecarClient {
     pub fn new(addr: SocketAddr, timeout: Duration) -> SidecarClient {
-        SidecarClient { addr, timeout, conn: Mutex::new(None), generation: Arc::new(AtomicU64::new(0)) }
+        SidecarClient {
+            addr,
+            timeout,
+            conn: Mutex::new(None),
+            generation: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// Connections made plus lost; the cache flushes when it moves.
@@ -103,7 +108,8 @@ impl SidecarClient {
                 return Ok(c.clone());
             }
         }
-        let unavailable = |e: std::io::Error| SidecarError::Unavailable(format!("{}: {e}", self.addr));
+        let unavailable =
+            |e: std::io::Error| SidecarError::Unavailable(format!("{}: {e}", self.addr));
         let stream = TcpStream::connect_timeout(&self.addr, self.timeout).map_err(unavailable)?;
         stream.set_nodelay(true).map_err(unavailable)?;
         let read_half = stream.try_clone().map_err(unavailable)?;
@@ -149,9 +155,14 @@ impl SidecarClient {
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => {
                 lock(&conn.pending).remove(&id);
-                Err(SidecarError::Unavailable(format!("no answer within {} ms", self.timeout.as_millis())))
+                Err(SidecarError::Unavailable(format!(
+                    "no answer within {} ms",
+                    self.timeout.as_millis()
+                )))
             }
-            Err(RecvTimeoutError::Disconnected) => Err(SidecarError::Unavailable("connection lost".into())),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(SidecarError::Unavailable("connection lost".into()))
+            }
         }
     }
 
@@ -175,7 +186,13 @@ impl SidecarClient {
         self.call_decode(op::LIST_TABLES, |_| {}, |d| d.bytes_list())
     }
     pub fn describe(&self, table: &[u8]) -> Result<Vec<Family>, SidecarError> {
-        self.call_decode(op::DESCRIBE, |e| { e.bytes(table); }, |d| d.families())
+        self.call_decode(
+            op::DESCRIBE,
+            |e| {
+                e.bytes(table);
+            },
+            |d| d.families(),
+        )
     }
     pub fn create_table(&self, table: &[u8], families: &[Family]) -> Result<(), SidecarError> {
         self.call_decode(
@@ -191,13 +208,36 @@ impl SidecarClient {
     }
     /// DELETE_TABLE, ENABLE_TABLE or DISABLE_TABLE.
     pub fn table_admin(&self, opcode: u8, table: &[u8]) -> Result<(), SidecarError> {
-        self.call_decode(opcode, |e| { e.bytes(table); }, |_| Ok(()))
+        self.call_decode(
+            opcode,
+            |e| {
+                e.bytes(table);
+            },
+            |_| Ok(()),
+        )
     }
     pub fn is_enabled(&self, table: &[u8]) -> Result<bool, SidecarError> {
-        self.call_decode(op::IS_ENABLED, |e| { e.bytes(table); }, |d| d.bool())
+        self.call_decode(
+            op::IS_ENABLED,
+            |e| {
+                e.bytes(table);
+            },
+            |d| d.bool(),
+        )
     }
-    pub fn get(&self, table: &[u8], rows: &[Vec<u8>], spec: &ReadSpec) -> Result<Vec<Row>, SidecarError> {
-        self.call_decode(op::GET, |e| { e.bytes(table).bytes_list(rows).read_spec(spec); }, |d| d.rows())
+    pub fn get(
+        &self,
+        table: &[u8],
+        rows: &[Vec<u8>],
+        spec: &ReadSpec,
+    ) -> Result<Vec<Row>, SidecarError> {
+        self.call_decode(
+            op::GET,
+            |e| {
+                e.bytes(table).bytes_list(rows).read_spec(spec);
+            },
+            |d| d.rows(),
+        )
     }
     /// One page of a scan: up to `rows_max` rows; `more` = the page was cut by a limit.
     #[allow(clippy::too_many_arguments)]
@@ -214,20 +254,60 @@ impl SidecarClient {
         self.call_decode(
             op::SCAN,
             |e| {
-                e.bytes(table).bytes(start).bytes(stop).read_spec(spec).bytes(filter);
+                e.bytes(table)
+                    .bytes(start)
+                    .bytes(stop)
+                    .read_spec(spec)
+                    .bytes(filter);
                 e.i32(rows_max).i32(bytes_max);
             },
             |d| Ok((d.rows()?, d.bool()?)),
         )
     }
-    pub fn mutate(&self, table: &[u8], rows: &[RowMutations], ts: i64, order: MutateOrder) -> Result<(), SidecarError> {
-        self.call_decode(op::MUTATE, |e| { e.bytes(table).row_mutations(rows).i64(ts).u8(order as u8); }, |_| Ok(()))
+    pub fn mutate(
+        &self,
+        table: &[u8],
+        rows: &[RowMutations],
+        ts: i64,
+        order: MutateOrder,
+    ) -> Result<(), SidecarError> {
+        self.call_decode(
+            op::MUTATE,
+            |e| {
+                e.bytes(table).row_mutations(rows).i64(ts).u8(order as u8);
+            },
+            |_| Ok(()),
+        )
     }
-    pub fn delete(&self, table: &[u8], row: &[u8], column: &[u8], ts: i64) -> Result<(), SidecarError> {
-        self.call_decode(op::DELETE, |e| { e.bytes(table).bytes(row).bytes(column).i64(ts); }, |_| Ok(()))
+    pub fn delete(
+        &self,
+        table: &[u8],
+        row: &[u8],
+        column: &[u8],
+        ts: i64,
+    ) -> Result<(), SidecarError> {
+        self.call_decode(
+            op::DELETE,
+            |e| {
+                e.bytes(table).bytes(row).bytes(column).i64(ts);
+            },
+            |_| Ok(()),
+        )
     }
-    pub fn increment(&self, table: &[u8], row: &[u8], column: &[u8], amount: i64) -> Result<i64, SidecarError> {
-        self.call_decode(op::INCREMENT, |e| { e.bytes(table).bytes(row).bytes(column).i64(amount); }, |d| d.i64())
+    pub fn increment(
+        &self,
+        table: &[u8],
+        row: &[u8],
+        column: &[u8],
+        amount: i64,
+    ) -> Result<i64, SidecarError> {
+        self.call_decode(
+            op::INCREMENT,
+            |e| {
+                e.bytes(table).bytes(row).bytes(column).i64(amount);
+            },
+            |d| d.i64(),
+        )
     }
 }
 
@@ -285,13 +365,17 @@ mod tests {
             let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
             s.read_exact(&mut body).unwrap();
             let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            s.write_all(&Encoder::new(id, status::OK).finish().unwrap()).unwrap();
+            s.write_all(&Encoder::new(id, status::OK).finish().unwrap())
+                .unwrap();
             std::thread::sleep(Duration::from_millis(200));
         });
         let c = SidecarClient::new(addr, Duration::from_secs(5));
         let t0 = std::time::Instant::now();
         assert!(matches!(c.ping(), Err(SidecarError::Unavailable(_))));
-        assert!(t0.elapsed() < Duration::from_secs(2), "failed fast, not at the deadline");
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "failed fast, not at the deadline"
+        );
         c.ping().unwrap();
     }
 
