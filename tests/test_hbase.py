@@ -141,25 +141,48 @@ def test_happybase_answers_equal_the_native_client(daemon, oracle):
 def test_reads_after_writes_through_slipstream_are_never_stale(daemon, oracle):
     """A writer and a reader on two connections: once a write is acknowledged, no later read
     (Get or a scan over an overlapping range) returns an older value, although the reader keeps
-    filling the cache while the writes race its fills."""
+    filling the cache while the writes race its fills. The writer mixes single puts (mutateRows),
+    multi-row batches, whole-row deletes (deleteAllRow) and counter increments; each put carries a
+    number larger than every earlier operation's, so "older" is a smaller number."""
     seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
     print("seed", seed)
     rnd = random.Random(seed)
+    wrnd = random.Random(seed + 1)
     wconn, rconn = connect(daemon), connect(daemon)
     name = fresh_table(wconn)
     wt, rt = wconn.table(name), rconn.table(name)
     rows = [b"k%02d" % i for i in range(10)]
-    acked = {r: -1 for r in rows}
+    # Per row: number of the last acknowledged op, whether it was a delete, deletes issued.
+    acked = {r: (-1, True) for r in rows}
+    del_issued = {r: 0 for r in rows}
+    del_acked = {r: 0 for r in rows}
     stop = threading.Event()
     errors = []
 
     def writer():
         n = 0
         while not stop.is_set() and n < 400:
-            r = rnd.choice(rows)
             n += 1
-            wt.put(r, {b"cf1:v": b"%08d" % n})
-            acked[r] = n
+            op = wrnd.random()
+            if op < 0.55:
+                r = wrnd.choice(rows)
+                wt.put(r, {b"cf1:v": b"%08d" % n})
+                acked[r] = (n, False)
+            elif op < 0.7:
+                batch_rows = wrnd.sample(rows, 3)
+                with wt.batch() as b:
+                    for r in batch_rows:
+                        b.put(r, {b"cf1:v": b"%08d" % n})
+                for r in batch_rows:
+                    acked[r] = (n, False)
+            elif op < 0.85:
+                r = wrnd.choice(rows)
+                del_issued[r] += 1
+                wt.delete(r)
+                acked[r] = (n, True)
+                del_acked[r] += 1
+            else:
+                wt.counter_inc(wrnd.choice(rows), b"cf2:c")
 
     th = threading.Thread(target=writer)
     th.start()
@@ -169,19 +192,24 @@ def test_reads_after_writes_through_slipstream_are_never_stale(daemon, oracle):
         while time.monotonic() < deadline and th.is_alive():
             r = rnd.choice(rows)
             floor = dict(acked)
+            dels_before = dict(del_acked)
             if rnd.random() < 0.5:
-                got = rt.row(r)
+                got = rt.row(r, columns=[b"cf1"])
                 seen = {r: int(got[b"cf1:v"])} if got else {}
                 covered = [r]
             else:
                 i = rows.index(r)
                 lo, hi = max(0, i - 3), i + 3  # overlapping ranges; past the end = to the table's end
                 stop_row = rows[hi] if hi < len(rows) else None
-                seen = {k: int(d[b"cf1:v"]) for k, d in rt.scan(row_start=rows[lo], row_stop=stop_row)}
+                seen = {k: int(d[b"cf1:v"]) for k, d in rt.scan(row_start=rows[lo], row_stop=stop_row, columns=[b"cf1"])}
                 covered = rows[lo:hi]
             for k in covered:
-                if seen.get(k, -1) < floor[k]:
-                    errors.append((k, seen.get(k), floor[k]))
+                n, was_delete = floor[k]
+                if k in seen:
+                    if seen[k] < n:
+                        errors.append((k, seen[k], floor[k]))
+                elif not was_delete and del_issued[k] == dels_before[k]:
+                    errors.append((k, None, floor[k]))  # absent, yet no delete could explain it
             reads += 1
     finally:
         stop.set()
