@@ -415,6 +415,9 @@ impl Config {
                 .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[tenant]]: {e}") })?;
             self.tenants = file.tenant;
         }
+        if self.hbase.is_some() && !self.tenants.is_empty() {
+            return Err(ConfigError::File { path: path.to_string(), message: "[hbase] does not run with [[tenant]] yet".into() });
+        }
         Ok(())
     }
 
