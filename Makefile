@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test test-rust test-py test-spark spark-build spark-wordcount spark-changepoint spark-bench bench fuzz clean
+.PHONY: all setup build run test test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench bench fuzz clean
 
 all: build
 
@@ -16,6 +16,7 @@ setup:
 build: setup
 	$(CARGO) build --release --workspace
 	$(MAKE) spark-build
+	$(MAKE) hbase-build
 
 run: build
 	$(BIN) serve $(RUN_ARGS)
@@ -36,7 +37,28 @@ spark-build:
 test-spark: test-rust
 	cd connectors/spark && SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(MVN) test
 
-test: test-rust test-py test-spark
+test: test-rust test-py test-spark test-hbase-java
+
+# The sidecar's codec tests (JUnit, no HBase started; the end-to-end tests are tests/test_hbase.py).
+test-hbase-java: setup
+	cd connectors/hbase && $(MVN) -q test
+
+# HBase (connectors/hbase): the sidecar + an in-process mini cluster, Java 17 + Maven (HBase 2.6.4
+# from Maven Central into ~/.m2 on first use). tests/test_hbase.py (in test-py) needs this build.
+hbase-build:
+	cd connectors/hbase && $(MVN) -q -DskipTests package dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
+
+# A mini HBase (ZooKeeper + master + region server on the local filesystem, sidecar on 9091) and
+# Slipstream's range cache in front of it: HBase's Thrift1 API on 127.0.0.1:9090. Ctrl-C stops both.
+HBASE_RUN_DIR ?= $(CURDIR)/.work/hbase-run
+hbase-run: build
+	bash scripts/hbase-run.sh "$(HBASE_RUN_DIR)"
+
+# Regenerate the Thrift1 code from crates/rangecache/idl/hbase1.thrift (needs thrift-compiler 0.17,
+# Debian's package; not part of setup because the generated file is checked in).
+hbase-thrift-gen:
+	thrift --gen rs -out crates/rangecache/src/gen crates/rangecache/idl/hbase1.thrift
+	bash crates/rangecache/idl/postprocess.sh crates/rangecache/src/gen/hbase1.rs
 
 # Example jobs (local Spark, a daemon and `slipstream send`): see connectors/spark/examples.
 spark-wordcount: build

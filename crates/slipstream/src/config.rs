@@ -98,6 +98,8 @@ pub struct Config {
     pub streams: Vec<StreamConfig>,
     /// `-u`: the user to become once everything is bound and attached (only when root).
     pub user: Option<String>,
+    /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
+    pub hbase: Option<slipstream_rangecache::Settings>,
 }
 
 impl Default for Config {
@@ -128,6 +130,7 @@ impl Default for Config {
             results: ResultsConfig::default(),
             streams: Vec::new(),
             user: None,
+            hbase: None,
         }
     }
 }
@@ -143,6 +146,7 @@ struct FileConfig {
     results: Option<FileResults>,
     #[serde(default)]
     stream: Vec<FileStream>,
+    hbase: Option<slipstream_rangecache::HbaseConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -411,6 +415,10 @@ impl Config {
             r.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[results]: {e}") })?;
             self.results = r;
         }
+        if let Some(h) = file.hbase {
+            let h = h.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[hbase]: {e}") })?;
+            self.hbase = Some(h);
+        }
         if !file.stream.is_empty() {
             let streams: Vec<StreamConfig> = file.stream.into_iter().map(FileStream::into_config).collect();
             slipstream_stream::config::validate_streams(&streams)
@@ -423,6 +431,9 @@ impl Config {
             slipstream_tenancy::spec::validate_all(&self.shaping, &file.tenant, &self.stream_ports())
                 .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[tenant]]: {e}") })?;
             self.tenants = file.tenant;
+        }
+        if self.hbase.is_some() && !self.tenants.is_empty() {
+            return Err(ConfigError::File { path: path.to_string(), message: "[hbase] does not run with [[tenant]] yet".into() });
         }
         Ok(())
     }

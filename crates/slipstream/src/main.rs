@@ -534,12 +534,19 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         cache_memlimit_allowed: true,
     };
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
-    let (streams, stream_line) = start_streams(&cfg)?;
+    let (streams, mut stream_line) = start_streams(&cfg)?;
+    let mut extra_metrics = stream_metrics(&streams);
+    if let Some(h) = cfg.hbase.clone() {
+        // The HBase Thrift front end (crates/rangecache): its own port, metrics on the same endpoint.
+        let svc = Arc::new(slipstream_rangecache::HbaseService::start(h).map_err(|e| MainError::Start(format!("[hbase]: {e}")))?);
+        stream_line.push_str(&svc.describe());
+        extra_metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
+    }
 
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
             addr,
-            AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) },
+            AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone(), extra_metrics },
         ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
             Err(e) => return Err(admin_bind_error(addr, e)),

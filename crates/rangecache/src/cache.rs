@@ -1,0 +1,849 @@
+//! The range-query result cache (IKNC's two strategies), never stale for writes that pass
+//! through Slipstream:
+//!
+//! * **all-row**: one entry per query (table, start, stop, columns, time range, max versions,
+//!   filter) holding its whole result. Scanner batching and column sorting are applied when
+//!   serving, so they are not part of the key and queries that differ only there share an entry.
+//! * **each-row**: whole rows (every column, newest version) cached once, plus per table a set of
+//!   row intervals known to be *complete* (every existing row inside is cached, so a missing row
+//!   is known absent). A scan inside one complete interval is served by a range walk; a Get is
+//!   served from its row (or from an interval that proves the row absent).
+//!
+//! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
+//! contain the rows and bumps the table's version), is forwarded, then calls
+//! [`Cache::end_write`] (bumps again). A fill records the version when it starts
+//! ([`Cache::fill_ticket`]) and is dropped if the version moved or a write was in flight when it
+//! finishes, so a result read from HBase before a write can never be stored after it.
+//!
+//! Memory: every entry's bytes count against `memory_bytes_max`; the least recently used entries
+//! are evicted first. This module does no I/O.
+
+use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+/// Fixed per-entry and per-cell overheads charged on top of the key and cell bytes.
+const ENTRY_OVERHEAD_BYTES: usize = 96;
+const CELL_OVERHEAD_BYTES: usize = 32;
+/// Complete intervals kept per table before they are dropped (they only speed scans up).
+const INTERVALS_PER_TABLE_MAX: usize = 65_536;
+
+/// Which strategy serves scans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    AllRow,
+    EachRow,
+}
+
+impl Strategy {
+    pub fn parse(s: &str) -> Result<Strategy, String> {
+        match s {
+            "all-row" | "allrow" => Ok(Strategy::AllRow),
+            "each-row" | "eachrow" => Ok(Strategy::EachRow),
+            "adaptive" => Err(
+                "strategy \"adaptive\" is not implemented yet; use \"all-row\" or \"each-row\""
+                    .into(),
+            ),
+            other => Err(format!("unknown strategy {other:?} (all-row, each-row)")),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::AllRow => "all-row",
+            Strategy::EachRow => "each-row",
+        }
+    }
+}
+
+/// The identity of one query inside a table (all-row key).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QueryKey {
+    pub start: Vec<u8>,
+    /// Exclusive; empty = end of table.
+    pub stop: Vec<u8>,
+    pub spec: ReadSpec,
+    pub filter: Vec<u8>,
+}
+
+impl QueryKey {
+    fn contains(&self, row: &[u8]) -> bool {
+        row >= self.start.as_slice() && (self.stop.is_empty() || row < self.stop.as_slice())
+    }
+    fn size_bytes(&self) -> usize {
+        self.start.len()
+            + self.stop.len()
+            + self.filter.len()
+            + self.spec.columns.iter().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// The smallest key after `row`: row followed by a zero byte (the exclusive stop of a Get).
+pub fn next_key(row: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(row.len() + 1);
+    k.extend_from_slice(row);
+    k.push(0);
+    k
+}
+
+/// Is `spec` what each-row entries hold (newest version of every column, no time range)?
+pub fn each_row_servable(spec: &ReadSpec) -> bool {
+    spec.max_versions == 1 && spec.ts_min == 0 && spec.ts_max == TS_LATEST
+}
+
+/// Keeps only the cells `columns` selects, with HBase's Get/Scan addFamily/addColumn rules
+/// (a later `family` widens to the whole family; a later `family:qualifier` after a whole
+/// family narrows it again). Empty `columns` = every column.
+pub fn project(row: &Row, columns: &[Vec<u8>]) -> Row {
+    if columns.is_empty() {
+        return row.clone();
+    }
+    // family -> None (whole family) or Some(qualifiers)
+    let mut sel: HashMap<&[u8], Option<Vec<&[u8]>>> = HashMap::new();
+    for c in columns {
+        match c.iter().position(|&b| b == b':') {
+            None => {
+                sel.insert(c.as_slice(), None);
+            }
+            Some(i) => {
+                let (f, q) = (&c[..i], &c[i + 1..]);
+                match sel.get_mut(f) {
+                    Some(Some(qs)) => qs.push(q),
+                    _ => {
+                        sel.insert(f, Some(vec![q]));
+                    }
+                }
+            }
+        }
+    }
+    let cells = row
+        .cells
+        .iter()
+        .filter(|c| match sel.get(c.family.as_slice()) {
+            Some(None) => true,
+            Some(Some(qs)) => qs.contains(&c.qualifier.as_slice()),
+            None => false,
+        })
+        .cloned()
+        .collect();
+    Row {
+        row: row.row.clone(),
+        cells,
+    }
+}
+
+fn rows_bytes(rows: &[Row]) -> usize {
+    rows.iter()
+        .map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.cells.len() * CELL_OVERHEAD_BYTES)
+        .sum()
+}
+
+/// What the LRU index points at.
+#[derive(Clone, Debug)]
+enum EntryRef {
+    Query(Arc<[u8]>, QueryKey),
+    Row(Arc<[u8]>, Vec<u8>),
+}
+
+struct QueryEntry {
+    rows: Arc<Vec<Row>>,
+    /// Where the query continues past the cached rows (None = the result is complete).
+    continue_at: Option<Vec<u8>>,
+    bytes: usize,
+    tick: u64,
+}
+
+/// An each-row entry: the whole row, or `None` cells when HBase has no such row.
+struct RowEntry {
+    row: Arc<Row>,
+    bytes: usize,
+    tick: u64,
+}
+
+/// Counters per table (also summed for the whole cache).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub hits_all_row: u64,
+    pub hits_each_row: u64,
+    pub misses: u64,
+    pub fills: u64,
+    pub fills_discarded: u64,
+    pub invalidations: u64,
+    pub evictions: u64,
+}
+
+#[derive(Default)]
+struct TableState {
+    name: Option<Arc<[u8]>>,
+    version: u64,
+    writes_in_flight: u32,
+    queries: HashMap<QueryKey, QueryEntry>,
+    rows: BTreeMap<Vec<u8>, RowEntry>,
+    /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
+    complete: BTreeMap<Vec<u8>, Vec<u8>>,
+    bytes: usize,
+    stats: Stats,
+    /// The table's column families, once looked up (each-row projections check against them).
+    families: Option<Vec<Vec<u8>>>,
+}
+
+/// Proof that a fill started at a given table version.
+#[derive(Clone, Copy, Debug)]
+pub struct FillTicket {
+    version: u64,
+}
+
+/// The cache. Callers wrap it in a mutex; every method is short.
+pub struct Cache {
+    strategy: Strategy,
+    memory_bytes_max: usize,
+    bytes: usize,
+    tick: u64,
+    tables: HashMap<Arc<[u8]>, TableState>,
+    lru: BTreeMap<u64, EntryRef>,
+}
+
+/// A result served from the cache, and where the query continues past it (None = complete).
+pub enum Hit {
+    /// An all-row result (shared).
+    Rows(Arc<Vec<Row>>, Option<Vec<u8>>),
+    /// Rows assembled from each-row entries (already projected).
+    Assembled(Vec<Row>, Option<Vec<u8>>),
+}
+
+impl Cache {
+    pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
+        Cache {
+            strategy,
+            memory_bytes_max,
+            bytes: 0,
+            tick: 0,
+            tables: HashMap::new(),
+            lru: BTreeMap::new(),
+        }
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// Largest single result worth caching (a quarter of the budget).
+    pub fn result_bytes_max(&self) -> usize {
+        self.memory_bytes_max / 4
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn table(&mut self, table: &[u8]) -> &mut TableState {
+        if !self.tables.contains_key(table) {
+            let name: Arc<[u8]> = Arc::from(table);
+            let st = TableState {
+                name: Some(name.clone()),
+                ..Default::default()
+            };
+            self.tables.insert(name, st);
+        }
+        // Inserted just above when missing.
+        self.tables.get_mut(table).expect("table state present")
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// Uses each-row entries for this query shape?
+    fn uses_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
+        self.strategy == Strategy::EachRow && filter.is_empty() && each_row_servable(spec)
+    }
+
+    /// Looks a query up; counts a hit or a miss. Each-row hits need only `q.start` inside a
+    /// complete interval and return at most `rows_max` rows, with where to continue.
+    pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
+        let each = self.uses_each_row(&q.spec, &q.filter);
+        let tick = self.next_tick();
+        self.table(table); // so a first query of a table counts as a miss
+        let Cache { tables, lru, .. } = self;
+        let st = tables.get_mut(table)?;
+        if each {
+            if let Some((rows, next)) = each_row_lookup(st, q, rows_max, tick, lru) {
+                st.stats.hits_each_row += 1;
+                return Some(Hit::Assembled(rows, next));
+            }
+        } else if let Some(e) = st.queries.get_mut(q) {
+            if let Some(r) = lru.remove(&e.tick) {
+                lru.insert(tick, r);
+            }
+            e.tick = tick;
+            st.stats.hits_all_row += 1;
+            return Some(Hit::Rows(e.rows.clone(), e.continue_at.clone()));
+        }
+        st.stats.misses += 1;
+        None
+    }
+
+    /// Call before reading from HBase for a fill.
+    pub fn fill_ticket(&mut self, table: &[u8]) -> FillTicket {
+        FillTicket {
+            version: self.table(table).version,
+        }
+    }
+
+    fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
+        let st = self.table(table);
+        let ok = st.version == t.version && st.writes_in_flight == 0;
+        if ok {
+            st.stats.fills += 1;
+        } else {
+            st.stats.fills_discarded += 1;
+        }
+        ok
+    }
+
+    /// The table's families if known (forgotten on any table-wide change).
+    pub fn families(&self, table: &[u8]) -> Option<Vec<Vec<u8>>> {
+        self.tables.get(table).and_then(|t| t.families.clone())
+    }
+
+    pub fn set_families(&mut self, table: &[u8], families: Vec<Vec<u8>>) {
+        self.table(table).families = Some(families);
+    }
+
+    /// Does a fill for `spec`/`filter` want whole rows (each-row) rather than the query's own?
+    pub fn fill_wants_whole_rows(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
+        self.uses_each_row(spec, filter)
+    }
+
+    /// Stores a query's result read from HBase: every row of `[q.start, continue_at)` (or of
+    /// the whole query when `continue_at` is None). For each-row shapes `rows` must be whole
+    /// rows (every column, newest version).
+    /// Returns false when the fill was dropped (a write raced it, or it is too large).
+    pub fn fill(
+        &mut self,
+        table: &[u8],
+        q: &QueryKey,
+        rows: Vec<Row>,
+        continue_at: Option<Vec<u8>>,
+        ticket: FillTicket,
+    ) -> bool {
+        let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
+        if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
+            return false;
+        }
+        if self.uses_each_row(&q.spec, &q.filter) {
+            let stop = continue_at.unwrap_or_else(|| q.stop.clone());
+            self.fill_each_row(table, &q.start, &stop, rows);
+        } else {
+            let tick = self.next_tick();
+            let st = self.table(table);
+            let name = st.name.clone().expect("named table");
+            if let Some(old) = st.queries.remove(q) {
+                st.bytes -= old.bytes;
+                self.bytes -= old.bytes;
+                self.lru.remove(&old.tick);
+            }
+            let st = self.table(table);
+            st.queries.insert(
+                q.clone(),
+                QueryEntry {
+                    rows: Arc::new(rows),
+                    continue_at,
+                    bytes,
+                    tick,
+                },
+            );
+            st.bytes += bytes;
+            self.bytes += bytes;
+            self.lru.insert(tick, EntryRef::Query(name, q.clone()));
+        }
+        self.evict();
+        true
+    }
+
+    /// Stores whole rows of the complete range [start, stop) (each-row).
+    fn fill_each_row(&mut self, table: &[u8], start: &[u8], stop: &[u8], rows: Vec<Row>) {
+        for r in rows.into_iter().filter(|r| !r.cells.is_empty()) {
+            let tick = self.next_tick();
+            let bytes = rows_bytes(std::slice::from_ref(&r)) + r.row.len();
+            let st = self.table(table);
+            let name = st.name.clone().expect("named table");
+            let key = r.row.clone();
+            if let Some(old) = st.rows.insert(
+                key.clone(),
+                RowEntry {
+                    row: Arc::new(r),
+                    bytes,
+                    tick,
+                },
+            ) {
+                st.bytes -= old.bytes;
+                self.bytes -= old.bytes;
+                self.lru.remove(&old.tick);
+            }
+            let st = self.table(table);
+            st.bytes += bytes;
+            self.bytes += bytes;
+            self.lru.insert(tick, EntryRef::Row(name, key));
+        }
+        let st = self.table(table);
+        add_interval(&mut st.complete, start.to_vec(), stop.to_vec());
+        if st.complete.len() > INTERVALS_PER_TABLE_MAX {
+            st.complete.clear();
+        }
+    }
+
+    /// Before forwarding a write of `rows` (None = the whole table, e.g. table admin).
+    pub fn begin_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) {
+        let st = self.table(table);
+        st.version += 1;
+        st.writes_in_flight += 1;
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    self.invalidate_row(table, r);
+                }
+            }
+            None => self.clear_table(table),
+        }
+    }
+
+    /// After the write was answered (successfully or not).
+    pub fn end_write(&mut self, table: &[u8]) {
+        let st = self.table(table);
+        st.version += 1;
+        st.writes_in_flight = st.writes_in_flight.saturating_sub(1);
+    }
+
+    /// Drops every entry that could contain `row`.
+    fn invalidate_row(&mut self, table: &[u8], row: &[u8]) {
+        let Some(st) = self.tables.get_mut(table) else {
+            return;
+        };
+        let hit: Vec<QueryKey> = st
+            .queries
+            .keys()
+            .filter(|k| k.contains(row))
+            .cloned()
+            .collect();
+        let mut freed = 0;
+        for k in hit {
+            if let Some(e) = st.queries.remove(&k) {
+                freed += e.bytes;
+                self.lru.remove(&e.tick);
+                st.stats.invalidations += 1;
+            }
+        }
+        if let Some(e) = st.rows.remove(row) {
+            freed += e.bytes;
+            self.lru.remove(&e.tick);
+            st.stats.invalidations += 1;
+        }
+        split_interval(&mut st.complete, row);
+        st.bytes -= freed;
+        self.bytes -= freed;
+    }
+
+    /// Drops everything and voids fills in flight (the path to HBase was lost: whatever
+    /// happened there meanwhile is unknown).
+    pub fn clear_all(&mut self) {
+        let names: Vec<Arc<[u8]>> = self.tables.keys().cloned().collect();
+        for t in names {
+            self.table(&t).version += 1;
+            self.clear_table(&t);
+        }
+    }
+
+    /// Drops everything cached for a table (admin operations, lost notifications).
+    pub fn clear_table(&mut self, table: &[u8]) {
+        let Some(st) = self.tables.get_mut(table) else {
+            return;
+        };
+        for e in st.queries.values() {
+            self.lru.remove(&e.tick);
+        }
+        for e in st.rows.values() {
+            self.lru.remove(&e.tick);
+        }
+        st.stats.invalidations += (st.queries.len() + st.rows.len()) as u64;
+        st.queries.clear();
+        st.rows.clear();
+        st.complete.clear();
+        st.families = None;
+        self.bytes -= st.bytes;
+        st.bytes = 0;
+    }
+
+    /// Evicts least recently used entries until under the memory limit.
+    fn evict(&mut self) {
+        while self.bytes > self.memory_bytes_max {
+            let Some((_, victim)) = self.lru.pop_first() else {
+                break;
+            };
+            match victim {
+                EntryRef::Query(t, k) => {
+                    if let Some(st) = self.tables.get_mut(&t) {
+                        if let Some(e) = st.queries.remove(&k) {
+                            st.bytes -= e.bytes;
+                            self.bytes -= e.bytes;
+                            st.stats.evictions += 1;
+                        }
+                    }
+                }
+                EntryRef::Row(t, r) => {
+                    if let Some(st) = self.tables.get_mut(&t) {
+                        if let Some(e) = st.rows.remove(&r) {
+                            st.bytes -= e.bytes;
+                            self.bytes -= e.bytes;
+                            st.stats.evictions += 1;
+                        }
+                        // The row is no longer cached, so intervals over it are not complete.
+                        split_interval(&mut st.complete, &r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Per-table stats, by table name.
+    pub fn table_stats(&self) -> Vec<(Vec<u8>, Stats, usize)> {
+        let mut v: Vec<_> = self
+            .tables
+            .iter()
+            .map(|(n, s)| (n.to_vec(), s.stats, s.bytes))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// Serves the start of `q` from each-row entries when a complete interval holds `q.start`:
+/// up to `rows_max` rows, and the key to continue from (None = `q` is done).
+fn each_row_lookup(
+    st: &mut TableState,
+    q: &QueryKey,
+    rows_max: usize,
+    tick: u64,
+    lru: &mut BTreeMap<u64, EntryRef>,
+) -> Option<(Vec<Row>, Option<Vec<u8>>)> {
+    let iv_end = covering_end(&st.complete, &q.start)?;
+    // The walk ends at the query's stop or the interval's, whichever comes first.
+    let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
+        (_, true) => (q.stop.clone(), None),
+        (true, false) => (iv_end.clone(), Some(iv_end)),
+        (false, false) if q.stop <= iv_end => (q.stop.clone(), None),
+        (false, false) => (iv_end.clone(), Some(iv_end)),
+    };
+    let upper = if end.is_empty() {
+        Bound::Unbounded
+    } else {
+        Bound::Excluded(end.as_slice())
+    };
+    let mut out = Vec::new();
+    let mut next = next;
+    for (k, e) in st
+        .rows
+        .range::<[u8], _>((Bound::Included(q.start.as_slice()), upper))
+    {
+        if out.len() >= rows_max.max(1) {
+            next = Some(k.clone());
+            break;
+        }
+        let r = project(&e.row, &q.spec.columns);
+        if !r.cells.is_empty() {
+            out.push(r);
+        }
+    }
+    // Refresh recency of the rows served (bounded by what was just returned).
+    let keys: Vec<Vec<u8>> = out.iter().map(|r| r.row.clone()).collect();
+    for k in keys {
+        if let Some(e) = st.rows.get_mut(&k) {
+            if let Some(r) = lru.remove(&e.tick) {
+                lru.insert(tick, r);
+                e.tick = tick;
+            }
+        }
+    }
+    Some((out, next))
+}
+
+/// The end of the complete interval holding `key` (empty = end of table), if any.
+fn covering_end(iv: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<Vec<u8>> {
+    let (_, e) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
+        .next_back()?;
+    (e.is_empty() || key < e.as_slice()).then(|| e.clone())
+}
+
+/// Is [start, stop) inside one complete interval? (Test helper: lookups need only the start.)
+#[cfg(test)]
+fn covered(iv: &BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], stop: &[u8]) -> bool {
+    let Some((_, s)) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(start)))
+        .next_back()
+    else {
+        return false;
+    };
+    if s.is_empty() {
+        return true;
+    }
+    !stop.is_empty() && stop <= s.as_slice() && start < s.as_slice()
+}
+
+/// Adds [start, stop) to the disjoint interval set, merging overlapping or touching ones.
+fn add_interval(iv: &mut BTreeMap<Vec<u8>, Vec<u8>>, mut start: Vec<u8>, mut stop: Vec<u8>) {
+    // Merge with a predecessor that reaches start.
+    if let Some((s, e)) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(start.as_slice())))
+        .next_back()
+    {
+        if e.is_empty() || e.as_slice() >= start.as_slice() {
+            start = s.clone();
+            if !e.is_empty() && !stop.is_empty() && e.as_slice() > stop.as_slice() {
+                stop = e.clone();
+            } else if e.is_empty() {
+                stop = Vec::new();
+            }
+        }
+    }
+    // Absorb every interval starting inside [start, stop].
+    loop {
+        let next = iv
+            .range::<[u8], _>((Bound::Included(start.as_slice()), Bound::Unbounded))
+            .next()
+            .map(|(s, e)| (s.clone(), e.clone()));
+        let Some((s, e)) = next else { break };
+        if !stop.is_empty() && s.as_slice() > stop.as_slice() {
+            break;
+        }
+        iv.remove(&s);
+        if e.is_empty() {
+            stop = Vec::new();
+        } else if !stop.is_empty() && e > stop {
+            stop = e;
+        }
+    }
+    iv.insert(start, stop);
+}
+
+/// Removes `row` from the interval containing it: [a, b) becomes [a, row) and [row\0, b).
+fn split_interval(iv: &mut BTreeMap<Vec<u8>, Vec<u8>>, row: &[u8]) {
+    let Some((a, b)) = iv
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(row)))
+        .next_back()
+        .map(|(a, b)| (a.clone(), b.clone()))
+    else {
+        return;
+    };
+    if !b.is_empty() && b.as_slice() <= row {
+        return;
+    }
+    iv.remove(&a);
+    if a.as_slice() < row {
+        iv.insert(a, row.to_vec());
+    }
+    let after = next_key(row);
+    if b.is_empty() || after < b {
+        iv.insert(after, b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sidecar::codec::Cell;
+
+    fn row(k: &str, v: &str) -> Row {
+        Row {
+            row: k.as_bytes().to_vec(),
+            cells: vec![
+                Cell {
+                    family: b"f".to_vec(),
+                    qualifier: b"a".to_vec(),
+                    timestamp: 1,
+                    value: v.as_bytes().to_vec(),
+                },
+                Cell {
+                    family: b"g".to_vec(),
+                    qualifier: b"b".to_vec(),
+                    timestamp: 1,
+                    value: v.as_bytes().to_vec(),
+                },
+            ],
+        }
+    }
+
+    fn q(start: &str, stop: &str) -> QueryKey {
+        QueryKey {
+            start: start.into(),
+            stop: stop.into(),
+            spec: ReadSpec::latest(),
+            filter: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn all_row_hit_then_invalidated_by_write_in_range_only() {
+        let mut c = Cache::new(Strategy::AllRow, 1 << 20);
+        let t = c.fill_ticket(b"t");
+        assert!(c.fill(
+            b"t",
+            &q("a", "c"),
+            vec![row("a", "1"), row("b", "1")],
+            None,
+            t
+        ));
+        assert!(
+            matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2)
+        );
+        c.begin_write(b"t", Some(&[b"x".to_vec()]));
+        c.end_write(b"t");
+        assert!(
+            c.lookup(b"t", &q("a", "c"), 100).is_some(),
+            "write outside the range keeps the entry"
+        );
+        c.begin_write(b"t", Some(&[b"b".to_vec()]));
+        c.end_write(b"t");
+        assert!(
+            c.lookup(b"t", &q("a", "c"), 100).is_none(),
+            "write inside the range drops it"
+        );
+        assert_eq!(c.bytes(), 0);
+    }
+
+    #[test]
+    fn fill_that_raced_a_write_is_discarded() {
+        let mut c = Cache::new(Strategy::AllRow, 1 << 20);
+        let t = c.fill_ticket(b"t");
+        c.begin_write(b"t", Some(&[b"a".to_vec()]));
+        c.end_write(b"t");
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t));
+        // A fill that starts while a write is in flight is dropped even if it ends before.
+        c.begin_write(b"t", Some(&[b"a".to_vec()]));
+        let t2 = c.fill_ticket(b"t");
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t2));
+        c.end_write(b"t");
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
+    }
+
+    #[test]
+    fn each_row_serves_sub_ranges_and_gets_and_projects() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let t = c.fill_ticket(b"t");
+        assert!(c.fill(
+            b"t",
+            &q("a", "z"),
+            vec![row("b", "1"), row("d", "1"), row("f", "1")],
+            None,
+            t
+        ));
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else {
+            panic!("sub-range not served")
+        };
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].row, b"d");
+        // A Get of an absent row inside the interval is served as absent.
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else {
+            panic!("absent row not served")
+        };
+        assert!(r.is_empty());
+        // Column projection.
+        let mut pq = q("a", "z");
+        pq.spec.columns = vec![b"g".to_vec()];
+        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else {
+            panic!()
+        };
+        assert!(r
+            .iter()
+            .all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
+        // Past the interval: its part is served, with where to continue.
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else {
+            panic!("partial")
+        };
+        assert_eq!((r.len(), next.as_slice()), (2, &b"z"[..]));
+        // A page limit: two rows at most, continue at the next cached row.
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("a", "z"), 2) else {
+            panic!("paged")
+        };
+        assert_eq!((r.len(), next.as_slice()), (2, &b"f"[..]));
+        // Start outside every interval: miss.
+        assert!(c.lookup(b"t", &q("zz", ""), 100).is_none());
+        // A write splits the interval: scans over the row miss, others still hit.
+        c.begin_write(b"t", Some(&[b"d".to_vec()]));
+        c.end_write(b"t");
+        assert!(c.lookup(b"t", &q("d", "f"), 100).is_none());
+        assert!(
+            matches!(
+                c.lookup(b"t", &q("c", "f"), 100),
+                Some(Hit::Assembled(_, Some(_)))
+            ),
+            "served up to the write"
+        );
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_some());
+        assert!(c.lookup(b"t", &q("e", "g"), 100).is_some());
+    }
+
+    #[test]
+    fn clear_all_drops_entries_and_voids_fills_in_flight() {
+        let mut c = Cache::new(Strategy::AllRow, 1 << 20);
+        let t = c.fill_ticket(b"t");
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        let late = c.fill_ticket(b"t");
+        c.clear_all();
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, late));
+        assert_eq!(c.bytes(), 0);
+    }
+
+    #[test]
+    fn intervals_merge_and_split() {
+        let mut iv = BTreeMap::new();
+        add_interval(&mut iv, b"a".to_vec(), b"c".to_vec());
+        add_interval(&mut iv, b"c".to_vec(), b"e".to_vec());
+        add_interval(&mut iv, b"x".to_vec(), Vec::new());
+        assert_eq!(iv.len(), 2);
+        assert!(covered(&iv, b"a", b"e"));
+        assert!(covered(&iv, b"y", b""));
+        assert!(!covered(&iv, b"a", b""));
+        split_interval(&mut iv, b"b");
+        assert!(!covered(&iv, b"a", b"c"));
+        assert!(covered(&iv, b"a", b"b"));
+        assert!(covered(&iv, b"b\0", b"e"));
+        add_interval(&mut iv, b"0".to_vec(), b"zz".to_vec());
+        assert!(covered(&iv, b"0", b""));
+    }
+
+    #[test]
+    fn memory_limit_evicts_least_recently_used() {
+        let mut c = Cache::new(Strategy::AllRow, 4000);
+        for i in 0..50 {
+            let k = format!("k{i:02}");
+            let t = c.fill_ticket(b"t");
+            c.fill(b"t", &q(&k, &format!("{k}\0")), vec![row(&k, "v")], None, t);
+            // Keep k00 hot.
+            c.lookup(b"t", &q("k00", "k00\0"), 100);
+            assert!(c.bytes() <= 4000);
+        }
+        assert!(c.lookup(b"t", &q("k00", "k00\0"), 100).is_some());
+        assert!(c.lookup(b"t", &q("k01", "k01\0"), 100).is_none());
+        assert!(c.table_stats()[0].1.evictions > 0);
+    }
+
+    #[test]
+    fn projection_follows_hbase_add_family_add_column_order() {
+        let r = row("a", "1");
+        assert_eq!(project(&r, &[b"f:a".to_vec()]).cells.len(), 1);
+        assert_eq!(project(&r, &[b"f".to_vec(), b"g".to_vec()]).cells.len(), 2);
+        // family then a column of it: narrowed to the column (HBase's addColumn replaces the family).
+        assert_eq!(
+            project(&r, &[b"f".to_vec(), b"f:zz".to_vec()]).cells.len(),
+            0
+        );
+        // column then family: widened.
+        assert_eq!(
+            project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,1016 @@
+//! The `Hbase` Thrift1 handler: maps each call to the cache and the sidecar with HBase's own
+//! Thrift1 semantics (ThriftHBaseServiceHandler): empty rows are left out, getRow*Ts read cells
+//! older than the timestamp (time range [0, ts)), map results keep the oldest of several versions
+//! of a column, scanners are global ids, an unknown scanner id is IllegalArgument, and every HBase
+//! failure is an IOError. Scanner batching splits whole rows into chunks of `batchSize` cells.
+
+use crate::cache::{next_key, Cache, Hit, QueryKey};
+use crate::gen::hbase1::{
+    AlreadyExists, BatchMutation, ColumnDescriptor, HbaseSyncHandler, IOError, IllegalArgument,
+    Mutation, ScannerID, TCell, TColumn, TIncrement, TRowResult, TScan, Text,
+};
+use crate::sidecar::client::SidecarClient;
+use crate::sidecar::codec::{
+    self, op, Family, MutateOrder, ReadSpec, Row, RowMutations, SidecarError, TS_LATEST,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Most rows asked of the sidecar per scan page.
+const SCAN_PAGE_ROWS: i32 = 1000;
+/// Rows per page when the client gives no caching hint.
+const SCAN_PAGE_ROWS_DEFAULT: usize = 100;
+/// Bytes asked of the sidecar per scan page.
+const SCAN_PAGE_BYTES: i32 = 4 << 20;
+/// A bounded scan (with a stop row) is read and cached whole up to this many rows; past it, and
+/// for open-ended scans past the first page, the rest is read page by page as the client asks.
+const CACHED_SCAN_ROWS_MAX: usize = 10_000;
+/// A scanner unused this long may be reclaimed when the scanner table is full.
+const SCANNER_IDLE_MAX: Duration = Duration::from_secs(60);
+
+/// Counters of the front end (the cache keeps its own per table).
+#[derive(Default)]
+pub struct FrontStats {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub scanners_opened: AtomicU64,
+    pub sidecar_calls: AtomicU64,
+}
+
+/// A scanner's rows in hand, and where the query continues after them (None = done).
+struct Source {
+    rows: Arc<Vec<Row>>,
+    pos: usize,
+    rest: Option<Vec<u8>>,
+}
+
+struct Scanner {
+    table: Vec<u8>,
+    key: QueryKey,
+    page_rows: usize,
+    source: Source,
+    batch: usize,
+    sort_columns: bool,
+    /// A row being handed out in batches, and how many of its cells were already sent.
+    partial: Option<(Row, usize)>,
+    last_used: Instant,
+}
+
+/// Shared state of the service: one per daemon.
+pub struct RangeCache {
+    sidecar: SidecarClient,
+    cache: Mutex<Cache>,
+    scanners: Mutex<HashMap<i32, Scanner>>,
+    next_scanner: AtomicI32,
+    scanners_max: usize,
+    /// The sidecar connection generation the cache was filled under.
+    sidecar_generation: AtomicU64,
+    pub stats: FrontStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// --- error mapping: which Thrift exceptions a call may raise is fixed by the IDL ---
+
+fn io_error(message: String, can_retry: bool) -> thrift::Error {
+    thrift::Error::User(Box::new(IOError::new(message, can_retry)))
+}
+
+/// For calls that declare only IOError: everything becomes IOError (as HBase does).
+fn io(e: SidecarError) -> thrift::Error {
+    match e {
+        SidecarError::Io { message, can_retry } => io_error(message, can_retry),
+        SidecarError::Unavailable(_) => io_error(e.to_string(), true),
+        other => io_error(other.to_string(), false),
+    }
+}
+
+/// For calls that declare IOError and IllegalArgument.
+fn io_ia(e: SidecarError) -> thrift::Error {
+    match e {
+        SidecarError::IllegalArgument(m) => thrift::Error::User(Box::new(IllegalArgument::new(m))),
+        other => io(other),
+    }
+}
+
+fn illegal(m: &str) -> thrift::Error {
+    thrift::Error::User(Box::new(IllegalArgument::new(m.to_string())))
+}
+
+// --- conversions between HBase cells and Thrift1 results ---
+
+fn column_name(c: &codec::Cell) -> Vec<u8> {
+    let mut n = Vec::with_capacity(c.family.len() + 1 + c.qualifier.len());
+    n.extend_from_slice(&c.family);
+    n.push(b':');
+    n.extend_from_slice(&c.qualifier);
+    n
+}
+
+fn to_result(row: &Row, cells: &[codec::Cell], sort_columns: bool) -> TRowResult {
+    if sort_columns {
+        let cols = cells
+            .iter()
+            .map(|c| TColumn::new(column_name(c), TCell::new(c.value.clone(), c.timestamp)))
+            .collect::<Vec<_>>();
+        TRowResult::new(row.row.clone(), None, cols)
+    } else {
+        let mut map = BTreeMap::new();
+        for c in cells {
+            // Later cells of the same column are older versions and replace earlier ones, as
+            // HBase's TreeMap.put does.
+            map.insert(column_name(c), TCell::new(c.value.clone(), c.timestamp));
+        }
+        TRowResult::new(row.row.clone(), map, None)
+    }
+}
+
+fn spec(columns: Vec<Vec<u8>>, ts_max: i64, max_versions: i32) -> ReadSpec {
+    ReadSpec {
+        columns,
+        ts_min: 0,
+        ts_max,
+        max_versions,
+    }
+}
+
+/// The first key after every key starting with `prefix` (empty = end of table).
+fn prefix_stop(prefix: &[u8]) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    while let Some(last) = p.pop() {
+        if last != 0xff {
+            p.push(last + 1);
+            return p;
+        }
+    }
+    Vec::new()
+}
+
+impl RangeCache {
+    pub fn new(sidecar: SidecarClient, cache: Cache, scanners_max: usize) -> RangeCache {
+        RangeCache {
+            sidecar,
+            cache: Mutex::new(cache),
+            scanners: Mutex::new(HashMap::new()),
+            next_scanner: AtomicI32::new(1),
+            scanners_max,
+            sidecar_generation: AtomicU64::new(0),
+            stats: FrontStats::default(),
+        }
+    }
+
+    /// The cache, flushed first if the sidecar connection was lost or remade since the last
+    /// look: HBase may have restarted or changed unseen meanwhile, so nothing cached before can
+    /// be trusted (and fills in flight are voided).
+    pub fn cache(&self) -> MutexGuard<'_, Cache> {
+        let mut c = lock(&self.cache);
+        let g = self.sidecar.generation();
+        if self.sidecar_generation.swap(g, Ordering::SeqCst) != g {
+            c.clear_all();
+        }
+        c
+    }
+
+    fn side<T>(
+        &self,
+        f: impl FnOnce(&SidecarClient) -> Result<T, SidecarError>,
+    ) -> Result<T, SidecarError> {
+        self.stats.sidecar_calls.fetch_add(1, Ordering::Relaxed);
+        f(&self.sidecar)
+    }
+
+    /// Runs a write with invalidate-before-forward and the version bump after.
+    fn write<T>(
+        &self,
+        table: &[u8],
+        rows: Option<&[Vec<u8>]>,
+        f: impl FnOnce(&SidecarClient) -> Result<T, SidecarError>,
+    ) -> Result<T, SidecarError> {
+        self.cache().begin_write(table, rows);
+        let r = self.side(f);
+        self.cache().end_write(table);
+        r
+    }
+
+    /// May this query use the cache? Each-row entries hold whole rows, so a projection naming a
+    /// family the table lacks would come back empty where HBase raises an error: such queries
+    /// (and any when the families cannot be read) go to HBase uncached.
+    fn cache_usable(&self, table: &[u8], spec: &ReadSpec, filter: &[u8]) -> bool {
+        if spec.columns.is_empty() || !self.cache().fill_wants_whole_rows(spec, filter) {
+            return true;
+        }
+        let known = self.cache().families(table);
+        let families = match known {
+            Some(f) => f,
+            None => match self.side(|s| s.describe(table)) {
+                Ok(f) => {
+                    let names: Vec<Vec<u8>> = f.into_iter().map(|f| f.name).collect();
+                    self.cache().set_families(table, names.clone());
+                    names
+                }
+                Err(_) => return false,
+            },
+        };
+        spec.columns.iter().all(|c| {
+            let fam = c.split(|&b| b == b':').next().unwrap_or(&[]);
+            families.iter().any(|f| f.as_slice() == fam)
+        })
+    }
+
+    /// Reads rows (Get semantics), from the cache where possible; one Row per requested row.
+    pub fn read_rows(
+        &self,
+        table: &[u8],
+        rows: &[Vec<u8>],
+        spec: &ReadSpec,
+    ) -> Result<Vec<Row>, SidecarError> {
+        if !self.cache_usable(table, spec, &[]) {
+            return self.side(|s| s.get(table, rows, spec));
+        }
+        let mut out: Vec<Option<Row>> = vec![None; rows.len()];
+        let mut missing = Vec::new();
+        let keys: Vec<QueryKey> = rows
+            .iter()
+            .map(|r| QueryKey {
+                start: r.clone(),
+                stop: next_key(r),
+                spec: spec.clone(),
+                filter: Vec::new(),
+            })
+            .collect();
+        {
+            let mut c = self.cache();
+            for (i, k) in keys.iter().enumerate() {
+                match c.lookup(table, k, 1) {
+                    Some(Hit::Rows(v, _)) => {
+                        out[i] = Some(v.first().cloned().unwrap_or_else(|| empty(&rows[i])))
+                    }
+                    Some(Hit::Assembled(mut v, _)) => {
+                        out[i] = Some(v.pop().unwrap_or_else(|| empty(&rows[i])))
+                    }
+                    None => missing.push(i),
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let (ticket, whole) = {
+                let mut c = self.cache();
+                (c.fill_ticket(table), c.fill_wants_whole_rows(spec, &[]))
+            };
+            let fetch_spec = if whole {
+                ReadSpec::latest()
+            } else {
+                spec.clone()
+            };
+            let want: Vec<Vec<u8>> = missing.iter().map(|&i| rows[i].clone()).collect();
+            let got = self.side(|s| s.get(table, &want, &fetch_spec))?;
+            let mut c = self.cache();
+            for (&i, r) in missing.iter().zip(got) {
+                let cached = if r.cells.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![r.clone()]
+                };
+                c.fill(table, &keys[i], cached, None, ticket);
+                out[i] = Some(if whole {
+                    crate::cache::project(&r, &spec.columns)
+                } else {
+                    r
+                });
+            }
+        }
+        Ok(out
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.unwrap_or_else(|| empty(&rows[i])))
+            .collect())
+    }
+
+    /// Opens a scanner and reads its first page (from the cache or HBase), so a bad table or
+    /// filter fails here, as with HBase.
+    fn open_scan(
+        &self,
+        table: &[u8],
+        key: QueryKey,
+        batch: usize,
+        sort_columns: bool,
+        page_rows: usize,
+    ) -> Result<ScannerID, SidecarError> {
+        self.stats.scanners_opened.fetch_add(1, Ordering::Relaxed);
+        let source = self.page(table, &key, &key.start, page_rows, true)?;
+        let sc = Scanner {
+            table: table.to_vec(),
+            key,
+            page_rows,
+            source,
+            batch,
+            sort_columns,
+            partial: None,
+            last_used: Instant::now(),
+        };
+        self.add_scanner(sc)
+    }
+
+    /// The next rows of `key` from `start`: from the cache (all-row entries only for the first
+    /// page; each-row entries for any page), else from HBase, filling the cache. A bounded
+    /// query's first page reads up to CACHED_SCAN_ROWS_MAX rows so short ranges are cached whole.
+    fn page(
+        &self,
+        table: &[u8],
+        key: &QueryKey,
+        start: &[u8],
+        page_rows: usize,
+        first: bool,
+    ) -> Result<Source, SidecarError> {
+        let at = QueryKey {
+            start: start.to_vec(),
+            ..key.clone()
+        };
+        let usable = self.cache_usable(table, &key.spec, &key.filter);
+        let hit = {
+            let mut c = self.cache();
+            if !usable {
+                None
+            } else if first || c.fill_wants_whole_rows(&key.spec, &key.filter) {
+                c.lookup(table, &at, page_rows)
+            } else {
+                None
+            }
+        };
+        match hit {
+            Some(Hit::Rows(rows, rest)) => return Ok(Source { rows, pos: 0, rest }),
+            Some(Hit::Assembled(rows, rest)) => {
+                return Ok(Source {
+                    rows: Arc::new(rows),
+                    pos: 0,
+                    rest,
+                })
+            }
+            None => {}
+        }
+        let (ticket, whole, bytes_max) = {
+            let mut c = self.cache();
+            (
+                c.fill_ticket(table),
+                usable && c.fill_wants_whole_rows(&key.spec, &key.filter),
+                c.result_bytes_max(),
+            )
+        };
+        let fetch_spec = if whole {
+            ReadSpec::latest()
+        } else {
+            key.spec.clone()
+        };
+        let rows_max = if first && !key.stop.is_empty() {
+            CACHED_SCAN_ROWS_MAX
+        } else {
+            page_rows
+        };
+        let mut rows = Vec::new();
+        let mut bytes = 0usize;
+        let mut next = start.to_vec();
+        let mut rest = None;
+        loop {
+            let want = (rows_max - rows.len()).min(SCAN_PAGE_ROWS as usize) as i32;
+            let (got, more) = self.side(|s| {
+                s.scan(
+                    table,
+                    &next,
+                    &key.stop,
+                    &fetch_spec,
+                    &key.filter,
+                    want,
+                    SCAN_PAGE_BYTES,
+                )
+            })?;
+            if let Some(last) = got.last() {
+                next = next_key(&last.row);
+            }
+            bytes += got.iter().map(Row::size_bytes).sum::<usize>();
+            rows.extend(got);
+            if !more {
+                break;
+            }
+            if rows.len() >= rows_max || bytes >= bytes_max {
+                rest = Some(next);
+                break;
+            }
+        }
+        let served = project_all(rows.clone(), whole, &key.spec.columns);
+        if usable && (first || whole) {
+            self.cache().fill(table, &at, rows, rest.clone(), ticket);
+        }
+        Ok(Source {
+            rows: Arc::new(served),
+            pos: 0,
+            rest,
+        })
+    }
+
+    fn add_scanner(&self, sc: Scanner) -> Result<ScannerID, SidecarError> {
+        let mut t = lock(&self.scanners);
+        if t.len() >= self.scanners_max {
+            let now = Instant::now();
+            t.retain(|_, s| now.duration_since(s.last_used) < SCANNER_IDLE_MAX);
+            if t.len() >= self.scanners_max {
+                return Err(SidecarError::Io {
+                    message: format!("too many open scanners (limit {})", self.scanners_max),
+                    can_retry: true,
+                });
+            }
+        }
+        loop {
+            let id = self.next_scanner.fetch_add(1, Ordering::Relaxed);
+            if id <= 0 {
+                self.next_scanner.store(1, Ordering::Relaxed);
+                continue;
+            }
+            if let std::collections::hash_map::Entry::Vacant(v) = t.entry(id) {
+                v.insert(sc);
+                return Ok(id);
+            }
+        }
+    }
+
+    /// Up to `n` results (rows, or batches of cells) from a scanner.
+    fn scanner_next(&self, id: ScannerID, n: i32) -> thrift::Result<Vec<TRowResult>> {
+        let Some(mut sc) = lock(&self.scanners).remove(&id) else {
+            return Err(illegal("scanner ID is invalid"));
+        };
+        let mut out = Vec::new();
+        let mut err = None;
+        while (out.len() as i64) < n as i64 {
+            if let Some((row, off)) = sc.partial.take() {
+                let end = (off + sc.batch).min(row.cells.len());
+                out.push(to_result(&row, &row.cells[off..end], sc.sort_columns));
+                if end < row.cells.len() {
+                    sc.partial = Some((row, end));
+                }
+                continue;
+            }
+            match self.next_row(&mut sc) {
+                Ok(Some(row)) => {
+                    if sc.batch > 0 && row.cells.len() > sc.batch {
+                        sc.partial = Some((row, 0));
+                    } else {
+                        out.push(to_result(&row, &row.cells, sc.sort_columns));
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        sc.last_used = Instant::now();
+        lock(&self.scanners).insert(id, sc);
+        match err {
+            Some(e) => Err(io_ia(e)),
+            None => Ok(out),
+        }
+    }
+
+    fn next_row(&self, sc: &mut Scanner) -> Result<Option<Row>, SidecarError> {
+        // Bounded: each refill either yields rows or moves `rest` forward, and pages are finite.
+        for _ in 0..1000 {
+            if let Some(r) = sc.source.rows.get(sc.source.pos) {
+                sc.source.pos += 1;
+                return Ok(Some(r.clone()));
+            }
+            let Some(start) = sc.source.rest.take() else {
+                return Ok(None);
+            };
+            sc.source = self.page(&sc.table, &sc.key, &start, sc.page_rows, false)?;
+        }
+        Err(SidecarError::Io {
+            message: "scanner made no progress".into(),
+            can_retry: true,
+        })
+    }
+
+    fn get_rows(
+        &self,
+        table: &[u8],
+        rows: Vec<Vec<u8>>,
+        columns: Vec<Vec<u8>>,
+        ts: i64,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        let s = spec(columns, ts, 1);
+        let got = self.read_rows(table, &rows, &s).map_err(io)?;
+        Ok(got
+            .iter()
+            .filter(|r| !r.cells.is_empty())
+            .map(|r| to_result(r, &r.cells, false))
+            .collect())
+    }
+
+    fn get_cells(
+        &self,
+        table: &[u8],
+        row: Vec<u8>,
+        column: Vec<u8>,
+        ts: i64,
+        versions: i32,
+    ) -> thrift::Result<Vec<TCell>> {
+        if versions < 1 {
+            return Err(io_error("numVersions must be positive".into(), false));
+        }
+        let s = spec(vec![column], ts, versions);
+        let got = self.read_rows(table, &[row], &s).map_err(io)?;
+        Ok(got
+            .iter()
+            .flat_map(|r| r.cells.iter())
+            .map(|c| TCell::new(c.value.clone(), c.timestamp))
+            .collect())
+    }
+
+    fn mutate(
+        &self,
+        table: &[u8],
+        batches: Vec<RowMutations>,
+        ts: i64,
+        order: MutateOrder,
+    ) -> thrift::Result<()> {
+        let rows: Vec<Vec<u8>> = batches.iter().map(|b| b.row.clone()).collect();
+        self.write(table, Some(&rows), |s| s.mutate(table, &batches, ts, order))
+            .map_err(io_ia)
+    }
+
+    fn delete(&self, table: &[u8], row: Vec<u8>, column: Vec<u8>, ts: i64) -> thrift::Result<()> {
+        let rows = [row];
+        self.write(table, Some(&rows), |s| {
+            s.delete(table, &rows[0], &column, ts)
+        })
+        .map_err(io)
+    }
+
+    fn admin(&self, opcode: u8, table: &[u8]) -> thrift::Result<()> {
+        self.write(table, None, |s| s.table_admin(opcode, table))
+            .map_err(io)
+    }
+
+    fn scan_open(
+        &self,
+        table: Vec<u8>,
+        start: Vec<u8>,
+        stop: Vec<u8>,
+        columns: Vec<Vec<u8>>,
+        ts: i64,
+    ) -> thrift::Result<ScannerID> {
+        let key = QueryKey {
+            start,
+            stop,
+            spec: spec(columns, ts, 1),
+            filter: Vec::new(),
+        };
+        self.open_scan(&table, key, 0, false, SCAN_PAGE_ROWS_DEFAULT)
+            .map_err(io)
+    }
+}
+
+fn empty(row: &[u8]) -> Row {
+    Row {
+        row: row.to_vec(),
+        cells: Vec::new(),
+    }
+}
+
+fn project_all(rows: Vec<Row>, whole: bool, columns: &[Vec<u8>]) -> Vec<Row> {
+    if !whole || columns.is_empty() {
+        return rows;
+    }
+    rows.iter()
+        .map(|r| crate::cache::project(r, columns))
+        .filter(|r| !r.cells.is_empty())
+        .collect()
+}
+
+fn mutations(ms: Vec<Mutation>) -> Vec<codec::Mutation> {
+    ms.into_iter()
+        .map(|m| codec::Mutation {
+            is_delete: m.is_delete.unwrap_or(false),
+            column: m.column.unwrap_or_default(),
+            value: m.value.unwrap_or_default(),
+            write_to_wal: m.write_to_w_a_l.unwrap_or(true),
+        })
+        .collect()
+}
+
+fn batches(bs: Vec<BatchMutation>) -> Vec<RowMutations> {
+    bs.into_iter()
+        .map(|b| RowMutations {
+            row: b.row.unwrap_or_default(),
+            mutations: mutations(b.mutations.unwrap_or_default()),
+        })
+        .collect()
+}
+
+fn family_name(mut name: Vec<u8>) -> Vec<u8> {
+    name.push(b':');
+    name
+}
+
+/// The Thrift handler: a thin adapter over [`RangeCache`], one per connection.
+pub struct Handler(pub Arc<RangeCache>);
+
+type Attrs = BTreeMap<Text, Text>;
+
+impl HbaseSyncHandler for Handler {
+    fn handle_enable_table(&self, t: Vec<u8>) -> thrift::Result<()> {
+        self.0.admin(op::ENABLE_TABLE, &t)
+    }
+    fn handle_disable_table(&self, t: Vec<u8>) -> thrift::Result<()> {
+        self.0.admin(op::DISABLE_TABLE, &t)
+    }
+    fn handle_is_table_enabled(&self, t: Vec<u8>) -> thrift::Result<bool> {
+        self.0.side(|s| s.is_enabled(&t)).map_err(io)
+    }
+    fn handle_compact(&self, _t: Vec<u8>) -> thrift::Result<()> {
+        Err(io_error(
+            "compact is not supported by Slipstream's HBase front end".into(),
+            false,
+        ))
+    }
+    fn handle_major_compact(&self, _t: Vec<u8>) -> thrift::Result<()> {
+        Err(io_error(
+            "majorCompact is not supported by Slipstream's HBase front end".into(),
+            false,
+        ))
+    }
+    fn handle_get_table_names(&self) -> thrift::Result<Vec<Text>> {
+        self.0.side(|s| s.list_tables()).map_err(io)
+    }
+    fn handle_get_column_descriptors(
+        &self,
+        t: Text,
+    ) -> thrift::Result<BTreeMap<Text, ColumnDescriptor>> {
+        let fams = self.0.side(|s| s.describe(&t)).map_err(io)?;
+        Ok(fams
+            .into_iter()
+            .map(|f| {
+                let name = family_name(f.name);
+                let d = ColumnDescriptor::new(
+                    name.clone(),
+                    f.max_versions,
+                    f.compression,
+                    f.in_memory,
+                    f.bloom_filter,
+                    0,
+                    0,
+                    f.block_cache,
+                    f.ttl_seconds,
+                );
+                (name, d)
+            })
+            .collect())
+    }
+    fn handle_create_table(&self, t: Text, cfs: Vec<ColumnDescriptor>) -> thrift::Result<()> {
+        let fams: Vec<Family> = cfs
+            .into_iter()
+            .map(|c| Family {
+                name: c.name.unwrap_or_default(),
+                max_versions: c.max_versions.unwrap_or(3),
+                ttl_seconds: c.time_to_live.unwrap_or(i32::MAX),
+                in_memory: c.in_memory.unwrap_or(false),
+                block_cache: c.block_cache_enabled.unwrap_or(false),
+                compression: c.compression.unwrap_or_else(|| "NONE".into()),
+                bloom_filter: c.bloom_filter_type.unwrap_or_else(|| "NONE".into()),
+            })
+            .collect();
+        self.0
+            .write(&t, None, |s| s.create_table(&t, &fams))
+            .map_err(|e| match e {
+                SidecarError::AlreadyExists(m) => {
+                    thrift::Error::User(Box::new(AlreadyExists::new(m)))
+                }
+                other => io_ia(other),
+            })
+    }
+    fn handle_delete_table(&self, t: Text) -> thrift::Result<()> {
+        self.0.admin(op::DELETE_TABLE, &t)
+    }
+    fn handle_get(
+        &self,
+        t: Text,
+        row: Text,
+        column: Text,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TCell>> {
+        self.0.get_cells(&t, row, column, TS_LATEST, 1)
+    }
+    fn handle_get_ver(
+        &self,
+        t: Text,
+        row: Text,
+        column: Text,
+        n: i32,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TCell>> {
+        self.0.get_cells(&t, row, column, TS_LATEST, n)
+    }
+    fn handle_get_ver_ts(
+        &self,
+        t: Text,
+        row: Text,
+        column: Text,
+        ts: i64,
+        n: i32,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TCell>> {
+        self.0.get_cells(&t, row, column, ts, n)
+    }
+    fn handle_get_row(&self, t: Text, row: Text, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, vec![row], Vec::new(), TS_LATEST)
+    }
+    fn handle_get_row_with_columns(
+        &self,
+        t: Text,
+        row: Text,
+        cols: Vec<Text>,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, vec![row], cols, TS_LATEST)
+    }
+    fn handle_get_row_ts(
+        &self,
+        t: Text,
+        row: Text,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, vec![row], Vec::new(), ts)
+    }
+    fn handle_get_row_with_columns_ts(
+        &self,
+        t: Text,
+        row: Text,
+        cols: Vec<Text>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, vec![row], cols, ts)
+    }
+    fn handle_get_rows(
+        &self,
+        t: Text,
+        rows: Vec<Text>,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, rows, Vec::new(), TS_LATEST)
+    }
+    fn handle_get_rows_with_columns(
+        &self,
+        t: Text,
+        rows: Vec<Text>,
+        cols: Vec<Text>,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, rows, cols, TS_LATEST)
+    }
+    fn handle_get_rows_ts(
+        &self,
+        t: Text,
+        rows: Vec<Text>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, rows, Vec::new(), ts)
+    }
+    fn handle_get_rows_with_columns_ts(
+        &self,
+        t: Text,
+        rows: Vec<Text>,
+        cols: Vec<Text>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        self.0.get_rows(&t, rows, cols, ts)
+    }
+    fn handle_mutate_row(
+        &self,
+        t: Text,
+        row: Text,
+        ms: Vec<Mutation>,
+        _a: Attrs,
+    ) -> thrift::Result<()> {
+        let b = vec![RowMutations {
+            row,
+            mutations: mutations(ms),
+        }];
+        self.0.mutate(&t, b, TS_LATEST, MutateOrder::DeletesFirst)
+    }
+    fn handle_mutate_row_ts(
+        &self,
+        t: Text,
+        row: Text,
+        ms: Vec<Mutation>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<()> {
+        let b = vec![RowMutations {
+            row,
+            mutations: mutations(ms),
+        }];
+        self.0.mutate(&t, b, ts, MutateOrder::DeletesFirst)
+    }
+    fn handle_mutate_rows(&self, t: Text, bs: Vec<BatchMutation>, _a: Attrs) -> thrift::Result<()> {
+        self.0
+            .mutate(&t, batches(bs), TS_LATEST, MutateOrder::PutsFirst)
+    }
+    fn handle_mutate_rows_ts(
+        &self,
+        t: Text,
+        bs: Vec<BatchMutation>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<()> {
+        self.0.mutate(&t, batches(bs), ts, MutateOrder::PutsFirst)
+    }
+    fn handle_atomic_increment(
+        &self,
+        t: Text,
+        row: Text,
+        column: Text,
+        value: i64,
+    ) -> thrift::Result<i64> {
+        let rows = [row];
+        self.0
+            .write(&t, Some(&rows), |s| {
+                s.increment(&t, &rows[0], &column, value)
+            })
+            .map_err(io_ia)
+    }
+    fn handle_delete_all(&self, t: Text, row: Text, column: Text, _a: Attrs) -> thrift::Result<()> {
+        self.0.delete(&t, row, column, TS_LATEST)
+    }
+    fn handle_delete_all_ts(
+        &self,
+        t: Text,
+        row: Text,
+        column: Text,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<()> {
+        self.0.delete(&t, row, column, ts)
+    }
+    fn handle_delete_all_row(&self, t: Text, row: Text, _a: Attrs) -> thrift::Result<()> {
+        self.0.delete(&t, row, Vec::new(), TS_LATEST)
+    }
+    fn handle_delete_all_row_ts(
+        &self,
+        t: Text,
+        row: Text,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<()> {
+        self.0.delete(&t, row, Vec::new(), ts)
+    }
+    fn handle_increment(&self, inc: TIncrement) -> thrift::Result<()> {
+        let t = inc.table.unwrap_or_default();
+        let rows = [inc.row.unwrap_or_default()];
+        let col = inc.column.unwrap_or_default();
+        let amount = inc.ammount.unwrap_or(0);
+        self.0
+            .write(&t, Some(&rows), |s| s.increment(&t, &rows[0], &col, amount))
+            .map(|_| ())
+            .map_err(io)
+    }
+    fn handle_scanner_open_with_scan(
+        &self,
+        t: Text,
+        scan: TScan,
+        _a: Attrs,
+    ) -> thrift::Result<ScannerID> {
+        if scan.reversed == Some(true) {
+            return Err(io_error(
+                "reversed scans are not supported by Slipstream's HBase front end yet".into(),
+                false,
+            ));
+        }
+        let batch = scan.batch_size.unwrap_or(0);
+        if batch < 0 {
+            return Err(io_error("batchSize must not be negative".into(), false));
+        }
+        let key = QueryKey {
+            start: scan.start_row.unwrap_or_default(),
+            stop: scan.stop_row.unwrap_or_default(),
+            spec: spec(
+                scan.columns.unwrap_or_default(),
+                scan.timestamp.unwrap_or(TS_LATEST),
+                1,
+            ),
+            filter: scan.filter_string.unwrap_or_default(),
+        };
+        let sort = scan.sort_columns.unwrap_or(false);
+        // The client's caching hint sizes pages (happybase sends min(batch_size, limit)).
+        let page_rows = match scan.caching {
+            Some(c) if c > 0 => (c as usize).min(SCAN_PAGE_ROWS as usize),
+            _ => SCAN_PAGE_ROWS_DEFAULT,
+        };
+        self.0
+            .open_scan(&t, key, batch as usize, sort, page_rows)
+            .map_err(io)
+    }
+    fn handle_scanner_open(
+        &self,
+        t: Text,
+        start: Text,
+        cols: Vec<Text>,
+        _a: Attrs,
+    ) -> thrift::Result<ScannerID> {
+        self.0.scan_open(t, start, Vec::new(), cols, TS_LATEST)
+    }
+    fn handle_scanner_open_with_stop(
+        &self,
+        t: Text,
+        start: Text,
+        stop: Text,
+        cols: Vec<Text>,
+        _a: Attrs,
+    ) -> thrift::Result<ScannerID> {
+        self.0.scan_open(t, start, stop, cols, TS_LATEST)
+    }
+    fn handle_scanner_open_with_prefix(
+        &self,
+        t: Text,
+        prefix: Text,
+        cols: Vec<Text>,
+        _a: Attrs,
+    ) -> thrift::Result<ScannerID> {
+        // Rows with the prefix are exactly [prefix, prefix_stop(prefix)) (HBase uses a PrefixFilter).
+        let stop = prefix_stop(&prefix);
+        self.0.scan_open(t, prefix, stop, cols, TS_LATEST)
+    }
+    fn handle_scanner_open_ts(
+        &self,
+        t: Text,
+        start: Text,
+        cols: Vec<Text>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<ScannerID> {
+        self.0.scan_open(t, start, Vec::new(), cols, ts)
+    }
+    fn handle_scanner_open_with_stop_ts(
+        &self,
+        t: Text,
+        start: Text,
+        stop: Text,
+        cols: Vec<Text>,
+        ts: i64,
+        _a: Attrs,
+    ) -> thrift::Result<ScannerID> {
+        self.0.scan_open(t, start, stop, cols, ts)
+    }
+    fn handle_scanner_get(&self, id: ScannerID) -> thrift::Result<Vec<TRowResult>> {
+        self.0.scanner_next(id, 1)
+    }
+    fn handle_scanner_get_list(&self, id: ScannerID, n: i32) -> thrift::Result<Vec<TRowResult>> {
+        self.0.scanner_next(id, n)
+    }
+    fn handle_scanner_close(&self, id: ScannerID) -> thrift::Result<()> {
+        match lock(&self.0.scanners).remove(&id) {
+            Some(_) => Ok(()),
+            None => Err(illegal("scanner ID is invalid")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_stop_is_the_next_prefix() {
+        assert_eq!(prefix_stop(b"ab"), b"ac");
+        assert_eq!(prefix_stop(b"a\xff"), b"b");
+        assert_eq!(prefix_stop(b"\xff\xff"), b"");
+        assert_eq!(prefix_stop(b""), b"");
+    }
+
+    #[test]
+    fn map_results_keep_the_oldest_of_several_versions() {
+        let c = |ts: i64, v: &str| codec::Cell {
+            family: b"f".to_vec(),
+            qualifier: b"q".to_vec(),
+            timestamp: ts,
+            value: v.into(),
+        };
+        let r = Row {
+            row: b"r".to_vec(),
+            cells: vec![c(2, "new"), c(1, "old")],
+        };
+        let t = to_result(&r, &r.cells, false);
+        assert_eq!(
+            t.columns.unwrap()[&b"f:q".to_vec()].value.as_deref(),
+            Some(&b"old"[..])
+        );
+        let s = to_result(&r, &r.cells, true);
+        assert_eq!(s.sorted_columns.unwrap().len(), 2);
+    }
+}

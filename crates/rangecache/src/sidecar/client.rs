@@ -1,0 +1,401 @@
+//! The sidecar client: one TCP connection to the sidecar, shared by every front-end thread.
+//! Requests are multiplexed by id (a reader thread hands each answer to its waiter), each call
+//! has a deadline, and a lost connection fails every pending call with `Unavailable` and is
+//! re-dialled by the next call. Typed operations (get, scan, mutate, …) sit on top.
+
+use super::codec::{
+    op, parse_response, status, status_error, Decoder, Encoder, Family, MutateOrder, ReadSpec, Row,
+    RowMutations, SidecarError, FRAME_BYTES_MAX, HEADER_BYTES,
+};
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type Reply = Result<(u8, Vec<u8>), SidecarError>;
+
+/// One live connection: the writer, the waiters by request id, and whether it has died.
+struct Conn {
+    writer: Mutex<TcpStream>,
+    pending: Mutex<HashMap<u32, SyncSender<Reply>>>,
+    next_id: AtomicU32,
+    dead: AtomicBool,
+    /// The client's connect-and-loss counter (see `SidecarClient::generation`).
+    generation: Arc<AtomicU64>,
+}
+
+impl Conn {
+    fn fail_all(&self, why: &str) {
+        if !self.dead.swap(true, Ordering::SeqCst) {
+            self.generation.fetch_add(1, Ordering::SeqCst);
+        }
+        let waiters: Vec<_> = lock(&self.pending).drain().collect();
+        for (_, tx) in waiters {
+            let _ = tx.try_send(Err(SidecarError::Unavailable(why.to_string())));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere aborts the process (panic = "abort"), so poisoning cannot be observed;
+    // recover the guard anyway rather than unwrap.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads answer frames and hands each to its waiter until the connection fails.
+fn reader_loop(conn: Arc<Conn>, stream: TcpStream) {
+    let mut r = BufReader::with_capacity(1 << 16, stream);
+    let why = loop {
+        let mut len = [0u8; 4];
+        if let Err(e) = r.read_exact(&mut len) {
+            break format!("connection lost: {e}");
+        }
+        let n = u32::from_be_bytes(len) as usize;
+        if !(HEADER_BYTES..=FRAME_BYTES_MAX).contains(&n) {
+            break format!("bad frame length {n}");
+        }
+        let mut body = vec![0u8; n];
+        if let Err(e) = r.read_exact(&mut body) {
+            break format!("connection lost: {e}");
+        }
+        let resp = match parse_response(&body) {
+            Ok(resp) => resp,
+            Err(e) => break e.to_string(),
+        };
+        if resp.status == status::PROTOCOL && resp.id == 0 {
+            break status_error(resp.status, resp.payload).to_string();
+        }
+        let waiter = lock(&conn.pending).remove(&resp.id);
+        if let Some(tx) = waiter {
+            let _ = tx.try_send(Ok((resp.status, resp.payload.to_vec())));
+        }
+    };
+    conn.fail_all(&why);
+}
+
+/// The shared client. Cheap to call from many threads.
+pub struct SidecarClient {
+    addr: SocketAddr,
+    timeout: Duration,
+    conn: Mutex<Option<Arc<Conn>>>,
+    /// Connections made plus connections lost: a change means the sidecar (and maybe HBase)
+    /// was away.
+    generation: Arc<AtomicU64>,
+}
+
+impl SidecarClient {
+    pub fn new(addr: SocketAddr, timeout: Duration) -> SidecarClient {
+        SidecarClient {
+            addr,
+            timeout,
+            conn: Mutex::new(None),
+            generation: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Connections made plus lost; the cache flushes when it moves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    fn connection(&self) -> Result<Arc<Conn>, SidecarError> {
+        let mut slot = lock(&self.conn);
+        if let Some(c) = slot.as_ref() {
+            if !c.dead.load(Ordering::SeqCst) {
+                return Ok(c.clone());
+            }
+        }
+        let unavailable =
+            |e: std::io::Error| SidecarError::Unavailable(format!("{}: {e}", self.addr));
+        let stream = TcpStream::connect_timeout(&self.addr, self.timeout).map_err(unavailable)?;
+        stream.set_nodelay(true).map_err(unavailable)?;
+        let read_half = stream.try_clone().map_err(unavailable)?;
+        let conn = Arc::new(Conn {
+            writer: Mutex::new(stream),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU32::new(1),
+            dead: AtomicBool::new(false),
+            generation: self.generation.clone(),
+        });
+        let c2 = conn.clone();
+        std::thread::Builder::new()
+            .name("hbase-sidecar-rx".into())
+            .spawn(move || reader_loop(c2, read_half))
+            .map_err(unavailable)?;
+        *slot = Some(conn.clone());
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(conn)
+    }
+
+    /// Sends one request (built by `build` with the id chosen here) and waits for its answer.
+    /// Returns the OK payload, or the typed error.
+    fn call(&self, opcode: u8, build: impl FnOnce(&mut Encoder)) -> Result<Vec<u8>, SidecarError> {
+        let conn = self.connection()?;
+        let mut id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+        if id == 0 {
+            // 0 is reserved for connection-level protocol errors.
+            id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut enc = Encoder::new(id, opcode);
+        build(&mut enc);
+        let frame = enc.finish()?;
+        let (tx, rx) = sync_channel(1);
+        lock(&conn.pending).insert(id, tx);
+        let sent = lock(&conn.writer).write_all(&frame);
+        if let Err(e) = sent {
+            let _ = lock(&conn.writer).shutdown(std::net::Shutdown::Both);
+            conn.fail_all(&format!("write failed: {e}"));
+        }
+        match rx.recv_timeout(self.timeout) {
+            Ok(Ok((status::OK, payload))) => Ok(payload),
+            Ok(Ok((st, payload))) => Err(status_error(st, &payload)),
+            Ok(Err(e)) => Err(e),
+            Err(RecvTimeoutError::Timeout) => {
+                lock(&conn.pending).remove(&id);
+                Err(SidecarError::Unavailable(format!(
+                    "no answer within {} ms",
+                    self.timeout.as_millis()
+                )))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(SidecarError::Unavailable("connection lost".into()))
+            }
+        }
+    }
+
+    fn call_decode<T>(
+        &self,
+        opcode: u8,
+        build: impl FnOnce(&mut Encoder),
+        decode: impl FnOnce(&mut Decoder) -> Result<T, SidecarError>,
+    ) -> Result<T, SidecarError> {
+        let payload = self.call(opcode, build)?;
+        let mut d = Decoder::new(&payload);
+        let v = decode(&mut d)?;
+        d.end()?;
+        Ok(v)
+    }
+
+    pub fn ping(&self) -> Result<(), SidecarError> {
+        self.call_decode(op::PING, |_| {}, |_| Ok(()))
+    }
+    pub fn list_tables(&self) -> Result<Vec<Vec<u8>>, SidecarError> {
+        self.call_decode(op::LIST_TABLES, |_| {}, |d| d.bytes_list())
+    }
+    pub fn describe(&self, table: &[u8]) -> Result<Vec<Family>, SidecarError> {
+        self.call_decode(
+            op::DESCRIBE,
+            |e| {
+                e.bytes(table);
+            },
+            |d| d.families(),
+        )
+    }
+    pub fn create_table(&self, table: &[u8], families: &[Family]) -> Result<(), SidecarError> {
+        self.call_decode(
+            op::CREATE_TABLE,
+            |e| {
+                e.bytes(table).i32(families.len() as i32);
+                for f in families {
+                    e.family(f);
+                }
+            },
+            |_| Ok(()),
+        )
+    }
+    /// DELETE_TABLE, ENABLE_TABLE or DISABLE_TABLE.
+    pub fn table_admin(&self, opcode: u8, table: &[u8]) -> Result<(), SidecarError> {
+        self.call_decode(
+            opcode,
+            |e| {
+                e.bytes(table);
+            },
+            |_| Ok(()),
+        )
+    }
+    pub fn is_enabled(&self, table: &[u8]) -> Result<bool, SidecarError> {
+        self.call_decode(
+            op::IS_ENABLED,
+            |e| {
+                e.bytes(table);
+            },
+            |d| d.bool(),
+        )
+    }
+    pub fn get(
+        &self,
+        table: &[u8],
+        rows: &[Vec<u8>],
+        spec: &ReadSpec,
+    ) -> Result<Vec<Row>, SidecarError> {
+        self.call_decode(
+            op::GET,
+            |e| {
+                e.bytes(table).bytes_list(rows).read_spec(spec);
+            },
+            |d| d.rows(),
+        )
+    }
+    /// One page of a scan: up to `rows_max` rows; `more` = the page was cut by a limit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scan(
+        &self,
+        table: &[u8],
+        start: &[u8],
+        stop: &[u8],
+        spec: &ReadSpec,
+        filter: &[u8],
+        rows_max: i32,
+        bytes_max: i32,
+    ) -> Result<(Vec<Row>, bool), SidecarError> {
+        self.call_decode(
+            op::SCAN,
+            |e| {
+                e.bytes(table)
+                    .bytes(start)
+                    .bytes(stop)
+                    .read_spec(spec)
+                    .bytes(filter);
+                e.i32(rows_max).i32(bytes_max);
+            },
+            |d| Ok((d.rows()?, d.bool()?)),
+        )
+    }
+    pub fn mutate(
+        &self,
+        table: &[u8],
+        rows: &[RowMutations],
+        ts: i64,
+        order: MutateOrder,
+    ) -> Result<(), SidecarError> {
+        self.call_decode(
+            op::MUTATE,
+            |e| {
+                e.bytes(table).row_mutations(rows).i64(ts).u8(order as u8);
+            },
+            |_| Ok(()),
+        )
+    }
+    pub fn delete(
+        &self,
+        table: &[u8],
+        row: &[u8],
+        column: &[u8],
+        ts: i64,
+    ) -> Result<(), SidecarError> {
+        self.call_decode(
+            op::DELETE,
+            |e| {
+                e.bytes(table).bytes(row).bytes(column).i64(ts);
+            },
+            |_| Ok(()),
+        )
+    }
+    pub fn increment(
+        &self,
+        table: &[u8],
+        row: &[u8],
+        column: &[u8],
+        amount: i64,
+    ) -> Result<i64, SidecarError> {
+        self.call_decode(
+            op::INCREMENT,
+            |e| {
+                e.bytes(table).bytes(row).bytes(column).i64(amount);
+            },
+            |d| d.i64(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A fake sidecar that answers requests out of order proves the id multiplexing.
+    #[test]
+    fn answers_out_of_order_reach_the_right_caller() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut frames = Vec::new();
+            for _ in 0..2 {
+                let mut len = [0u8; 4];
+                s.read_exact(&mut len).unwrap();
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                s.read_exact(&mut body).unwrap();
+                frames.push(body);
+            }
+            // Answer the second request first; each answer is INCREMENT's i64 = request id * 10.
+            for body in frames.iter().rev() {
+                let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                let mut e = Encoder::new(id, status::OK);
+                e.i64(id as i64 * 10);
+                s.write_all(&e.finish().unwrap()).unwrap();
+            }
+        });
+        let c = Arc::new(SidecarClient::new(addr, Duration::from_secs(5)));
+        let c1 = c.clone();
+        let t = std::thread::spawn(move || c1.increment(b"t", b"r", b"f:q", 1).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        let b = c.increment(b"t", b"r", b"f:q", 1).unwrap();
+        let a = t.join().unwrap();
+        assert_eq!((a, b), (10, 20));
+    }
+
+    /// HBase (the sidecar) going away fails the pending call; the next call dials again.
+    #[test]
+    fn lost_connection_fails_pending_calls_and_the_next_call_redials() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            // First connection: read one request, then drop it unanswered.
+            let (mut s, _) = l.accept().unwrap();
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).unwrap();
+            drop(s);
+            // Second connection: answer PING.
+            let (mut s, _) = l.accept().unwrap();
+            s.read_exact(&mut len).unwrap();
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            s.read_exact(&mut body).unwrap();
+            let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            s.write_all(&Encoder::new(id, status::OK).finish().unwrap())
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let c = SidecarClient::new(addr, Duration::from_secs(5));
+        let t0 = std::time::Instant::now();
+        assert!(matches!(c.ping(), Err(SidecarError::Unavailable(_))));
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "failed fast, not at the deadline"
+        );
+        c.ping().unwrap();
+    }
+
+    #[test]
+    fn unreachable_sidecar_is_unavailable_not_a_hang() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let c = SidecarClient::new(addr, Duration::from_millis(500));
+        assert!(matches!(c.ping(), Err(SidecarError::Unavailable(_))));
+    }
+
+    #[test]
+    fn silent_sidecar_times_out() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = SidecarClient::new(addr, Duration::from_millis(200));
+        let t0 = std::time::Instant::now();
+        assert!(matches!(c.ping(), Err(SidecarError::Unavailable(_))));
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        drop(l);
+    }
+}

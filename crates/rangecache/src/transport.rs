@@ -1,0 +1,394 @@
+//! Thrift1 connection handling: detects the transport from the first byte (a strict binary
+//! message starts with 0x80; a framed one with a big-endian length), bounds every message, and
+//! runs the generated processor. The `thrift` crate's binary protocol trusts lengths and counts
+//! from the wire (a negative or huge one would allocate or abort), so [`BoundedInput`] checks
+//! each against the bytes the message may still use before the crate sees it.
+
+use std::cell::Cell;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::TcpStream;
+use std::rc::Rc;
+use thrift::protocol::{
+    TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TInputProtocol, TListIdentifier,
+    TMapIdentifier, TMessageIdentifier, TMessageType, TSetIdentifier, TStructIdentifier, TType,
+};
+use thrift::server::TProcessor;
+use thrift::{ProtocolError, ProtocolErrorKind};
+
+/// A reader that fails once a message has used its byte budget.
+pub struct Budgeted<R> {
+    inner: R,
+    left: Rc<Cell<usize>>,
+}
+
+impl<R: Read> Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left.get();
+        if left == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "thrift message exceeds size limit",
+            ));
+        }
+        let n = buf.len().min(left);
+        let got = self.inner.read(&mut buf[..n])?;
+        self.left.set(left - got);
+        Ok(got)
+    }
+}
+
+fn too_big(what: &str, n: i32) -> thrift::Error {
+    thrift::Error::Protocol(ProtocolError::new(
+        ProtocolErrorKind::SizeLimit,
+        format!("{what} of {n} exceeds the message"),
+    ))
+}
+
+/// The strict binary protocol with every length and count checked against the message budget.
+/// It also remembers whether anything was read after the message header, so the caller can skip
+/// the arguments of a call the processor rejected without reading them (UNKNOWN_METHOD).
+pub struct BoundedInput<R: Read> {
+    inner: TBinaryInputProtocol<Budgeted<R>>,
+    left: Rc<Cell<usize>>,
+    pub read_after_begin: bool,
+    /// A read failed inside this message: the stream is out of step and must be closed.
+    pub failed: bool,
+}
+
+impl<R: Read> BoundedInput<R> {
+    pub fn new(r: R) -> BoundedInput<R> {
+        let left = Rc::new(Cell::new(0));
+        let b = Budgeted {
+            inner: r,
+            left: left.clone(),
+        };
+        BoundedInput {
+            inner: TBinaryInputProtocol::new(b, true),
+            left,
+            read_after_begin: false,
+            failed: false,
+        }
+    }
+
+    /// Starts a new message that may use at most `bytes_max` bytes.
+    pub fn reset(&mut self, bytes_max: usize) {
+        self.left.set(bytes_max);
+        self.read_after_begin = false;
+        self.failed = false;
+    }
+
+    fn len(&mut self, what: &str) -> thrift::Result<usize> {
+        let n = self.inner.read_i32()?;
+        if n < 0 || n as usize > self.left.get() {
+            return Err(too_big(what, n));
+        }
+        Ok(n as usize)
+    }
+
+    fn count(&mut self, n: i32, what: &str) -> thrift::Result<i32> {
+        // Every element takes at least one byte, so a count above the budget is a lie.
+        if n < 0 || n as usize > self.left.get() {
+            return Err(too_big(what, n));
+        }
+        Ok(n)
+    }
+}
+
+impl<R: Read> TInputProtocol for BoundedInput<R> {
+    fn read_message_begin(&mut self) -> thrift::Result<TMessageIdentifier> {
+        let mut first = [0u8; 4];
+        self.inner.transport.read_exact(&mut first)?;
+        if first[0] != 0x80 || first[1] != 0x01 {
+            return Err(thrift::Error::Protocol(ProtocolError::new(
+                ProtocolErrorKind::BadVersion,
+                "expected a strict binary protocol message (0x80 0x01)",
+            )));
+        }
+        let kind = TMessageType::try_from(first[3])?;
+        let name = self.read_string()?;
+        let seq = self.inner.read_i32()?;
+        self.read_after_begin = false;
+        Ok(TMessageIdentifier::new(name, kind, seq))
+    }
+    fn read_message_end(&mut self) -> thrift::Result<()> {
+        Ok(())
+    }
+    fn read_struct_begin(&mut self) -> thrift::Result<Option<TStructIdentifier>> {
+        self.read_after_begin = true;
+        self.inner.read_struct_begin()
+    }
+    fn read_struct_end(&mut self) -> thrift::Result<()> {
+        self.inner.read_struct_end()
+    }
+    fn read_field_begin(&mut self) -> thrift::Result<TFieldIdentifier> {
+        self.read_after_begin = true;
+        self.inner.read_field_begin()
+    }
+    fn read_field_end(&mut self) -> thrift::Result<()> {
+        self.inner.read_field_end()
+    }
+    fn read_bool(&mut self) -> thrift::Result<bool> {
+        self.inner.read_bool()
+    }
+    fn read_bytes(&mut self) -> thrift::Result<Vec<u8>> {
+        let n = self.len("binary length")?;
+        let mut buf = vec![0u8; n];
+        self.inner.transport.read_exact(&mut buf)?;
+        Ok(buf)
+    }
+    fn read_i8(&mut self) -> thrift::Result<i8> {
+        self.inner.read_i8()
+    }
+    fn read_i16(&mut self) -> thrift::Result<i16> {
+        self.inner.read_i16()
+    }
+    fn read_i32(&mut self) -> thrift::Result<i32> {
+        self.inner.read_i32()
+    }
+    fn read_i64(&mut self) -> thrift::Result<i64> {
+        self.inner.read_i64()
+    }
+    fn read_double(&mut self) -> thrift::Result<f64> {
+        self.inner.read_double()
+    }
+    fn read_string(&mut self) -> thrift::Result<String> {
+        let b = self.read_bytes()?;
+        String::from_utf8(b).map_err(|e| {
+            thrift::Error::Protocol(ProtocolError::new(
+                ProtocolErrorKind::InvalidData,
+                e.to_string(),
+            ))
+        })
+    }
+    fn read_list_begin(&mut self) -> thrift::Result<TListIdentifier> {
+        let id = self.inner.read_list_begin()?;
+        self.count(id.size, "list size")?;
+        Ok(id)
+    }
+    fn read_list_end(&mut self) -> thrift::Result<()> {
+        Ok(())
+    }
+    fn read_set_begin(&mut self) -> thrift::Result<TSetIdentifier> {
+        let id = self.inner.read_set_begin()?;
+        self.count(id.size, "set size")?;
+        Ok(id)
+    }
+    fn read_set_end(&mut self) -> thrift::Result<()> {
+        Ok(())
+    }
+    fn read_map_begin(&mut self) -> thrift::Result<TMapIdentifier> {
+        let id = self.inner.read_map_begin()?;
+        self.count(id.size, "map size")?;
+        Ok(id)
+    }
+    fn read_map_end(&mut self) -> thrift::Result<()> {
+        Ok(())
+    }
+    fn read_byte(&mut self) -> thrift::Result<u8> {
+        self.inner.read_byte()
+    }
+}
+
+/// Replays an already-read message header once, then reads through, noting any failed read
+/// (the processor answers a bad argument with an exception and carries on; the connection must
+/// not, since the rest of the message is unknown).
+struct Replay<'a, R: Read> {
+    inner: &'a mut BoundedInput<R>,
+    header: Option<TMessageIdentifier>,
+}
+
+macro_rules! through {
+    ($($name:ident -> $t:ty),* $(,)?) => {
+        $(fn $name(&mut self) -> thrift::Result<$t> {
+            let r = self.inner.$name();
+            if r.is_err() {
+                self.inner.failed = true;
+            }
+            r
+        })*
+    };
+}
+
+impl<R: Read> TInputProtocol for Replay<'_, R> {
+    fn read_message_begin(&mut self) -> thrift::Result<TMessageIdentifier> {
+        match self.header.take() {
+            Some(h) => Ok(h),
+            None => self.inner.read_message_begin(),
+        }
+    }
+    through!(read_message_end -> (), read_struct_begin -> Option<TStructIdentifier>, read_struct_end -> (),
+        read_field_begin -> TFieldIdentifier, read_field_end -> (), read_bool -> bool, read_bytes -> Vec<u8>,
+        read_i8 -> i8, read_i16 -> i16, read_i32 -> i32, read_i64 -> i64, read_double -> f64,
+        read_string -> String, read_list_begin -> TListIdentifier, read_list_end -> (),
+        read_set_begin -> TSetIdentifier, read_set_end -> (), read_map_begin -> TMapIdentifier,
+        read_map_end -> (), read_byte -> u8);
+}
+
+/// Which Thrift transport a connection speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Buffered,
+    Framed,
+}
+
+/// Runs one message through the processor: header, call, and (if the processor did not read
+/// them, e.g. an unknown method) a skip of the arguments so the stream stays in step.
+fn one_message<R: Read, W: Write>(
+    processor: &dyn TProcessor,
+    input: &mut BoundedInput<R>,
+    output: &mut TBinaryOutputProtocol<W>,
+) -> thrift::Result<()> {
+    let header = input.read_message_begin()?;
+    let mut replay = Replay {
+        inner: input,
+        header: Some(header),
+    };
+    processor.process(&mut replay, output)?;
+    if input.failed {
+        return Err(thrift::Error::Protocol(ProtocolError::new(
+            ProtocolErrorKind::InvalidData,
+            "malformed arguments",
+        )));
+    }
+    if !input.read_after_begin {
+        input.skip(TType::Struct)?;
+        input.read_message_end()?;
+    }
+    Ok(())
+}
+
+/// Serves one client connection until it closes or breaks the protocol (then it is closed).
+pub fn serve_connection(
+    stream: TcpStream,
+    processor: &dyn TProcessor,
+    message_bytes_max: usize,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut peek = [0u8; 1];
+    if stream.peek(&mut peek)? == 0 {
+        return Ok(());
+    }
+    let transport = if peek[0] == 0x80 {
+        Transport::Buffered
+    } else {
+        Transport::Framed
+    };
+    let read_half = stream.try_clone()?;
+    match transport {
+        Transport::Buffered => {
+            let mut input = BoundedInput::new(BufReader::with_capacity(1 << 16, read_half));
+            let mut output =
+                TBinaryOutputProtocol::new(BufWriter::with_capacity(1 << 16, stream), true);
+            loop {
+                input.reset(message_bytes_max);
+                if let Err(e) = one_message(processor, &mut input, &mut output) {
+                    return end_of(e);
+                }
+            }
+        }
+        Transport::Framed => {
+            let mut r = BufReader::with_capacity(1 << 16, read_half);
+            let mut w = stream;
+            loop {
+                let mut len = [0u8; 4];
+                if let Err(e) = r.read_exact(&mut len) {
+                    return if e.kind() == io::ErrorKind::UnexpectedEof {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    };
+                }
+                let n = i32::from_be_bytes(len);
+                if n <= 0 || n as usize > message_bytes_max {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad frame size {n}"),
+                    ));
+                }
+                let mut frame = vec![0u8; n as usize];
+                r.read_exact(&mut frame)?;
+                let mut input = BoundedInput::new(&frame[..]);
+                input.reset(n as usize);
+                let mut out = Vec::with_capacity(256);
+                out.extend_from_slice(&[0, 0, 0, 0]);
+                {
+                    let mut output = TBinaryOutputProtocol::new(&mut out, true);
+                    if let Err(e) = one_message(processor, &mut input, &mut output) {
+                        return end_of(e);
+                    }
+                }
+                let body = (out.len() - 4) as u32;
+                out[..4].copy_from_slice(&body.to_be_bytes());
+                w.write_all(&out)?;
+            }
+        }
+    }
+}
+
+/// A clean EOF between messages ends the connection quietly; anything else is an error.
+fn end_of(e: thrift::Error) -> io::Result<()> {
+    match e {
+        thrift::Error::Transport(t) if t.kind == thrift::TransportErrorKind::EndOfFile => Ok(()),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            other.to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(body: &[u8]) -> Vec<u8> {
+        let mut m = vec![0x80, 0x01, 0x00, 0x01, 0, 0, 0, 3];
+        m.extend_from_slice(b"get");
+        m.extend_from_slice(&[0, 0, 0, 9]);
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn hostile_lengths_are_protocol_errors_not_allocations() {
+        // A binary field (type 11, id 1) claiming 2 GiB, and one claiming a negative length.
+        for len in [[0x7f, 0xff, 0xff, 0xff], [0xff, 0xff, 0xff, 0xfe]] {
+            let mut body = vec![11, 0, 1];
+            body.extend_from_slice(&len);
+            let m = msg(&body);
+            let mut p = BoundedInput::new(&m[..]);
+            p.reset(1 << 20);
+            p.read_message_begin().unwrap();
+            p.read_struct_begin().unwrap();
+            let f = p.read_field_begin().unwrap();
+            assert_eq!(f.field_type, TType::String);
+            assert!(p.read_bytes().is_err());
+        }
+        // A list claiming 1e9 elements.
+        let m = msg(&[15, 0, 1, 11, 0x3b, 0x9a, 0xca, 0x00]);
+        let mut p = BoundedInput::new(&m[..]);
+        p.reset(1 << 20);
+        p.read_message_begin().unwrap();
+        p.read_struct_begin().unwrap();
+        p.read_field_begin().unwrap();
+        assert!(p.read_list_begin().is_err());
+    }
+
+    #[test]
+    fn message_budget_is_enforced() {
+        let m = msg(&[0; 64]);
+        let mut p = BoundedInput::new(&m[..]);
+        // The header takes 15 bytes; 25 leave room for one i64 and not two.
+        p.reset(25);
+        p.read_message_begin().unwrap();
+        assert!(p.read_i64().is_ok());
+        assert!(p.read_i64().is_err());
+    }
+
+    #[test]
+    fn non_strict_messages_are_rejected() {
+        let m = [0, 0, 0, 3, b'g', b'e', b't', 1, 0, 0, 0, 0];
+        let mut p = BoundedInput::new(&m[..]);
+        p.reset(100);
+        assert!(p.read_message_begin().is_err());
+    }
+}

@@ -1,0 +1,266 @@
+"""HBase for the black-box tests: the in-process mini cluster (connectors/hbase, one JVM with
+ZooKeeper + master + region server + the sidecar), a small client of the sidecar protocol
+(docs/hbase-sidecar-protocol.md) used as the native-client oracle and for direct writes, and a
+Slipstream daemon with an `[hbase]` table in front of it.
+
+For: starting/stopping those processes (the JVM is always killed at teardown) and reading HBase
+directly. Not for: assertions (tests/test_hbase.py).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+
+import mcwire
+from daemonlib import ConfigDaemon
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_SH = os.path.join(ROOT, "connectors", "hbase", "bin", "run.sh")
+MINI_START_TIMEOUT_S = float(os.environ.get("HBASE_START_TIMEOUT_S", "180"))
+TS_LATEST = (1 << 63) - 1
+
+
+def mini_available():
+    return os.path.exists(os.path.join(ROOT, "connectors", "hbase", "target", "classpath.txt"))
+
+
+class MiniHBase:
+    """`run.sh mini`: prints READY sidecar=PORT zk=... start_ms=... heap_used_mb=... pid=..."""
+
+    def __init__(self, sidecar_port=0):
+        self.proc = None
+        self.dir = None
+        self.info = {}
+        self.log_path = None
+        self.want_port = sidecar_port
+
+    def start(self):
+        self.dir = tempfile.mkdtemp(prefix="slipstream-hbase-")
+        self.log_path = os.path.join(self.dir, "jvm.log")
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [RUN_SH, "mini", "--sidecar-port", str(self.want_port), "--dir", os.path.join(self.dir, "data")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+        )
+        log.close()
+        line = [None]
+
+        def reader():
+            for raw in self.proc.stdout:
+                if raw.startswith(b"READY "):
+                    line[0] = raw.decode().split()
+                    return
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        t.join(MINI_START_TIMEOUT_S)
+        if line[0] is None:
+            tail = self.log_tail()
+            self.stop()
+            raise RuntimeError("HBase mini cluster did not start in %.0fs:\n%s" % (MINI_START_TIMEOUT_S, tail))
+        self.info = dict(kv.split("=", 1) for kv in line[0][1:])
+        self.sidecar_port = int(self.info["sidecar"])
+        return self
+
+    def log_tail(self, n=3000):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def rss_mb(self):
+        try:
+            with open("/proc/%d/status" % int(self.info["pid"])) as f:
+                for l in f:
+                    if l.startswith("VmRSS:"):
+                        return int(l.split()[1]) // 1024
+        except (OSError, KeyError, ValueError):
+            pass
+        return None
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(20)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(10)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+# --- the sidecar protocol, client side (one request at a time) ---
+
+OP = dict(PING=1, LIST_TABLES=2, DESCRIBE=3, CREATE_TABLE=4, DELETE_TABLE=5, ENABLE_TABLE=6,
+          DISABLE_TABLE=7, IS_ENABLED=8, GET=0x10, SCAN=0x11, MUTATE=0x12, DELETE=0x13, INCREMENT=0x14)
+
+
+class SidecarError(Exception):
+    def __init__(self, status, message):
+        super().__init__("status %d: %s" % (status, message))
+        self.status = status
+
+
+def _b(v):
+    return struct.pack(">I", len(v)) + v
+
+
+def _blist(vs):
+    return struct.pack(">I", len(vs)) + b"".join(_b(v) for v in vs)
+
+
+def _spec(columns=(), ts_min=0, ts_max=TS_LATEST, versions=1):
+    return _blist(list(columns)) + struct.pack(">qqi", ts_min, ts_max, versions)
+
+
+class _Dec:
+    def __init__(self, b):
+        self.b, self.i = b, 0
+
+    def take(self, n):
+        v = self.b[self.i:self.i + n]
+        self.i += n
+        return v
+
+    def u32(self):
+        return struct.unpack(">I", self.take(4))[0]
+
+    def i64(self):
+        return struct.unpack(">q", self.take(8))[0]
+
+    def bytes(self):
+        return self.take(self.u32())
+
+    def rows(self):
+        out = []
+        for _ in range(self.u32()):
+            row = self.bytes()
+            cells = []
+            for _ in range(self.u32()):
+                fam, qual, ts, val = self.bytes(), self.bytes(), self.i64(), self.bytes()
+                cells.append((fam, qual, ts, val))
+            out.append((row, cells))
+        return out
+
+
+class Sidecar:
+    """Talks to the sidecar directly: the "native client" oracle and the bypassing writer."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection((mcwire.HOST, port), timeout=30)
+        self.next_id = 1
+
+    def close(self):
+        self.sock.close()
+
+    def call(self, op, payload=b""):
+        rid = self.next_id
+        self.next_id += 1
+        body = struct.pack(">IB", rid, OP[op]) + payload
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+        hdr = self._read(4)
+        body = self._read(struct.unpack(">I", hdr)[0])
+        got_id, status = struct.unpack(">IB", body[:5])
+        assert got_id == rid
+        if status != 0:
+            raise SidecarError(status, _Dec(body[5:]).bytes().decode("utf-8", "replace"))
+        return _Dec(body[5:])
+
+    def _read(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("sidecar closed")
+            buf += chunk
+        return buf
+
+    def get(self, table, rows, columns=(), versions=1, ts_max=TS_LATEST):
+        return self.call("GET", _b(table) + _blist(rows) + _spec(columns, 0, ts_max, versions)).rows()
+
+    def scan(self, table, start=b"", stop=b"", columns=(), ts_max=TS_LATEST, filter=b""):
+        out, start_key = [], start
+        for _ in range(10_000):
+            d = self.call("SCAN", _b(table) + _b(start_key) + _b(stop) + _spec(columns, 0, ts_max) + _b(filter)
+                          + struct.pack(">ii", 1000, 4 << 20))
+            page = d.rows()
+            more = d.take(1) == b"\x01"
+            out.extend(page)
+            if not more:
+                return out
+            start_key = page[-1][0] + b"\x00"
+        raise RuntimeError("scan did not end")
+
+    def put(self, table, row, values, ts=TS_LATEST):
+        muts = b"".join(struct.pack(">B", 0) + _b(c) + _b(v) + b"\x01" for c, v in values.items())
+        payload = _b(table) + struct.pack(">I", 1) + _b(row) + struct.pack(">I", len(values)) + muts
+        self.call("MUTATE", payload + struct.pack(">qB", ts, 0))
+
+    def delete_row(self, table, row):
+        self.call("DELETE", _b(table) + _b(row) + _b(b"") + struct.pack(">q", TS_LATEST))
+
+
+def as_happybase_row(cells):
+    """A sidecar row's cells as happybase's row dict (newest version of each column)."""
+    d = {}
+    for fam, qual, _ts, val in cells:
+        d.setdefault(fam + b":" + qual, val)
+    return d
+
+
+class HbaseDaemon(ConfigDaemon):
+    """Slipstream with a memcached port (required) and `[hbase]` in front of `sidecar_port`."""
+
+    what = "slipstream (hbase)"
+    file_prefix = "slipstream-hbase-"
+
+    def __init__(self, sidecar_port, strategy="all-row", memory_mb=64, timeout_ms=5000):
+        super().__init__()
+        self.sidecar_port, self.strategy, self.memory_mb, self.timeout_ms = sidecar_port, strategy, memory_mb, timeout_ms
+
+    def _pick_ports(self):
+        self.mc_port = mcwire.free_port()
+        self.thrift_port = mcwire.free_port()
+        self.admin_port = mcwire.free_port()
+        return (
+            "[server]\nport = %d\nudp_port = 0\nlisten = \"127.0.0.1\"\nadmin = \"127.0.0.1:%d\"\n"
+            "[hbase]\nthrift_port = %d\nsidecar = \"127.0.0.1:%d\"\nstrategy = \"%s\"\nmemory_mb = %d\ntimeout_ms = %d\n"
+            % (self.mc_port, self.admin_port, self.thrift_port, self.sidecar_port, self.strategy, self.memory_mb, self.timeout_ms)
+        )
+
+    def _ready_ports(self):
+        return [self.mc_port, self.thrift_port]
+
+    def metrics(self):
+        s = socket.create_connection((mcwire.HOST, self.admin_port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        buf = b""
+        while True:
+            c = s.recv(65536)
+            if not c:
+                break
+            buf += c
+        s.close()
+        return buf.decode("utf-8", "replace")
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.remove_files()

@@ -1,0 +1,355 @@
+"""HBase range cache, black box: a real HBase (in-process mini cluster, connectors/hbase) behind
+the sidecar, Slipstream's `[hbase]` Thrift1 front end in front, and happybase (the usual Python
+client, unchanged) talking to Slipstream. The sidecar spoken to directly is the native-client
+oracle: every answer through Slipstream must equal it, on the first (miss) and the second
+(cached) read, for both strategies; writes through Slipstream are never followed by a stale
+read; malformed Thrift input closes only that connection; a missing HBase is an IOError.
+
+Needs `make hbase-build` (Java 17 + Maven). One mini cluster serves the whole module (it takes
+~20-40 s to start) and is killed at the end.
+"""
+
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import hbaselib
+import mcwire
+
+happybase = pytest.importorskip("happybase")
+
+pytestmark = pytest.mark.skipif(not hbaselib.mini_available(),
+                                reason="connectors/hbase not built (make hbase-build)")
+
+
+@pytest.fixture(scope="module")
+def hbase():
+    m = hbaselib.MiniHBase().start()
+    print("mini cluster: start_ms=%s rss_mb=%s" % (m.info.get("start_ms"), m.rss_mb()))
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+@pytest.fixture(scope="module")
+def oracle(hbase):
+    s = hbaselib.Sidecar(hbase.sidecar_port)
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["all-row", "each-row"])
+def daemon(request, hbase):
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy=request.param).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def connect(d, **kw):
+    return happybase.Connection(mcwire.HOST, d.thrift_port, timeout=30000, **kw)
+
+
+_table_seq = [0]
+
+
+def fresh_table(conn, families=None):
+    _table_seq[0] += 1
+    name = ("t%d_%d" % (os.getpid(), _table_seq[0])).encode()
+    conn.create_table(name, families or {"cf1": dict(max_versions=3), "cf2": dict()})
+    return name
+
+
+def oracle_scan_rows(oracle, table, start=b"", stop=b"", columns=()):
+    return [(r, hbaselib.as_happybase_row(c)) for r, c in oracle.scan(table, start, stop, columns)]
+
+
+def test_happybase_answers_equal_the_native_client(daemon, oracle):
+    seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
+    print("seed", seed)
+    rnd = random.Random(seed)
+    conn = connect(daemon)
+    name = fresh_table(conn)
+    t = conn.table(name)
+    assert name in conn.tables()
+    assert set(t.families()) == {b"cf1", b"cf2"}
+    assert t.families()[b"cf1"]["max_versions"] == 3
+    keys = sorted({b"row%03d" % rnd.randrange(200) for _ in range(60)})
+    cols = [b"cf1:a", b"cf1:b", b"cf2:x", b"cf2:y"]
+    with t.batch() as b:
+        for k in keys:
+            b.put(k, {c: b"%s-%d" % (c, rnd.randrange(1000)) for c in rnd.sample(cols, rnd.randint(1, 4))})
+    for k in rnd.sample(keys, 5):  # extra versions
+        t.put(k, {b"cf1:a": b"v2-" + k})
+    for k in rnd.sample(keys, 5):
+        t.delete(k, columns=[rnd.choice(cols)])
+    gone = rnd.choice(keys)
+    t.delete(gone)
+
+    for _round in range(2):  # the second round is served from the cache
+        for k in rnd.sample(keys, 10) + [b"absent", gone]:
+            want = {c: v for r, cells in oracle.get(name, [k]) for c, v in hbaselib.as_happybase_row(cells).items()}
+            assert t.row(k) == want, k
+            assert t.row(k, columns=[b"cf2"]) == {c: v for c, v in want.items() if c.startswith(b"cf2:")}
+            got_ts = t.row(k, include_timestamp=True)
+            assert {c: v for c, (v, _ts) in got_ts.items()} == want
+        few = rnd.sample(keys, 4)
+        assert dict(t.rows(few)) == {r: hbaselib.as_happybase_row(c) for r, c in oracle.get(name, few) if c}
+        k = rnd.choice(keys)
+        want_versions = [v for _r, cells in oracle.get(name, [k], [b"cf1:a"], versions=3) for (_f, _q, _ts, v) in cells]
+        assert t.cells(k, b"cf1:a", versions=3) == want_versions
+        assert list(t.scan()) == oracle_scan_rows(oracle, name)
+        for _ in range(5):
+            a, b2 = sorted(rnd.sample(keys, 2))
+            assert list(t.scan(row_start=a, row_stop=b2)) == oracle_scan_rows(oracle, name, a, b2)
+            assert list(t.scan(row_start=a, row_stop=b2, columns=[b"cf1:a", b"cf2"])) == \
+                oracle_scan_rows(oracle, name, a, b2, [b"cf1:a", b"cf2"])
+        pre = b"row0%d" % rnd.randrange(2)
+        assert list(t.scan(row_prefix=pre)) == [(r, d) for r, d in oracle_scan_rows(oracle, name) if r.startswith(pre)]
+        # Scanner batching: each row split into chunks of 1 cell, as HBase's setBatch does.
+        chunks = [(r, {c: v}) for r, d in oracle_scan_rows(oracle, name) for c, v in sorted(d.items())]
+        assert list(t.scan(scan_batching=1, batch_size=7)) == chunks
+        assert list(t.scan(limit=3)) == oracle_scan_rows(oracle, name)[:3]
+    # A family the table lacks is HBase's error, also once the rows are cached.
+    for _ in range(2):
+        with pytest.raises(Exception) as e:
+            t.row(keys[0], columns=[b"nofam:x"])
+        assert type(e.value).__name__ == "IOError"
+        with pytest.raises(Exception) as e:
+            list(t.scan(columns=[b"nofam"]))
+        assert type(e.value).__name__ == "IOError"
+    assert t.counter_inc(b"cnt", b"cf1:n") == 1
+    assert t.counter_inc(b"cnt", b"cf1:n", 5) == 6
+    assert t.counter_get(b"cnt", b"cf1:n") == 6
+    m = daemon.metrics()
+    assert "slipstream_hbase_misses_total" in m
+    hits = sum(float(l.split()[-1]) for l in m.splitlines()
+               if l.startswith(("slipstream_hbase_all_row_hits_total{", "slipstream_hbase_each_row_hits_total{")))
+    assert hits > 0
+    conn.delete_table(name, disable=True)
+    assert name not in conn.tables()
+    conn.close()
+
+
+def test_reads_after_writes_through_slipstream_are_never_stale(daemon, oracle):
+    """A writer and a reader on two connections: once a write is acknowledged, no later read
+    (Get or a scan over an overlapping range) returns an older value, although the reader keeps
+    filling the cache while the writes race its fills. The writer mixes single puts (mutateRows),
+    multi-row batches, whole-row deletes (deleteAllRow) and counter increments; each put carries a
+    number larger than every earlier operation's, so "older" is a smaller number."""
+    seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
+    print("seed", seed)
+    rnd = random.Random(seed)
+    wrnd = random.Random(seed + 1)
+    wconn, rconn = connect(daemon), connect(daemon)
+    name = fresh_table(wconn)
+    wt, rt = wconn.table(name), rconn.table(name)
+    rows = [b"k%02d" % i for i in range(10)]
+    # Per row: number of the last acknowledged op, whether it was a delete, deletes issued.
+    acked = {r: (-1, True) for r in rows}
+    del_issued = {r: 0 for r in rows}
+    del_acked = {r: 0 for r in rows}
+    stop = threading.Event()
+    errors = []
+
+    def writer():
+        n = 0
+        while not stop.is_set() and n < 400:
+            n += 1
+            op = wrnd.random()
+            if op < 0.55:
+                r = wrnd.choice(rows)
+                wt.put(r, {b"cf1:v": b"%08d" % n})
+                acked[r] = (n, False)
+            elif op < 0.7:
+                batch_rows = wrnd.sample(rows, 3)
+                with wt.batch() as b:
+                    for r in batch_rows:
+                        b.put(r, {b"cf1:v": b"%08d" % n})
+                for r in batch_rows:
+                    acked[r] = (n, False)
+            elif op < 0.85:
+                r = wrnd.choice(rows)
+                del_issued[r] += 1
+                wt.delete(r)
+                acked[r] = (n, True)
+                del_acked[r] += 1
+            else:
+                wt.counter_inc(wrnd.choice(rows), b"cf2:c")
+
+    th = threading.Thread(target=writer)
+    th.start()
+    reads = 0
+    deadline = time.monotonic() + 8
+    try:
+        while time.monotonic() < deadline and th.is_alive():
+            r = rnd.choice(rows)
+            floor = dict(acked)
+            dels_before = dict(del_acked)
+            if rnd.random() < 0.5:
+                got = rt.row(r, columns=[b"cf1"])
+                seen = {r: int(got[b"cf1:v"])} if got else {}
+                covered = [r]
+            else:
+                i = rows.index(r)
+                lo, hi = max(0, i - 3), i + 3  # overlapping ranges; past the end = to the table's end
+                stop_row = rows[hi] if hi < len(rows) else None
+                seen = {k: int(d[b"cf1:v"]) for k, d in rt.scan(row_start=rows[lo], row_stop=stop_row, columns=[b"cf1"])}
+                covered = rows[lo:hi]
+            for k in covered:
+                n, was_delete = floor[k]
+                if k in seen:
+                    if seen[k] < n:
+                        errors.append((k, seen[k], floor[k]))
+                elif not was_delete and del_issued[k] == dels_before[k]:
+                    errors.append((k, None, floor[k]))  # absent, yet no delete could explain it
+            reads += 1
+    finally:
+        stop.set()
+        th.join(30)
+    print("reads", reads)
+    assert not errors, "stale reads (row, seen, acknowledged): %r" % errors[:5]
+    # And at rest the cache agrees with HBase.
+    assert list(rt.scan()) == oracle_scan_rows(oracle, name)
+    wconn.delete_table(name, disable=True)
+
+
+def test_framed_transport(hbase):
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port).start()
+    try:
+        conn = connect(d, transport="framed")
+        name = fresh_table(conn)
+        t = conn.table(name)
+        t.put(b"a", {b"cf1:q": b"1"})
+        assert t.row(b"a") == {b"cf1:q": b"1"}
+        assert list(t.scan()) == [(b"a", {b"cf1:q": b"1"})]
+        conn.delete_table(name, disable=True)
+    finally:
+        d.stop()
+
+
+def _msg(name, seq, body=b"\x00"):
+    return struct.pack(">HBBI", 0x8001, 0, 1, len(name)) + name + struct.pack(">i", seq) + body
+
+
+def _recv_some(s, timeout=5.0):
+    s.settimeout(timeout)
+    try:
+        return s.recv(65536)
+    except socket.timeout:
+        return None
+
+
+def test_malformed_input_closes_only_that_connection(hbase):
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port).start()
+    try:
+        good = connect(d)
+        good.tables()
+        hostile = [
+            # A binary field claiming 2 GiB.
+            _msg(b"getRow", 1, b"\x0b\x00\x01\x7f\xff\xff\xff"),
+            # A negative list size.
+            _msg(b"getRows", 1, b"\x0b\x00\x01\x00\x00\x00\x01t\x0f\x00\x02\x0b\xff\xff\xff\xff"),
+            # Not a strict binary message at all, framed: a 2 GiB frame.
+            b"\x7f\xff\xff\xff" + b"x" * 16,
+            # A framed message whose content is garbage.
+            struct.pack(">i", 8) + b"\x00" * 8,
+        ]
+        for payload in hostile:
+            s = socket.create_connection((mcwire.HOST, d.thrift_port), timeout=5)
+            s.sendall(payload)
+            got = b""
+            for _ in range(10):
+                chunk = _recv_some(s)
+                assert chunk is not None, "connection left open after %r" % payload
+                if not chunk:
+                    break
+                got += chunk
+            # Closed, after at most an exception reply (message type 3) naming the problem.
+            assert got == b"" or got[:4] == b"\x80\x01\x00\x03", (payload, got)
+            s.close()
+        # An unknown method gets TApplicationException and the connection stays usable.
+        s = socket.create_connection((mcwire.HOST, d.thrift_port), timeout=5)
+        s.sendall(_msg(b"getRegionInfo", 7, b"\x0b\x00\x01\x00\x00\x00\x01x\x00"))
+        reply = _recv_some(s)
+        assert reply[:4] == b"\x80\x01\x00\x03" and b"getRegionInfo" in reply  # type 3 = exception
+        s.sendall(_msg(b"getTableNames", 8))
+        reply = _recv_some(s)
+        assert reply[:4] == b"\x80\x01\x00\x02"  # type 2 = reply
+        s.close()
+        assert d.alive()
+        good.tables()
+        good.close()
+    finally:
+        d.stop()
+
+
+def test_invalid_scanner_is_illegal_argument(hbase):
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port).start()
+    try:
+        conn = connect(d)
+        with pytest.raises(Exception) as e:
+            conn.client.scannerGet(123456)
+        assert type(e.value).__name__ == "IllegalArgument"
+        with pytest.raises(Exception) as e:
+            conn.client.scannerClose(123456)
+        assert type(e.value).__name__ == "IllegalArgument"
+        conn.close()
+    finally:
+        d.stop()
+
+
+def test_missing_hbase_is_an_ioerror_not_a_hang():
+    dead = mcwire.free_port()
+    d = hbaselib.HbaseDaemon(dead, timeout_ms=1000).start()
+    try:
+        conn = connect(d)
+        t0 = time.monotonic()
+        for call in (lambda: conn.tables(), lambda: conn.table(b"x").row(b"r"), lambda: list(conn.table(b"x").scan())):
+            with pytest.raises(Exception) as e:
+                call()
+            assert type(e.value).__name__ == "IOError"
+        assert time.monotonic() - t0 < 10
+        assert d.alive()
+    finally:
+        d.stop()
+
+
+def test_hbase_going_away_and_back():
+    """HBase (with its sidecar) stops and a fresh, empty one starts on the same port: while it
+    is away calls are IOErrors, and afterwards nothing cached from the old one is served."""
+    port = mcwire.free_port()
+    m = hbaselib.MiniHBase(sidecar_port=port).start()
+    d = hbaselib.HbaseDaemon(port, timeout_ms=3000).start()
+    try:
+        conn = connect(d)
+        name = fresh_table(conn)
+        t = conn.table(name)
+        t.put(b"a", {b"cf1:q": b"1"})
+        assert t.row(b"a") == {b"cf1:q": b"1"}
+        assert t.row(b"a") == {b"cf1:q": b"1"}  # now cached
+        m.stop()
+        time.sleep(0.5)  # the daemon's sidecar connection sees the loss
+        with pytest.raises(Exception) as e:
+            t.row(b"b")
+        assert type(e.value).__name__ == "IOError"
+        m = hbaselib.MiniHBase(sidecar_port=port).start()
+        # The new HBase has no such table: HBase's error, not the old cached row.
+        with pytest.raises(Exception) as e:
+            t.row(b"a")
+        assert type(e.value).__name__ == "IOError"
+        name2 = fresh_table(conn)
+        t2 = conn.table(name2)
+        t2.put(b"x", {b"cf2:y": b"2"})
+        assert t2.row(b"x") == {b"cf2:y": b"2"}
+        assert d.alive()
+    finally:
+        d.stop()
+        m.stop()
