@@ -4,7 +4,9 @@
 For: the README's promise (section "How it serves (and the limits it keeps)"):
     peak RSS <= 1.25 x -m  +  conn_buf budget  +  BASE_MB  +  CONN_BASE_KB per open connection
 checked on the real binary's VmHWM (/proc/PID/status) under the three loads of tests/memload.py
-at -m 64 -t 4; and that a long get line gets the same answer whether it arrives in one write or
+at -m 64 -t 4; that large values go out by reference (60 clients reading 1 MB gets and a
+32 x 1 MB multi-get all served with the default budget; 60 non-reading clients asking for the
+same 32 x 1 MB keep the daemon near -m); and that a long get line gets the same answer whether it arrives in one write or
 in two writes 100 ms apart (memcached buffers get lines whatever their length).
 Not for: byte-exact replies in normal operation (test_differential.py) or the limits memcached
 shares (test_limits.py).
