@@ -4,7 +4,9 @@
 For: the README's promise (section "How it serves (and the limits it keeps)"):
     peak RSS <= 1.25 x -m  +  conn_buf budget  +  BASE_MB  +  CONN_BASE_KB per open connection
 checked on the real binary's VmHWM (/proc/PID/status) under the three loads of tests/memload.py
-at -m 64 -t 4; and that a long get line gets the same answer whether it arrives in one write or
+at -m 64 -t 4; that large values go out by reference (60 clients reading 1 MB gets and a
+32 x 1 MB multi-get all served with the default budget; 60 non-reading clients asking for the
+same 32 x 1 MB keep the daemon near -m); and that a long get line gets the same answer whether it arrives in one write or
 in two writes 100 ms apart (memcached buffers get lines whatever their length).
 Not for: byte-exact replies in normal operation (test_differential.py) or the limits memcached
 shares (test_limits.py).
@@ -91,6 +93,96 @@ def test_mixed_value_sizes(slipstream):
         assert line == b"" or line.startswith(b"SERVER_ERROR out of memory"), line[:200]
     check(slipstream, "mixed value sizes (seed %d)" % seed, 17)
     still_serves(slipstream)
+
+
+# ------------------------------------------------------------------ large values by reference
+
+LARGE_KEYS = 32
+
+
+def large_value(j):
+    return b"%07d|" % j * (memload.VALUE_1MB_BYTES // 8)
+
+
+def fill_large(srv):
+    with srv.connect(timeout=10) as s:
+        for j in range(LARGE_KEYS):
+            v = large_value(j)
+            s.sendall(b"set big:%d 0 0 %d noreply\r\n" % (j, len(v)) + v + b"\r\n")
+        s.sendall(b"mn\r\n")
+        assert memload._read_until(s, b"MN\r\n").endswith(b"MN\r\n")
+
+
+def large_reply(keys):
+    return b"".join(b"VALUE big:%d 0 %d\r\n" % (j, memload.VALUE_1MB_BYTES) + large_value(j) + b"\r\n" for j in keys) + b"END\r\n"
+
+
+def read_reply(sock, want_bytes, max_s=20.0):
+    """Read until `want_bytes` arrived, the server closed, or an error line is complete."""
+    buf = bytearray()
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline and len(buf) < want_bytes:
+        if buf.startswith(b"SERVER_ERROR") and buf.endswith(b"\r\n"):
+            break
+        try:
+            chunk = sock.recv(1 << 20)
+        except socket.timeout:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+def test_concurrent_large_gets_that_read_are_all_served(slipstream):
+    """60 clients each ask for a 1 MB value, and one for 32 of them in one multi-get, all
+    before anyone reads (small receive buffers keep the replies in the server); then they read.
+    memcached serves every one (item memory goes out by reference); so must we, with the
+    default connection-buffer budget: values this large are not copied or charged to it."""
+    fill_large(slipstream)
+    multi = memload._small_rcvbuf_connect(slipstream)
+    multi.sendall(b"get " + b" ".join(b"big:%d" % j for j in range(LARGE_KEYS)) + b"\r\n")
+    socks = []
+    try:
+        for i in range(60):
+            s = memload._small_rcvbuf_connect(slipstream)
+            s.sendall(b"get big:%d\r\n" % (i % LARGE_KEYS))
+            socks.append(s)
+        time.sleep(0.5)
+        for i, s in enumerate(socks):
+            want = large_reply([i % LARGE_KEYS])
+            got = read_reply(s, len(want))
+            assert got == want, "client %d: %r... (%d bytes)" % (i, got[:80], len(got))
+        want = large_reply(range(LARGE_KEYS))
+        got = read_reply(multi, len(want), max_s=40)
+        assert got == want, "multi-get: %r... (%d bytes)" % (got[:80], len(got))
+        check(slipstream, "concurrent large gets", 62)
+    finally:
+        memload.close_all(socks + [multi])
+
+
+def test_nonreading_clients_share_large_values(slipstream):
+    """60 clients that never read ask for the same 32 x 1 MB: every reply holds the stored
+    values by reference, so the daemon stays near -m instead of 60 x 32 MB of copies, and
+    every client is served rather than refused."""
+    conns = 60
+    socks, first = memload.nonreading_gets(slipstream, conns=conns, lines=1)
+    try:
+        assert first.startswith(b"VALUE big:0 "), first
+        peak = memload.peak_rss_mb(slipstream.pid())
+        # Not even the connection-buffer budget's share: the values are the store's memory.
+        limit = RSS_FACTOR * MEM_MB + BASE_MB + CONN_BASE_KB * (conns + 2) / 1024.0
+        print("60 non-reading clients x 32 x 1 MB: peak RSS %.1f MB, bound %.1f MB" % (peak, limit))
+        assert peak <= limit, "peak RSS %.1f MB over %.1f MB" % (peak, limit)
+        s = socks[0]
+        s.settimeout(5)
+        value = b"v" * memload.VALUE_1MB_BYTES
+        want = b"".join(b"VALUE big:%d 0 %d\r\n" % (j, len(value)) + value + b"\r\n" for j in range(32)) + b"END\r\n"
+        got = read_reply(s, len(want), max_s=40)
+        assert got == want, "%r... (%d bytes)" % (got[:80], len(got))
+        still_serves(slipstream)
+    finally:
+        memload.close_all(socks)
 
 
 # ------------------------------------------------------------------ segmentation

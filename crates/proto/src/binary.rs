@@ -344,6 +344,7 @@ pub fn compose_response(
     value: &[u8],
 ) {
     let bodylen = extras.len() + key.len() + value.len();
+    out.reserve(HEADER_BYTES + bodylen);
     compose_header(out, opcode, status, opaque, cas, extras.len() as u8, key.len() as u16, bodylen as u32);
     out.extend_from_slice(extras);
     out.extend_from_slice(key);
@@ -362,7 +363,8 @@ pub fn compose_header(
     keylen: u16,
     bodylen: u32,
 ) {
-    out.reserve(HEADER_BYTES + bodylen as usize);
+    // The header only: a body may be sent without passing through `out`.
+    out.reserve(HEADER_BYTES);
     out.push(RESPONSE_MAGIC);
     out.push(opcode);
     out.extend_from_slice(&keylen.to_be_bytes());

@@ -815,6 +815,16 @@ pub struct GetHit<'v> {
 /// `mg` hit: `VA <len> <flags>*\r\n<data>\r\n` with `v`, else `HD <flags>*\r\n`. Flags follow
 /// request order; then `Z`, `X`, `W` as memcached appends them.
 pub fn compose_get_hit(out: &mut Vec<u8>, req: &MetaRequest<'_>, hit: &GetHit<'_>) {
+    compose_get_hit_line(out, req, hit);
+    if req.flags.value {
+        out.extend_from_slice(hit.value);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The first line of an `mg` hit alone (through its `\r\n`): with `v`, the caller appends
+/// `hit.value` and `\r\n` itself (a value sent without copying it here).
+pub fn compose_get_hit_line(out: &mut Vec<u8>, req: &MetaRequest<'_>, hit: &GetHit<'_>) {
     if req.flags.value {
         out.extend_from_slice(b"VA ");
         push_u64(out, hit.value.len() as u64);
@@ -859,10 +869,6 @@ pub fn compose_get_hit(out: &mut Vec<u8>, req: &MetaRequest<'_>, hit: &GetHit<'_
         out.extend_from_slice(b" W");
     }
     out.extend_from_slice(b"\r\n");
-    if req.flags.value {
-        out.extend_from_slice(hit.value);
-        out.extend_from_slice(b"\r\n");
-    }
 }
 
 /// `mg` miss: `EN` plus the `O`/`k` flags (the caller drops it under `q`).

@@ -951,18 +951,24 @@ pub fn compose_i64(out: &mut Vec<u8>, v: i64) {
 #[inline]
 pub fn compose_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
     out.reserve(key.len() + data.len() + 48);
+    compose_value_line(out, key, flags, data.len(), cas);
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `VALUE <key> <flags> <bytes> [<cas>]\r\n` line alone, for a caller that appends the
+/// `value_bytes` of data and their `\r\n` itself (a value sent without copying it here).
+pub fn compose_value_line(out: &mut Vec<u8>, key: &[u8], flags: u32, value_bytes: usize, cas: Option<u64>) {
     out.extend_from_slice(b"VALUE ");
     out.extend_from_slice(key);
     out.push(b' ');
     compose_u64(out, u64::from(flags));
     out.push(b' ');
-    compose_u64(out, data.len() as u64);
+    compose_u64(out, value_bytes as u64);
     if let Some(c) = cas {
         out.push(b' ');
         compose_u64(out, c);
     }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }
 

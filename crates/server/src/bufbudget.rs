@@ -5,7 +5,8 @@
 //! What it is for: every TCP connection may hold a small base for free — its
 //! `READ_BUF_BYTES_INITIAL` read buffer and `REPLY_BYTES_FREE` bytes of replies not yet taken by
 //! the socket. Anything beyond — a read buffer grown for a large request or a long multi-get
-//! line, reply bytes beyond the free part (values copied for a client that does not read) — is
+//! line, reply bytes beyond the free part (small values copied for a client that does not read;
+//! values of `outq::SHARE_VALUE_BYTES_MIN` or more go out by reference, uncharged) — is
 //! charged here *before* the memory is used, and given back when the buffer shrinks, the socket
 //! takes the replies, or the connection closes. When a charge is refused, the caller answers as
 //! memcached does when its allocation fails:

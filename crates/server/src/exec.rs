@@ -9,6 +9,7 @@
 //! same executor serves TCP and UDP.
 
 use crate::bufbudget::BufBudget;
+use crate::outq::{SharedQueue, SHARE_VALUE_BYTES_MIN};
 use crate::stats::{ServerInfo, ThreadStats};
 use slipstream_store::Store;
 use std::sync::Arc;
@@ -49,11 +50,14 @@ pub struct ConnState {
     /// Bytes of `Settings::conn_buf` this connection's unsent replies hold (given back by the
     /// network loop when the socket has taken them or the connection closes).
     pub reply_charged_bytes: usize,
+    /// Large values the unsent replies send by reference (TCP only; see `outq`). Positions
+    /// are offsets in the connection's reply buffer.
+    pub shared: SharedQueue,
 }
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0 }
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0, shared: SharedQueue::default() }
     }
 }
 
@@ -121,6 +125,35 @@ impl Ctx<'_> {
         }
         out.reserve_exact(target - out.len());
         true
+    }
+}
+
+impl Ctx<'_> {
+    /// Discard the unsent replies from byte `len` of `out` on (memcached culls replies not yet
+    /// written on some errors), with the values they send by reference.
+    pub fn truncate_reply(&mut self, out: &mut Vec<u8>, len: usize) {
+        out.truncate(len);
+        self.conn.shared.discard_after(len);
+    }
+
+    /// Whether a hit's value of `value_bytes` will be sent by reference rather than copied: a
+    /// large value, on TCP, while the connection's pinned values stay within their cap. The
+    /// caller then reserves reply room for its header only, and calls `put_value`.
+    pub fn shares_value(&self, value_bytes: usize) -> bool {
+        self.conn.transport == Transport::Tcp
+            && value_bytes >= SHARE_VALUE_BYTES_MIN
+            && self.conn.shared.has_room(value_bytes)
+    }
+
+    /// Append a hit's `value` (the tail of the item allocation `data`) to the reply: queued by
+    /// reference at the current end of `out` when `share` (from `shares_value`), else copied.
+    pub fn put_value(&mut self, out: &mut Vec<u8>, share: bool, data: &Arc<[u8]>, value: &[u8]) {
+        if share {
+            let len = data.len();
+            self.conn.shared.push(out.len(), data, len - value.len()..len);
+        } else {
+            out.extend_from_slice(value);
+        }
     }
 }
 

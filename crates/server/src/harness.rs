@@ -76,6 +76,8 @@ impl Harness {
                 Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut out),
                 _ => memcache_text::execute(&mut ctx, input, &mut out),
             };
+            // As the network loop does: discarded replies drop their by-reference values.
+            ctx.conn.shared.discard_after(out.len());
             match step {
                 Step::Consumed(n) => {
                     assert!(n > 0 && n <= input.len(), "executor consumed {n} of {} bytes", input.len());
@@ -94,6 +96,12 @@ impl Harness {
             }
         }
         self.pending.drain(..start);
-        out
+        // Values sent by reference go out where the network loop's writev puts them.
+        let mut spliced = Vec::with_capacity(out.len() + self.conn.shared.pinned_bytes());
+        let mut at = 0;
+        match crate::outq::write_pending(&mut spliced, &out, &mut at, &mut self.conn.shared, |_| ()) {
+            Ok(true) => spliced,
+            _ => unreachable!("a Vec takes every write"),
+        }
     }
 }

@@ -18,6 +18,7 @@ pub mod memcache_binary;
 pub mod memcache_meta;
 pub mod memcache_text;
 pub mod net;
+pub mod outq;
 pub mod stats;
 pub mod stats_prefix;
 pub mod tenants;

@@ -222,20 +222,19 @@ fn get_reply(
     let found = store.get(key, opts, |o| match o.item {
         Some(item) => {
             // Charge the connection-buffer budget before copying the value out.
-            if !ctx.reserve_reply(out, binary::HEADER_BYTES + 4 + key.len() + item.value.len()) {
+            // A large value is sent by reference instead: not copied, not charged.
+            let share = ctx.shares_value(item.value.len());
+            let copied = if share { 0 } else { item.value.len() };
+            if !ctx.reserve_reply(out, binary::HEADER_BYTES + 4 + key.len() + copied) {
                 return None;
             }
             let reply_key = if with_key { key } else { &[][..] };
-            binary::compose_response(
-                out,
-                h.opcode,
-                status::NO_ERROR,
-                h.opaque,
-                item.cas,
-                &item.flags.to_be_bytes(),
-                reply_key,
-                item.value,
-            );
+            let extras = item.flags.to_be_bytes();
+            let body_bytes = extras.len() + reply_key.len() + item.value.len();
+            binary::compose_header(out, h.opcode, status::NO_ERROR, h.opaque, item.cas, extras.len() as u8, reply_key.len() as u16, body_bytes as u32);
+            out.extend_from_slice(&extras);
+            out.extend_from_slice(reply_key);
+            ctx.put_value(out, share, item.data, item.value);
             Some(true)
         }
         None => Some(false),
@@ -481,6 +480,33 @@ mod tests {
     /// The CAS field of the response starting at `at`.
     fn cas_at(out: &[u8], at: usize) -> u64 {
         u64::from_be_bytes(out[at + 16..at + 24].try_into().unwrap())
+    }
+
+    /// A large value goes out by reference (not through `out`), in the same bytes: the reply
+    /// buffer holds the headers and keys only, and the spliced stream equals the copied one.
+    #[test]
+    fn large_values_go_out_by_reference_in_the_same_bytes() {
+        let mut r = Rig::new();
+        let value: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let (out, _) = r.run(&set(opcode::SET, b"big", &value, 7, 0, 1));
+        let cas = cas_at(&out, 0);
+        let mut input = req(opcode::GETKQ, b"big", b"", b"", 0, 2);
+        input.extend_from_slice(&req(opcode::GET, b"big", b"", b"", 0, 3));
+        input.extend_from_slice(&req(opcode::NOOP, b"", b"", b"", 0, 4));
+        let (out, _) = r.run(&input);
+        assert!(out.len() < 200, "values were copied: {} bytes", out.len());
+        assert_eq!(r.conn.shared.pinned_bytes(), 200_000);
+        let mut spliced = Vec::new();
+        let mut start = 0;
+        assert!(crate::outq::write_pending(&mut spliced, &out, &mut start, &mut r.conn.shared, |_| ()).unwrap());
+        let flags = 7u32.to_be_bytes();
+        let want = [
+            resp(opcode::GETKQ, 0, 2, cas, &flags, b"big", &value),
+            resp(opcode::GET, 0, 3, cas, &flags, b"", &value),
+            resp(opcode::NOOP, 0, 4, 0, b"", b"", b""),
+        ]
+        .concat();
+        assert!(spliced == want, "spliced reply differs from the copied one");
     }
 
     #[test]

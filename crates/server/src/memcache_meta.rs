@@ -101,7 +101,10 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         Some(item) => {
             // Charge the connection-buffer budget before copying the value out (the flags a
             // reply can carry take well under META_HEADER_BYTES_MAX).
-            if f.has(b'v') && !ctx.reserve_reply(out, META_HEADER_BYTES_MAX + item.key.len() + item.value.len()) {
+            // A large value is sent by reference instead: not copied, not charged.
+            let share = f.has(b'v') && ctx.shares_value(item.value.len());
+            let copied = if f.has(b'v') && !share { item.value.len() } else { 0 };
+            if !ctx.reserve_reply(out, META_HEADER_BYTES_MAX + item.key.len() + copied) {
                 return None;
             }
             // The store does not say "created"; a fresh vivified item is the only kind that
@@ -123,7 +126,11 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 win_token_sent: outcome.win_token_sent,
                 key_binary: item.key_binary,
             };
-            meta::compose_get_hit(out, req, &hit);
+            meta::compose_get_hit_line(out, req, &hit);
+            if f.has(b'v') {
+                ctx.put_value(out, share, item.data, item.value);
+                out.extend_from_slice(b"\r\n");
+            }
             Some(true)
         }
         None => Some(false),
@@ -324,10 +331,10 @@ fn meta_arith(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     }
     // memcached checks the opaque length while composing, after the arithmetic happened.
     if f.opaque_too_long {
-        out.truncate(start);
+        ctx.truncate_reply(out, start);
         meta::compose_error_line(out, OPAQUE_TOO_LONG);
     } else if hide {
-        out.truncate(start);
+        ctx.truncate_reply(out, start);
     }
 }
 

@@ -20,7 +20,7 @@ use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
 use crate::stats_prefix;
 use slipstream_proto::text::{
-    self, compose_end, compose_number, compose_stat, compose_stat_u64, compose_value, Keys, Limits,
+    self, compose_end, compose_number, compose_stat, compose_stat_u64, compose_value_line, Keys, Limits,
     Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind, KEY_BYTES_MAX,
 };
 use slipstream_proto::Parsed;
@@ -29,11 +29,12 @@ use slipstream_store::{
 };
 
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
-/// Most reply bytes one get/gets/gat/gats request may produce. memcached streams item memory
-/// straight to the socket; we copy values into the reply buffer, so an unbounded multi-get
-/// (1 MiB of keys naming 1 MB items) would be unbounded memory. Past this bound the request is
-/// answered with memcached's own line for a get response it cannot allocate. (Each copy is also
-/// charged to the connection-buffer budget first, which usually refuses sooner.)
+/// Most reply bytes one get/gets/gat/gats request may produce, values sent by reference
+/// included. memcached streams item memory straight to the socket; we copy small values into
+/// the reply buffer and queue large ones by reference (`outq`), so an unbounded multi-get (1 MiB
+/// of keys naming 1 MB items) would be unbounded memory or pinning. Past this bound the request
+/// is answered with memcached's own line for a get response it cannot allocate. (Each copy is
+/// also charged to the connection-buffer budget first, which usually refuses sooner.)
 pub const GET_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// memcached's line for a get response it cannot allocate: past `GET_REPLY_BYTES_MAX`, or when
 /// the connection-buffer budget (`bufbudget`) refuses the copy of a value.
@@ -74,7 +75,7 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
             match error.kind {
                 TextErrorKind::Close => {
                     // memcached closes without writing the replies it still holds.
-                    out.clear();
+                    ctx.truncate_reply(out, 0);
                     ctx.conn.udp_marks.clear();
                     return Step::Close;
                 }
@@ -260,7 +261,7 @@ fn run(
                 // memcached closes without a reply and without writing the replies it still
                 // holds; `shutdown graceful` differs only in how the server drains, which the
                 // loop decides.
-                out.clear();
+                ctx.truncate_reply(out, 0);
                 ctx.conn.udp_marks.clear();
                 return Step::Shutdown;
             }
@@ -298,9 +299,11 @@ fn get(
     let stats = ctx.stats;
     let udp = ctx.conn.transport == crate::exec::Transport::Udp;
     let reply_start = out.len();
+    // Values sent by reference count toward the request's reply bytes too.
+    let pinned_start = ctx.conn.shared.pinned_bytes();
     for key in keys {
-        if out.len() - reply_start > GET_REPLY_BYTES_MAX {
-            out.truncate(reply_start);
+        if out.len() - reply_start + (ctx.conn.shared.pinned_bytes() - pinned_start) > GET_REPLY_BYTES_MAX {
+            ctx.truncate_reply(out, reply_start);
             ctx.conn.udp_marks.retain(|&m| m <= reply_start);
             out.extend_from_slice(GET_REPLY_OOM);
             return;
@@ -312,7 +315,7 @@ fn get(
         if key.len() > KEY_BYTES_MAX {
             // memcached 1.6.18 culls every reply not yet written to the socket — this
             // request's VALUEs and those of earlier requests in the same read batch.
-            out.clear();
+            ctx.truncate_reply(out, 0);
             ctx.conn.udp_marks.clear();
             out.extend_from_slice(BAD_FORMAT);
             return;
@@ -320,23 +323,22 @@ fn get(
         let store = ctx.store;
         let found = store.get(key, opts, |o| match o.item {
             Some(item) => {
-                // Charge the connection-buffer budget before copying the value out.
-                if !ctx.reserve_reply(out, VALUE_LINE_BYTES_MAX + key.len() + item.value.len()) {
+                // Charge the connection-buffer budget before copying the value out (a large
+                // value is sent by reference instead: not copied, not charged).
+                let share = ctx.shares_value(item.value.len());
+                let copied = if share { 0 } else { item.value.len() };
+                if !ctx.reserve_reply(out, VALUE_LINE_BYTES_MAX + key.len() + copied) {
                     return None;
                 }
-                compose_value(
-                    out,
-                    key,
-                    item.flags,
-                    item.value,
-                    with_cas.then_some(item.cas),
-                );
+                compose_value_line(out, key, item.flags, item.value.len(), with_cas.then_some(item.cas));
+                ctx.put_value(out, share, item.data, item.value);
+                out.extend_from_slice(b"\r\n");
                 Some(true)
             }
             None => Some(false),
         });
         let Some(hit) = found else {
-            out.truncate(reply_start);
+            ctx.truncate_reply(out, reply_start);
             ctx.conn.udp_marks.retain(|&m| m <= reply_start);
             out.extend_from_slice(GET_REPLY_OOM);
             return;
@@ -735,6 +737,46 @@ mod tests {
         assert_eq!(out.len(), 3 * (b"VALUE big 0 1000000\r\n".len() + 1_000_002) + 5);
     }
 
+    /// Text and meta gets of a large value (sent by reference) read the same as copies, and a
+    /// value replaced while its reply is queued goes out as it was when the get ran.
+    #[test]
+    fn large_values_by_reference_read_like_copies() {
+        let mut h = h();
+        let value: Vec<u8> = (0..50_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let set = [&b"set big 5 0 50000\r\n"[..], &value, b"\r\n"].concat();
+        check(&mut h, &set, b"STORED\r\n");
+        let out = h.feed(b"get big\r\nmg big s v f\r\nmg big s\r\n");
+        let want = [
+            &b"VALUE big 5 50000\r\n"[..],
+            &value,
+            b"\r\nEND\r\nVA 50000 s50000 f5\r\n",
+            &value,
+            b"\r\nHD s50000\r\n",
+        ]
+        .concat();
+        assert!(out == want, "reply differs from the copied form");
+        // Queue a get, then replace the value in place-sized form before the reply is written.
+        let mut ctx = crate::exec::Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
+        let mut out = Vec::new();
+        assert!(matches!(super::execute(&mut ctx, b"get big\r\n", &mut out), crate::exec::Step::Consumed(_)));
+        let other = vec![b'z'; 50_000];
+        let set2 = [&b"set big 5 0 50000\r\n"[..], &other, b"\r\n"].concat();
+        assert!(matches!(super::execute(&mut ctx, &set2, &mut out), crate::exec::Step::Consumed(_)));
+        assert!(matches!(super::execute(&mut ctx, b"get big\r\n", &mut out), crate::exec::Step::Consumed(_)));
+        let mut spliced = Vec::new();
+        let mut start = 0;
+        assert!(crate::outq::write_pending(&mut spliced, &out, &mut start, &mut h.conn.shared, |_| ()).unwrap());
+        let want = [
+            &b"VALUE big 5 50000\r\n"[..],
+            &value,
+            b"\r\nEND\r\nSTORED\r\nVALUE big 5 50000\r\n",
+            &other,
+            b"\r\nEND\r\n",
+        ]
+        .concat();
+        assert!(spliced == want, "a queued value changed under its reply");
+    }
+
     #[test]
     fn get_replies_are_charged_to_the_connection_buffer_budget() {
         use crate::bufbudget::{BufBudget, REPLY_BYTES_FREE};
@@ -742,18 +784,25 @@ mod tests {
         let mut h = h();
         let budget = Arc::new(BufBudget::new(300_000));
         h.settings.conn_buf = budget.clone();
-        let value = vec![b'v'; 100_000];
-        let mut set = b"set v 0 0 100000\r\n".to_vec();
-        set.extend_from_slice(&value);
+        // Large values go out by reference: served however many, never charged.
+        let mut set = b"set big 0 0 100000\r\n".to_vec();
+        set.extend_from_slice(&[b'b'; 100_000]);
+        set.extend_from_slice(b"\r\nset v 0 0 10000\r\n");
+        set.extend_from_slice(&[b'v'; 10_000]);
         set.extend_from_slice(b"\r\n");
-        check(&mut h, &set, b"STORED\r\n");
-        // Within the free part plus the budget: served, and charged.
-        let out = h.feed(b"get v v\r\n");
-        assert_eq!(out.len(), 2 * (b"VALUE v 0 100000\r\n".len() + 100_002) + 5);
+        check(&mut h, &set, b"STORED\r\nSTORED\r\n");
+        let out = h.feed(b"get big big big big big\r\n");
+        let one = [&b"VALUE big 0 100000\r\n"[..], &[b'b'; 100_000], b"\r\n"].concat();
+        assert_eq!(out, [one.repeat(5), b"END\r\n".to_vec()].concat());
+        assert_eq!(budget.used_bytes(), 0);
+        // Small values are copied: within the free part plus the budget, served and charged.
+        let out = h.feed(b"get v v v v v v v v v v\r\n");
+        assert_eq!(out.len(), 10 * (b"VALUE v 0 10000\r\n".len() + 10_002) + 5);
         assert!(budget.used_bytes() > 0 && budget.used_bytes() <= 300_000);
         // Beyond it: memcached's line for a get response it cannot allocate. (The harness never
         // flushes, so the charge of the first reply is still held.)
-        check(&mut h, b"get v v v v v\r\n", b"SERVER_ERROR out of memory writing get response\r\n");
+        let get40 = [&b"get"[..], &b" v".repeat(40), b"\r\n"].concat();
+        check(&mut h, &get40, b"SERVER_ERROR out of memory writing get response\r\n");
         assert!(budget.refused() > 0);
         // Small replies never touch the budget.
         let used = budget.used_bytes();

@@ -20,6 +20,7 @@
 //! shaping arithmetic (slipstream-tenancy).
 
 use crate::bufbudget::REPLY_BYTES_FREE;
+use crate::outq::{self, SHARE_VALUE_BYTES_MIN};
 use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
 use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
 use crate::bind::bind_all;
@@ -1138,9 +1139,13 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
     };
     let (requests_max, reply_bytes_max) = limits.unwrap_or((u32::MAX, u64::MAX));
     let start_len = conn.wbuf.len();
+    // Values sent by reference are reply bytes too (the shaper counts them); the queue only
+    // grows while the batch runs.
+    let start_pinned = ctx.conn.shared.pinned_bytes();
     let mut end = BatchEnd::default();
     loop {
         if conn.wbuf.len() - conn.wstart >= WRITE_BUF_BYTES_HIGH
+            || !ctx.conn.shared.has_room(SHARE_VALUE_BYTES_MIN)
             || !env.settings.conn_buf.charge_reply(&mut ctx.conn.reply_charged_bytes, conn.wbuf.capacity())
         {
             // Too much waiting for the socket, or replies that grew the buffer (a get charges
@@ -1153,7 +1158,8 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
         if input.is_empty() {
             break;
         }
-        if end.requests >= requests_max || conn.wbuf.len().saturating_sub(start_len) as u64 >= reply_bytes_max {
+        let reply_bytes = conn.wbuf.len().saturating_sub(start_len) + ctx.conn.shared.pinned_bytes().saturating_sub(start_pinned);
+        if end.requests >= requests_max || reply_bytes as u64 >= reply_bytes_max {
             end.limited = true;
             break;
         }
@@ -1164,6 +1170,8 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut conn.wbuf),
             _ => memcache_text::execute(&mut ctx, input, &mut conn.wbuf),
         };
+        // Replies an executor discarded take the values they sent by reference with them.
+        ctx.conn.shared.discard_after(conn.wbuf.len());
         match step {
             Step::Consumed(n) => {
                 // An executor that claims more than it was given is a bug; close rather than
@@ -1183,7 +1191,9 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
                 if full && std::mem::take(&mut conn.grow_refused) {
                     conn.needs_grow = false;
                     // The budget would not let the buffer grow for this request.
-                    match memcache_text::refuse_unbufferable(&mut ctx, input, &mut conn.wbuf) {
+                    let refused = memcache_text::refuse_unbufferable(&mut ctx, input, &mut conn.wbuf);
+                    ctx.conn.shared.discard_after(conn.wbuf.len());
+                    match refused {
                         Step::Consumed(n) if n <= input.len() => {
                             conn.rstart += n;
                             continue;
@@ -1207,7 +1217,7 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             }
         }
     }
-    end.reply_bytes = conn.wbuf.len().saturating_sub(start_len) as u64;
+    end.reply_bytes = (conn.wbuf.len().saturating_sub(start_len) + conn.state.shared.pinned_bytes().saturating_sub(start_pinned)) as u64;
     if conn.rstart == conn.rend {
         conn.rstart = 0;
         conn.rend = 0;
@@ -1234,18 +1244,12 @@ fn long_get_line(conn: &Conn) -> bool {
 /// Write pending replies. Ok(true) = all written (then the buffer is back within its free
 /// size and its budget charge is given back).
 fn flush(conn: &mut Conn, stats: &ThreadStats, settings: &Settings) -> io::Result<bool> {
-    while conn.wstart < conn.wbuf.len() {
-        match conn.stream.write(&conn.wbuf[conn.wstart..]) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => {
-                conn.wstart += n;
-                ThreadStats::add(&stats.bytes_written, n as u64);
-                ThreadStats::incr(&stats.writes);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
+    let done = outq::write_pending(&mut conn.stream, &conn.wbuf, &mut conn.wstart, &mut conn.state.shared, |n| {
+        ThreadStats::add(&stats.bytes_written, n as u64);
+        ThreadStats::incr(&stats.writes);
+    })?;
+    if !done {
+        return Ok(false);
     }
     conn.wbuf.clear();
     conn.wstart = 0;

@@ -83,6 +83,22 @@ use std::time::Instant;
 pub const KEY_BYTES_MAX: usize = 250;
 /// memcached's REALTIME_MAXDELTA: exptimes above this many seconds are absolute Unix times.
 pub const REALTIME_MAXDELTA_S: i64 = 60 * 60 * 24 * 30;
+/// One item allocation holding `parts` back to back (key, then value). Built from an
+/// exact-length iterator, so the `Arc` is allocated once (zeroed, then filled: this crate has
+/// no unsafe code to skip the zeroing).
+fn item_data(parts: &[&[u8]]) -> Arc<[u8]> {
+    let len = parts.iter().map(|p| p.len()).sum();
+    let mut data: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
+    if let Some(dst) = Arc::get_mut(&mut data) {
+        let mut at = 0;
+        for p in parts {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+    }
+    data
+}
+
 /// Bytes charged per item on top of key and value (hash slot, LRU links, metadata). Documented
 /// in README so that "memory never exceeds the limit plus a documented overhead" is checkable.
 pub const ITEM_OVERHEAD_BYTES: usize = 64;
@@ -221,6 +237,10 @@ pub struct GetOpts {
 pub struct ItemRef<'a> {
     pub key: &'a [u8],
     pub value: &'a [u8],
+    /// The item's whole allocation (key, then value: `value` is its last `value.len()` bytes).
+    /// A reply may keep a clone to send a large value without copying it; the item's memory
+    /// then stays alive, after a replacement or eviction too, until the clone is dropped.
+    pub data: &'a Arc<[u8]>,
     pub flags: u32,
     pub cas: u64,
     /// Seconds until expiry; -1 = never expires (what `mg t` prints).
@@ -618,7 +638,7 @@ impl Store {
         &self,
         si: usize,
         sh: &mut Shard,
-        data: Box<[u8]>,
+        data: Arc<[u8]>,
         key_len: usize,
         tag: u32,
         flags: u32,
@@ -685,8 +705,9 @@ impl Store {
         }
         if let Some(i) = existing {
             let e = &mut sh.entries[i as usize];
-            if e.data.len() == key.len() + value.len() {
-                e.data[key.len()..].copy_from_slice(value);
+            // In place only while no reply holds the old value (see `Entry::data`).
+            if let Some(d) = Arc::get_mut(&mut e.data).filter(|d| d.len() == key.len() + value.len()) {
+                d[key.len()..].copy_from_slice(value);
                 e.cas = cas;
                 e.flags = flags;
                 e.exptime = exptime;
@@ -699,10 +720,7 @@ impl Store {
             }
             sh.remove(i, used);
         }
-        let mut data = Vec::with_capacity(key.len() + value.len());
-        data.extend_from_slice(key);
-        data.extend_from_slice(value);
-        match self.insert_new(si, sh, data.into_boxed_slice(), key.len(), tag, flags, exptime, cas, bits, t) {
+        match self.insert_new(si, sh, item_data(&[key, value]), key.len(), tag, flags, exptime, cas, bits, t) {
             Some(_) => StoreResult::Stored(cas),
             None => StoreResult::NoMemory,
         }
@@ -729,7 +747,7 @@ impl Store {
                 }
                 let exp = self.realtime(viv, t.now);
                 let cas = self.next_cas();
-                match self.insert_new(si, sh, Box::from(key), key.len(), tag, 0, exp, cas, 0, &t) {
+                match self.insert_new(si, sh, item_data(&[key]), key.len(), tag, 0, exp, cas, 0, &t) {
                     Some(i) => (i, true),
                     None => return f(miss()),
                 }
@@ -780,6 +798,7 @@ impl Store {
         let item = ItemRef {
             key: e.key(),
             value: e.value(),
+            data: &e.data,
             flags: e.flags,
             cas: e.cas,
             ttl_remaining_s: ttl_remaining(e.exptime, t.now),
@@ -913,21 +932,16 @@ impl Store {
                 if !self.fits_limits(key.len(), new_len, old_flags) {
                     return StoreResult::NotStored;
                 }
-                let mut data = Vec::with_capacity(key.len() + new_len);
-                data.extend_from_slice(key);
-                {
+                let data = {
                     let old = sh.entries[idx as usize].value();
                     if mode == SetMode::Append {
-                        data.extend_from_slice(old);
-                        data.extend_from_slice(value);
+                        item_data(&[key, old, value])
                     } else {
-                        data.extend_from_slice(value);
-                        data.extend_from_slice(old);
+                        item_data(&[key, value, old])
                     }
-                }
+                };
                 let cas = self.new_item_cas(opts.explicit_cas);
                 sh.remove(idx, &self.used_bytes.0);
-                let data = data.into_boxed_slice();
                 match self.insert_new(si, sh, data, key.len(), tag, old_flags, old_exptime, cas, old_key_bit, &t) {
                     Some(_) => StoreResult::Stored(cas),
                     None => StoreResult::NoMemory,
@@ -1012,10 +1026,7 @@ impl Store {
             // As in get, T (when given) wins over N for the new item.
             let exp = self.realtime(opts.touch_exptime.unwrap_or(viv), t.now);
             let cas = self.next_cas();
-            let mut data = Vec::with_capacity(key.len() + digits.len());
-            data.extend_from_slice(key);
-            data.extend_from_slice(digits);
-            return match self.insert_new(si, sh, data.into_boxed_slice(), key.len(), tag, 0, exp, cas, 0, &t) {
+            return match self.insert_new(si, sh, item_data(&[key, digits]), key.len(), tag, 0, exp, cas, 0, &t) {
                 Some(_) => ArithResult::Ok { value: initial, cas, ttl_remaining_s: ttl_remaining(exp, t.now) },
                 None => ArithResult::NoMemory,
             };
@@ -1039,20 +1050,23 @@ impl Store {
             sh.kernel_invalidate(idx);
             let e = &mut sh.entries[idx as usize];
             let kl = e.key_len as usize;
-            let (num, pad) = e.data[kl..].split_at_mut(digits.len());
-            num.copy_from_slice(digits);
-            pad.fill(b' ');
+            if Arc::get_mut(&mut e.data).is_none() {
+                // A queued reply holds the old value: write a fresh copy of the same size.
+                e.data = item_data(&[&e.data[..]]);
+            }
+            if let Some(d) = Arc::get_mut(&mut e.data) {
+                let (num, pad) = d[kl..].split_at_mut(digits.len());
+                num.copy_from_slice(digits);
+                pad.fill(b' ');
+            }
             e.cas = cas;
             e.atime = t.now;
             sh.lru_touch(idx, self.lru.tick());
             idx
         } else {
             let (flags, exptime) = (e.flags, e.exptime);
-            let mut data = Vec::with_capacity(key.len() + digits.len());
-            data.extend_from_slice(key);
-            data.extend_from_slice(digits);
             sh.remove(idx, &self.used_bytes.0);
-            match self.insert_new(si, sh, data.into_boxed_slice(), key.len(), tag, flags, exptime, cas, 0, &t) {
+            match self.insert_new(si, sh, item_data(&[key, digits]), key.len(), tag, flags, exptime, cas, 0, &t) {
                 Some(i) => i,
                 None => return ArithResult::NoMemory,
             }

@@ -95,8 +95,11 @@ impl LruBoard {
 
 #[repr(align(64))] // one cache line per entry: a lookup touches exactly one line here
 pub(crate) struct Entry {
-    /// Key bytes followed by value bytes: one allocation per item.
-    pub(crate) data: Box<[u8]>,
+    /// Key bytes followed by value bytes: one allocation per item, reference-counted so a
+    /// reply can send a large value without copying it (`ItemRef::data`). Only the store holds
+    /// it except while such a reply is queued; a replaced or evicted item's memory then lives
+    /// on until that reply is written (the server bounds how much a connection may pin).
+    pub(crate) data: Arc<[u8]>,
     pub(crate) cas: u64,
     /// Low 32 hash bits, kept so the index slot can be found on removal.
     pub(crate) tag: u32,
@@ -358,7 +361,7 @@ impl Shard {
         let e = &mut self.entries[idx as usize];
         let charge = e.charge();
         let tag = e.tag;
-        e.data = Box::default();
+        e.data = Arc::default();
         e.next = free_head;
         e.prev = NIL;
         e.bits = 0;
