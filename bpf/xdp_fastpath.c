@@ -87,6 +87,16 @@ struct {
 	__type(value, struct ss_scratch);
 } ss_scratch SEC(".maps");
 
+/* Word-at-a-time byte tests, shared by the KV tokenizer and the stream engine's. */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Nonzero iff some byte of x is zero. */
+static __always_inline __u64 has_zero_byte(__u64 x)
+{
+	return (x - ONES) & ~x & HIGHS;
+}
+
 #include "xdp_stream.h"
 
 /* Tokens a request may have: command + SS_KEYS_MAX keys (mg: command, key, <= 2 flags). */
@@ -153,15 +163,6 @@ static __always_inline void close_token(struct tok_ctx *t, __u32 end)
 	t->tlen[idx] = (__u16)(end - t->start);
 	t->ntok += 1;
 	t->in_tok = 0;
-}
-
-#define ONES 0x0101010101010101ULL
-#define HIGHS 0x8080808080808080ULL
-
-/* Nonzero iff some byte of x is zero. */
-static __always_inline __u64 has_zero_byte(__u64 x)
-{
-	return (x - ONES) & ~x & HIGHS;
 }
 
 /* Nonzero iff some byte of x is ' ' (memcached's token separator) or '\n' (a second line). */
