@@ -16,6 +16,8 @@ have settled; the script subtracts the two. Appends one JSON line to out=FILE:
   bpf         XDP programs: id -> {name, run_time_ns, run_cnt} (bpftool prog show; needs
               kernel.bpf_stats_enabled=1 for non-zero run times)
   metrics     slipstream_stream_* counters from the daemon's admin /metrics (metrics=HOST:PORT)
+  jvm_threads the JVM's threads (pid named jvm): thread name with digits dropped -> summed
+              utime+stime jiffies (where a JVM's CPU goes: JIT, GC, Spark's own threads)
   links       NS:DEV -> {rx_dropped, tx_dropped, rx_packets} of a (namespaced) link (link=NS:DEV):
               a veth whose peer's receive ring is full drops the frame and counts it here
 
@@ -96,6 +98,24 @@ def metrics(addr):
     return out
 
 
+def task_groups(pid):
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                s = f.read()
+        except OSError:
+            continue
+        comm = "".join(c for c in s[s.index("(") + 1:s.rindex(")")] if not c.isdigit()).strip(" -_#")
+        f = s[s.rindex(")") + 2:].split()
+        out[comm] = out.get(comm, 0) + int(f[11]) + int(f[12])
+    return out
+
+
 def link_stats(spec):
     ns, _, dev = spec.partition(":")
     try:
@@ -125,7 +145,8 @@ def main(argv):
             "threads": thread_times(prefixes),
             "bpf": bpf_progs() if a.get("bpf", "1") != "0" else {},
             "metrics": metrics(a["metrics"]) if a.get("metrics") else {},
-            "links": {l: link_stats(l) for l in links}}
+            "links": {l: link_stats(l) for l in links},
+            "jvm_threads": task_groups(pids["jvm"]) if "jvm" in pids else {}}
     with open(a["out"], "a") as f:
         f.write(json.dumps(snap) + "\n")
 

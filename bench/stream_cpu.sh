@@ -41,6 +41,9 @@
 # job windowed every value sent / the daemon's records counter grew by every value sent, no
 # socket drops, the step alerted and nothing alerted before it.
 # RUNS runs per setup (the first is a warm-up for the JVM's JIT; the last one is reported).
+# After the first run, one window of STEP_S seconds with no input measures each setup's idle
+# cost (Spark's batches and timers, the daemon's ticks); the report shows it and the cost per
+# million records above idle ("marginal"), so fixed and per-record costs can be told apart.
 #
 # Output: RESULTS_DIR (default bench/results/stream-cpu-<UTC timestamp>/): samples/*.jsonl (raw
 # snapshots), driver.jsonl (the driver's lines), cpu.json and summary.md (table, ratios).
@@ -189,7 +192,7 @@ run_java() { # SETUP PART MODE ARGS...: the driver in the server namespace, one 
     local out="$RESULTS_DIR/samples/$part-$setup.jsonl"
     : >"$out"
     SKIP_COMPILE=1 SPARK_JAVA_OPTS="-Xmx4g" ip netns exec "$SRV" connectors/spark/bin/run-java.sh \
-        io.slipstream.spark.bench.SparkBench "$mode" "$@" bin="$BIN" send_host="$V4S" \
+        io.slipstream.spark.bench.SparkBench "$mode" "$@" bin="$BIN" send_host="$V4S" idle_s="$STEP_S" \
         "send_prefix=ip netns exec $CLI taskset -c $GEN_CPU" setup="$setup" \
         "sample_cmd=${SAMPLER[*]} out=$out $dpid $metrics" \
         >"$TMP/java.out" 2>"$TMP/java.err" &

@@ -12,7 +12,7 @@ import os
 import sys
 
 HZ = 100.0  # USER_HZ: /proc jiffies
-BUSY = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
+BUSY = (0, 1, 2, 5, 6)  # user nice system irq softirq (not steal: the hypervisor's)
 SOFTIRQ = 6
 SETUP_ORDER = ["plain-spark", "slipstream-user-spark", "slipstream-xdp-spark"]
 SETUP_NAMES = {"plain-spark": "plain Spark (raw UDP receiver)",
@@ -85,6 +85,8 @@ def window(a, b, idle, rx_cpu, gen_s):
         "gen_s": gen_s,
     }
     r["xdp_s"] = sum(p["run_time_s"] for p in r["xdp"].values())
+    ja, jb = a.get("jvm_threads", {}), b.get("jvm_threads", {})
+    r["jvm_threads_s"] = dict(sorted(((k, (jb[k] - ja.get(k, 0)) / HZ) for k in jb), key=lambda kv: -kv[1]))
     # ksoftirqd's time is softirq work, already in the softirq column (tick accounting): shown only.
     r["host_s"] = r["daemon_s"] + r["jvm_s"] + r["napi_s"] + r["softirq_net_s"]
     r["machine_s"] = sum(busy.values()) - gen_s - busy_idle
@@ -138,6 +140,14 @@ def main():
                   "machine_s_per_m": w["machine_s"] / (records / 1e6) if records else None,
                   "gen_s_per_m": w["gen_s"] / (records / 1e6) if records else None,
                   "driver": r})
+        ia, ib = s.get("idle-begin"), s.get("idle-end")
+        if ia and ib:
+            iw = window(ia, ib, idle, rx_cpu, 0.0)
+            w["idle_host_per_s"] = iw["host_s"] / iw["window_s"]
+            w["idle_jvm_per_s"] = iw["jvm_s"] / iw["window_s"]
+            w["idle_daemon_per_s"] = iw["daemon_s"] / iw["window_s"]
+            marginal = w["host_s"] - w["idle_host_per_s"] * w["window_s"]
+            w["marginal_host_s_per_m"] = marginal / (records / 1e6) if records else None
         rows.append(w)
     # The reported run per (part, setup): the last one (earlier runs warm the JVM up).
     last = {}
@@ -169,11 +179,24 @@ def main():
                 w["host_s"], w["host_s_per_m"],
                 ("%.1fx less" % ratio) if ratio else "", w["machine_s_per_m"], w["gen_s_per_m"]))
         md.append("")
+        md += ["| setup | idle host CPU (cores) | of it JVM / daemon | marginal host CPU-s per 1M (above idle) | vs plain |",
+               "|---|---:|---:|---:|---:|"]
+        for w in sel:
+            if "idle_host_per_s" not in w:
+                continue
+            r = (base.get("marginal_host_s_per_m") / w["marginal_host_s_per_m"]
+                 if base and base.get("marginal_host_s_per_m") and w["marginal_host_s_per_m"] else None)
+            md.append("| %s | %.3f | %.3f / %.3f | %.3f | %s |" % (
+                SETUP_NAMES.get(w["setup"], w["setup"]), w["idle_host_per_s"], w["idle_jvm_per_s"],
+                w["idle_daemon_per_s"], w["marginal_host_s_per_m"], ("%.1fx less" % r) if r else ""))
+        md.append("")
         for w in sel:
             progs = ", ".join("%s %.0f ns × %d" % (k, v["ns_per_run"], v["run_cnt"]) for k, v in w["xdp"].items())
-            md.append("- %s: XDP %s; veth drops %d; socket drops %s; daemon records %s; xdp datagrams / passed %s / %s" % (
+            top = ", ".join("%s %.2f" % (k, v) for k, v in list(w["jvm_threads_s"].items())[:6] if v > 0)
+            md.append("- %s: XDP %s; veth drops %d; socket drops %s; daemon records %s; xdp datagrams / passed %s / %s; "
+                      "generator %.2f CPU-s; JVM threads (CPU-s): %s" % (
                 w["setup"], progs or "none", w["link_drops"], w["socket_drops"], w["daemon_records"],
-                w["xdp_datagrams"], w["xdp_passed"]))
+                w["xdp_datagrams"], w["xdp_passed"], w["gen_s"], top))
         md.append("")
     with open(os.path.join(d, "summary.md"), "w") as f:
         f.write("\n".join(md) + "\n")

@@ -13,7 +13,8 @@
 //   daemon_pid=PID (its CPU is added), rate=5000 (cp datagrams/s), window_ms=10, n=4,
 //   threshold=5, pre_ms, post_ms, warmup_trials=0 (cp: trials run first and not counted),
 //   trigger_ms (wc-slip: micro-batch trigger, 100; cp-spark trigger=micro: 0 = as fast as possible),
-//   stop_on_inexact=true (word count: stop stepping at the first inexact rate),
+//   stop_on_inexact=true (word count: stop stepping at the first inexact rate), idle_s=0 (a
+//   window of that many seconds with no input after the first run, sampled as idle-begin/-end),
 //   sample_cmd="CMD ARGS" (run with label=RUN-begin|RUN-end and jvm=PID at the edges of each
 //   measured window, bench/stream_cpu.sh's CPU sampler), measure=rate (cp-plain / cp-spark: a
 //   steady stream at `rate` datagrams/s of `values` values each for step_s seconds with one
@@ -303,6 +304,7 @@ public final class SparkBench {
                 m.put("gen_cpu_s", lastSendCpuS);
                 m.put("run", run++);
                 emit(m);
+                idleWindow(run);
                 if (!exact && !s("stop_on_inexact", "true").equals("false")) {
                     break;
                 }
@@ -534,7 +536,23 @@ public final class SparkBench {
             m.put("send_elapsed_s", sum.path("elapsed_s").asDouble());
             m.put("gen_cpu_s", lastSendCpuS);
             emit(m);
+            idleWindow(run + 1);
         }
+    }
+
+    /**
+     * idle_s=N: after the first run, one window of N seconds with no input between two samples
+     * (labels idle-begin / idle-end): the setup's cost when nothing arrives (Spark's batches,
+     * timers, the daemon's ticks).
+     */
+    private void idleWindow(int runsDone) throws IOException, InterruptedException {
+        long idleS = l("idle_s", 0);
+        if (idleS <= 0 || runsDone != 1) {
+            return;
+        }
+        sample("idle-begin");
+        Thread.sleep(idleS * 1000);
+        sample("idle-end");
     }
 
     private void cpTrials(String setup, long preMs, long waitMs) throws Exception {
