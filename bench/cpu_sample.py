@@ -12,7 +12,8 @@ have settled; the script subtracts the two. Appends one JSON line to out=FILE:
               (/proc/PID/stat covers all threads of the process; cutime/cstime are reaped
               children: the JVM's generator processes)
   threads     comm prefix -> summed utime+stime jiffies of every task whose comm starts with it
-              (napi/DEV- = the threaded-NAPI receive kthread(s), ksoftirqd/)
+              (napi/DEV- = the threaded-NAPI receive kthread(s), ksoftirqd/); PREFIX#wakeups:
+              their voluntary context switches (how often the receive thread went to sleep)
   bpf         XDP programs: id -> {name, run_time_ns, run_cnt} (bpftool prog show; needs
               kernel.bpf_stats_enabled=1 for non-zero run times)
   metrics     slipstream_stream_* counters from the daemon's admin /metrics (metrics=HOST:PORT)
@@ -69,7 +70,19 @@ def thread_times(prefixes):
             if comm.startswith(p):
                 f = s[s.rindex(")") + 2:].split()
                 sums[p] += int(f[11]) + int(f[12])
+                sums[p + "#wakeups"] = sums.get(p + "#wakeups", 0) + voluntary_switches(d)
     return sums
+
+
+def voluntary_switches(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def bpf_progs():

@@ -53,7 +53,9 @@
 #   datagrams/s of CP_VALUES [16] values; STEP_S [10] seconds per run; RUNS [2]; IDLE_S [10];
 #   WC_WINDOW_MS [1000] (the daemon's word-count window) and SLIP_TRIGGER_MS [1000] (the
 #   Slipstream setups' micro-batch trigger): 1 s like plain Spark's batches, so every setup
-#   delivers counts per second; CP_TRIGGER [micro] (or continuous);
+#   delivers counts per second; CP_TRIGGER [micro] (or continuous); SLIP_SINK [collect]: the
+#   Slipstream word-count query collects each batch's rows (per-word counts the daemon made) and
+#   sums them in the driver; groupby: Spark sums them per word first (a shuffle per batch);
 #   SETUPS ["plain user xdp"]; PARTS ["wc cp"]; GEN_CPU [1]; RX_CPU [0]; SKIP_BUILD [0];
 #   SLIPSTREAM_BIN [target/release/slipstream]; RESULTS_DIR.
 set -euo pipefail
@@ -71,6 +73,7 @@ STEP_S="${STEP_S:-10}"
 WC_WINDOW_MS="${WC_WINDOW_MS:-1000}"
 SLIP_TRIGGER_MS="${SLIP_TRIGGER_MS:-1000}"
 CP_TRIGGER="${CP_TRIGGER:-micro}"
+SLIP_SINK="${SLIP_SINK:-collect}"
 RUNS="${RUNS:-2}"
 IDLE_S="${IDLE_S:-10}"
 SETUPS="${SETUPS:-plain user xdp}"
@@ -240,7 +243,7 @@ for setup in $SETUPS; do
                 echo "== word count: $label"
                 run_java "$label" wc wc-slip endpoint="$V4S:$RES_PORT" stream=wc udp="$WC_PORT" \
                     rates="$(rates "$WC_RATE")" step_s="$STEP_S" words="$WC_WORDS" daemon_pid="$DAEMON_PID" \
-                    trigger_ms="$SLIP_TRIGGER_MS" stop_on_inexact=false
+                    trigger_ms="$SLIP_TRIGGER_MS" stop_on_inexact=false sink="$SLIP_SINK"
             fi
             if [[ " $PARTS " == *" cp "* ]]; then
                 echo "== change point: $label ($CP_TRIGGER trigger)"

@@ -41,7 +41,13 @@ def proc_delta(a, b, name, idx=(0, 1)):
 
 
 def thread_delta(a, b, prefix_start):
-    return sum(b["threads"][k] - a["threads"][k] for k in a["threads"] if k.startswith(prefix_start)) / HZ
+    return sum(b["threads"][k] - a["threads"][k] for k in a["threads"]
+               if k.startswith(prefix_start) and not k.endswith("#wakeups")) / HZ
+
+
+def wakeups_delta(a, b, prefix_start):
+    return sum(b["threads"][k] - a["threads"].get(k, 0) for k in b["threads"]
+               if k.startswith(prefix_start) and k.endswith("#wakeups"))
 
 
 def bpf_delta(a, b):
@@ -76,6 +82,7 @@ def window(a, b, idle, rx_cpu, gen_s):
         "daemon_s": proc_delta(a, b, "daemon"),
         "jvm_s": proc_delta(a, b, "jvm"),
         "napi_s": thread_delta(a, b, "napi/"),
+        "napi_wakeups": wakeups_delta(a, b, "napi/"),
         "ksoftirqd_s": thread_delta(a, b, "ksoftirqd/"),
         "softirq_all_s": soft_all,
         "softirq_rx_cpu_s": soft.get("cpu%s" % rx_cpu, 0.0),
@@ -193,9 +200,10 @@ def main():
         for w in sel:
             progs = ", ".join("%s %.0f ns × %d" % (k, v["ns_per_run"], v["run_cnt"]) for k, v in w["xdp"].items())
             top = ", ".join("%s %.2f" % (k, v) for k, v in list(w["jvm_threads_s"].items())[:6] if v > 0)
-            md.append("- %s: XDP %s; veth drops %d; socket drops %s; daemon records %s; xdp datagrams / passed %s / %s; "
+            md.append("- %s: NAPI thread slept %d times (%.1f datagrams per wake-up); XDP %s; veth drops %d; socket drops %s; daemon records %s; xdp datagrams / passed %s / %s; "
                       "generator %.2f CPU-s; JVM threads (CPU-s): %s" % (
-                w["setup"], progs or "none", w["link_drops"], w["socket_drops"], w["daemon_records"],
+                w["setup"], w["napi_wakeups"], w["driver"].get("datagrams", 0) / max(1, w["napi_wakeups"]),
+                progs or "none", w["link_drops"], w["socket_drops"], w["daemon_records"],
                 w["xdp_datagrams"], w["xdp_passed"], w["gen_s"], top))
         md.append("")
     with open(os.path.join(d, "summary.md"), "w") as f:

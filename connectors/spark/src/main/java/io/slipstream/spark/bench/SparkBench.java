@@ -13,6 +13,7 @@
 //   daemon_pid=PID (its CPU is added), rate=5000 (cp datagrams/s), window_ms=10, n=4,
 //   threshold=5, pre_ms, post_ms, warmup_trials=0 (cp: trials run first and not counted),
 //   trigger_ms (wc-slip: micro-batch trigger, 100; cp-spark trigger=micro: 0 = as fast as possible),
+//   sink=groupby|collect (wc-slip: how the batch's rows are summed),
 //   stop_on_inexact=true (word count: stop stepping at the first inexact rate), idle_s=0 (a
 //   window of that many seconds with no input after the first run, sampled as idle-begin/-end),
 //   sample_cmd="CMD ARGS" (run with label=RUN-begin|RUN-end and jvm=PID at the edges of each
@@ -235,8 +236,14 @@ public final class SparkBench {
         SparkSession spark = spark();
         Dataset<Row> df = spark.readStream().format("slipstream").option("endpoint", s("endpoint", ""))
                 .option("stream", s("stream", "wc")).load();
+        // sink=groupby: Spark sums each batch's rows per word (a shuffle per batch); collect: the
+        // batch's rows (already counts per word and window: the daemon counted) are collected
+        // and summed here.
+        boolean group = !s("sink", "groupby").equals("collect");
         VoidFunction2<Dataset<Row>, Long> sink = (ds, id) -> {
-            for (Row r : ds.groupBy("word").sum("count").collectAsList()) {
+            List<Row> rows = group ? ds.groupBy("word").sum("count").collectAsList()
+                    : ds.select("word", "count").collectAsList();
+            for (Row r : rows) {
                 if (!r.isNullAt(0)) {
                     TOTALS.merge(r.getString(0), r.getLong(1), Long::sum);
                 }
