@@ -65,7 +65,13 @@ napi_jiffies() {
     for p in $(ps -eo pid=,comm= | awk -v d="napi/$VS-" 'index($2, d) == 1 {print $1}'); do t=$((t + $(jiffies "$p"))); done
     echo "$t"
 }
-xdp_ns() { bpftool -j prog show | python3 -c 'import json,sys; print(sum(p.get("run_time_ns",0) for p in json.load(sys.stdin) if p.get("type")=="xdp"))'; }
+# Run time of the XDP program attached to the server veth only (other XDP programs on the
+# machine are not ours).
+xdp_ns() {
+    local id
+    id=$(ip -n "$SRV" -d -j link show dev "$VS" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0].get("xdp",{}).get("prog",{}).get("id",0))')
+    bpftool -j prog show id "$id" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("run_time_ns",0))' 2>/dev/null || echo 0
+}
 stream_wakeups() { # daemon pid, stream thread index
     local f
     f=$(grep -l "^stream-$2\$" /proc/"$1"/task/*/comm | head -1)
