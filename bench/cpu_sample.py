@@ -15,7 +15,8 @@ have settled; the script subtracts the two. Appends one JSON line to out=FILE:
               (napi/DEV- = the threaded-NAPI receive kthread(s), ksoftirqd/); PREFIX#wakeups:
               their voluntary context switches (how often the receive thread went to sleep)
   bpf         XDP programs: id -> {name, run_time_ns, run_cnt} (bpftool prog show; needs
-              kernel.bpf_stats_enabled=1 for non-zero run times)
+              kernel.bpf_stats_enabled=1 for non-zero run times); with xdp_dev=NS:DEV only the
+              program attached there (other XDP programs on the machine are not ours)
   metrics     slipstream_stream_* counters from the daemon's admin /metrics (metrics=HOST:PORT)
   jvm_threads the JVM's threads (pid named jvm): thread name with digits dropped -> summed
               utime+stime jiffies (where a JVM's CPU goes: JIT, GC, Spark's own threads)
@@ -32,7 +33,7 @@ import sys
 import time
 import urllib.request
 
-OWN_KEYS = {"out", "label", "metrics", "bpf", "thread", "link"}
+OWN_KEYS = {"out", "label", "metrics", "bpf", "thread", "link", "xdp_dev"}
 
 
 def cpu_lines():
@@ -85,7 +86,18 @@ def voluntary_switches(pid):
     return 0
 
 
-def bpf_progs():
+def attached_prog(spec):
+    """The id of the XDP program attached to NS:DEV (0 if none)."""
+    ns, _, dev = spec.partition(":")
+    try:
+        out = subprocess.run(["ip", "-n", ns, "-d", "-j", "link", "show", "dev", dev],
+                             capture_output=True, text=True, timeout=10).stdout
+        return str(json.loads(out)[0].get("xdp", {}).get("prog", {}).get("id", 0))
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return "0"
+
+
+def bpf_progs(only=None):
     try:
         out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True,
                              timeout=10).stdout
@@ -94,7 +106,7 @@ def bpf_progs():
         return {}
     return {str(p["id"]): {"name": p.get("name", ""), "run_time_ns": p.get("run_time_ns", 0),
                            "run_cnt": p.get("run_cnt", 0)}
-            for p in progs if p.get("type") == "xdp"}
+            for p in progs if p.get("type") == "xdp" and (only is None or str(p["id"]) == only)}
 
 
 def metrics(addr):
@@ -156,7 +168,8 @@ def main(argv):
     snap = {"t_mono_ns": time.monotonic_ns(), "label": a.get("label", ""), "cpus": cpu_lines(),
             "procs": {k: proc_times(p) for k, p in pids.items()},
             "threads": thread_times(prefixes),
-            "bpf": bpf_progs() if a.get("bpf", "1") != "0" else {},
+            "bpf": (bpf_progs(attached_prog(a["xdp_dev"]) if a.get("xdp_dev") else None)
+                    if a.get("bpf", "1") != "0" else {}),
             "metrics": metrics(a["metrics"]) if a.get("metrics") else {},
             "links": {l: link_stats(l) for l in links},
             "jvm_threads": task_groups(pids["jvm"]) if "jvm" in pids else {}}

@@ -186,7 +186,8 @@ stop_daemon() {
     DAEMON_PID=""
 }
 
-SAMPLER=(python3 "$ROOT/bench/cpu_sample.py" "thread=napi/$VS-" "thread=ksoftirqd/" "link=$SRV:$VS" "link=$CLI:$VC")
+SAMPLER=(python3 "$ROOT/bench/cpu_sample.py" "thread=napi/$VS-" "thread=ksoftirqd/" "link=$SRV:$VS" "link=$CLI:$VC"
+    "xdp_dev=$SRV:$VS")
 run_java() { # SETUP PART MODE ARGS...: the driver in the server namespace, one JVM
     local setup=$1 part=$2 mode=$3
     shift 3

@@ -57,7 +57,7 @@ def bpf_delta(a, b):
         dt = pb["run_time_ns"] - pa["run_time_ns"]
         dn = pb["run_cnt"] - pa["run_cnt"]
         if dn:
-            progs[pb["name"] or pid] = {"run_time_s": dt / 1e9, "run_cnt": dn,
+            progs["%s#%s" % (pb["name"], pid)] = {"run_time_s": dt / 1e9, "run_cnt": dn,
                                         "ns_per_run": dt / dn}
     return progs
 
