@@ -79,6 +79,7 @@ bench: build
 	bash bench/stream_bench.sh
 	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
+	bash bench/stream_cpu.sh
 
 clean:
 	$(CARGO) clean

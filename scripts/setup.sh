@@ -6,9 +6,10 @@ set -euo pipefail
 
 # Debian packages: the peer we compare against (memcached), its test tool (memccapable), the
 # eBPF toolchain for the kernel fast path, the network tools the netns tests use, and Java 17 +
-# Maven for the Spark connector (connectors/spark; Maven fetches Spark into ~/.m2 on first use).
+# Maven for the Spark connector (connectors/spark; Maven fetches Spark into ~/.m2 on first use),
+# bpftool for bench/stream_cpu.sh (XDP programs' run time).
 DEB_PKGS=(memcached libmemcached-tools clang llvm libbpf-dev iproute2 netcat-openbsd python3-pip
-          openjdk-17-jdk-headless maven)
+          openjdk-17-jdk-headless maven bpftool)
 
 missing=()
 for p in "${DEB_PKGS[@]}"; do

@@ -496,9 +496,15 @@ impl StreamKernel {
 
     /// Run the program on `packet` with BPF_PROG_TEST_RUN (fixtures).
     pub fn test_run(&self, packet: &[u8]) -> Result<u32, FastPathError> {
-        let r = sys::prog_test_run(self.prog.as_raw_fd(), packet, 1)
+        Ok(self.test_run_ns(packet, 1)?.0)
+    }
+
+    /// Run the program `repeat` times on `packet` (the kernel's own loop); returns the verdict
+    /// and the kernel-timed mean ns per run (examples/stream_cost).
+    pub fn test_run_ns(&self, packet: &[u8], repeat: u32) -> Result<(u32, u32), FastPathError> {
+        let r = sys::prog_test_run(self.prog.as_raw_fd(), packet, repeat.max(1))
             .map_err(|error| FastPathError::Map { op: "BPF_PROG_TEST_RUN", error })?;
-        Ok(r.retval)
+        Ok((r.retval, r.duration_ns))
     }
 }
 

@@ -67,6 +67,72 @@ fn word_fixtures_agree_with_the_user_space_parser() {
     assert_eq!(s.test_run(&udp_frame(false, 7001, b"a")).expect("run"), XDP_PASS);
 }
 
+/// xorshift64*: a small seeded generator (no dependency; the seed is printed).
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// Random payloads (separators of every kind, words around the 8-byte steps of the kernel's
+/// tokenizer and its 32-byte key, now and then a byte >= 0x80 or too many words): the kernel
+/// consumes exactly the datagrams user space would count whole, and counts the same words.
+#[test]
+fn random_word_payloads_agree_with_the_user_space_parser() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let records_max = 40u32;
+    let cfg = StreamCfg { op: ks::OP_WORDCOUNT, window_ns: u64::MAX / 4, word_bytes_max: 32, records_max, ..Default::default() };
+    s.add_stream(4, 7004, cfg).expect("add stream");
+    let seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
+    });
+    eprintln!("random_word_payloads: SEED={seed}");
+    let mut st = seed;
+    let seps = [b' ', b'\t', b'\n', b'\r', 0x0b, 0x0c];
+    // No user-space limits here: every word is seen, so the kernel's own limits can be checked.
+    let limits = Limits { word_bytes_max: 65_536, records_per_datagram_max: 65_536 };
+    let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for case in 0..3000 {
+        let mut p = Vec::new();
+        let len_max = [8, 17, 40, 120, 400][(next(&mut st) % 5) as usize];
+        while p.len() < len_max {
+            let r = next(&mut st) % 100;
+            if r < 30 {
+                p.push(seps[(next(&mut st) % seps.len() as u64) as usize]);
+            } else {
+                let wl = if r < 35 { 30 + next(&mut st) % 5 } else { 1 + next(&mut st) % 12 };
+                for _ in 0..wl {
+                    let c = next(&mut st) % 1000;
+                    p.push(if c == 0 { 0xc3 } else { b'!' + (c % 94) as u8 });
+                }
+            }
+        }
+        let ascii = p.iter().all(|b| *b < 0x80);
+        let mut words = Vec::new();
+        if ascii {
+            parse_words(&p, &limits, |w| words.push(w.as_bytes().to_vec()));
+        }
+        let whole = ascii && words.len() <= records_max as usize && words.iter().all(|w| w.len() <= 32);
+        let got = s.test_run(&udp_frame(case % 2 == 1, 7004, &p)).expect("test run");
+        let expect = if whole { XDP_DROP } else { XDP_PASS };
+        assert_eq!(got, expect, "SEED={seed} case {case}: {:?}", String::from_utf8_lossy(&p));
+        if got == XDP_DROP {
+            for w in words {
+                *want.entry(w).or_default() += 1;
+            }
+        }
+    }
+    let mut got: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let (drained, err) = s.drain_wordcount(4, u64::MAX);
+    assert!(err.is_none(), "{err:?}");
+    for (_, w, n) in drained {
+        *got.entry(w).or_default() += n;
+    }
+    assert_eq!(got, want, "SEED={seed}");
+}
+
 #[test]
 fn number_fixtures_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };

@@ -205,6 +205,11 @@ pub fn parse_words<'a>(
     mut emit: impl FnMut(&'a str),
 ) -> ParseStats {
     let mut st = ParseStats::default();
+    // One UTF-8 validation for the whole datagram (the common case: it is valid) instead of
+    // one per word; separators are ASCII, so every word of a valid payload is a slice of it
+    // on char boundaries.
+    let whole = std::str::from_utf8(payload).ok();
+    let base = payload.as_ptr() as usize;
     for w in payload.split(|&b| is_ws(b)) {
         if w.is_empty() {
             continue;
@@ -213,7 +218,12 @@ pub fn parse_words<'a>(
             st.malformed += 1;
             continue;
         }
-        let Ok(w) = std::str::from_utf8(w) else {
+        let off = w.as_ptr() as usize - base;
+        let valid = match whole {
+            Some(text) => text.get(off..off + w.len()),
+            None => std::str::from_utf8(w).ok(),
+        };
+        let Some(w) = valid else {
             st.malformed += 1;
             continue;
         };

@@ -34,6 +34,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use mio::{Poll, Waker};
 use slipstream_stream::config::{ConfigError, ResultsConfig};
@@ -353,10 +354,14 @@ impl StreamService {
         }
         let mut xdp_streams = xdp_streams.into_iter();
         for (idx, (sock, (op, encoding, limits, tick_ns))) in socks.into_iter().zip(ops).enumerate() {
+            let xdp = xdp_streams.next().flatten();
+            let wordcount = cfg.streams.get(idx).is_some_and(|s| s.operator == "wordcount");
             let ing = ingest::Ingest {
                 idx,
                 name: cfg.streams.get(idx).map(|s| s.name.clone()).unwrap_or_default(),
-                xdp: xdp_streams.next().flatten(),
+                // Word counts in user space read in batches (see ingest::WORDS_LINGER).
+                linger: if wordcount && xdp.is_none() { ingest::WORDS_LINGER } else { Duration::ZERO },
+                xdp,
                 wc: xdp::WcMerge::default(),
                 rx: ingest::Receiver::new(sock),
                 op,

@@ -191,6 +191,9 @@ pub(crate) struct WcMerge {
     /// Per window: occurrences of words user space could not itemise (distinct bound).
     pub untracked: BTreeMap<u64, u64>,
     pub lines: u64,
+    /// Every window before this one has been drained from the kernel: a tick with no newly
+    /// ended window walks no map (a walk is three system calls per entry in the map).
+    pub drained_before: u64,
 }
 
 /// Bound on distinct words user space keeps per window while waiting for the drain.
@@ -213,6 +216,9 @@ impl WcMerge {
     pub(crate) fn flush(&mut self, x: &XdpStream, name: &str, window_ns: u64, distinct_max: usize, now_ns: u64, out: &mut Vec<u8>) {
         let window_ns = window_ns.max(1);
         let before = now_ns.saturating_sub(WC_GRACE_NS) / window_ns;
+        if before <= self.drained_before {
+            return;
+        }
         let (drained, err) = x.kernel.drain_wordcount(x.slot, before);
         if err.is_some() {
             // What was taken is kept with user space's own counts, and the windows are
@@ -222,6 +228,7 @@ impl WcMerge {
             }
             return;
         }
+        self.drained_before = before;
         let mut merged: BTreeMap<u64, HashMap<String, u64>> = BTreeMap::new();
         for (w, word, n) in drained {
             // The kernel counts ASCII words only, so this is lossless.

@@ -8,10 +8,18 @@
 //   cp-plain  udp=PORT batch_ms=B trials=N            plain Spark change-point rule (ChangePointRule)
 //   cp-sub    endpoint=H:P stream=S udp=PORT trials=N  plain TCP subscriber (no Spark)
 //   cp-spark  endpoint=H:P stream=S udp=PORT trials=N trigger=micro|continuous
-// Common: bin=PATH (slipstream), send_prefix="ip netns exec NS" and send_host=ADDR (where the
+// Common: bind=ADDR (plain receivers' UDP address, 127.0.0.1), bin=PATH (slipstream), send_prefix="ip netns exec NS" and send_host=ADDR (where the
 //   generator runs and sends; default here, 127.0.0.1), setup=NAME (wc-slip's label), step_s=3, words=16 (records per datagram), batch=64 (sendmmsg),
 //   daemon_pid=PID (its CPU is added), rate=5000 (cp datagrams/s), window_ms=10, n=4,
-//   threshold=5, pre_ms, post_ms, warmup_trials=0 (cp: trials run first and not counted).
+//   threshold=5, pre_ms, post_ms, warmup_trials=0 (cp: trials run first and not counted),
+//   trigger_ms (wc-slip: micro-batch trigger, 100; cp-spark trigger=micro: 0 = as fast as possible),
+//   sink=groupby|collect (wc-slip: how the batch's rows are summed),
+//   stop_on_inexact=true (word count: stop stepping at the first inexact rate), idle_s=0 (a
+//   window of that many seconds with no input after the first run, sampled as idle-begin/-end),
+//   sample_cmd="CMD ARGS" (run with label=RUN-begin|RUN-end and jvm=PID at the edges of each
+//   measured window, bench/stream_cpu.sh's CPU sampler), measure=rate (cp-plain / cp-spark: a
+//   steady stream at `rate` datagrams/s of `values` values each for step_s seconds with one
+//   step in the middle, `runs` times, instead of latency trials).
 //
 // Word count: rates are stepped up; each run sends step_s seconds with --expect-counts and is
 // exact when the summed counts equal the generator's multiset. Stepping stops at the first
@@ -64,6 +72,8 @@ public final class SparkBench {
     /** Word totals counted by the Spark job under test. */
     static final ConcurrentHashMap<String, Long> TOTALS = new ConcurrentHashMap<>();
     static volatile long batchesDone;
+    /** Values the plain-Spark change-point job has counted into its windows (measure=rate). */
+    static final java.util.concurrent.atomic.AtomicLong VALUES = new java.util.concurrent.atomic.AtomicLong();
 
     private final Map<String, String> o = new HashMap<>();
     private final String mode;
@@ -133,8 +143,38 @@ public final class SparkBench {
         }
     }
 
+    /** cutime+cstime of this JVM in seconds: the CPU of the children it has reaped (generators). */
+    static double childCpuSeconds() {
+        try {
+            String stat = Files.readString(new File("/proc/" + ProcessHandle.current().pid() + "/stat").toPath());
+            String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+            return (Long.parseLong(f[13]) + Long.parseLong(f[14])) / 100.0;
+        } catch (IOException | RuntimeException e) {
+            return 0;
+        }
+    }
+
+    /** CPU of the last generator run (its process, reaped by this JVM), seconds. */
+    static volatile double lastSendCpuS;
+
     private double cpuNow() {
         return cpuSeconds(ProcessHandle.current().pid()) + cpuSeconds(l("daemon_pid", 0));
+    }
+
+    /** Runs the sample_cmd (if any) with label=`label` and jvm=this JVM's pid, and waits for it. */
+    private void sample(String label) throws IOException, InterruptedException {
+        String cmd = s("sample_cmd", "").trim();
+        if (cmd.isEmpty()) {
+            return;
+        }
+        List<String> argv = new ArrayList<>(List.of(cmd.split(" +")));
+        argv.add("label=" + label);
+        argv.add("jvm=" + ProcessHandle.current().pid());
+        Process p = new ProcessBuilder(argv).inheritIO().start();
+        if (!p.waitFor(60, TimeUnit.SECONDS)) {
+            p.destroyForcibly();
+            throw new IOException("sample_cmd timed out");
+        }
     }
 
     /** Runs `slipstream send` with `args`; returns its summary JSON line. */
@@ -150,9 +190,12 @@ public final class SparkBench {
         cmd.add(s("bin", "target/release/slipstream"));
         cmd.add("send");
         cmd.addAll(args);
+        double child0 = childCpuSeconds();
         Process p = new ProcessBuilder(cmd).redirectErrorStream(false).start();
         String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
-        if (!p.waitFor(600, TimeUnit.SECONDS) || p.exitValue() != 0) {
+        boolean done = p.waitFor(600, TimeUnit.SECONDS);
+        lastSendCpuS = childCpuSeconds() - child0;
+        if (!done || p.exitValue() != 0) {
             p.destroyForcibly();
             throw new IOException("slipstream send failed: " + new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8));
         }
@@ -176,7 +219,7 @@ public final class SparkBench {
         JavaStreamingContext ssc = new JavaStreamingContext(
                 org.apache.spark.api.java.JavaSparkContext.fromSparkContext(spark.sparkContext()),
                 Durations.milliseconds(l("batch_ms", 1000)));
-        JavaReceiverInputDStream<String> words = ssc.receiverStream(new UdpReceiver("127.0.0.1", (int) l("udp", 0), true));
+        JavaReceiverInputDStream<String> words = ssc.receiverStream(new UdpReceiver(s("bind", "127.0.0.1"), (int) l("udp", 0), true));
         words.countByValue().foreachRDD((JavaPairRDD<String, Long> rdd) -> {
             for (Tuple2<String, Long> t : rdd.collect()) {
                 TOTALS.merge(t._1(), t._2(), Long::sum);
@@ -193,15 +236,21 @@ public final class SparkBench {
         SparkSession spark = spark();
         Dataset<Row> df = spark.readStream().format("slipstream").option("endpoint", s("endpoint", ""))
                 .option("stream", s("stream", "wc")).load();
+        // sink=groupby: Spark sums each batch's rows per word (a shuffle per batch); collect: the
+        // batch's rows (already counts per word and window: the daemon counted) are collected
+        // and summed here.
+        boolean group = !s("sink", "groupby").equals("collect");
         VoidFunction2<Dataset<Row>, Long> sink = (ds, id) -> {
-            for (Row r : ds.groupBy("word").sum("count").collectAsList()) {
+            List<Row> rows = group ? ds.groupBy("word").sum("count").collectAsList()
+                    : ds.select("word", "count").collectAsList();
+            for (Row r : rows) {
                 if (!r.isNullAt(0)) {
                     TOTALS.merge(r.getString(0), r.getLong(1), Long::sum);
                 }
             }
             batchesDone++;
         };
-        StreamingQuery q = df.writeStream().foreachBatch(sink).trigger(Trigger.ProcessingTime(100)).start();
+        StreamingQuery q = df.writeStream().foreachBatch(sink).trigger(Trigger.ProcessingTime(l("trigger_ms", 100))).start();
         q.processAllAvailable();
         wcSteps(s("setup", "slipstream-spark"), q::stop, 300);
         q.stop();
@@ -211,20 +260,27 @@ public final class SparkBench {
     private void wcSteps(String setup, Job job, long settleMs) throws Exception {
         File expect = File.createTempFile("spark-bench-expect-", ".json");
         try {
+            int run = 0;
             for (String r : s("rates", "10000,20000").split(",")) {
                 long rate = Long.parseLong(r.trim());
                 // Quiet: nothing from the previous run is still on its way.
                 waitQuiet(settleMs);
                 TOTALS.clear();
+                sample("run" + run + "-begin");
                 double cpu0 = cpuNow();
                 long t0 = System.nanoTime();
                 JsonNode sum = send(List.of("--to", s("send_host", "127.0.0.1") + ":" + l("udp", 0), "--kind", "words",
                         "--rate-per-s", Long.toString(rate), "--duration-s", s("step_s", "3"),
                         "--records-per-datagram", s("words", "16"), "--batch", s("batch", "64"),
                         "--seed", Long.toString(rate), "--expect-counts", expect.getPath()));
-                waitQuiet(settleMs);
-                double cpu = cpuNow() - cpu0;
                 JsonNode want = JSON.readTree(expect);
+                long expected = 0;
+                for (JsonNode v : want) {
+                    expected += v.asLong();
+                }
+                waitQuiet(settleMs, expected);
+                double cpu = cpuNow() - cpu0;
+                sample("run" + run + "-end");
                 long wantTotal = 0;
                 boolean exact = true;
                 Iterator<Map.Entry<String, JsonNode>> it = want.fields();
@@ -251,8 +307,12 @@ public final class SparkBench {
                 m.put("cpu_s", cpu);
                 m.put("cpu_s_per_million_records", wantTotal > 0 ? cpu / (wantTotal / 1e6) : 0);
                 m.put("wall_s", (System.nanoTime() - t0) / 1e9);
+                m.put("send_elapsed_s", sum.path("elapsed_s").asDouble());
+                m.put("gen_cpu_s", lastSendCpuS);
+                m.put("run", run++);
                 emit(m);
-                if (!exact) {
+                idleWindow(run);
+                if (!exact && !s("stop_on_inexact", "true").equals("false")) {
                     break;
                 }
             }
@@ -263,15 +323,28 @@ public final class SparkBench {
 
     /** Waits until no batch has changed the totals for `settleMs` (at most 30 s). */
     private static void waitQuiet(long settleMs) throws InterruptedException {
+        waitQuiet(settleMs, -1);
+    }
+
+    /**
+     * Waits until the totals reach `target` (> 0: every word sent was counted; an over-count
+     * is still seen, as inexact) or no batch has changed them for `settleMs` x 2 (at least 1 s;
+     * 10 s when a target is given, so a slow batch on a busy machine is not cut off), at most 30 s.
+     */
+    private static void waitQuiet(long settleMs, long target) throws InterruptedException {
         long deadline = System.currentTimeMillis() + 30_000;
+        long quietMs = target > 0 ? Math.max(settleMs * 2, 10_000) : Math.max(settleMs * 2, 1000);
         long lastSum = -1;
         long lastChange = System.currentTimeMillis();
         while (System.currentTimeMillis() < deadline) {
             long sum = TOTALS.values().stream().mapToLong(Long::longValue).sum();
+            if (target > 0 && sum >= target) {
+                return;
+            }
             if (sum != lastSum) {
                 lastSum = sum;
                 lastChange = System.currentTimeMillis();
-            } else if (System.currentTimeMillis() - lastChange > Math.max(settleMs * 2, 1000)) {
+            } else if (System.currentTimeMillis() - lastChange > quietMs) {
                 return;
             }
             Thread.sleep(50);
@@ -288,7 +361,7 @@ public final class SparkBench {
                 Durations.milliseconds(batchMs));
         ChangePointRule rule = new ChangePointRule(l("window_ms", 10) * 1_000_000L, (int) l("n", 4),
                 Double.parseDouble(s("threshold", "5")));
-        JavaReceiverInputDStream<String> lines = ssc.receiverStream(new UdpReceiver("127.0.0.1", (int) l("udp", 0), false));
+        JavaReceiverInputDStream<String> lines = ssc.receiverStream(new UdpReceiver(s("bind", "127.0.0.1"), (int) l("udp", 0), false));
         lines.foreachRDD((JavaRDD<String> rdd) -> {
             JavaRDD<double[]> tv = rdd.map(x -> {
                 int tab = x.indexOf('\t');
@@ -300,6 +373,7 @@ public final class SparkBench {
             for (Tuple2<Long, double[]> t : tv.mapToPair(a -> new Tuple2<>(Math.floorDiv((long) a[0], windowNs), new double[] {a[1], 1, a[0]}))
                     .reduceByKey((a, b) -> new double[] {a[0] + b[0], a[1] + b[1], Math.max(a[2], b[2])}).collect()) {
                 sums.put(t._1(), new double[] {t._2()[0], t._2()[1]});
+                VALUES.addAndGet((long) t._2()[1]);
                 maxT[0] = Math.max(maxT[0], (long) t._2()[2]);
             }
             double ref = rule.reference();
@@ -313,7 +387,11 @@ public final class SparkBench {
         ssc.start();
         Thread.sleep(2000);
         long pre = l("pre_ms", batchMs + 300);
-        cpTrials("plain-spark-" + batchMs + "ms", pre, batchMs * 3 + 3000);
+        if (s("measure", "trials").equals("rate")) {
+            cpRate("plain-spark-" + batchMs + "ms", target -> waitQuietValues(batchMs, target));
+        } else {
+            cpTrials("plain-spark-" + batchMs + "ms", pre, batchMs * 3 + 3000);
+        }
         ssc.stop(false, false);
     }
 
@@ -370,11 +448,118 @@ public final class SparkBench {
         // refused by Spark 4.0 for the foreach sink: "Sink ForeachSink does not support async
         // progress tracking".)
         StreamingQuery q = df.writeStream().foreach(new AlertWriter())
-                .trigger(trig.equals("continuous") ? Trigger.Continuous("1 second") : Trigger.ProcessingTime(0))
+                .trigger(trig.equals("continuous") ? Trigger.Continuous("1 second") : Trigger.ProcessingTime(l("trigger_ms", 0)))
                 .start();
         Thread.sleep(3000); // first batches / the continuous task subscribes
-        cpTrials("slipstream-spark-" + trig, l("pre_ms", 200), 5000);
+        if (s("measure", "trials").equals("rate")) {
+            cpRate(s("setup", "slipstream-spark-" + trig), target -> Thread.sleep(l("settle_ms", 1500)));
+        } else {
+            cpTrials("slipstream-spark-" + trig, l("pre_ms", 200), 5000);
+        }
         q.stop();
+    }
+
+    /** Waits until the plain job's value count has not changed for two batches (at most 30 s). */
+    private static void waitQuietValues(long batchMs, long target) throws InterruptedException {
+        long deadline = System.currentTimeMillis() + 30_000;
+        long last = -1;
+        long lastChange = System.currentTimeMillis();
+        while (System.currentTimeMillis() < deadline) {
+            long v = VALUES.get();
+            if (target > 0 && v >= target) {
+                return;
+            }
+            if (v != last) {
+                last = v;
+                lastChange = System.currentTimeMillis();
+            } else if (System.currentTimeMillis() - lastChange > batchMs * 2 + 500) {
+                return;
+            }
+            Thread.sleep(50);
+        }
+    }
+
+    /** Waits for a run's results: `target` values sent (-1 before a run). */
+    private interface Settle {
+        void await(long target) throws Exception;
+    }
+
+    /**
+     * measure=rate: `runs` steady runs (rate datagrams/s, `values` values each, step_s seconds,
+     * one step of +-20 half-way, levels alternating 10 / 30 so each run starts where the last
+     * ended), each between two samples. counted = values the plain job windowed (-1 for
+     * Slipstream setups: the daemon's records counter, read by the sampler, says it).
+     */
+    private void cpRate(String setup, Settle settle) throws Exception {
+        long rate = l("rate", 10000);
+        long values = l("values", 16);
+        double stepS = Double.parseDouble(s("step_s", "10"));
+        int runs = (int) l("runs", 2);
+        boolean plain = setup.startsWith("plain");
+        for (int run = 0; run < runs; run++) {
+            settle.await(-1);
+            ALERTS.clear();
+            VALUES.set(0);
+            double mean = run % 2 == 0 ? 10 : 30;
+            double by = run % 2 == 0 ? 20 : -20;
+            sample("run" + run + "-begin");
+            double cpu0 = cpuNow();
+            JsonNode sum = send(List.of("--to", s("send_host", "127.0.0.1") + ":" + l("udp", 0), "--kind", "numbers",
+                    "--rate-per-s", Long.toString(rate), "--duration-s", Double.toString(stepS),
+                    "--records-per-datagram", Long.toString(values), "--batch", s("batch", "64"), "--decimals", "6",
+                    "--mean", Double.toString(mean), "--stddev", "1", "--seed", Integer.toString(run + 1),
+                    "--step-at-ms", Long.toString((long) (stepS * 500)), "--step-by", Double.toString(by)));
+            settle.await(sum.path("records").asLong());
+            double cpu = cpuNow() - cpu0;
+            sample("run" + run + "-end");
+            long step = sum.path("step_sent_mono_ns").asLong();
+            int before = 0;
+            int after = 0;
+            double firstMs = Double.NaN;
+            for (double[] a : ALERTS) {
+                if (a[0] < step) {
+                    before++;
+                } else {
+                    after++;
+                    if (Double.isNaN(firstMs)) {
+                        firstMs = (a[0] - step) / 1e6;
+                    }
+                }
+            }
+            Map<String, Object> m = new java.util.LinkedHashMap<>();
+            m.put("bench", "changepoint-rate");
+            m.put("setup", setup);
+            m.put("run", run);
+            m.put("rate_per_s", rate);
+            m.put("values_per_datagram", values);
+            m.put("achieved_rate_per_s", sum.path("rate_per_s").asDouble());
+            m.put("datagrams", sum.path("datagrams").asLong());
+            m.put("records", sum.path("records").asLong());
+            m.put("counted", plain ? VALUES.get() : -1);
+            m.put("alerts_before_step", before);
+            m.put("alerts_after_step", after);
+            m.put("first_alert_ms", firstMs);
+            m.put("cpu_s", cpu);
+            m.put("send_elapsed_s", sum.path("elapsed_s").asDouble());
+            m.put("gen_cpu_s", lastSendCpuS);
+            emit(m);
+            idleWindow(run + 1);
+        }
+    }
+
+    /**
+     * idle_s=N: after the first run, one window of N seconds with no input between two samples
+     * (labels idle-begin / idle-end): the setup's cost when nothing arrives (Spark's batches,
+     * timers, the daemon's ticks).
+     */
+    private void idleWindow(int runsDone) throws IOException, InterruptedException {
+        long idleS = l("idle_s", 0);
+        if (idleS <= 0 || runsDone != 1) {
+            return;
+        }
+        sample("idle-begin");
+        Thread.sleep(idleS * 1000);
+        sample("idle-end");
     }
 
     private void cpTrials(String setup, long preMs, long waitMs) throws Exception {
