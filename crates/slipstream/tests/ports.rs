@@ -8,6 +8,8 @@
 //! `SLIPSTREAM_BIN` runs them against another build (e.g. an older one, to see them fail).
 //! Every wait is bounded; every child is killed on drop.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
@@ -118,34 +120,20 @@ fn connect(port: u16) -> TcpStream {
     s
 }
 
-/// Send `req` and read until the reply ends with `end` (or 5 s pass).
-fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
-    s.write_all(req).expect("write");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !got.ends_with(end) && Instant::now() < deadline {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-    got
-}
 
 /// The first daemon still has its item, on fresh connections (a second process in its
 /// SO_REUSEPORT group would take some of them and answer misses).
 fn assert_item_everywhere(port: u16) {
     for i in 0..32 {
         let mut s = connect(port);
-        let got = ask(&mut s, b"get k\r\n", b"END\r\n");
+        let got = common::ask(&mut s, b"get k\r\n", b"END\r\n");
         assert_eq!(got, b"VALUE k 0 1\r\nv\r\nEND\r\n", "connection {i}: {}", String::from_utf8_lossy(&got));
     }
 }
 
 fn set_item(port: u16) {
     let mut s = connect(port);
-    assert_eq!(ask(&mut s, b"set k 0 0 1\r\nv\r\n", b"\r\n"), b"STORED\r\n");
+    assert_eq!(common::ask(&mut s, b"set k 0 0 1\r\nv\r\n", b"\r\n"), b"STORED\r\n");
 }
 
 fn in_use(port: u16, proto: &str) -> String {
