@@ -196,6 +196,34 @@ class Reply:
         return "Reply(%r, closed=%s)" % (bytes(self.data), self.closed)
 
 
+def read_until(sock, suffix=None, max_s=20.0, bytes_max=256 * 1024 * 1024, stop=None):
+    """Read until the data ends with `suffix` (or `stop(data)` is true), `bytes_max` bytes
+    arrived, the peer closed or reset, or `max_s` passed. Each recv waits at most 1 s (the
+    socket's own timeout is restored afterwards), so the loop is bounded in time."""
+    buf = bytearray()
+    deadline = time.monotonic() + max_s
+    old_timeout = sock.gettimeout()
+    try:
+        while time.monotonic() < deadline and len(buf) < bytes_max:
+            if suffix is not None and buf.endswith(suffix):
+                break
+            if stop is not None and stop(buf):
+                break
+            sock.settimeout(max(0.01, min(1.0, deadline - time.monotonic())))
+            try:
+                chunk = sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                break
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        sock.settimeout(old_timeout)
+    return bytes(buf)
+
+
 def read_quiet(sock, reply, quiet_s=None, max_s=READ_MAX_S, want_bytes=None):
     """Append to `reply` until no byte for quiet_s, max_s elapsed, or EOF.
 

@@ -39,18 +39,7 @@ def rss_mb(pid):
     return proc_status_kb(pid, "VmRSS") / 1024.0
 
 
-def _read_until(sock, suffix, max_s=20.0):
-    buf = bytearray()
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and not buf.endswith(suffix):
-        try:
-            chunk = sock.recv(1 << 20)
-        except socket.timeout:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
+_read_until = mcwire.read_until
 
 
 def _fill(srv, keys, value):

@@ -277,23 +277,8 @@ def metric_value(text, name, tenant):
 
 
 def read_until(sock, suffix, max_s=10.0, bytes_max=READ_BYTES_MAX):
-    """Read until the data ends with suffix, EOF, or max_s (bounded)."""
-    buf = bytearray()
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and len(buf) < bytes_max:
-        if buf.endswith(suffix):
-            break
-        sock.settimeout(max(0.01, min(1.0, deadline - time.monotonic())))
-        try:
-            chunk = sock.recv(1 << 20)
-        except socket.timeout:
-            continue
-        except (ConnectionResetError, BrokenPipeError):
-            break
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
+    """mcwire.read_until with this module's defaults."""
+    return mcwire.read_until(sock, suffix, max_s=max_s, bytes_max=bytes_max)
 
 
 def read_exact(sock, n, max_s=10.0):

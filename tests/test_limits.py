@@ -28,22 +28,7 @@ def cmd(sock, data, quiet_s=0.15, max_s=2.0):
     return r
 
 
-def read_until(sock, suffix, max_s=20.0, bytes_max=256 * 1024 * 1024):
-    """Read until the data ends with suffix, EOF, or max_s (bounded)."""
-    buf = bytearray()
-    deadline = time.monotonic() + max_s
-    sock.settimeout(1.0)
-    while time.monotonic() < deadline and len(buf) < bytes_max:
-        if buf.endswith(suffix):
-            break
-        try:
-            chunk = sock.recv(1 << 20)
-        except socket.timeout:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
+read_until = mcwire.read_until
 
 
 def stats(srv, which=b""):

@@ -24,18 +24,7 @@ ITEMS = 101
 COUNT_DIFF_MAX = 1
 
 
-def read_until(sock, suffix, max_s=20.0, bytes_max=8 * 1024 * 1024):
-    buf = bytearray()
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and len(buf) < bytes_max and not buf.endswith(suffix):
-        try:
-            chunk = sock.recv(1 << 20)
-        except OSError:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
+read_until = mcwire.read_until
 
 
 def set_items(sock, keys, value_bytes):

@@ -119,19 +119,8 @@ def large_reply(keys):
 
 def read_reply(sock, want_bytes, max_s=20.0):
     """Read until `want_bytes` arrived, the server closed, or an error line is complete."""
-    buf = bytearray()
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and len(buf) < want_bytes:
-        if buf.startswith(b"SERVER_ERROR") and buf.endswith(b"\r\n"):
-            break
-        try:
-            chunk = sock.recv(1 << 20)
-        except socket.timeout:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
+    error_line = lambda b: b.startswith(b"SERVER_ERROR") and b.endswith(b"\r\n")
+    return mcwire.read_until(sock, None, max_s=max_s, bytes_max=want_bytes, stop=error_line)
 
 
 def test_concurrent_large_gets_that_read_are_all_served(slipstream):
