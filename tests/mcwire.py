@@ -224,6 +224,23 @@ def read_until(sock, suffix=None, max_s=20.0, bytes_max=256 * 1024 * 1024, stop=
     return bytes(buf)
 
 
+def parse_stats(data):
+    """A `stats` reply's STAT lines -> dict of str -> str."""
+    out = {}
+    for line in data.split(b"\r\n"):
+        if line.startswith(b"STAT "):
+            parts = line.split(b" ", 2)
+            if len(parts) == 3:
+                out[parts[1].decode()] = parts[2].decode()
+    return out
+
+
+def stat_map(sock, which=b"", max_s=5.0):
+    """Sends `stats [which]` on sock and returns its STAT lines as a dict."""
+    sock.sendall(b"stats" + (b" " + which if which else b"") + b"\r\n")
+    return parse_stats(read_until(sock, b"END\r\n", max_s=max_s))
+
+
 def read_quiet(sock, reply, quiet_s=None, max_s=READ_MAX_S, want_bytes=None):
     """Append to `reply` until no byte for quiet_s, max_s elapsed, or EOF.
 

@@ -320,12 +320,7 @@ def stats(daemon_or_port, name=None, max_s=5.0):
         s = daemon_or_port.connect(name)
     with s:
         data = ask(s, b"stats\r\n", b"END\r\n", max_s=max_s)
-    out = {}
-    for line in data.split(b"\r\n"):
-        if line.startswith(b"STAT "):
-            parts = line.split(b" ", 2)
-            if len(parts) == 3:
-                out[parts[1].decode()] = parts[2].decode()
+    out = mcwire.parse_stats(data)
     assert out, "no stats reply: %r" % data[:200]
     return out
 

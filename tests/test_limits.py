@@ -33,14 +33,7 @@ read_until = mcwire.read_until
 
 def stats(srv, which=b""):
     with srv.connect() as s:
-        s.sendall(b"stats" + (b" " + which if which else b"") + b"\r\n")
-        data = read_until(s, b"END\r\n", max_s=5)
-    out = {}
-    for line in data.split(b"\r\n"):
-        if line.startswith(b"STAT "):
-            _, k, v = line.split(b" ", 2)
-            out[k.decode()] = v.decode()
-    return out
+        return mcwire.stat_map(s, which)
 
 
 def rss_kb(pid):

@@ -46,15 +46,7 @@ def present(sock, keys):
     return [k for k, line in zip(keys, lines) if line == b"HD"]
 
 
-def stat_map(sock, which=b""):
-    sock.sendall(b"stats" + (b" " + which if which else b"") + b"\r\n")
-    data = read_until(sock, b"END\r\n", max_s=5)
-    out = {}
-    for line in data.split(b"\r\n"):
-        if line.startswith(b"STAT "):
-            _, k, v = line.split(b" ", 2)
-            out[k.decode()] = v.decode()
-    return out
+stat_map = mcwire.stat_map
 
 
 def keys_of(n, start=0):
