@@ -185,6 +185,17 @@ class TenantDaemon(daemonlib.ConfigDaemon):
         assert r.status == 200, "GET /tenants: %s %r" % (r.status, r.body[:300])
         return r.body
 
+    def quiet_tenants_raw(self, max_s=5.0):
+        """GET /tenants once no tenant has requests in flight. `outstanding` is a live gauge: a
+        worker lowers it just after its write returns, so a client that has its reply can still
+        see the old value for a moment."""
+        deadline = time.monotonic() + max_s
+        while True:
+            body = self.tenants_raw()
+            if all(v.get("outstanding", 0) == 0 for v in json.loads(body)) or time.monotonic() > deadline:
+                return body
+            time.sleep(0.02)
+
     def tenants(self):
         """name -> view dict."""
         views = json.loads(self.tenants_raw())

@@ -540,12 +540,12 @@ def test_admin_auth(daemons):
     r = d.http("GET", "/healthz", token=None)
     assert r.status == 200 and r.body.strip() == b"ok", r
     # changes without the right token are refused and change nothing
-    before = d.tenants_raw()
+    before = d.quiet_tenants_raw()
     assert d.http("PUT", "/tenants/t0", {"share": 0.1}, token=None).status == 401
     assert d.http("PUT", "/tenants/t0", {"share": 0.1}, token="wrong").status == 401
     assert d.http("DELETE", "/tenants/t1", token=None).status == 401
     assert d.http("PUT", "/tenants/t9", {"tcp_port": d.free_port_extra, "share": 0.0001}, token="wrong").status == 401
-    assert d.tenants_raw() == before
+    assert d.quiet_tenants_raw() == before
     assert tl.port_refuses(d.free_port_extra, max_s=0.2)
     with d.connect("t1") as b:
         assert ask(b, b"version\r\n", b"\r\n").startswith(b"VERSION ")
@@ -587,7 +587,7 @@ def test_bad_admin_input_changes_nothing(daemons):
             c.sendall(b"".join(set_cmd(k, v, noreply=True) for k, v in items) + b"mn\r\n")
             assert tl.read_until(c, b"MN\r\n") == b"MN\r\n"
     free = d.free_port_extra
-    before = d.tenants_raw()
+    before = d.quiet_tenants_raw()
     cases = [
         # (what, method, path, body, allowed statuses)
         ("invalid JSON", "PUT", "/tenants/t0", b'{"share": 0.3', {400}),
@@ -621,7 +621,7 @@ def test_bad_admin_input_changes_nothing(daemons):
         r = d.http(method, path, body)
         assert r.status in allowed, "%s: %s %s -> %d %r (want %s)" % (what, method, path, r.status, r.body[:200], allowed)
         assert_json_error(r, what)
-        assert d.tenants_raw() == before, "%s changed GET /tenants" % what
+        assert d.quiet_tenants_raw() == before, "%s changed GET /tenants" % what
     auth = b"Authorization: Bearer " + tl.ADMIN_TOKEN.encode() + b"\r\n"
     raw_cases = [
         ("no Content-Length", b"PUT /tenants/t0 HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n", {411}),
@@ -631,7 +631,7 @@ def test_bad_admin_input_changes_nothing(daemons):
     for what, raw, allowed in raw_cases:
         status, resp = tl.http_raw(d.admin_port, raw)
         assert status in allowed, "%s -> %r (want %s)" % (what, resp[:200], allowed)
-        assert d.tenants_raw() == before, "%s changed GET /tenants" % what
+        assert d.quiet_tenants_raw() == before, "%s changed GET /tenants" % what
     assert tl.port_refuses(free, max_s=0.2), "a refused PUT opened port %d" % free
     for t, items in (("t0", items0), ("t1", items1)):
         with d.connect(t) as c:
