@@ -18,14 +18,13 @@
 //!   stream and are parsed as the next request.
 //! - SASL opcodes (auth not enabled) are "Unknown command", discarding `bodylen - keylen`.
 
+use crate::rules::{ItemLimits, KEY_BYTES_MAX};
 use crate::Parsed;
 
 /// Size of every request and response header.
 pub const HEADER_BYTES: usize = 24;
 pub const REQUEST_MAGIC: u8 = 0x80;
 pub const RESPONSE_MAGIC: u8 = 0x81;
-/// Longest key memcached accepts; longer ones get "Invalid arguments" and a close.
-pub const KEY_BYTES_MAX: usize = 250;
 
 /// Opcodes memcached 1.6 knows.
 pub mod opcode {
@@ -215,11 +214,13 @@ pub enum BinaryError {
     Unknown { header: Header, swallow_bytes: usize },
 }
 
-/// Parse one request from the front of `input`. Storage commands wait for their whole value
-/// unless it is longer than `value_bytes_max`, in which case they come back as
-/// [`Command::Oversize`] once header, extras and key are present, so no more than
-/// `HEADER_BYTES + 255 + 65535 + value_bytes_max` bytes ever need buffering.
-pub fn parse(input: &[u8], value_bytes_max: usize) -> Parsed<Request<'_>, BinaryError> {
+/// Parse one request from the front of `input`. A key longer than `rules::KEY_BYTES_MAX` gets
+/// "Invalid arguments" and a close. Storage commands wait for their whole value unless the item
+/// is too large for `limits` (memcached's `item_size_ok`, as every protocol: `rules`), in which
+/// case they come back as [`Command::Oversize`] (memcached's E2BIG) once header, extras and key
+/// are present, so no more than `HEADER_BYTES + 255 + 65535 + item_bytes_max` bytes ever need
+/// buffering.
+pub fn parse<'a>(input: &'a [u8], limits: &ItemLimits) -> Parsed<Request<'a>, BinaryError> {
     // memcached checks the magic only once a whole header is buffered; after a swallow that
     // ends mid-packet it waits rather than closing, so we do too.
     let Some(header) = Header::decode(input) else {
@@ -279,19 +280,20 @@ pub fn parse(input: &[u8], value_bytes_max: usize) -> Parsed<Request<'_>, Binary
                 _ => StoreKind::Replace,
             };
             let value_bytes = bodylen - keylen - extlen;
-            if value_bytes > value_bytes_max {
+            let flags = be_u32(extras, 0);
+            if limits.too_large(keylen, flags, value_bytes) {
                 return short(Command::Oversize { key, unlink_old: kind == StoreKind::Set, value_bytes });
             }
             let Some(value) = input.get(head_end..head_end + value_bytes) else {
                 return Parsed::Incomplete;
             };
-            let command =
-                Command::Store { kind, key, flags: be_u32(extras, 0), exptime: be_u32(extras, 4), value };
+            let command = Command::Store { kind, key, flags, exptime: be_u32(extras, 4), value };
             done(command, head_end + value_bytes)
         }
         APPEND | APPENDQ | PREPEND | PREPENDQ if keylen > 0 && extlen == 0 => {
             let value_bytes = bodylen - keylen;
-            if value_bytes > value_bytes_max {
+            // memcached allocates the appended piece as an item of its own, flags 0.
+            if limits.too_large(keylen, 0, value_bytes) {
                 return short(Command::Oversize { key, unlink_old: false, value_bytes });
             }
             let Some(value) = input.get(head_end..head_end + value_bytes) else {
@@ -418,7 +420,7 @@ mod tests {
         v
     }
 
-    const MAX: usize = 1024 * 1024;
+    const MAX: &ItemLimits = &ItemLimits { item_bytes_max: 1024 * 1024, cas_enabled: true };
 
     fn complete(input: &[u8]) -> (Request<'_>, usize) {
         match parse(input, MAX) {
@@ -647,14 +649,26 @@ mod tests {
     fn oversize_values_are_not_buffered() {
         let mut v = req(opcode::SET, b"big", &[0; 8], b"", 0, 1);
         v[8..12].copy_from_slice(&(8 + 3 + 100u32).to_be_bytes());
-        match parse(&v, 99) {
+        // 48 + 8 (CAS) + key 3 + 1 + value 100 + 2 = 162 bytes.
+        match parse(&v, &ItemLimits { item_bytes_max: 161, cas_enabled: true }) {
             Parsed::Complete { request, consumed } => {
                 assert_eq!(consumed, 24 + 8 + 3);
                 assert_eq!(request.command, Command::Oversize { key: b"big", unlink_old: true, value_bytes: 100 });
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(parse(&v, 100), Parsed::Incomplete);
+        assert_eq!(parse(&v, &ItemLimits { item_bytes_max: 162, cas_enabled: true }), Parsed::Incomplete);
+        // Non-zero flags cost 4 bytes; no CAS saves 8.
+        v[24..28].copy_from_slice(&1u32.to_be_bytes());
+        assert!(matches!(parse(&v, &ItemLimits { item_bytes_max: 165, cas_enabled: true }), Parsed::Complete { .. }));
+        assert_eq!(parse(&v, &ItemLimits { item_bytes_max: 158, cas_enabled: false }), Parsed::Incomplete);
+        // An append whose piece alone is too large is refused before its value (memcached E2BIG).
+        let mut v = req(opcode::APPEND, b"big", b"", b"", 0, 1);
+        v[8..12].copy_from_slice(&(3 + 100u32).to_be_bytes());
+        assert!(matches!(
+            parse(&v, &ItemLimits { item_bytes_max: 161, cas_enabled: true }),
+            Parsed::Complete { request: Request { command: Command::Oversize { unlink_old: false, value_bytes: 100, .. }, .. }, .. }
+        ));
         let mut v = req(opcode::PREPENDQ, b"big", b"", b"", 0, 1);
         v[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(matches!(
@@ -704,7 +718,7 @@ mod tests {
                 x ^= x << 17;
                 buf.push(if i == 0 { 0x80 } else if i == 4 { (x % 24) as u8 } else { (x >> 8) as u8 });
             }
-            let _ = parse(&buf, 16);
+            let _ = parse(&buf, &ItemLimits { item_bytes_max: 16, cas_enabled: true });
         }
     }
 }

@@ -3,7 +3,9 @@
 //! What it is for: `parse(&[u8])` turns bytes into a typed request (or says more bytes are
 //! needed, or that the input is invalid and how memcached answers that), and `compose` functions
 //! append reply bytes to a `Vec<u8>`. Text (`text`), meta (`meta`), binary (`binary`) and the
-//! 8-byte UDP frame header (`udp`).
+//! 8-byte UDP frame header (`udp`). memcached's byte rules that all of them share — limits, the
+//! item-size rule, number parsing, the tokenizer — live in one place, `rules`; the store uses
+//! the same module.
 //!
 //! What it is not for: sockets, buffering policy, or executing requests against a store — that
 //! is `slipstream-server`, which ties each protocol to the store in one file per protocol.
@@ -12,6 +14,7 @@
 
 pub mod binary;
 pub mod meta;
+pub mod rules;
 pub mod text;
 pub mod udp;
 
@@ -25,23 +28,4 @@ pub enum Parsed<T, E> {
     /// The bytes are not a valid request. `consumed` says how much input the error disposes of
     /// (memcached-compatible resynchronisation), `E` says how to answer.
     Invalid { error: E, consumed: usize },
-}
-
-/// Decimal digits of `v` in a stack buffer: (buffer, index of the first digit). Shared by the
-/// text and meta composers; no allocation.
-#[inline]
-pub(crate) fn decimal_digits(mut v: u64) -> ([u8; 20], usize) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        if let Some(slot) = buf.get_mut(i) {
-            *slot = b'0' + (v % 10) as u8;
-        }
-        v /= 10;
-        if v == 0 || i == 0 {
-            break;
-        }
-    }
-    (buf, i)
 }

@@ -2,48 +2,27 @@
 //! a parser that turns one request at the front of a buffer into a [`MetaRequest`] borrowing its
 //! key, flag tokens and data from the input, and composers that append reply bytes.
 //!
-//! What it is for: every byte rule of the meta request line — memcached's space-only tokenizer,
-//! its flag pre-parse (duplicate / invalid flags, numeric tokens parsed with C `strtol`/`strtoul`
-//! semantics, including their silent 32-bit truncation), base64 keys, per-command token limits,
-//! the exact error lines, and how many bytes an error disposes of (the `ms` data block is
-//! swallowed after a refused line). Replies list flags in request order, as memcached does.
+//! What it is for: the meta request line — memcached's flag pre-parse (duplicate / invalid
+//! flags, numeric tokens), base64 keys, per-command token limits, the exact error lines, and how
+//! many bytes an error disposes of (the `ms` data block is swallowed after a refused line).
+//! Replies list flags in request order, as memcached does. The line, the tokenizer, number
+//! parsing, the limits and the item-size rule are memcached's shared rules (`crate::rules`).
 //!
 //! What it is not for: store semantics (hits, CAS, win/stale tokens) or counters — that is
 //! `slipstream_server::memcache_meta`, which decides *which* reply to compose. Nothing here
 //! allocates except the output `Vec` the caller passes in.
 
+use crate::rules::{
+    item_bytes, request_line, safe_strtol, safe_strtoul, safe_strtoull, ItemLimits, Tokens, DATA_BYTES_MAX,
+    KEY_BYTES_MAX, META_OPAQUE_BYTES_MAX, META_TOKENS_MAX,
+};
 use crate::Parsed;
 
-/// Longest key memcached accepts on the wire (before any base64 decoding), in bytes.
-pub const KEY_BYTES_MAX: usize = 250;
-/// Longest `O` token (including the `O`), in bytes (memcached's MFLAG_MAX_OPAQUE_LENGTH).
-pub const OPAQUE_BYTES_MAX: usize = 32;
-/// memcached refuses a meta line with more than this many tokens, counting the command, the
-/// key, `ms`'s data length and the tokenizer's terminal token (MFLAG_MAX_OPT_LENGTH).
-const META_TOKENS_MAX: usize = 20;
-/// Most flags any meta command can carry (`mg`/`md`/`ma`: 20 - command - key - terminal).
+/// Most flags any meta command can carry (`mg`/`md`/`ma`: the meta token limit minus command,
+/// key and the terminal token).
 pub const FLAGS_MAX: usize = META_TOKENS_MAX - 3;
-/// memcached's tokenizer stops splitting after this many tokens (MAX_TOKENS - 1).
-const TOKENS_MAX: usize = 23;
 /// A 250-byte base64 key decodes to at most 186 bytes.
 const KEY_DECODED_BYTES_MAX: usize = KEY_BYTES_MAX / 4 * 3;
-/// memcached's `sizeof(item)` with CAS on a 64-bit build; part of its "too large" rule.
-pub const ITEM_HEADER_BYTES: usize = 56;
-/// memcached: `ms` data lengths above INT_MAX - 2 are a bad command line.
-const DATA_BYTES_LIMIT: i64 = i32::MAX as i64 - 2;
-
-/// Limits the parser needs from the server configuration.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// memcached `-I`: an `ms` whose item would exceed this is refused before its data is read.
-    pub item_bytes_max: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits { item_bytes_max: 1024 * 1024 }
-    }
-}
 
 /// Which meta command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,7 +92,7 @@ pub struct MetaFlags<'a> {
     pub initial: u64,
     /// `D<delta>` (ma; 1 when absent).
     pub delta: u64,
-    /// An `O` token is longer than [`OPAQUE_BYTES_MAX`]. Only `mg` and `ma` get this far with
+    /// An `O` token is longer than `rules::META_OPAQUE_BYTES_MAX`. Only `mg` and `ma` get this far with
     /// it: memcached fetches / applies the arithmetic first, then answers with the error.
     pub opaque_too_long: bool,
 }
@@ -190,7 +169,7 @@ pub struct MetaRequest<'a> {
     /// `ms`: the data block without its `\r\n`. Empty for other commands and when
     /// `too_large` is set.
     pub data: &'a [u8],
-    /// `ms`: the item would exceed `Limits::item_bytes_max`; memcached refuses it before
+    /// `ms`: the item is too large for `-I` (`rules::ItemLimits`); memcached refuses it before
     /// reading the data (`SERVER_ERROR object too large for cache`) and unlinks the old item.
     pub too_large: bool,
     /// Bytes of the data block still to discard after this request's `consumed` bytes
@@ -284,36 +263,20 @@ impl MetaError {
     }
 }
 
-/// Position of the `\n` that ends the first line, if any.
-pub fn line_end(input: &[u8]) -> Option<usize> {
-    input.iter().position(|&b| b == b'\n')
-}
-
 /// Parse one meta request from the front of `input` with default limits.
 pub fn parse(input: &[u8]) -> Parsed<MetaRequest<'_>, MetaError> {
-    parse_with(input, &Limits::default())
+    parse_with(input, &ItemLimits::default())
 }
 
-/// Parse one meta request from the front of `input`.
-pub fn parse_with<'a>(input: &'a [u8], limits: &Limits) -> Parsed<MetaRequest<'a>, MetaError> {
-    let Some(nl) = line_end(input) else {
+/// Parse one meta request from the front of `input`; `limits` decide when `ms` is too large.
+pub fn parse_with<'a>(input: &'a [u8], limits: &ItemLimits) -> Parsed<MetaRequest<'a>, MetaError> {
+    let Some((line, line_consumed)) = request_line(input) else {
         return Parsed::Incomplete;
     };
-    let line_consumed = nl + 1;
-    let mut line = input.get(..nl).unwrap_or(&[]);
-    // memcached strips one '\r' before the '\n' (only when the line has more than one byte).
-    if line.len() > 1 && line.last() == Some(&b'\r') {
-        line = line.get(..line.len() - 1).unwrap_or(&[]);
-    }
-    // The C tokenizer runs on a NUL-terminated string: a NUL ends the line.
-    if let Some(nul) = line.iter().position(|&b| b == 0) {
-        line = line.get(..nul).unwrap_or(&[]);
-    }
-    let mut tokens: [&[u8]; TOKENS_MAX] = [&[]; TOKENS_MAX];
-    let real = tokenize(line, &mut tokens);
+    let split = Tokens::split(line);
     // memcached's ntokens counts a terminal empty token.
-    let ntokens = real + 1;
-    let tokens = tokens.get(..real).unwrap_or(&[]);
+    let ntokens = split.count() + 1;
+    let tokens = split.as_slice();
     let invalid = |kind| Parsed::Invalid { error: MetaError::new(kind), consumed: line_consumed };
 
     let cmd = tokens.first().copied().unwrap_or(&[]);
@@ -397,7 +360,7 @@ fn parse_set<'a>(
     tokens: &[&'a [u8]],
     ntokens: usize,
     line_consumed: usize,
-    limits: &Limits,
+    limits: &ItemLimits,
 ) -> Parsed<MetaRequest<'a>, MetaError> {
     let invalid = |kind| Parsed::Invalid { error: MetaError::new(kind), consumed: line_consumed };
     if ntokens < 3 {
@@ -410,8 +373,8 @@ fn parse_set<'a>(
     if ntokens > META_TOKENS_MAX {
         return invalid(MetaErrorKind::FlagsTooLong);
     }
-    let data_len = match c_strtol(tokens.get(2).copied().unwrap_or(&[])) {
-        Some(v) if v >= 0 && i64::from(v) <= DATA_BYTES_LIMIT => v as usize,
+    let data_len = match safe_strtol(tokens.get(2).copied().unwrap_or(&[])).map(usize::try_from) {
+        Some(Ok(v)) if v <= DATA_BYTES_MAX => v,
         _ => return invalid(MetaErrorKind::BadFormat),
     };
     // From here on memcached knows the data length and swallows the data block on error.
@@ -434,9 +397,7 @@ fn parse_set<'a>(
     if flags.opaque_too_long {
         return refuse(MetaErrorKind::OpaqueTooLong);
     }
-    let flags_bytes = if flags.client_flags == 0 { 0 } else { 4 };
-    let item_bytes = ITEM_HEADER_BYTES + key.bytes().len() + 1 + flags_bytes + block;
-    if item_bytes > limits.item_bytes_max {
+    if limits.too_large(key.bytes().len(), flags.client_flags, data_len) {
         return Parsed::Complete {
             request: MetaRequest {
                 command: MetaCommand::Set,
@@ -473,23 +434,6 @@ fn parse_set<'a>(
     }
 }
 
-/// memcached's tokenizer: split on ' ' only, skip empty tokens, stop after [`TOKENS_MAX`].
-fn tokenize<'a>(line: &'a [u8], tokens: &mut [&'a [u8]; TOKENS_MAX]) -> usize {
-    let mut n = 0;
-    for tok in line.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
-        if n == TOKENS_MAX {
-            // memcached leaves the rest unsplit; one more (non-empty) token is enough for
-            // every limit check that follows.
-            break;
-        }
-        if let Some(slot) = tokens.get_mut(n) {
-            *slot = tok;
-        }
-        n += 1;
-    }
-    n
-}
-
 /// memcached's `_meta_flag_preparse`: validate the flag tokens and extract their values.
 /// Duplicate and unknown flags stop at once; other problems are remembered (the last message
 /// wins) and parsing continues, as in memcached.
@@ -521,20 +465,20 @@ fn preparse<'a>(tokens: &[&'a [u8]], key: &mut MetaKey<'_>) -> Result<MetaFlags<
                 }
                 None => fail(Some(MetaErrorKind::KeyDecode)),
             },
-            b'N' => match c_strtol(arg) {
+            b'N' => match safe_strtol(arg) {
                 Some(v) => f.vivify = Some(v),
                 None => fail(Some(MetaErrorKind::BadToken)),
             },
-            b'T' => match c_strtol(arg) {
+            b'T' => match safe_strtol(arg) {
                 Some(v) => f.ttl = Some(v),
                 None => fail(Some(MetaErrorKind::BadToken)),
             },
-            b'R' => match c_strtol(arg) {
+            b'R' => match safe_strtol(arg) {
                 Some(v) => f.recache = Some(v),
                 None => fail(Some(MetaErrorKind::BadToken)),
             },
             b'O' => {
-                if tok.len() > OPAQUE_BYTES_MAX {
+                if tok.len() > META_OPAQUE_BYTES_MAX {
                     f.opaque_too_long = true;
                 }
             }
@@ -542,11 +486,11 @@ fn preparse<'a>(tokens: &[&'a [u8]], key: &mut MetaKey<'_>) -> Result<MetaFlags<
             b'v' => f.value = true,
             b'u' => f.no_bump = true,
             b'q' => f.quiet = true,
-            b'F' => match c_strtoul(arg) {
+            b'F' => match safe_strtoul(arg) {
                 Some(v) => f.client_flags = v,
                 None => fail(None),
             },
-            b'C' => match c_strtoull(arg) {
+            b'C' => match safe_strtoull(arg) {
                 Some(v) => f.cas = Some(v),
                 None => fail(Some(MetaErrorKind::BadToken)),
             },
@@ -557,11 +501,11 @@ fn preparse<'a>(tokens: &[&'a [u8]], key: &mut MetaKey<'_>) -> Result<MetaFlags<
                     f.mode = arg.first().copied();
                 }
             }
-            b'J' => match c_strtoull(arg) {
+            b'J' => match safe_strtoull(arg) {
                 Some(v) => f.initial = v,
                 None => fail(Some(MetaErrorKind::InitialValue)),
             },
-            b'D' => match c_strtoull(arg) {
+            b'D' => match safe_strtoull(arg) {
                 Some(v) => f.delta = v,
                 None => fail(Some(MetaErrorKind::DeltaValue)),
             },
@@ -577,84 +521,6 @@ fn preparse<'a>(tokens: &[&'a [u8]], key: &mut MetaKey<'_>) -> Result<MetaFlags<
         Some(kind) => Err(kind),
         None => Ok(f),
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// C number parsing, as memcached's safe_strtol / safe_strtoul / safe_strtoull do it.
-
-fn c_isspace(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// strtoull's core: leading whitespace, sign, decimal digits. Returns (negative, magnitude,
-/// bytes used) or None when no digits or the magnitude overflows u64 (ERANGE).
-fn c_scan(s: &[u8]) -> Option<(bool, u64, usize)> {
-    let mut i = 0;
-    while s.get(i).is_some_and(|&b| c_isspace(b)) {
-        i += 1;
-    }
-    let mut negative = false;
-    if let Some(&sign) = s.get(i) {
-        if sign == b'+' || sign == b'-' {
-            negative = sign == b'-';
-            i += 1;
-        }
-    }
-    let digits_start = i;
-    let mut value: u64 = 0;
-    let mut overflow = false;
-    while let Some(&d) = s.get(i) {
-        if !d.is_ascii_digit() {
-            break;
-        }
-        match value.checked_mul(10).and_then(|v| v.checked_add(u64::from(d - b'0'))) {
-            Some(v) => value = v,
-            None => overflow = true,
-        }
-        i += 1;
-    }
-    if i == digits_start || overflow {
-        return None;
-    }
-    // safe_strto*: the number must end the token or be followed by whitespace.
-    match s.get(i) {
-        None => Some((negative, value, i)),
-        Some(&b) if c_isspace(b) => Some((negative, value, i)),
-        Some(_) => None,
-    }
-}
-
-/// safe_strtol: a C `long` (64-bit) stored into an int32_t — silently truncated.
-fn c_strtol(s: &[u8]) -> Option<i32> {
-    let (negative, mag, _) = c_scan(s)?;
-    let v: i64 = if negative {
-        if mag > (i64::MAX as u64) + 1 {
-            return None;
-        }
-        (mag as i64).wrapping_neg()
-    } else {
-        if mag > i64::MAX as u64 {
-            return None;
-        }
-        mag as i64
-    };
-    Some(v as i32)
-}
-
-/// safe_strtoull: negation wraps as in C; refused only if the result looks negative and a '-'
-/// was written.
-fn c_strtoull(s: &[u8]) -> Option<u64> {
-    let (negative, mag, _) = c_scan(s)?;
-    let v = if negative { mag.wrapping_neg() } else { mag };
-    if (v as i64) < 0 && negative {
-        return None;
-    }
-    Some(v)
-}
-
-/// safe_strtoul: as safe_strtoull, then stored into a uint32_t (truncated).
-fn c_strtoul(s: &[u8]) -> Option<u32> {
-    c_strtoull(s).map(|v| v as u32)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -935,7 +801,7 @@ pub fn compose_arith_ok(
     cas: u64,
     ttl_remaining_s: i64,
 ) {
-    let (digits, first) = crate::decimal_digits(value);
+    let (digits, first) = crate::rules::decimal_digits(value);
     let number = digits.get(first..).unwrap_or(&[]);
     if req.flags.value {
         out.extend_from_slice(b"VA ");
@@ -1006,14 +872,6 @@ const fn slab_sizes() -> [u64; SLAB_CLASSES] {
 
 const SLAB_SIZES: [u64; SLAB_CLASSES] = slab_sizes();
 
-/// memcached's ITEM_ntotal for an item with this key, value and flags (the header has 8 bytes
-/// of CAS when CAS is on).
-pub fn item_total_bytes(key_bytes: usize, value_bytes: usize, client_flags: u32, cas_enabled: bool) -> u64 {
-    let flags_bytes = if client_flags == 0 { 0 } else { 4 };
-    let header = if cas_enabled { ITEM_HEADER_BYTES } else { ITEM_HEADER_BYTES - 8 };
-    (header + key_bytes + 1 + flags_bytes + value_bytes + 2) as u64
-}
-
 /// Slab class memcached would put an item of `total` bytes in (chunked items: the largest).
 pub fn slab_class(total: u64) -> usize {
     SLAB_SIZES.iter().position(|&s| total <= s).map_or(SLAB_CLASSES, |i| i + 1)
@@ -1035,7 +893,7 @@ pub fn compose_debug(out: &mut Vec<u8>, key: &MetaKey<'_>, info: &DebugInfo, cas
     out.extend_from_slice(b" cas=");
     push_u64(out, info.cas);
     out.extend_from_slice(if info.fetched { b" fetch=yes" } else { b" fetch=no" });
-    let total = item_total_bytes(key.bytes().len(), info.value_bytes, info.client_flags, cas_enabled);
+    let total = item_bytes(key.bytes().len(), info.client_flags, info.value_bytes, cas_enabled) as u64;
     out.extend_from_slice(b" cls=");
     push_u64(out, slab_class(total) as u64);
     out.extend_from_slice(b" size=");
@@ -1318,8 +1176,8 @@ mod tests {
 
     #[test]
     fn ms_too_large_is_decided_before_the_data() {
-        let limits = Limits { item_bytes_max: 1024 * 1024 };
-        // memcached: 56 + key + 1 + (flags ? 4 : 0) + data + 2 must fit in -I.
+        let limits = ItemLimits::default();
+        // memcached: 48 + 8 (CAS) + key + 1 + (flags ? 4 : 0) + data + 2 must fit in -I.
         let fits = b"ms foo 1048514\r\n";
         assert!(matches!(parse_with(fits, &limits), Parsed::Incomplete));
         match parse_with(b"ms foo 1048515 k\r\nxyz", &limits) {
@@ -1342,6 +1200,14 @@ mod tests {
                 assert_eq!(error.kind, MetaErrorKind::InvalidFlag);
                 assert_eq!((consumed, error.swallow_bytes), (19, 2000002));
             }
+            other => panic!("{other:?}"),
+        }
+        // -C: items carry no CAS, so an ms fits 8 bytes more, exactly as a set does (memcached
+        // 1.6.18; before the shared rule ms kept the CAS bytes and refused these).
+        let no_cas = ItemLimits { cas_enabled: false, ..limits };
+        assert!(matches!(parse_with(b"ms foo 1048522\r\n", &no_cas), Parsed::Incomplete));
+        match parse_with(b"ms foo 1048523\r\n", &no_cas) {
+            Parsed::Complete { request, .. } => assert!(request.too_large),
             other => panic!("{other:?}"),
         }
     }
@@ -1475,25 +1341,8 @@ mod tests {
         assert_eq!(slab_class(246), 6);
         assert_eq!(slab_class(524288), 39);
         assert_eq!(slab_class(600062), 39);
-        assert_eq!(item_total_bytes(3, 1_000_000, 0, true), 1_000_062);
-        assert_eq!(item_total_bytes(1, 1, 3, true), 65);
-    }
-
-    #[test]
-    fn numbers_like_c() {
-        assert_eq!(c_strtol(b"-1"), Some(-1));
-        assert_eq!(c_strtol(b" 5"), Some(5));
-        assert_eq!(c_strtol(b"5 "), Some(5));
-        assert_eq!(c_strtol(b"5\tjunk"), Some(5));
-        assert_eq!(c_strtol(b"5x"), None);
-        assert_eq!(c_strtol(b""), None);
-        assert_eq!(c_strtol(b"-"), None);
-        assert_eq!(c_strtol(b"9223372036854775808"), None);
-        assert_eq!(c_strtol(b"-9223372036854775808"), Some(0));
-        assert_eq!(c_strtoull(b"-0"), Some(0));
-        assert_eq!(c_strtoull(b"-1"), None);
-        assert_eq!(c_strtoull(b"-18446744073709551615"), Some(1));
-        assert_eq!(c_strtoul(b"4294967296"), Some(0));
+        assert_eq!(item_bytes(3, 0, 1_000_000, true), 1_000_062);
+        assert_eq!(item_bytes(1, 3, 1, true), 65);
     }
 
     #[test]

@@ -9,15 +9,10 @@
 //! meta commands (`mg ms md ma mn me` are only *recognised* here, as `Request::Meta`, so the
 //! server can hand the input to the meta parser), or I/O.
 //!
-//! memcached rules reproduced here (all checked against a real memcached 1.6.18):
-//! - A request line ends at the first `\n`; one `\r` before it is dropped when the line has at
-//!   least two bytes; a NUL byte ends the line early (memcached works on C strings). Tokens are
-//!   separated by spaces only (a tab is part of a token). At most 23 tokens are looked at
-//!   (memcached's `MAX_TOKENS` 24 includes a terminator); `get`-family keys beyond that are
-//!   still all read, in order, as memcached re-tokenizes the rest of the line.
-//! - Numbers follow memcached's `safe_strto*` helpers over C `strto*`: leading white space and a
-//!   sign are accepted, trailing white space inside the token is accepted, 32-bit fields are
-//!   silently truncated from 64 bits (`flags 4294967296` stores 0; `exptime 4294967396` is 100).
+//! The line, tokenizer, number and item-size rules are memcached's, shared with the other
+//! protocols in `crate::rules`. Rules of this protocol (all checked against memcached 1.6.18):
+//! - At most `rules::TOKENS_MAX` tokens are looked at; `get`-family keys beyond that are still
+//!   all read, in order, as memcached re-tokenizes the rest of the line.
 //! - No `\n` within `line_bytes_max` (2048) bytes closes the connection without a reply, unless
 //!   the line starts (after at most 100 spaces) with `get ` or `gets ` — a large multiget, which
 //!   memcached buffers whatever its length (try_read_command_ascii). `Limits::
@@ -30,21 +25,16 @@
 //! - After `CLIENT_ERROR bad command line format` on a storage command only the line is
 //!   consumed: the data block is then read as a command (typically answering `ERROR`).
 
+use crate::rules::{
+    request_line, safe_strtol, safe_strtoul, safe_strtoull, ItemLimits, Tokens, Words, DATA_BYTES_MAX, KEY_BYTES_MAX,
+    LINE_BYTES_MAX,
+};
 use crate::Parsed;
 
-/// Longest key memcached accepts (`KEY_MAX_LENGTH`).
-pub const KEY_BYTES_MAX: usize = 250;
-/// memcached looks at no more than this many tokens of a line (its `MAX_TOKENS` minus the
-/// terminator slot).
-pub const TOKENS_MAX: usize = 23;
 /// An over-long line may start with at most this many spaces and still count as a multiget.
 pub const LINE_LEADING_SPACES_MAX: usize = 100;
 /// Default bound on a multiget line that has no newline yet (memcached: unbounded).
 pub const MULTIGET_LINE_BYTES_MAX_DEFAULT: usize = 1 << 20;
-/// memcached's `sizeof(item)` on 64-bit builds; part of its "object too large" arithmetic.
-pub const ITEM_HEADER_BYTES: usize = 48;
-/// Bytes memcached adds to every item when CAS is enabled.
-pub const ITEM_CAS_BYTES: usize = 8;
 
 /// Limits the parser enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,19 +44,16 @@ pub struct Limits {
     pub line_bytes_max: usize,
     /// A multiget line without `\n` longer than this closes the connection.
     pub multiget_line_bytes_max: usize,
-    /// memcached `-I`: largest item (header, key, flags, value, CAS) in bytes.
-    pub item_bytes_max: usize,
-    /// memcached `-C` off: whether items carry the 8-byte CAS (changes the size arithmetic).
-    pub cas_enabled: bool,
+    /// memcached `-I` and `-C`: which storage commands are refused as too large.
+    pub item: ItemLimits,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            line_bytes_max: 2048,
+            line_bytes_max: LINE_BYTES_MAX,
             multiget_line_bytes_max: MULTIGET_LINE_BYTES_MAX_DEFAULT,
-            item_bytes_max: 1024 * 1024,
-            cas_enabled: true,
+            item: ItemLimits::default(),
         }
     }
 }
@@ -113,32 +100,8 @@ pub enum StatsCmd {
     Unknown,
 }
 
-/// Keys of a `get`-family request, read lazily from the rest of the line (no allocation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Keys<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Keys<'a> {
-    pub fn new(rest: &'a [u8]) -> Keys<'a> {
-        Keys { rest }
-    }
-}
-
-impl<'a> Iterator for Keys<'a> {
-    type Item = &'a [u8];
-
-    #[inline]
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let start = self.rest.iter().position(|&b| b != b' ')?;
-        let tail = self.rest.get(start..).unwrap_or(&[]);
-        // Tokens are short: a plain loop beats memchr's call and setup cost here.
-        let len = tail.iter().position(|&b| b == b' ').unwrap_or(tail.len());
-        let (key, after) = tail.split_at(len);
-        self.rest = after;
-        Some(key)
-    }
-}
+/// Keys of a `get`-family request: the rest of the line's words, read lazily (no allocation).
+pub type Keys<'a> = Words<'a>;
 
 /// One text-protocol request. Keys and data borrow from the input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,179 +252,12 @@ pub const MEMLIMIT_MB_MAX: u32 = 1_000_000_000;
 /// block turned out bad (`CLIENT_ERROR bad data chunk`): memcached counts it by key
 /// (`stats detail`) before it reads the data.
 pub fn line_key(input: &[u8]) -> &[u8] {
-    let end = memchr::memchr(b'\n', input).unwrap_or(input.len());
-    let mut line = input.get(..end).unwrap_or(&[]);
-    if let Some(z) = memchr::memchr(0, line) {
-        line = line.get(..z).unwrap_or(&[]);
-    }
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    Keys::new(line).nth(1).unwrap_or(&[])
-}
-
-/// Whether memcached refuses an item of this shape as too large (`item_size_ok`):
-/// header + key + NUL + flags (4 bytes only when non-zero) + value + `\r\n` + CAS.
-pub fn item_too_large(key_bytes: usize, flags: u32, value_bytes: usize, limits: &Limits) -> bool {
-    let total = ITEM_HEADER_BYTES
-        .saturating_add(key_bytes)
-        .saturating_add(1)
-        .saturating_add(if flags == 0 { 0 } else { 4 })
-        .saturating_add(value_bytes)
-        .saturating_add(2)
-        .saturating_add(if limits.cas_enabled {
-            ITEM_CAS_BYTES
-        } else {
-            0
-        });
-    total > limits.item_bytes_max
-}
-
-// ---------------------------------------------------------------------------------------------
-// Numbers, the memcached way.
-
-#[inline]
-fn is_c_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// What C `strtou?l(str, &end, 10)` sees in a token.
-struct CNum {
-    neg: bool,
-    magnitude: u64,
-    overflow: bool,
-    end: usize,
-}
-
-/// Scan like C `strto*`: white space, sign, digits. None when there are no digits (memcached
-/// then sees `endptr == str` and fails).
-#[inline]
-fn c_scan(tok: &[u8]) -> Option<CNum> {
-    let mut i = 0;
-    while tok.get(i).is_some_and(|&b| is_c_space(b)) {
-        i += 1;
-    }
-    let mut neg = false;
-    match tok.get(i) {
-        Some(b'-') => {
-            neg = true;
-            i += 1;
-        }
-        Some(b'+') => i += 1,
-        _ => {}
-    }
-    let digits_start = i;
-    let mut magnitude: u64 = 0;
-    let mut overflow = false;
-    while let Some(&b) = tok.get(i) {
-        if !b.is_ascii_digit() {
-            break;
-        }
-        match magnitude
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u64::from(b - b'0')))
-        {
-            Some(m) => magnitude = m,
-            None => overflow = true,
-        }
-        i += 1;
-    }
-    if i == digits_start {
-        return None;
-    }
-    Some(CNum {
-        neg,
-        magnitude,
-        overflow,
-        end: i,
-    })
-}
-
-/// memcached accepts a number only if it ends the token or is followed by white space.
-#[inline]
-fn ends_ok(tok: &[u8], end: usize) -> bool {
-    match tok.get(end) {
-        None => true,
-        Some(&b) => is_c_space(b),
-    }
-}
-
-/// memcached `safe_strtoull`: u64; a negative number is refused only when its two's-complement
-/// reading has the top bit set (so `-0` is 0 and `-18446744073709551615` is 1, as in C).
-pub fn safe_strtoull(tok: &[u8]) -> Option<u64> {
-    let c = c_scan(tok)?;
-    if c.overflow || !ends_ok(tok, c.end) {
-        return None;
-    }
-    let v = if c.neg {
-        c.magnitude.wrapping_neg()
-    } else {
-        c.magnitude
-    };
-    if (v as i64) < 0 && tok.contains(&b'-') {
-        return None;
-    }
-    Some(v)
-}
-
-/// memcached `safe_strtoul`: as `safe_strtoull`, then truncated to 32 bits (memcached stores
-/// an `unsigned long` into a `uint32_t`).
-pub fn safe_strtoul(tok: &[u8]) -> Option<u32> {
-    safe_strtoull(tok).map(|v| v as u32)
-}
-
-/// memcached `safe_strtol`: a 64-bit `long` (out of range fails), truncated to 32 bits.
-pub fn safe_strtol(tok: &[u8]) -> Option<i32> {
-    let c = c_scan(tok)?;
-    if c.overflow || !ends_ok(tok, c.end) {
-        return None;
-    }
-    let v: i64 = if c.neg {
-        if c.magnitude > 1u64 << 63 {
-            return None;
-        }
-        (c.magnitude as i64).wrapping_neg()
-    } else {
-        if c.magnitude > i64::MAX as u64 {
-            return None;
-        }
-        c.magnitude as i64
-    };
-    Some(v as i32)
+    let line = request_line(input).map_or(&[][..], |(line, _)| line);
+    Words::new(line).nth(1).unwrap_or(&[])
 }
 
 // ---------------------------------------------------------------------------------------------
 // Parsing.
-
-/// Up to `TOKENS_MAX` space-separated tokens of a line; `count` is memcached's `ntokens - 1`.
-struct Tokens<'a> {
-    toks: [&'a [u8]; TOKENS_MAX],
-    count: usize,
-}
-
-impl<'a> Tokens<'a> {
-    fn split(line: &'a [u8]) -> Tokens<'a> {
-        let mut toks: [&'a [u8]; TOKENS_MAX] = [&[]; TOKENS_MAX];
-        let mut count = 0;
-        for (slot, tok) in toks.iter_mut().zip(Keys::new(line)) {
-            *slot = tok;
-            count += 1;
-        }
-        Tokens { toks, count }
-    }
-
-    #[inline]
-    fn get(&self, i: usize) -> &'a [u8] {
-        if i < self.count {
-            self.toks.get(i).copied().unwrap_or(&[])
-        } else {
-            &[]
-        }
-    }
-
-    /// memcached's `set_noreply_maybe`: the last token looked at is exactly `noreply`.
-    fn noreply(&self) -> bool {
-        self.count >= 1 && self.get(self.count - 1) == b"noreply"
-    }
-}
 
 #[inline]
 fn invalid<'a>(
@@ -482,21 +278,9 @@ fn complete(request: Request<'_>, consumed: usize) -> Parsed<Request<'_>, TextEr
 
 /// Parse one request from the front of `input`.
 pub fn parse<'a>(input: &'a [u8], limits: &Limits) -> Parsed<Request<'a>, TextError> {
-    let Some(nl) = memchr::memchr(b'\n', input) else {
+    let Some((line, consumed)) = request_line(input) else {
         return no_newline_yet(input, limits);
     };
-    let consumed = nl + 1;
-    let mut line = input.get(..nl).unwrap_or(&[]);
-    // memcached drops one '\r' before the '\n' only when the line has at least two bytes.
-    if nl > 1 {
-        if let Some(stripped) = line.strip_suffix(b"\r") {
-            line = stripped;
-        }
-    }
-    // memcached parses C strings: a NUL ends the line.
-    if let Some(z) = memchr::memchr(0, line) {
-        line = line.get(..z).unwrap_or(&[]);
-    }
     parse_line(line, input, consumed, limits)
 }
 
@@ -515,10 +299,10 @@ pub struct PendingStore<'a> {
 /// If `input` starts with a valid storage command line whose data block is not complete yet,
 /// say so (the network loop uses it to refuse, memcached-style, a data block it cannot buffer).
 pub fn pending_store<'a>(input: &'a [u8], limits: &Limits) -> Option<PendingStore<'a>> {
-    let nl = memchr::memchr(b'\n', input)?;
+    let nl = crate::rules::line_end(input)?;
     // With no room for any item, a valid storage line parses as "too large" at once, which
     // carries what we need without waiting for (or looking at) the data.
-    let probe = Limits { item_bytes_max: 0, ..*limits };
+    let probe = Limits { item: ItemLimits { item_bytes_max: 0, ..limits.item }, ..*limits };
     match parse(input.get(..=nl)?, &probe) {
         Parsed::Complete { request: Request::StoreTooLarge { cmd, key, noreply, swallow_bytes }, consumed } => {
             (input.len() < consumed.saturating_add(swallow_bytes))
@@ -568,7 +352,7 @@ fn parse_line<'a>(
         );
     }
 
-    let mut words = Keys::new(line);
+    let mut words = Words::new(line);
     let Some(cmd) = words.next() else {
         return invalid(TextErrorKind::Error, false, consumed);
     };
@@ -616,7 +400,7 @@ fn parse_line<'a>(
     }
 
     let t = Tokens::split(line);
-    let n = t.count;
+    let n = t.count();
     let bad = |kind| invalid(kind, false, consumed);
     match cmd {
         b"set" => parse_storage(StoreCmd::Set, &t, input, consumed, limits),
@@ -632,7 +416,7 @@ fn parse_line<'a>(
             let mut noreply = false;
             if n > 2 {
                 let hold_is_zero = t.get(2) == b"0";
-                noreply = t.noreply();
+                noreply = t.last_is_noreply();
                 let valid =
                     (n == 3 && (hold_is_zero || noreply)) || (n == 4 && hold_is_zero && noreply);
                 if !valid {
@@ -649,7 +433,7 @@ fn parse_line<'a>(
             if n != 3 && n != 4 {
                 return bad(TextErrorKind::Error);
             }
-            let noreply = t.noreply();
+            let noreply = t.last_is_noreply();
             let key = t.get(1);
             if key.len() > KEY_BYTES_MAX {
                 return invalid(TextErrorKind::BadFormat, noreply, consumed);
@@ -671,7 +455,7 @@ fn parse_line<'a>(
             if n != 3 && n != 4 {
                 return bad(TextErrorKind::Error);
             }
-            let noreply = t.noreply();
+            let noreply = t.last_is_noreply();
             let key = t.get(1);
             if key.len() > KEY_BYTES_MAX {
                 return invalid(TextErrorKind::BadFormat, noreply, consumed);
@@ -692,7 +476,7 @@ fn parse_line<'a>(
             if !(1..=3).contains(&n) {
                 return bad(TextErrorKind::Error);
             }
-            let noreply = t.noreply();
+            let noreply = t.last_is_noreply();
             let delay_s = if n != if noreply { 2 } else { 1 } {
                 safe_strtol(t.get(1)).map(i64::from)
             } else {
@@ -706,7 +490,7 @@ fn parse_line<'a>(
             if n != 2 && n != 3 {
                 return bad(TextErrorKind::Error);
             }
-            let noreply = t.noreply();
+            let noreply = t.last_is_noreply();
             match safe_strtoul(t.get(1)) {
                 Some(level) => complete(Request::Verbosity { level, noreply }, consumed),
                 None => invalid(TextErrorKind::BadFormat, noreply, consumed),
@@ -727,7 +511,7 @@ fn parse_line<'a>(
             if n != 2 && n != 3 {
                 return bad(TextErrorKind::Error);
             }
-            let noreply = t.noreply();
+            let noreply = t.last_is_noreply();
             // memcached's process_memlimit_command; a 32-bit parse, so 4294967296 reads as 0.
             let line: &'static [u8] = match safe_strtoul(t.get(1)) {
                 None => b"ERROR\r\n",
@@ -785,12 +569,12 @@ fn parse_storage<'a>(
     consumed: usize,
     limits: &Limits,
 ) -> Parsed<Request<'a>, TextError> {
-    let n = t.count;
+    let n = t.count();
     let want = if cmd == StoreCmd::Cas { 6 } else { 5 };
     if n != want && n != want + 1 {
         return invalid(TextErrorKind::Error, false, consumed);
     }
-    let noreply = t.noreply();
+    let noreply = t.last_is_noreply();
     let bad_format = || invalid(TextErrorKind::BadFormat, noreply, consumed);
     let key = t.get(1);
     if key.len() > KEY_BYTES_MAX {
@@ -810,12 +594,11 @@ fn parse_storage<'a>(
             None => return bad_format(),
         }
     }
-    if !(0..=i32::MAX - 2).contains(&vlen) {
+    let Some(value_bytes) = usize::try_from(vlen).ok().filter(|&v| v <= DATA_BYTES_MAX) else {
         return bad_format();
-    }
-    let value_bytes = vlen as usize;
+    };
     let block_bytes = value_bytes + 2;
-    if item_too_large(key.len(), flags, value_bytes, limits) {
+    if limits.item.too_large(key.len(), flags, value_bytes) {
         return complete(
             Request::StoreTooLarge {
                 cmd,
@@ -850,7 +633,7 @@ fn parse_storage<'a>(
 
 /// `slabs automove <0|1|2>` / `slabs automove ratio <r>` / `slabs reassign <src> <dst>`.
 fn parse_slabs<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
-    let n = t.count;
+    let n = t.count();
     let line: &'static [u8] = if n == 4 && t.get(1) == b"reassign" {
         match (safe_strtol(t.get(2)), safe_strtol(t.get(3))) {
             (Some(src), Some(dst)) if src == dst => b"SAME src and dst class are identical\r\n",
@@ -862,7 +645,7 @@ fn parse_slabs<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
             _ => b"CLIENT_ERROR bad command line format\r\n",
         }
     } else if n >= 3 && t.get(1) == b"automove" {
-        let noreply = t.noreply();
+        let noreply = t.last_is_noreply();
         let line: &'static [u8] = if t.get(2) == b"ratio" {
             let ratio_ok = n >= 4 && {
                 let r = t.get(3);
@@ -894,7 +677,7 @@ fn parse_slabs<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
 }
 
 fn parse_stats<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
-    let n = t.count;
+    let n = t.count();
     if n == 1 {
         return complete(Request::Stats(StatsCmd::General), consumed);
     }
@@ -935,7 +718,7 @@ fn parse_stats<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
 /// Append the decimal form of `v`.
 #[inline]
 pub fn compose_u64(out: &mut Vec<u8>, v: u64) {
-    let (buf, i) = crate::decimal_digits(v);
+    let (buf, i) = crate::rules::decimal_digits(v);
     out.extend_from_slice(buf.get(i..).unwrap_or(&[]));
 }
 
@@ -1052,33 +835,6 @@ mod tests {
     }
 
     use TextErrorKind::*;
-
-    #[test]
-    fn numbers_follow_c_strto() {
-        assert_eq!(safe_strtoul(b"4294967295"), Some(u32::MAX));
-        assert_eq!(safe_strtoul(b"4294967296"), Some(0));
-        assert_eq!(safe_strtoul(b"-0"), Some(0));
-        assert_eq!(safe_strtoul(b"-1"), None);
-        assert_eq!(safe_strtoul(b"-18446744073709551615"), Some(1));
-        assert_eq!(safe_strtoul(b"+7"), Some(7));
-        assert_eq!(safe_strtoul(b"\t7"), Some(7));
-        assert_eq!(safe_strtoul(b"7\t"), Some(7));
-        assert_eq!(safe_strtoul(b"7x"), None);
-        assert_eq!(safe_strtoul(b""), None);
-        assert_eq!(safe_strtoul(b"-"), None);
-        assert_eq!(safe_strtoul(b"abc"), None);
-        assert_eq!(safe_strtol(b"9999999999"), Some(9999999999i64 as i32));
-        assert_eq!(safe_strtol(b"4294967396"), Some(100));
-        assert_eq!(safe_strtol(b"-1"), Some(-1));
-        assert_eq!(safe_strtol(b"3000000000"), Some(3000000000i64 as i32));
-        assert_eq!(safe_strtol(b"9223372036854775808"), None);
-        assert_eq!(safe_strtol(b"-9223372036854775808"), Some(0));
-        assert_eq!(safe_strtol(b"-9223372036854775809"), None);
-        assert_eq!(safe_strtoull(b"18446744073709551615"), Some(u64::MAX));
-        assert_eq!(safe_strtoull(b"18446744073709551616"), None);
-        assert_eq!(safe_strtoull(b"-1"), None);
-        assert_eq!(safe_strtoull(b" 12"), Some(12));
-    }
 
     #[test]
     fn get_forms() {
@@ -1327,24 +1083,12 @@ mod tests {
                 ..
             }
         ));
-        assert!(!item_too_large(
-            1,
-            0,
-            1048524,
-            &Limits {
-                cas_enabled: false,
-                ..lim()
-            }
-        ));
-        assert!(item_too_large(
-            1,
-            0,
-            1048525,
-            &Limits {
-                cas_enabled: false,
-                ..lim()
-            }
-        ));
+        // Under -C the same line fits 8 bytes more (the rule itself: rules::limits).
+        let no_cas = Limits { item: ItemLimits { cas_enabled: false, ..ItemLimits::default() }, ..lim() };
+        let k250 = [b"set ".as_slice(), &[b'k'; 250], b" 7 0 1048271\r\n"].concat();
+        assert_eq!(parse(&k250, &no_cas), Parsed::Incomplete);
+        let k250 = [b"set ".as_slice(), &[b'k'; 250], b" 7 0 1048272\r\n"].concat();
+        assert!(matches!(parse(&k250, &no_cas), Parsed::Complete { request: Request::StoreTooLarge { .. }, .. }));
     }
 
     #[test]

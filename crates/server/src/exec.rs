@@ -84,7 +84,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            line_bytes_max: 2048,
+            line_bytes_max: slipstream_proto::rules::LINE_BYTES_MAX,
             shutdown_enabled: false,
             flush_enabled: true,
             version: crate::VERSION_STRING,

@@ -34,6 +34,10 @@ pub use slipstream_fastpath::{FastPathError as Error, TenantCounters, ENTRIES_MA
 /// Most tenant slots the kernel fast path serves (slots are 0..TENANTS_MAX).
 pub const TENANTS_MAX: u32 = slipstream_fastpath::abi::TENANTS_MAX;
 
+// The kernel answers only what the daemon would: its key limit (bpf/slipstream_kv.h) must be
+// memcached's, as user space applies it (slipstream_proto::rules).
+const _: () = assert!(slipstream_fastpath::abi::KEY_BYTES_MAX == slipstream_proto::rules::KEY_BYTES_MAX);
+
 /// The attached fast path, shared by the store (as its observer) and the daemon (to detach on
 /// exit). The `RwLock` is only write-locked once, by [`KernelFastPath::shutdown`]; its read lock
 /// is taken only on calls that make a bpf(2) syscall anyway.

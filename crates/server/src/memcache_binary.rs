@@ -36,8 +36,7 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
         ctx.conn.swallow_bytes -= n;
         return Step::Consumed(n);
     }
-    let value_bytes_max = ctx.store.config().item_bytes_max;
-    match binary::parse(input, value_bytes_max) {
+    match binary::parse(input, &ctx.store.config().item_limits()) {
         Parsed::Incomplete => Step::Incomplete,
         Parsed::Invalid { error: BinaryError::BadMagic, .. } => Step::Close,
         Parsed::Invalid { error: BinaryError::Fatal { header, status }, .. } => {

@@ -10,7 +10,7 @@
 use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
 use slipstream_proto::meta::{self, Code, MetaCommand, MetaRequest};
-use slipstream_proto::Parsed;
+use slipstream_proto::{rules, Parsed};
 use slipstream_store::{
     ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
 };
@@ -27,12 +27,12 @@ const META_HEADER_BYTES_MAX: usize = 512;
 
 /// Handle one meta request from the front of `input`, appending its reply to `out`.
 pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
-    let limits = meta::Limits { item_bytes_max: ctx.store.config().item_bytes_max };
+    let limits = ctx.store.config().item_limits();
     match meta::parse_with(input, &limits) {
         Parsed::Incomplete => {
             // memcached closes a connection whose pending line has no newline after 2048
             // bytes (only multi-key gets are exempt, and those are not meta commands).
-            if meta::line_end(input).is_none() && input.len() > ctx.settings.line_bytes_max {
+            if rules::line_end(input).is_none() && input.len() > ctx.settings.line_bytes_max {
                 Step::Close
             } else {
                 Step::Incomplete

@@ -21,8 +21,9 @@ use crate::stats::ThreadStats;
 use crate::stats_prefix;
 use slipstream_proto::text::{
     self, compose_end, compose_number, compose_stat, compose_stat_u64, compose_value_line, Keys, Limits,
-    Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind, KEY_BYTES_MAX,
+    Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind,
 };
+use slipstream_proto::rules::KEY_BYTES_MAX;
 use slipstream_proto::Parsed;
 use slipstream_store::{
     ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
@@ -52,8 +53,7 @@ fn text_limits(ctx: &Ctx<'_>) -> Limits {
         // connection-buffer budget (the network loop), so the answer does not depend on how
         // the line was split across reads.
         multiget_line_bytes_max: usize::MAX,
-        item_bytes_max: config.item_bytes_max,
-        cas_enabled: config.cas_enabled,
+        item: config.item_limits(),
     }
 }
 

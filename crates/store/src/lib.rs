@@ -58,29 +58,27 @@
 //! last bumping access exactly (memcached updates that time at most once a minute); a store
 //! that would already be expired (negative exptime) replaces the old item but is not linked;
 //! append/prepend/incr that fail with NoMemory leave the key absent (memcached keeps the old
-//! item); the `-I` check reproduces memcached's header arithmetic (48-byte header + key + 1 +
-//! value + 2, + 4 if flags != 0, + 8 with CAS), the memory charge uses ITEM_OVERHEAD_BYTES.
+//! item); the `-I` check is memcached's `item_size_ok`, shared with every protocol parser
+//! (`slipstream_proto::rules`, as are the key limit and how incr/decr read a stored number); the
+//! memory charge uses ITEM_OVERHEAD_BYTES.
 
 #![forbid(unsafe_code)]
 
 pub mod clock;
 mod hash;
 mod index;
-mod numeric;
 mod shard;
 
 pub use clock::Clock;
 pub use hash::hash_key;
 
-use numeric::{fmt_u64, parse_stored_u64};
+use slipstream_proto::rules::{self, ItemLimits, KEY_BYTES_MAX};
 use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::Instant;
 
-/// Largest key memcached accepts, in bytes.
-pub const KEY_BYTES_MAX: usize = 250;
 /// memcached's REALTIME_MAXDELTA: exptimes above this many seconds are absolute Unix times.
 pub const REALTIME_MAXDELTA_S: i64 = 60 * 60 * 24 * 30;
 /// One item allocation holding `parts` back to back (key, then value). Built from an
@@ -117,6 +115,11 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
+    /// The inputs of memcached's item-size rule (`-I`, `-C`), for the protocol parsers.
+    pub fn item_limits(&self) -> ItemLimits {
+        ItemLimits { item_bytes_max: self.item_bytes_max, cas_enabled: self.cas_enabled }
+    }
+
     /// Lock shards for a store of `memory_bytes` holding items up to `item_bytes_max`: as many as
     /// memory allows while every shard (memory / shards) can still hold a few of the largest
     /// items, a power of two, capped at 64.
@@ -351,8 +354,6 @@ const STEAL_RETRIES_MAX: usize = 64;
 /// How many times an eviction retries the try-lock of the shard holding the oldest item before
 /// it takes the next-oldest shard instead (the holder is usually inside a short operation).
 const OLDEST_LOCK_SPINS_MAX: usize = 64;
-/// memcached's `sizeof(item)` on 64-bit builds, used only to reproduce its `-I` size check.
-const MEMCACHED_ITEM_HEADER_BYTES: usize = 48;
 
 /// Outcome of comparing a supplied CAS with the item's (memcached's cas_res).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -548,24 +549,13 @@ impl Store {
         }
     }
 
-    /// memcached's item_size_ok: header + key + NUL + value + "\r\n" (+ 4 bytes of flags when
-    /// nonzero, + 8 bytes of CAS when enabled) must fit in `-I`. Checked against memcached
-    /// 1.6.18: with key "foo", flags 0 and CAS on, a 1048514-byte value is the largest stored.
-    fn memcached_item_bytes(&self, key_len: usize, value_len: usize, flags: u32) -> usize {
-        MEMCACHED_ITEM_HEADER_BYTES
-            + key_len
-            + 1
-            + value_len
-            + 2
-            + if flags != 0 { 4 } else { 0 }
-            + if self.config.cas_enabled { 8 } else { 0 }
-    }
-
-    /// Whether an item of this shape can ever be stored: under `-I` and within the memory
-    /// budget (charged bytes = key + value + ITEM_OVERHEAD_BYTES).
+    /// Whether an item of this shape can ever be stored: memcached's key limit and `-I` rule
+    /// (`rules`; checked against memcached 1.6.18: with key "foo", flags 0 and CAS on, a
+    /// 1048514-byte value is the largest stored) and within the memory budget (charged bytes =
+    /// key + value + ITEM_OVERHEAD_BYTES).
     fn fits_limits(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
         key_len <= KEY_BYTES_MAX
-            && self.memcached_item_bytes(key_len, value_len, flags) <= self.config.item_bytes_max
+            && !self.config.item_limits().too_large(key_len, flags, value_len)
             && key_len + value_len + ITEM_OVERHEAD_BYTES <= self.memory_bytes_max()
     }
 
@@ -1005,7 +995,7 @@ impl Store {
     /// incr (`incr = true`) or decr. incr wraps at 2^64, decr floors at 0.
     ///
     /// As memcached's do_add_delta: an empty value is NonNumeric; a nonzero `opts.cas` must
-    /// match; the value is read like strtoull (see `numeric`); when the new number is no longer
+    /// match; the value is read like strtoull (`rules::safe_strtoull`); when the new number is no longer
     /// than the stored value it is written in place and padded with spaces ("100" decr 1 reads
     /// back as "99 "), otherwise a new item of exactly the digits replaces it (flags and
     /// exptime kept). Every success gets a new CAS. A vivified item holds the initial value.
@@ -1016,10 +1006,10 @@ impl Store {
         let mut guard = self.lock(si);
         let sh = &mut *guard;
         let t = self.now();
-        let mut buf = [0u8; 20];
         let Some(idx) = sh.lookup_live(key, tag, &t, &self.used_bytes.0) else {
             let Some((initial, viv)) = opts.vivify else { return ArithResult::NotFound };
-            let digits = fmt_u64(initial, &mut buf);
+            let (buf, first) = rules::decimal_digits(initial);
+            let digits = &buf[first..];
             if !self.fits_limits(key.len(), digits.len(), 0) {
                 return ArithResult::NotFound;
             }
@@ -1041,9 +1031,11 @@ impl Store {
                 return ArithResult::Exists;
             }
         }
-        let Some(cur) = parse_stored_u64(old) else { return ArithResult::NonNumeric };
+        // memcached reads the value with safe_strtoull: its "\r\n" (or a NUL) ends the number.
+        let Some(cur) = rules::safe_strtoull(old) else { return ArithResult::NonNumeric };
         let value = if incr { cur.wrapping_add(delta) } else { cur.saturating_sub(delta) };
-        let digits = fmt_u64(value, &mut buf);
+        let (buf, first) = rules::decimal_digits(value);
+        let digits = &buf[first..];
         let cas = self.next_cas();
         let touch_to = opts.touch_exptime.map(|x| self.realtime(x, t.now));
         let idx = if digits.len() <= old.len() {
