@@ -445,6 +445,20 @@ bad("item_size_boundary", [
     req(APPEND, b"bd:lim", value=b"x", opaque=5),
     req(GETK, b"bd:lim", opaque=6),
 ])
+# An appended piece is allocated as an item of its own (flags 0): a piece too large on its own is
+# E2BIG before its value is read, one that fits alone but not combined is NOT_STORED. The -C run
+# moves every edge by 8 bytes (crates/proto/src/rules: one item-size rule for every protocol).
+bad("item_size_append_piece", [
+    set_(b"bd:w", b"x", opaque=1),
+    req(APPEND, b"bd:w", value=b"v" * (1048576 - 62), opaque=2),
+    req(APPEND, b"bd:w", value=b"v" * (1048576 - 63), opaque=3),
+    req(PREPEND, b"bd:w", value=b"v" * (1048576 - 54), opaque=4),
+    req(PREPEND, b"bd:w", value=b"v" * (1048576 - 55), opaque=5),
+    req(GET, b"bd:w", opaque=6),
+    set_(b"bd:w", b"v" * (1048576 - 67), flags=1, opaque=7),
+    set_(b"bd:w", b"v" * (1048576 - 66), flags=1, opaque=8),
+    req(GET, b"bd:w", opaque=9),
+])
 bad("too_large_value_q", [
     set_(b"bd:bigq", b"x", opaque=1),
     set_(b"bd:bigq", b"v" * (1024 * 1024 + 1), op=SETQ, opaque=2),

@@ -49,12 +49,15 @@ def last_cas(out):
 
 
 class Case:
-    def __init__(self, name, steps, settings=None, split=True, memcached_extra=()):
+    """`extra`: flags for both servers (e.g. -C); `memcached_extra`: flags only memcached needs."""
+
+    def __init__(self, name, steps, settings=None, split=True, memcached_extra=(), extra=()):
         self.name = name
         self.steps = steps
         self.settings = settings or {}
         self.split = split
         self.memcached_extra = tuple(memcached_extra)
+        self.extra = tuple(extra)
 
 
 CASES = []
@@ -309,6 +312,68 @@ case("line_long_with_newline", b"set " + b"a" * 3000 + b" 0 0 1\r\nx\r\nget a\r\
 case("get_long_line_many_keys", b"get " + b" ".join(b"k%04d" % i for i in range(800)) + b"\r\n")
 case("line_2048_boundary", b"y" * 2047 + b"\r\n" + b"version\r\n")
 
+# ---------------------------------------------------------------- byte rules at their edges
+# One home for these rules: crates/proto/src/rules (limits, item size, numbers, tokens).
+SMALL = dict(settings={"item_size": "1k"}, memcached_extra=("-o", "slab_chunk_max=1024"))
+
+
+def sized(cmd, n, then=b"mg k s"):
+    """`set k 0 0 n` or `ms k n` (cmd is the line without the length), n data bytes, then `then`."""
+    return cmd % n + b"\r\n" + b"v" * n + b"\r\n" + then + b"\r\n"
+
+
+# memcached's item_size_ok: 48 + key + 1 + (flags ? 4 : 0) + value + 2 (+ 8 with CAS) <= -I,
+# the same for set, ms and the store; -C makes items 8 bytes smaller for every command.
+case("item_size_edges", *[sized(c, n) for c in (b"set k 0 0 %d", b"ms k %d", b"ms k %d T0")
+                          for n in (1048516, 1048517)],
+     sized(b"set k 1 0 %d", 1048512), sized(b"set k 1 0 %d", 1048513),
+     sized(b"ms k %d F1", 1048512), sized(b"ms k %d F1", 1048513))
+case("item_size_edges_no_cas", *[sized(c, n) for c in (b"set k 0 0 %d", b"ms k %d") for n in (1048524, 1048525)],
+     sized(b"ms k %d F1", 1048520), sized(b"ms k %d F1", 1048521), extra=("-C",))
+case("item_size_edges_1k", *[sized(c, n) for c in (b"set k 0 0 %d", b"ms k %d", b"add j 0 0 %d")
+                             for n in (964, 965)],
+     # a base64 key counts decoded: "a2s=" is "ks", 2 bytes
+     sized(b"ms a2s= %d b", 963, b"mg a2s= b s"), sized(b"ms a2s= %d b", 964, b"mg a2s= b s"),
+     sized(b"set k 0 0 %d", 900), sized(b"append k 0 0 %d", 64), sized(b"append k 0 0 %d", 65), **SMALL)
+case("item_size_edges_1k_no_cas", *[sized(c, n) for c in (b"set k 0 0 %d", b"ms k %d") for n in (972, 973)],
+     extra=("-C",), **SMALL)
+case("keys_250_251_every_command", L(
+    b"set " + K250 + b" 0 0 1", b"x", b"gets " + K250, b"mg " + K250 + b" v k", b"ma " + K250,
+    b"ms " + K251 + b" 1", b"y", b"mg " + K251 + b" v", b"ma " + K251, b"md " + K251, b"me " + K251,
+    b"touch " + K250 + b" 10", b"gat 10 " + K250, b"delete " + K250 + b" 0", b"md " + K250,
+    b"ms " + K250 + b" 1 T0", b"z", b"mg " + K250 + b" v", b"mn"))
+# numbers: signs, white space inside a token (a tab is part of it), truncation, overflow
+case("set_numbers_signs_spaces", L(
+    b"set a +5 0 1", b"x", b"gets a", b"set a 5 +0 +1", b"y", b"get a", b"set a -0 -0 1", b"z", b"get a",
+    b"set a \t7\t 0 1", b"w", b"get a", b"set a 18446744073709551615 0 1", b"x", b"get a",
+    b"set a -18446744073709551615 0 1", b"x", b"get a", b"set a 18446744073709551616 0 1", b"x",
+    b"set a 18446744073709551615\t- 0 1", b"x", b"set a 4294967295\t- 0 1", b"x", b"get a",
+    b"set a 0 9223372036854775808 1", b"x", b"set a 0 -9223372036854775808 1", b"x", b"get a",
+    b"set a 0 0 4294967297", b"q", b"get a", b"set a 0 0 1x", b"x", b"set a 0 0 0x1", b"x", b"get a",
+    b"cas a 0 0 1 -0", b"x", b"cas a 0 0 1 18446744073709551615\t-", b"x", b"touch a +0", b"touch a \t9",
+    b"touch a 9223372036854775808", b"verbosity +1", b"verbosity 4294967297", b"get a"))
+case("incr_numbers_signs_spaces", L(
+    b"set a 0 0 1", b"5", b"incr a +1", b"incr a \t2", b"incr a -0", b"incr a -18446744073709551615",
+    b"decr a 00000000000000000000001", b"incr a 18446744073709551615\t-", b"incr a 5\t-", b"incr a 1x",
+    b"incr a 18446744073709551616", b"decr a -1", b"get a"))
+case("incr_stored_value_c_string", L(
+    b"set a 0 0 4", b"12\x00x", b"incr a 1", b"get a", b"set b 0 0 22", b"18446744073709551615 -", b"incr b 0",
+    b"set c 0 0 3", b" +5", b"incr c 1", b"set d 0 0 4", b"-0\t-", b"incr d 1", b"get b c d"))
+case("meta_numeric_tokens", L(
+    b"ms a 1 F+7 T+0", b"x", b"mg a f v", b"ms a 1 F-1", b"x", b"ms a 1 F4294967296", b"x", b"mg a f",
+    b"ms a 1 F18446744073709551615\t-", b"x", b"mg a f", b"ms a 1 C18446744073709551615\t-", b"x",
+    b"ms a +1", b"y", b"ms a 4294967297", b"z", b"ms a \t1", b"w", b"mg a v",
+    b"ma n N0 J+5 D-0 v", b"ma n D-18446744073709551615 v", b"ma n D18446744073709551615\t- v", b"ma n D5\t- v",
+    b"ma m N0 J18446744073709551615\t- v", b"ma m N0 J-0 v", b"mg n N+30 T\t30 v t", b"mg x N9223372036854775808 v",
+    b"mg x R5x v", b"mn"))
+FLAGS17 = b" c f h k l O1 q s t u v N30 R30 T30 P L"
+case("meta_tokens_max", L(
+    b"ms a 1", b"x", b"mg a" + FLAGS17, b"mg a" + FLAGS17 + b" E5", b"mg a" + b" v" * 30, b"md a" + FLAGS17[:-6],
+    b"ms a 1" + FLAGS17[:-9], b"y", b"ms a 1" + FLAGS17[:-6] + b" I", b"y", b"mn"))
+case("text_tokens_max", L(
+    b"set a 0 0 1 noreply" + b" x" * 17, b"y", b"incr a 1" + b" z" * 20 + b" noreply", b"delete a" + b" 0" * 22,
+    b"touch a 1" + b" noreply" * 21, b"get a" + b" a" * 40, b"mn"))
+
 # ---------------------------------------------------------------- expiry
 case("expiry", L(b"set a 0 1 1", b"x", b"set b 0 100 1", b"y", b"ms c 1 T1", b"z", b"get a b c"), Sleep(2.2),
      L(b"get a b c", b"mg c v", b"touch a 10", b"incr a 1", b"add a 0 0 1", b"n", b"get a"), split=False)
@@ -397,8 +462,8 @@ def test_session(c, mode, server_factory, candidate_kind):
         pytest.skip("session uses sleeps; whole-send only")
     settings = dict(threads=2, mem_mb=64, conns=1024)
     settings.update(c.settings)
-    ref_srv = server_factory("memcached", extra=c.memcached_extra, **settings)
-    cand_extra = c.memcached_extra if candidate_kind == "memcached" else ()
+    ref_srv = server_factory("memcached", extra=c.extra + c.memcached_extra, **settings)
+    cand_extra = c.extra + (c.memcached_extra if candidate_kind == "memcached" else ())
     cand_srv = server_factory(candidate_kind, extra=cand_extra, **settings)
     split = None if mode == "whole" else _split_plan(c)
     ref = _compare(c, ref_srv, cand_srv, split)
