@@ -11,6 +11,7 @@
 pub mod admin;
 mod bind;
 pub mod bufbudget;
+pub mod dispatch;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;

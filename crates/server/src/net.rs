@@ -26,7 +26,8 @@ use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
 use crate::bind::bind_all;
 use crate::tenants::{Tenant, TenantTable};
 use crate::udp_batch::{RecvBatch, SendBatch};
-use crate::{memcache_binary, memcache_text};
+use crate::dispatch::execute_one;
+use crate::memcache_text;
 use mio::net::{TcpListener, TcpStream, UdpSocket};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slipstream_proto::udp;
@@ -847,18 +848,10 @@ fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: 
         bounded += 1;
         // Every request starts a new response message.
         ctx.conn.udp_marks.push(bufs.out.len());
-        if ctx.conn.protocol == Protocol::Undecided {
-            ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
-        }
-        let step = match ctx.conn.protocol {
-            Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut bufs.out),
-            _ => memcache_text::execute(&mut ctx, input, &mut bufs.out),
-        };
-        match step {
-            Step::Consumed(k) if k > 0 && k <= input.len() => {
+        match execute_one(&mut ctx, input, &mut bufs.out) {
+            Step::Consumed(k) => {
                 input = &input[k..];
                 requests += 1;
-                ThreadStats::incr(&stats.requests);
             }
             Step::Shutdown => {
                 env.stop.stop();
@@ -1163,27 +1156,11 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             end.limited = true;
             break;
         }
-        if ctx.conn.protocol == Protocol::Undecided {
-            ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
-        }
-        let step = match ctx.conn.protocol {
-            Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut conn.wbuf),
-            _ => memcache_text::execute(&mut ctx, input, &mut conn.wbuf),
-        };
-        // Replies an executor discarded take the values they sent by reference with them.
-        ctx.conn.shared.discard_after(conn.wbuf.len());
-        match step {
+        match execute_one(&mut ctx, input, &mut conn.wbuf) {
             Step::Consumed(n) => {
-                // An executor that claims more than it was given is a bug; close rather than
-                // index out of bounds.
-                if n == 0 || n > input.len() {
-                    conn.close_after_flush = true;
-                    break;
-                }
                 conn.rstart += n;
                 conn.needs_grow = false;
                 end.requests += 1;
-                ThreadStats::incr(&stats.requests);
             }
             Step::Incomplete => {
                 let full = conn.rstart == 0 && conn.rend == conn.rbuf.len();
