@@ -22,6 +22,7 @@ pub mod net;
 pub mod outq;
 pub mod stats;
 pub mod stats_prefix;
+pub mod stats_report;
 pub mod tenants;
 mod udp_batch;
 
