@@ -7,9 +7,9 @@
 //! bind every port before the workers start; the tenant table hands each worker its sockets).
 
 use super::conn::Conn;
-use super::worker::{thread_stats, Slot, Worker};
+use super::env::{thread_stats, Slot};
 use crate::stats::{ConnEntry, ThreadStats};
-use crate::tenants::Tenant;
+use crate::tenants::{Tenant, TenantTable};
 use mio::net::{TcpListener, TcpStream, UdpSocket};
 use mio::{Interest, Registry, Token};
 use std::collections::VecDeque;
@@ -86,17 +86,29 @@ impl WorkerTenant {
     }
 }
 
-impl Worker {
-    /// Accept every connection waiting on tenant `k`'s listener.
-    pub(super) fn accept_all(&mut self, k: usize) {
+/// A worker's connections: slots indexed by poll token, and the free indexes.
+pub(super) struct Conns {
+    pub slots: Vec<Option<Slot>>,
+    pub free: Vec<usize>,
+}
+
+/// What accepting needs from the worker.
+pub(super) struct Acceptor<'a> {
+    pub registry: &'a Registry,
+    pub table: &'a TenantTable,
+    pub index: usize,
+}
+
+impl Acceptor<'_> {
+    /// Accept every connection waiting on `wt`'s listener into `conns`.
+    pub fn accept_all(&self, wt: &WorkerTenant, conns: &mut Conns) {
         loop {
-            let Some(wt) = self.tenants.get(k) else { return };
             let Some(listener) = wt.listener.as_ref() else { return };
             match listener.accept() {
                 Ok((stream, peer)) => {
                     let tenant = wt.tenant.clone();
                     let listen_addr = listener.local_addr().ok().map(|a| format!("tcp:{a}"));
-                    self.admit_conn(tenant, stream, peer, listen_addr);
+                    self.admit_conn(conns, tenant, stream, peer, listen_addr);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -111,7 +123,7 @@ impl Worker {
 
     /// Take an accepted connection in: within the connection limit (memcached's refusal
     /// otherwise), watched by the poll, listed in `stats conns`, counted.
-    fn admit_conn(&mut self, tenant: Arc<Tenant>, mut stream: TcpStream, peer: SocketAddr, listen_addr: Option<String>) {
+    fn admit_conn(&self, conns: &mut Conns, tenant: Arc<Tenant>, mut stream: TcpStream, peer: SocketAddr, listen_addr: Option<String>) {
         let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
         let stats = thread_stats(&tenant, self.index);
         if curr as usize > self.table.conn_limit {
@@ -124,18 +136,18 @@ impl Worker {
         tenant.info.curr_connections.fetch_add(1, Ordering::Relaxed);
         ThreadStats::incr(&stats.total_connections);
         let _ = stream.set_nodelay(true);
-        let idx = match self.free.pop() {
+        let idx = match conns.free.pop() {
             Some(i) => i,
             None => {
-                self.conns.push(None);
-                self.conns.len() - 1
+                conns.slots.push(None);
+                conns.slots.len() - 1
             }
         };
-        if let Err(e) = self.poll.registry().register(&mut stream, Token(idx), Interest::READABLE) {
+        if let Err(e) = self.registry.register(&mut stream, Token(idx), Interest::READABLE) {
             eprintln!("slipstream: cannot watch connection: {e}");
             self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
             tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
-            self.free.push(idx);
+            conns.free.push(idx);
             return;
         }
         let fd = stream.as_raw_fd();
@@ -143,7 +155,7 @@ impl Worker {
         if let Ok(mut reg) = tenant.info.conns.lock() {
             reg.insert(fd, ConnEntry { addr: format!("tcp:{peer}"), listen_addr, last_cmd_s: last_cmd_s.clone() });
         }
-        self.conns[idx] = Some(Slot { tenant, conn: Conn::new(stream, fd, last_cmd_s) });
+        conns.slots[idx] = Some(Slot { tenant, conn: Conn::new(stream, fd, last_cmd_s) });
     }
 }
 

@@ -26,6 +26,7 @@
 //! shaping arithmetic (slipstream-tenancy).
 
 mod conn;
+mod env;
 mod gate;
 mod listen;
 mod tcp;

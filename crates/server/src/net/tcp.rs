@@ -12,7 +12,7 @@
 
 use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
 use super::gate::{self, RoundPlan};
-use super::worker::{thread_stats, Env, Slot, Worker};
+use super::env::{thread_stats, Env, Slot};
 use crate::dispatch::execute_one;
 use crate::exec::{Ctx, Step};
 use crate::memcache_text;
@@ -40,15 +40,14 @@ struct BatchEnd {
     reply_bytes: u64,
 }
 
-impl Worker {
-    /// `peer_closed`: the event says the peer shut its side (EPOLLRDHUP) or the socket failed;
-    /// then we read to the end, so data and end-of-file that arrive together are both seen.
-    pub(super) fn conn_event(&mut self, idx: usize, readable: bool, writable: bool, peer_closed: bool) -> After {
-        let Some(Slot { tenant, conn }) = self.conns.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
-        let registry = self.poll.registry();
-        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+/// An event on connection `idx` (in `slot`). `peer_closed`: the event says the peer shut its
+/// side (EPOLLRDHUP) or the socket failed; then we read to the end, so data and end-of-file
+/// that arrive together are both seen.
+pub(super) fn conn_event(slot: &mut Slot, idx: usize, registry: &Registry, env: &Env<'_>, readable: bool, writable: bool, peer_closed: bool) -> After {
+    let Slot { tenant, conn } = slot;
+    {
         if writable && conn.blocked_on_write {
-            match conn.flush(thread_stats(tenant, self.index), &self.settings) {
+            match conn.flush(thread_stats(tenant, env.index), env.settings) {
                 Ok(true) => {
                     conn.gate.flushed(tenant.shaper.as_deref());
                     if conn.close_after_flush {
@@ -63,7 +62,7 @@ impl Worker {
                         return After::Keep;
                     }
                     // Input may have piled up while we were blocked; execute it now.
-                    return serve(conn, tenant, idx, registry, &env, true, peer_closed);
+                    return serve(conn, tenant, idx, registry, env, true, peer_closed);
                 }
                 Ok(false) => return After::Keep,
                 Err(_) => return After::Close,
@@ -75,7 +74,7 @@ impl Worker {
                 // brings it back when its tenant has tokens again.
                 return After::Keep;
             }
-            return serve(conn, tenant, idx, registry, &env, true, peer_closed);
+            return serve(conn, tenant, idx, registry, env, true, peer_closed);
         }
         After::Keep
     }

@@ -10,12 +10,12 @@
 
 use super::gate::{self, THROTTLE_RECHECK_NS_MAX};
 use super::listen::WorkerTenant;
-use super::worker::{thread_stats, Env, Worker};
+use super::env::{thread_stats, Env};
 use crate::tenants::Tenant;
 use crate::dispatch::execute_one;
 use crate::exec::{ConnState, Ctx, Protocol, Step, Transport};
 use crate::stats::ThreadStats;
-use crate::udp_batch::SendBatch;
+use crate::udp_batch::{RecvBatch, SendBatch};
 use mio::net::UdpSocket;
 use slipstream_proto::udp;
 use slipstream_tenancy::monotonic_now_ns;
@@ -55,20 +55,18 @@ impl UdpBufs {
     }
 }
 
-impl Worker {
-    /// Take the datagrams waiting on tenant `k`'s UDP socket: run each now, or queue it while
-    /// the gate says its tenant must wait.
-    pub(super) fn udp_drain(&mut self, k: usize) {
-        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+/// Take the datagrams waiting on `wt`'s UDP socket: run each now, or queue it while the gate
+/// says its tenant must wait.
+pub(super) fn udp_drain(wt: &mut WorkerTenant, rx: &mut RecvBatch, bufs: &mut UdpBufs, env: &Env<'_>) {
+    {
         // Bounded per event so one busy UDP socket cannot starve this thread's TCP clients;
         // mio re-arms on the next datagram, and we stop early only while data is still queued,
         // so loop until WouldBlock but cap the batch by count.
-        let Some(wt) = self.tenants.get_mut(k) else { return };
         let mut taken = 0usize;
         while taken < UDP_DRAIN_DATAGRAMS_MAX {
             let Some(sock) = wt.udp.as_ref() else { return };
             let fd = sock.as_raw_fd();
-            let got = match self.udp_rx.recv(fd) {
+            let got = match rx.recv(fd) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -76,7 +74,7 @@ impl Worker {
             };
             taken += got;
             for i in 0..got {
-                let Some((datagram, peer)) = self.udp_rx.get(i) else {
+                let Some((datagram, peer)) = rx.get(i) else {
                     // Larger than any UDP datagram memcached takes, or an unknown family.
                     ThreadStats::incr(&thread_stats(&wt.tenant, env.index).udp_bad_datagrams);
                     continue;
@@ -101,16 +99,18 @@ impl Worker {
                         continue;
                     }
                 }
-                udp_datagram(wt, datagram, peer, &mut self.udp, &env, false);
+                udp_datagram(wt, datagram, peer, bufs, env, false);
             }
         }
-        udp_flush(wt, &mut self.udp, &env);
+        udp_flush(wt, bufs, env);
     }
 
-    /// Run queued UDP requests of shaped tenants while their buckets allow.
-    pub(super) fn serve_udp_queues(&mut self, now: u64) {
-        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
-        for wt in self.tenants.iter_mut() {
+}
+
+/// Run queued UDP requests of shaped tenants while their buckets allow.
+pub(super) fn serve_udp_queues(tenants: &mut [WorkerTenant], bufs: &mut UdpBufs, env: &Env<'_>, now: u64) {
+    {
+        for wt in tenants.iter_mut() {
             if wt.udp_wait_until_ns == 0 || wt.udp_wait_until_ns > now {
                 continue;
             }
@@ -128,9 +128,9 @@ impl Worker {
                 }
                 let Some((d, peer)) = wt.udp_queue.pop_front() else { break };
                 wt.udp_queue_bytes = wt.udp_queue_bytes.saturating_sub(d.len());
-                udp_datagram(wt, &d, peer, &mut self.udp, &env, true);
+                udp_datagram(wt, &d, peer, bufs, env, true);
             }
-            udp_flush(wt, &mut self.udp, &env);
+            udp_flush(wt, bufs, env);
         }
     }
 }

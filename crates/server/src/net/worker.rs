@@ -8,14 +8,14 @@
 //!
 //! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs).
 
-use super::conn::Conn;
-use super::listen::{decode_listen, WorkerTenant, WAKER};
-use super::tcp::After;
+use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, WAKER};
+use super::env::Env;
+use super::tcp::{self, After};
+use super::udp;
 use super::udp::{UdpBufs, UDP_DATAGRAM_BYTES_MAX};
 use super::StopHandle;
 use crate::exec::Settings;
-use crate::stats::ThreadStats;
-use crate::tenants::{Tenant, TenantTable};
+use crate::tenants::TenantTable;
 use crate::udp_batch::RecvBatch;
 use mio::{Events, Poll};
 use slipstream_tenancy::monotonic_now_ns;
@@ -28,20 +28,13 @@ const THROTTLED_SERVED_PER_TURN: usize = 2;
 /// Events handled per `epoll_wait`.
 const EVENTS_MAX: usize = 1024;
 
-/// A connection and the tenant it belongs to (kept apart so both can be borrowed at once).
-pub(super) struct Slot {
-    pub tenant: Arc<Tenant>,
-    pub conn: Conn,
-}
-
 pub(super) struct Worker {
     pub index: usize,
     pub poll: Poll,
     pub table: Arc<TenantTable>,
     pub seen_generation: u64,
     pub tenants: Vec<WorkerTenant>,
-    pub conns: Vec<Option<Slot>>,
-    pub free: Vec<usize>,
+    pub conns: Conns,
     pub settings: Arc<Settings>,
     pub stop: StopHandle,
     pub read_buf_bytes_max: usize,
@@ -54,25 +47,6 @@ pub(super) struct Worker {
     pub rr: usize,
 }
 
-/// What the serving functions need besides the connection and its tenant.
-pub(super) struct Env<'a> {
-    pub settings: &'a Settings,
-    pub stop: &'a StopHandle,
-    pub index: usize,
-    pub read_buf_bytes_max: usize,
-}
-
-/// This worker's counters in `tenant`'s stats.
-pub(super) fn thread_stats(tenant: &Tenant, index: usize) -> &ThreadStats {
-    // per_thread has one entry per worker; fall back to the first rather than panic.
-    match tenant.info.per_thread.get(index).or_else(|| tenant.info.per_thread.first()) {
-        Some(s) => s,
-        None => &FALLBACK_STATS,
-    }
-}
-
-static FALLBACK_STATS: ThreadStats = ThreadStats::new_const();
-
 impl Worker {
     pub(super) fn new(index: usize, poll: Poll, table: Arc<TenantTable>, stop: StopHandle, read_buf_bytes_max: usize) -> Worker {
         Worker {
@@ -82,8 +56,7 @@ impl Worker {
             table,
             seen_generation: 0,
             tenants: Vec::new(),
-            conns: Vec::new(),
-            free: Vec::new(),
+            conns: Conns { slots: Vec::new(), free: Vec::new() },
             stop,
             read_buf_bytes_max,
             udp_rx: RecvBatch::new(UDP_DATAGRAM_BYTES_MAX),
@@ -111,8 +84,8 @@ impl Worker {
             self.handle_events(&events, &mut deferred, &mut revisit);
         }
         // Close every connection on the way out so clients see EOF, not a hang.
-        for i in 0..self.conns.len() {
-            if self.conns[i].is_some() {
+        for i in 0..self.conns.slots.len() {
+            if self.conns.slots[i].is_some() {
                 self.close(i);
             }
         }
@@ -124,7 +97,7 @@ impl Worker {
         // Connections with work left from the last round: look at them again without
         // sleeping in epoll.
         for i in std::mem::take(revisit) {
-            let again = self.conns.get_mut(i).and_then(Option::as_mut).map(|s| std::mem::replace(&mut s.conn.needs_revisit, false));
+            let again = self.conns.slots.get_mut(i).and_then(Option::as_mut).map(|s| std::mem::replace(&mut s.conn.needs_revisit, false));
             if again == Some(true) {
                 let after = self.conn_event(i, true, false, false);
                 self.after_serve(i, after, revisit);
@@ -165,7 +138,7 @@ impl Worker {
             }
             let i = token.0;
             let (r, w, closed) = (ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
-            if self.conns.get(i).and_then(Option::as_ref).is_some_and(|s| s.conn.gate.held) && deferred.len() < EVENTS_MAX {
+            if self.conns.slots.get(i).and_then(Option::as_ref).is_some_and(|s| s.conn.gate.held) && deferred.len() < EVENTS_MAX {
                 // Its tenant is at its share: serve it after the connections of tenants
                 // within theirs from this same poll (latency isolation).
                 deferred.push((i, r, w, closed));
@@ -186,7 +159,7 @@ impl Worker {
             self.close(i);
             return;
         }
-        let Some(s) = self.conns.get_mut(i).and_then(Option::as_mut) else { return };
+        let Some(s) = self.conns.slots.get_mut(i).and_then(Option::as_mut) else { return };
         if s.conn.gate.throttle_until_ns != 0 {
             if !s.conn.gate.in_throttled {
                 s.conn.gate.in_throttled = true;
@@ -210,7 +183,7 @@ impl Worker {
         let mut served = 0usize;
         for j in 0..n {
             let i = list[(start + j) % n];
-            let Some(s) = self.conns.get_mut(i).and_then(Option::as_mut) else { continue };
+            let Some(s) = self.conns.slots.get_mut(i).and_then(Option::as_mut) else { continue };
             if !s.conn.gate.in_throttled {
                 continue;
             }
@@ -235,7 +208,7 @@ impl Worker {
 
     /// Earliest monotonic time something held back may run.
     fn next_deadline(&self) -> Option<u64> {
-        let conns = self.throttled.iter().filter_map(|&i| self.conns.get(i).and_then(Option::as_ref)).map(|s| s.conn.gate.throttle_until_ns).filter(|&t| t != 0);
+        let conns = self.throttled.iter().filter_map(|&i| self.conns.slots.get(i).and_then(Option::as_ref)).map(|s| s.conn.gate.throttle_until_ns).filter(|&t| t != 0);
         let udps = self.tenants.iter().map(|w| w.udp_wait_until_ns).filter(|&t| t != 0);
         conns.chain(udps).min()
     }
@@ -257,8 +230,8 @@ impl Worker {
             }
             let mut wt = self.tenants.swap_remove(k);
             wt.unwatch(self.poll.registry());
-            for i in 0..self.conns.len() {
-                if self.conns[i].as_ref().is_some_and(|s| Arc::ptr_eq(&s.tenant, &wt.tenant)) {
+            for i in 0..self.conns.slots.len() {
+                if self.conns.slots[i].as_ref().is_some_and(|s| Arc::ptr_eq(&s.tenant, &wt.tenant)) {
                     self.close(i);
                 }
             }
@@ -272,10 +245,37 @@ impl Worker {
         }
     }
 
+    /// An event on connection `idx` (tcp.rs serves it).
+    fn conn_event(&mut self, idx: usize, readable: bool, writable: bool, peer_closed: bool) -> After {
+        let Some(slot) = self.conns.slots.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        tcp::conn_event(slot, idx, self.poll.registry(), &env, readable, writable, peer_closed)
+    }
+
+    /// Tenant `k`'s UDP socket is readable (udp.rs drains it).
+    fn udp_drain(&mut self, k: usize) {
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        let Some(wt) = self.tenants.get_mut(k) else { return };
+        udp::udp_drain(wt, &mut self.udp_rx, &mut self.udp, &env);
+    }
+
+    /// Run the UDP queues whose time has come (udp.rs).
+    fn serve_udp_queues(&mut self, now: u64) {
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        udp::serve_udp_queues(&mut self.tenants, &mut self.udp, &env, now);
+    }
+
+    /// Tenant `k`'s listener is readable (listen.rs accepts).
+    fn accept_all(&mut self, k: usize) {
+        let Some(wt) = self.tenants.get(k) else { return };
+        let acceptor = Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index };
+        acceptor.accept_all(wt, &mut self.conns);
+    }
+
     /// Close connection `idx`: give back its buffers' budget and its outstanding requests,
     /// drop it from `stats conns` and the connection counts.
     pub(super) fn close(&mut self, idx: usize) {
-        if let Some(mut s) = self.conns.get_mut(idx).and_then(Option::take) {
+        if let Some(mut s) = self.conns.slots.get_mut(idx).and_then(Option::take) {
             let _ = self.poll.registry().deregister(&mut s.conn.stream);
             self.settings.conn_buf.release(s.conn.charged_bytes());
             if let Ok(mut reg) = s.tenant.info.conns.lock() {
@@ -286,7 +286,7 @@ impl Worker {
             }
             s.tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
             self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
-            self.free.push(idx);
+            self.conns.free.push(idx);
         }
     }
 }
