@@ -23,9 +23,8 @@ STATS_EXACT = {
     "auth_errors", "accepting_conns",
 }
 STATS_EXACT = {n.encode() for n in STATS_EXACT}
-# Stat names Slipstream adds on purpose (its kernel fast path); ignored when only
-# the candidate has them. Nothing else is forgiven.
-CANDIDATE_EXTRA_STATS = {b"fastpath_hits", b"fastpath_misses", b"fastpath_invalidations"}
+# No stat name is forgiven: Slipstream's own `fastpath_*` stats appear only while its kernel
+# fast path is attached, which the differential servers never have.
 # `stats settings`: values that must match exactly.
 SETTINGS_EXACT = {
     "maxbytes", "maxconns", "udpport", "verbosity", "evictions", "num_threads",
@@ -131,8 +130,6 @@ def _norm_stat_block(lines, server_port):
         kind = "other"
     for n, v in lines:
         if kind == "general":
-            if n in CANDIDATE_EXTRA_STATS:
-                continue
             recs.add((n, v if n in STATS_EXACT else b"*"))
         elif kind == "settings":
             if n == b"tcpport":

@@ -11,6 +11,7 @@
 use crate::bufbudget::BufBudget;
 use crate::outq::{SharedQueue, SHARE_VALUE_BYTES_MIN};
 use crate::stats::{ServerInfo, ThreadStats};
+use crate::stats_prefix::{PrefixSink, PrefixStats};
 use slipstream_store::Store;
 use std::sync::Arc;
 
@@ -125,6 +126,16 @@ impl Ctx<'_> {
         }
         out.reserve_exact(target - out.len());
         true
+    }
+}
+
+impl PrefixSink for Ctx<'_> {
+    fn prefix_stats(&self) -> &PrefixStats {
+        &self.server.prefix_stats
+    }
+
+    fn prefix_delimiter(&self) -> u8 {
+        self.settings.prefix_delimiter
     }
 }
 

@@ -138,7 +138,7 @@ impl KernelFastPath {
     /// Counter source for `ServerInfo::fastpath`.
     pub fn source(self: &Arc<Self>) -> FastPathSource {
         let me = self.clone();
-        FastPathSource(Arc::new(move || me.totals()))
+        FastPathSource(Arc::new(move || Some(me.totals())))
     }
 
     /// Current counters (zeros after shutdown).

@@ -2,11 +2,14 @@
 //! together without sockets, so tests and the fuzz targets can drive the protocol executors the
 //! same way the network loop does.
 //!
+//! Each request goes through `dispatch::execute_one`, the entry the TCP and UDP loops use, so
+//! the fuzz targets exercise the product's dispatch, not a copy of it.
+//!
 //! Not for: production serving (the network loop builds its own `Ctx` per event).
 
-use crate::exec::{ConnState, Ctx, Protocol, Settings, Step, Transport};
+use crate::dispatch::execute_one;
+use crate::exec::{ConnState, Ctx, Settings, Step, Transport};
 use crate::stats::{ServerInfo, ThreadStats};
-use crate::{memcache_binary, memcache_text};
 use slipstream_store::{Clock, Store, StoreConfig};
 use std::sync::Arc;
 
@@ -47,9 +50,9 @@ impl Harness {
         Harness::new(cfg, Clock::manual(1_700_000_000))
     }
 
-    /// Feed bytes as if one read returned them; returns the replies produced. Mirrors the
-    /// network loop: protocol chosen by the connection's first byte, requests executed until
-    /// one is incomplete, the connection closes, or the server is told to shut down.
+    /// Feed bytes as if one read returned them; returns the replies produced. As the network
+    /// loop does: requests executed (by `execute_one`) until one is incomplete, the connection
+    /// closes, or the server is told to shut down.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         if self.closed {
@@ -62,9 +65,6 @@ impl Harness {
             if input.is_empty() {
                 break;
             }
-            if self.conn.protocol == Protocol::Undecided {
-                self.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
-            }
             let mut ctx = Ctx {
                 store: &self.store,
                 stats: &self.stats,
@@ -72,17 +72,11 @@ impl Harness {
                 server: &self.info,
                 conn: &mut self.conn,
             };
-            let step = match ctx.conn.protocol {
-                Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut out),
-                _ => memcache_text::execute(&mut ctx, input, &mut out),
-            };
-            // As the network loop does: discarded replies drop their by-reference values.
-            ctx.conn.shared.discard_after(out.len());
+            // The network loops' own entry: protocol sniffing, the executor, discarded
+            // replies' by-reference values, the consumed-bytes check.
+            let step = execute_one(&mut ctx, input, &mut out);
             match step {
-                Step::Consumed(n) => {
-                    assert!(n > 0 && n <= input.len(), "executor consumed {n} of {} bytes", input.len());
-                    start += n;
-                }
+                Step::Consumed(n) => start += n,
                 Step::Incomplete => break,
                 Step::Close => {
                     self.closed = true;

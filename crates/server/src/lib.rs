@@ -11,6 +11,7 @@
 pub mod admin;
 mod bind;
 pub mod bufbudget;
+pub mod dispatch;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;
@@ -21,6 +22,7 @@ pub mod net;
 pub mod outq;
 pub mod stats;
 pub mod stats_prefix;
+pub mod stats_report;
 pub mod tenants;
 mod udp_batch;
 

@@ -12,6 +12,7 @@
 
 use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
+use crate::stats_report::{self, StatsList, StatsView};
 use slipstream_proto::binary::{self, opcode, status, BinaryError, Command, Header, Request, StoreKind};
 use slipstream_proto::Parsed;
 use slipstream_store::{
@@ -335,65 +336,56 @@ fn stat_packet(out: &mut Vec<u8>, h: &Header, name: &[u8], value: &[u8]) {
 }
 
 /// STAT: memcached matches the sub-command names by prefix for reset/settings/detail and
-/// exactly for the rest; every successful form ends with an empty packet.
+/// exactly for the rest (`conns` is text-only there); every successful form ends with an empty
+/// packet. The lists come from `stats_report` (shared with the text protocol); this frames them.
 fn stat(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], out: &mut Vec<u8>) {
-    if key.is_empty() {
-        for (name, value) in crate::stats::general_stats(ctx) {
-            stat_packet(out, h, name.as_bytes(), value.as_bytes());
-        }
+    let list = if key.is_empty() {
+        Some(StatsList::General)
     } else if key.starts_with(b"reset") {
         ctx.server.reset();
         ctx.store.reset_stats();
+        None
     } else if key.starts_with(b"settings") {
-        for (name, value) in settings_stats(ctx) {
-            stat_packet(out, h, name.as_bytes(), value.as_bytes());
-        }
+        Some(StatsList::Settings)
     } else if let Some(rest) = key.strip_prefix(b"detail") {
-        if rest.starts_with(b" dump") {
-            let mut dump = Vec::new();
-            ctx.server.prefix_stats.dump(&mut dump);
-            stat_packet(out, h, b"detailed", &dump);
-        } else if rest.starts_with(b" on") {
-            ctx.server.prefix_stats.set_enabled(true);
-        } else if rest.starts_with(b" off") {
-            ctx.server.prefix_stats.set_enabled(false);
-        } else {
-            binary::compose_error(out, h, status::KEY_ENOENT);
+        if !stat_detail(ctx, h, rest, out) {
             return;
         }
+        None
     } else if key == b"items" {
-        // No slab classes, so no per-class lines (memcached prints none for empty classes).
+        Some(StatsList::Items)
     } else if key == b"slabs" {
-        stat_packet(out, h, b"active_slabs", b"0");
-        let total = ctx.store.stats().bytes.to_string();
-        stat_packet(out, h, b"total_malloced", total.as_bytes());
+        Some(StatsList::Slabs)
     } else if key == b"sizes" {
-        stat_packet(out, h, b"sizes_status", b"disabled");
+        Some(StatsList::Sizes)
     } else {
         binary::compose_error(out, h, status::KEY_ENOENT);
         return;
+    };
+    if let Some(list) = list {
+        let view = StatsView { server: ctx.server, store: ctx.store, settings: ctx.settings };
+        for (name, value) in stats_report::rows(view, list) {
+            stat_packet(out, h, name.as_bytes(), &value);
+        }
     }
     stat_packet(out, h, b"", b"");
 }
 
-/// The subset of memcached's `stats settings` that Slipstream has equivalents for, in
-/// memcached's order.
-fn settings_stats(ctx: &Ctx<'_>) -> Vec<(&'static str, String)> {
-    let cfg = ctx.store.config();
-    let server = ctx.server;
-    vec![
-        ("maxbytes", ctx.store.memory_bytes_max().to_string()),
-        ("maxconns", server.conn_limit.to_string()),
-        ("tcpport", server.tcp_port.to_string()),
-        ("udpport", server.udp_port.to_string()),
-        ("verbosity", "0".to_string()),
-        ("evictions", "on".to_string()),
-        ("num_threads", server.threads.to_string()),
-        ("cas_enabled", if cfg.cas_enabled { "yes" } else { "no" }.to_string()),
-        ("binding_protocol", "auto-negotiate".to_string()),
-        ("item_size_max", cfg.item_bytes_max.to_string()),
-        ("flush_enabled", if ctx.settings.flush_enabled { "yes" } else { "no" }.to_string()),
-    ]
+/// `detail on|off|dump`; false (after the error reply) for anything else.
+fn stat_detail(ctx: &mut Ctx<'_>, h: &Header, rest: &[u8], out: &mut Vec<u8>) -> bool {
+    if rest.starts_with(b" dump") {
+        let mut dump = Vec::new();
+        ctx.server.prefix_stats.dump(&mut dump);
+        stat_packet(out, h, b"detailed", &dump);
+    } else if rest.starts_with(b" on") {
+        ctx.server.prefix_stats.set_enabled(true);
+    } else if rest.starts_with(b" off") {
+        ctx.server.prefix_stats.set_enabled(false);
+    } else {
+        binary::compose_error(out, h, status::KEY_ENOENT);
+        return false;
+    }
+    true
 }
 
 #[cfg(test)]
@@ -730,9 +722,10 @@ mod tests {
         }
         assert_eq!(names.first().map(String::as_str), Some("pid"));
         assert_eq!(names.last().map(String::as_str), Some(""));
-        // memcached's 92 general stats, Slipstream's 3 fast-path counters, the terminator.
-        assert_eq!(names.len(), 96);
-        assert!(names.iter().any(|n| n == "fastpath_hits"));
+        // memcached's 92 general stats and the terminator (no fast path attached: none of
+        // Slipstream's `fastpath_*`).
+        assert_eq!(names.len(), 93);
+        assert!(!names.iter().any(|n| n.starts_with("fastpath_")));
         let (out, _) = r.run(&req(opcode::STAT, b"bogus", b"", b"", 0, 1));
         assert_eq!(out, resp(opcode::STAT, 1, 1, 0, b"", b"", b"Not found"));
         let (out, _) = r.run(&req(opcode::STAT, b"reset", b"", b"", 0, 2));

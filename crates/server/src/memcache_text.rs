@@ -19,8 +19,9 @@
 use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
 use crate::stats_prefix;
+use crate::stats_report::{self, StatsList, StatsView};
 use slipstream_proto::text::{
-    self, compose_end, compose_number, compose_stat, compose_stat_u64, compose_value_line, Keys, Limits,
+    self, compose_end, compose_number, compose_stat, compose_value_line, Keys, Limits,
     Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind,
 };
 use slipstream_proto::rules::KEY_BYTES_MAX;
@@ -433,240 +434,36 @@ fn store(
 // ---------------------------------------------------------------------------------------------
 // stats
 
-fn yes_no(b: bool) -> &'static [u8] {
-    if b {
-        b"yes"
-    } else {
-        b"no"
-    }
-}
-
+/// The `stats` family: the lists come from `stats_report` (shared with the binary protocol);
+/// this only frames them as `STAT name value` lines and `END`.
 fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
-    match cmd {
-        StatsCmd::General => stats_general(ctx, out),
-        StatsCmd::Settings => stats_settings(ctx, out),
-        StatsCmd::Items => stats_items(ctx, out),
-        StatsCmd::Slabs => stats_slabs(ctx, out),
-        StatsCmd::Sizes => {
-            compose_stat(out, "sizes_status", b"disabled");
-            compose_end(out);
-        }
-        StatsCmd::Conns => stats_conns(ctx, out),
+    let list = match cmd {
+        StatsCmd::General => StatsList::General,
+        StatsCmd::Settings => StatsList::Settings,
+        StatsCmd::Items => StatsList::Items,
+        StatsCmd::Slabs => StatsList::Slabs,
+        StatsCmd::Sizes => StatsList::Sizes,
+        StatsCmd::Conns => StatsList::Conns { asking_conn_id: ctx.conn.conn_id },
         // No extstore and no slab classes to dump: memcached prints the same for nothing there.
-        StatsCmd::Extstore | StatsCmd::Cachedump => compose_end(out),
-        StatsCmd::DetailDump => ctx.server.prefix_stats.dump(out),
+        StatsCmd::Extstore | StatsCmd::Cachedump => return compose_end(out),
+        StatsCmd::DetailDump => return ctx.server.prefix_stats.dump(out),
         StatsCmd::Reset => {
             ctx.server.reset();
             ctx.store.reset_stats();
-            out.extend_from_slice(b"RESET\r\n");
+            return out.extend_from_slice(b"RESET\r\n");
         }
         StatsCmd::DetailOn | StatsCmd::DetailOff => {
             ctx.server.prefix_stats.set_enabled(cmd == StatsCmd::DetailOn);
-            out.extend_from_slice(b"OK\r\n");
+            return out.extend_from_slice(b"OK\r\n");
         }
-        StatsCmd::Unknown => out.extend_from_slice(b"ERROR\r\n"),
-    }
-}
-
-/// `stats conns`: one group per listener and connection, keyed by fd, as memcached prints it.
-/// The asking connection is `conn_parse_cmd`; the others are idle between requests as far as
-/// this thread can tell, so they print `conn_waiting`.
-fn stats_conns(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
-    let now = ctx.server.uptime_s();
-    let entries: Vec<(i32, crate::stats::ConnEntry)> = match ctx.server.conns.lock() {
-        Ok(reg) => reg.iter().map(|(k, v)| (*k, v.clone())).collect(),
-        Err(_) => Vec::new(),
+        StatsCmd::Unknown => return out.extend_from_slice(b"ERROR\r\n"),
     };
-    for (fd, e) in entries {
-        let name = |field: &str| format!("{fd}:{field}");
-        compose_stat(out, &name("addr"), e.addr.as_bytes());
-        if let Some(l) = &e.listen_addr {
-            compose_stat(out, &name("listen_addr"), l.as_bytes());
-        }
-        let state: &[u8] = match (&e.listen_addr, fd == ctx.conn.conn_id) {
-            (None, _) => b"conn_listening",
-            (Some(_), true) => b"conn_parse_cmd",
-            (Some(_), false) => b"conn_waiting",
-        };
-        compose_stat(out, &name("state"), state);
-        let since = now.saturating_sub(e.last_cmd_s.load(std::sync::atomic::Ordering::Relaxed));
-        compose_stat(out, &name("secs_since_last_cmd"), since.to_string().as_bytes());
+    let view = StatsView { server: ctx.server, store: ctx.store, settings: ctx.settings };
+    let rows = stats_report::rows(view, list);
+    out.reserve(rows.len() * 32 + 5);
+    for (name, value) in rows {
+        compose_stat(out, &name, &value);
     }
-    compose_end(out);
-}
-
-/// `stats`: memcached 1.6.18's names, in its order (the list is shared with the binary
-/// protocol's `Stat`), then Slipstream's fast-path counters.
-fn stats_general(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
-    out.reserve(4096);
-    for (name, value) in crate::stats::general_stats(ctx) {
-        compose_stat(out, name, value.as_bytes());
-    }
-    compose_end(out);
-}
-
-/// `stats settings`: memcached 1.6.18's names in its order. Tunables Slipstream has print its
-/// values; memcached tunables it has no counterpart for print memcached's defaults.
-fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
-    let cfg = ctx.store.config();
-    let info = ctx.server;
-    let st = ctx.settings;
-    let n = |v: u64| v.to_string().into_bytes();
-    let entries: Vec<(&str, Vec<u8>)> = vec![
-        ("maxbytes", n(ctx.store.memory_bytes_max() as u64)),
-        ("maxconns", n(info.conn_limit as u64)),
-        ("tcpport", n(u64::from(info.tcp_port))),
-        ("udpport", n(u64::from(info.udp_port))),
-        ("inter", ctx.server.listen_interface.as_deref().unwrap_or("NULL").as_bytes().to_vec()),
-        ("verbosity", n(ctx.server.verbosity.load(std::sync::atomic::Ordering::Relaxed))),
-        ("oldest", n(0)),
-        ("evictions", b"on".to_vec()),
-        ("domain_socket", b"NULL".to_vec()),
-        ("umask", b"700".to_vec()),
-        ("shutdown_command", yes_no(st.shutdown_enabled).to_vec()),
-        ("growth_factor", b"1.25".to_vec()),
-        ("chunk_size", n(48)),
-        ("num_threads", n(info.threads as u64)),
-        ("num_threads_per_udp", n(info.threads as u64)),
-        ("stat_key_prefix", vec![st.prefix_delimiter]),
-        ("detail_enabled", yes_no(ctx.server.prefix_stats.enabled()).to_vec()),
-        ("reqs_per_event", n(20)),
-        ("cas_enabled", yes_no(cfg.cas_enabled).to_vec()),
-        ("tcp_backlog", n(1024)),
-        ("binding_protocol", b"auto-negotiate".to_vec()),
-        ("auth_enabled_sasl", b"no".to_vec()),
-        ("auth_enabled_ascii", b"no".to_vec()),
-        ("item_size_max", n(cfg.item_bytes_max as u64)),
-        ("maxconns_fast", b"yes".to_vec()),
-        ("hashpower_init", n(0)),
-        ("slab_reassign", b"yes".to_vec()),
-        ("slab_automove", n(1)),
-        ("slab_automove_ratio", b"0.80".to_vec()),
-        ("slab_automove_window", n(30)),
-        ("slab_chunk_max", n(524288)),
-        ("lru_crawler", b"yes".to_vec()),
-        ("lru_crawler_sleep", n(100)),
-        ("lru_crawler_tocrawl", n(0)),
-        ("tail_repair_time", n(0)),
-        ("flush_enabled", yes_no(st.flush_enabled).to_vec()),
-        ("dump_enabled", b"yes".to_vec()),
-        ("hash_algorithm", b"slipstream".to_vec()),
-        ("lru_maintainer_thread", b"yes".to_vec()),
-        ("lru_segmented", b"yes".to_vec()),
-        ("hot_lru_pct", n(20)),
-        ("warm_lru_pct", n(40)),
-        ("hot_max_factor", b"0.20".to_vec()),
-        ("warm_max_factor", b"2.00".to_vec()),
-        ("temp_lru", b"no".to_vec()),
-        ("temporary_ttl", n(61)),
-        ("idle_timeout", n(0)),
-        ("watcher_logbuf_size", n(262144)),
-        ("worker_logbuf_size", n(65536)),
-        ("read_buf_mem_limit", n(0)),
-        ("track_sizes", b"no".to_vec()),
-        ("inline_ascii_response", b"no".to_vec()),
-        ("ext_item_size", n(512)),
-        ("ext_item_age", n(4294967295)),
-        ("ext_low_ttl", n(0)),
-        ("ext_recache_rate", n(2000)),
-        ("ext_wbuf_size", n(4194304)),
-        ("ext_compact_under", n(0)),
-        ("ext_drop_under", n(0)),
-        ("ext_max_sleep", n(1000000)),
-        ("ext_max_frag", b"0.80".to_vec()),
-        ("slab_automove_freeratio", b"0.010".to_vec()),
-        ("ext_drop_unread", b"no".to_vec()),
-        ("ssl_enabled", b"no".to_vec()),
-        ("ssl_chain_cert", b"(null)".to_vec()),
-        ("ssl_key", b"(null)".to_vec()),
-        ("ssl_verify_mode", n(0)),
-        ("ssl_keyformat", n(1)),
-        ("ssl_ciphers", b"NULL".to_vec()),
-        ("ssl_ca_cert", b"NULL".to_vec()),
-        ("ssl_wbuf_size", n(16384)),
-        ("ssl_session_cache", b"no".to_vec()),
-        ("ssl_kernel_tls", b"no".to_vec()),
-        ("ssl_min_version", b"tlsv1.2".to_vec()),
-        ("num_napi_ids", b"(null)".to_vec()),
-        ("memory_file", b"(null)".to_vec()),
-    ];
-    for (name, value) in entries {
-        compose_stat(out, name, &value);
-    }
-    compose_end(out);
-}
-
-/// `stats items`: Slipstream has one item class, reported as memcached's class 1 when it holds
-/// items (memcached lists only non-empty classes).
-fn stats_items(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
-    let s = ctx.store.stats();
-    if s.curr_items > 0 {
-        let rows: [(&str, u64); 28] = [
-            ("number", s.curr_items),
-            ("number_hot", 0),
-            ("number_warm", 0),
-            ("number_cold", s.curr_items),
-            ("age_hot", 0),
-            ("age_warm", 0),
-            ("age", s.oldest_item_age_s),
-            ("mem_requested", s.bytes),
-            ("evicted", s.evictions),
-            ("evicted_nonzero", 0),
-            ("evicted_time", 0),
-            ("outofmemory", 0),
-            ("tailrepairs", 0),
-            ("reclaimed", s.reclaimed),
-            ("expired_unfetched", s.expired_unfetched),
-            ("evicted_unfetched", s.evicted_unfetched),
-            ("evicted_active", 0),
-            ("crawler_reclaimed", 0),
-            ("crawler_items_checked", 0),
-            ("lrutail_reflocked", 0),
-            ("moves_to_cold", 0),
-            ("moves_to_warm", 0),
-            ("moves_within_lru", 0),
-            ("direct_reclaims", 0),
-            ("hits_to_hot", 0),
-            ("hits_to_warm", 0),
-            ("hits_to_cold", 0),
-            ("hits_to_temp", 0),
-        ];
-        for (name, v) in rows {
-            compose_stat_u64(out, &format!("items:1:{name}"), v);
-        }
-    }
-    compose_end(out);
-}
-
-/// `stats slabs`: one class (see `stats_items`), then the totals memcached prints.
-fn stats_slabs(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
-    let s = ctx.store.stats();
-    let t = ctx.server.totals();
-    let active = u64::from(s.curr_items > 0);
-    if active == 1 {
-        let rows: [(&str, u64); 15] = [
-            ("chunk_size", 0),
-            ("chunks_per_page", 0),
-            ("total_pages", 0),
-            ("total_chunks", s.curr_items),
-            ("used_chunks", s.curr_items),
-            ("free_chunks", 0),
-            ("free_chunks_end", 0),
-            ("get_hits", t.get_hits),
-            ("cmd_set", t.cmd_set),
-            ("delete_hits", t.delete_hits),
-            ("incr_hits", t.incr_hits),
-            ("decr_hits", t.decr_hits),
-            ("cas_hits", t.cas_hits),
-            ("cas_badval", t.cas_badval),
-            ("touch_hits", t.touch_hits),
-        ];
-        for (name, v) in rows {
-            compose_stat_u64(out, &format!("1:{name}"), v);
-        }
-    }
-    compose_stat_u64(out, "active_slabs", active);
-    compose_stat_u64(out, "total_malloced", s.bytes);
     compose_end(out);
 }
 
@@ -1226,10 +1023,9 @@ mod tests {
                 && names.contains(&"evictions")
                 && names.contains(&"rusage_user")
         );
-        assert_eq!(
-            &names[names.len() - 3..],
-            &["fastpath_hits", "fastpath_misses", "fastpath_invalidations"]
-        );
+        // memcached's 92; Slipstream's `fastpath_*` only while the kernel fast path is attached.
+        assert_eq!(names.len(), 92);
+        assert_eq!(names[91], "lru_bumps_dropped");
         assert!(out.ends_with("END\r\n"));
         assert!(out.contains("STAT version 1.6.18-slipstream-0.1.0\r\n"));
         let settings = String::from_utf8(h.feed(b"stats settings\r\n")).unwrap();

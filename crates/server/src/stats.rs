@@ -3,7 +3,7 @@
 //! Prometheus endpoint.
 //!
 //! Not for: store gauges (items, bytes, evictions) — those live in `slipstream-store` next to
-//! the code that changes them.
+//! the code that changes them — or the lists `stats` prints (`stats_report.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -115,9 +115,10 @@ pub struct FastPathTotals {
     pub invalidations: u64,
 }
 
-/// Where `stats` and /metrics read the fast path counters from while it is attached.
+/// Where `stats` and /metrics read the fast path counters from: None while it is not attached
+/// (then `stats` shows memcached's names only).
 #[derive(Clone)]
-pub struct FastPathSource(pub Arc<dyn Fn() -> FastPathTotals + Send + Sync>);
+pub struct FastPathSource(pub Arc<dyn Fn() -> Option<FastPathTotals> + Send + Sync>);
 
 impl std::fmt::Debug for FastPathSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -213,145 +214,11 @@ impl ServerInfo {
 
     /// The fast path counters (all zero while it is off).
     pub fn fastpath_totals(&self) -> FastPathTotals {
-        self.fastpath.as_ref().map(|f| (f.0)()).unwrap_or_default()
+        self.fastpath_attached().unwrap_or_default()
+    }
+
+    /// The fast path counters while it is attached.
+    pub fn fastpath_attached(&self) -> Option<FastPathTotals> {
+        self.fastpath.as_ref().and_then(|f| (f.0)())
     }
 }
-
-/// memcached 1.6.18's general `stats`, names and order exactly as it prints them. Fields
-/// Slipstream has no equivalent for (slab mover, LRU crawler, logger) report 0. Shared by the
-/// text (`stats`) and binary (`Stat`) executors so the two can never disagree.
-pub fn general_stats(ctx: &crate::exec::Ctx<'_>) -> Vec<(&'static str, String)> {
-    let server = ctx.server;
-    let t = server.totals();
-    let st = ctx.store.stats();
-    let curr_conns = server.curr_connections.load(std::sync::atomic::Ordering::Relaxed);
-    let (user, system) = rusage();
-    let mut v: Vec<(&'static str, String)> = Vec::with_capacity(96);
-    let mut put = |name: &'static str, value: String| v.push((name, value));
-    put("pid", server.pid.to_string());
-    put("uptime", server.uptime_s().to_string());
-    put("time", ctx.store.clock().now_unix_s().to_string());
-    put("version", ctx.settings.version.to_string());
-    put("libevent", "slipstream".to_string());
-    put("pointer_size", usize::BITS.to_string());
-    put("rusage_user", user);
-    put("rusage_system", system);
-    put("max_connections", server.conn_limit.to_string());
-    put("curr_connections", curr_conns.to_string());
-    put("total_connections", t.total_connections.to_string());
-    put("rejected_connections", t.rejected_connections.to_string());
-    put("connection_structures", curr_conns.to_string());
-    for name in ["response_obj_oom", "response_obj_count", "response_obj_bytes", "read_buf_count"] {
-        put(name, "0".to_string());
-    }
-    for name in ["read_buf_bytes", "read_buf_bytes_free", "read_buf_oom"] {
-        put(name, "0".to_string());
-    }
-    put("reserved_fds", "20".to_string());
-    let counters = [
-        ("cmd_get", t.cmd_get),
-        ("cmd_set", t.cmd_set),
-        ("cmd_flush", t.cmd_flush),
-        ("cmd_touch", t.cmd_touch),
-        ("cmd_meta", t.cmd_meta),
-        ("get_hits", t.get_hits),
-        ("get_misses", t.get_misses),
-        ("get_expired", t.get_expired + st.get_expired),
-        ("get_flushed", t.get_flushed + st.get_flushed),
-        ("delete_misses", t.delete_misses),
-        ("delete_hits", t.delete_hits),
-        ("incr_misses", t.incr_misses),
-        ("incr_hits", t.incr_hits),
-        ("decr_misses", t.decr_misses),
-        ("decr_hits", t.decr_hits),
-        ("cas_misses", t.cas_misses),
-        ("cas_hits", t.cas_hits),
-        ("cas_badval", t.cas_badval),
-        ("touch_hits", t.touch_hits),
-        ("touch_misses", t.touch_misses),
-        ("store_too_large", t.store_too_large),
-        ("store_no_memory", t.store_no_memory),
-        ("auth_cmds", t.auth_cmds),
-        ("auth_errors", t.auth_errors),
-        ("bytes_read", t.bytes_read),
-        ("bytes_written", t.bytes_written),
-        ("limit_maxbytes", st.limit_maxbytes),
-    ];
-    for (name, value) in counters {
-        put(name, value.to_string());
-    }
-    put("accepting_conns", "1".to_string());
-    put("listen_disabled_num", "0".to_string());
-    put("time_in_listen_disabled_us", "0".to_string());
-    put("threads", server.threads.to_string());
-    put("conn_yields", t.conn_yields.to_string());
-    put("hash_power_level", "16".to_string());
-    put("hash_bytes", "524288".to_string());
-    put("hash_is_expanding", "0".to_string());
-    for name in [
-        "slab_reassign_rescues",
-        "slab_reassign_chunk_rescues",
-        "slab_reassign_evictions_nomem",
-        "slab_reassign_inline_reclaim",
-        "slab_reassign_busy_items",
-        "slab_reassign_busy_deletes",
-        "slab_reassign_running",
-        "slabs_moved",
-        "lru_crawler_running",
-        "lru_crawler_starts",
-        "lru_maintainer_juggles",
-        "malloc_fails",
-        "log_worker_dropped",
-        "log_worker_written",
-        "log_watcher_skipped",
-        "log_watcher_sent",
-        "log_watchers",
-        "unexpected_napi_ids",
-        "round_robin_fallback",
-    ] {
-        put(name, "0".to_string());
-    }
-    put("bytes", st.bytes.to_string());
-    put("curr_items", st.curr_items.to_string());
-    put("total_items", st.total_items.to_string());
-    put("slab_global_page_pool", "0".to_string());
-    put("expired_unfetched", st.expired_unfetched.to_string());
-    put("evicted_unfetched", st.evicted_unfetched.to_string());
-    put("evicted_active", "0".to_string());
-    put("evictions", st.evictions.to_string());
-    put("reclaimed", st.reclaimed.to_string());
-    for name in [
-        "crawler_reclaimed",
-        "crawler_items_checked",
-        "lrutail_reflocked",
-        "moves_to_cold",
-        "moves_to_warm",
-        "moves_within_lru",
-        "direct_reclaims",
-        "lru_bumps_dropped",
-    ] {
-        put(name, "0".to_string());
-    }
-    // Slipstream's own: the kernel fast path (0 while it is off).
-    let fp = server.fastpath_totals();
-    put("fastpath_hits", fp.hits.to_string());
-    put("fastpath_misses", fp.misses.to_string());
-    put("fastpath_invalidations", fp.invalidations.to_string());
-    v
-}
-
-/// User and system CPU time as memcached prints them (`seconds.microseconds`).
-fn rusage() -> (String, String) {
-    // SAFETY: getrusage only writes into the zero-initialised struct we own; RUSAGE_SELF is
-    // always a valid `who`.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
-            return ("0.000000".to_string(), "0.000000".to_string());
-        }
-        ru
-    };
-    let fmt = |tv: libc::timeval| format!("{}.{:06}", tv.tv_sec, tv.tv_usec);
-    (fmt(ru.ru_utime), fmt(ru.ru_stime))
-}
-

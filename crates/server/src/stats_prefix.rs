@@ -18,7 +18,6 @@
 //! Not for: the general counters (stats.rs) or protocol parsing. Cost while detail is off: one
 //! relaxed load per request; while on, one mutex per counted request (memcached's STATS_LOCK).
 
-use crate::exec::Ctx;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -136,27 +135,38 @@ impl PrefixStats {
     }
 }
 
+/// Where a request's executor finds the table and the delimiter (the executor context
+/// implements it; this module does not depend on the executors).
+pub trait PrefixSink {
+    fn prefix_stats(&self) -> &PrefixStats;
+    /// The byte that ends a key's prefix (memcached `-D`).
+    fn prefix_delimiter(&self) -> u8;
+}
+
 /// Count a get-like read of `key` (get/gets/gat/gats, binary get/touch/gat).
 #[inline]
-pub fn record_get(ctx: &Ctx<'_>, key: &[u8], hit: bool) {
-    if ctx.server.prefix_stats.enabled() {
-        ctx.server.prefix_stats.record(ctx.settings.prefix_delimiter, key, Event::Get { hit });
+pub fn record_get(ctx: &impl PrefixSink, key: &[u8], hit: bool) {
+    let p = ctx.prefix_stats();
+    if p.enabled() {
+        p.record(ctx.prefix_delimiter(), key, Event::Get { hit });
     }
 }
 
 /// Count a storage command for `key` (counted before it is executed, whatever its outcome).
 #[inline]
-pub fn record_set(ctx: &Ctx<'_>, key: &[u8]) {
-    if ctx.server.prefix_stats.enabled() {
-        ctx.server.prefix_stats.record(ctx.settings.prefix_delimiter, key, Event::Set);
+pub fn record_set(ctx: &impl PrefixSink, key: &[u8]) {
+    let p = ctx.prefix_stats();
+    if p.enabled() {
+        p.record(ctx.prefix_delimiter(), key, Event::Set);
     }
 }
 
 /// Count a delete of `key` (hit or miss).
 #[inline]
-pub fn record_delete(ctx: &Ctx<'_>, key: &[u8]) {
-    if ctx.server.prefix_stats.enabled() {
-        ctx.server.prefix_stats.record(ctx.settings.prefix_delimiter, key, Event::Delete);
+pub fn record_delete(ctx: &impl PrefixSink, key: &[u8]) {
+    let p = ctx.prefix_stats();
+    if p.enabled() {
+        p.record(ctx.prefix_delimiter(), key, Event::Delete);
     }
 }
 

@@ -231,7 +231,7 @@ impl TenantTable {
         info.prefix_stats.set_enabled(self.settings.detail_enabled);
         // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.
         let kernel = self.kernel.clone();
-        info.fastpath = Some(FastPathSource(Arc::new(move || kernel.get().map(|k| k.totals(slot)).unwrap_or_default())));
+        info.fastpath = Some(FastPathSource(Arc::new(move || kernel.get().map(|k| k.totals(slot)))));
         let info = Arc::new(info);
         let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let (rin, rout) = spec.rates(&shaping);

@@ -1,0 +1,223 @@
+//! The TCP loop: what a worker does when a connection is readable or writable.
+//!
+//! What it is for: rounds of plan → read → execute → charge → flush. The gate plans the round
+//! from the tenant's shaper (nothing to plan without one), the connection reads what the socket
+//! has within the plan, every complete request in the buffer runs through
+//! `dispatch::execute_one` (the batch), the shaper is charged for what was read and produced,
+//! and all of the batch's replies go out with one write. Replies never wait for a later
+//! request: the flush ends the round that produced them.
+//!
+//! What it is not for: accepting (listen.rs), buffer mechanics (conn.rs), the shaping decision
+//! (gate.rs) or protocol rules (the executors).
+
+use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
+use super::gate::{self, RoundPlan};
+use super::env::{thread_stats, Env, Slot};
+use crate::dispatch::execute_one;
+use crate::exec::{Ctx, Step};
+use crate::memcache_text;
+use crate::outq::SHARE_VALUE_BYTES_MIN;
+use crate::stats::ThreadStats;
+use crate::tenants::Tenant;
+use mio::{Interest, Registry, Token};
+use slipstream_tenancy::monotonic_now_ns;
+use std::sync::atomic::Ordering;
+
+/// What handling an event decided for a connection.
+pub(super) enum After {
+    Keep,
+    Close,
+}
+
+/// How a batch ended.
+#[derive(Default)]
+struct BatchEnd {
+    /// Stopped because too many reply bytes wait for the socket (input may remain).
+    high: bool,
+    /// Stopped at the shaper's limits (input remains).
+    limited: bool,
+    requests: u32,
+    reply_bytes: u64,
+}
+
+/// An event on connection `idx` (in `slot`). `peer_closed`: the event says the peer shut its
+/// side (EPOLLRDHUP) or the socket failed; then we read to the end, so data and end-of-file
+/// that arrive together are both seen.
+pub(super) fn conn_event(slot: &mut Slot, idx: usize, registry: &Registry, env: &Env<'_>, readable: bool, writable: bool, peer_closed: bool) -> After {
+    let Slot { tenant, conn } = slot;
+    {
+        if writable && conn.blocked_on_write {
+            match conn.flush(thread_stats(tenant, env.index), env.settings) {
+                Ok(true) => {
+                    conn.gate.flushed(tenant.shaper.as_deref());
+                    if conn.close_after_flush {
+                        return After::Close;
+                    }
+                    conn.blocked_on_write = false;
+                    if registry.reregister(&mut conn.stream, Token(idx), Interest::READABLE).is_err() {
+                        return After::Close;
+                    }
+                    if conn.gate.in_throttled {
+                        // Its turn comes from the throttled list.
+                        return After::Keep;
+                    }
+                    // Input may have piled up while we were blocked; execute it now.
+                    return serve(conn, tenant, idx, registry, env, true, peer_closed);
+                }
+                Ok(false) => return After::Keep,
+                Err(_) => return After::Close,
+            }
+        }
+        if readable && !conn.blocked_on_write {
+            if conn.gate.in_throttled && !peer_closed {
+                // Held back: the bytes wait in the socket (back-pressure); the throttled list
+                // brings it back when its tenant has tokens again.
+                return After::Keep;
+            }
+            return serve(conn, tenant, idx, registry, env, true, peer_closed);
+        }
+        After::Keep
+    }
+}
+
+/// Rounds of plan → read → execute → charge → flush while the socket may hold more and the
+/// event's round budget lasts. A connection the gate holds back gets `throttle_until_ns`.
+pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env: &Env<'_>, mut want_read: bool, peer_closed: bool) -> After {
+    let stats = thread_stats(tenant, env.index);
+    let shaper = tenant.shaper.as_deref();
+    for _ in 0..conn.gate.rounds() {
+        // plan
+        let plan = match shaper {
+            Some(sh) => gate::plan(sh, monotonic_now_ns(), conn.gate.held, want_read),
+            None => RoundPlan::open(want_read),
+        };
+        // read
+        let read = if plan.read {
+            conn.read_round(plan.read_budget, env.read_buf_bytes_max, &env.settings.conn_buf, peer_closed, stats)
+        } else {
+            Default::default()
+        };
+        if read.failed {
+            return After::Close;
+        }
+        if conn.rend > conn.rstart {
+            // Once per batch, not per request: `stats conns` only needs seconds.
+            conn.last_cmd_s.store(tenant.info.uptime_s(), Ordering::Relaxed);
+        }
+        // execute
+        let batch = if plan.execute { execute_batch(conn, tenant, stats, env, plan.limits) } else { BatchEnd::default() };
+        // charge
+        conn.gate.charge(shaper, read.bytes, batch.requests, batch.reply_bytes);
+        // flush
+        match conn.flush(stats, env.settings) {
+            Ok(true) => conn.gate.flushed(shaper),
+            Ok(false) => {
+                conn.blocked_on_write = true;
+                return match registry.reregister(&mut conn.stream, Token(idx), Interest::WRITABLE) {
+                    Ok(()) => After::Keep,
+                    Err(_) => After::Close,
+                };
+            }
+            Err(_) => return After::Close,
+        }
+        if conn.close_after_flush || read.eof {
+            return After::Close;
+        }
+        if plan.wait_ns > 0 {
+            conn.gate.hold(monotonic_now_ns(), plan.wait_ns);
+            return After::Keep;
+        }
+        if !read.more && !batch.high && !batch.limited {
+            conn.gate.caught_up();
+            return After::Keep;
+        }
+        want_read = read.more;
+    }
+    conn.needs_revisit = true;
+    After::Keep
+}
+
+/// The execute step: run complete requests from the read buffer, appending replies, up to
+/// `limits` (requests, reply bytes) when the tenant is shaped.
+fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &Env<'_>, limits: Option<(u32, u64)>) -> BatchEnd {
+    let (requests_max, reply_bytes_max) = limits.unwrap_or((u32::MAX, u64::MAX));
+    let start_len = conn.wbuf.len();
+    // Values sent by reference are reply bytes too (the shaper counts them); the queue only
+    // grows while the batch runs.
+    let start_pinned = conn.state.shared.pinned_bytes();
+    let mut end = BatchEnd::default();
+    loop {
+        if conn.wbuf.len() - conn.wstart >= WRITE_BUF_BYTES_HIGH
+            || !conn.state.shared.has_room(SHARE_VALUE_BYTES_MIN)
+            || !env.settings.conn_buf.charge_reply(&mut conn.state.reply_charged_bytes, conn.wbuf.capacity())
+        {
+            // Too much waiting for the socket, or replies that grew the buffer (a get charges
+            // before it copies; other replies are small) and the budget cannot cover them:
+            // execute nothing more until the client reads.
+            end.high = true;
+            break;
+        }
+        let input = &conn.rbuf[conn.rstart..conn.rend];
+        if input.is_empty() {
+            break;
+        }
+        let reply_bytes = conn.wbuf.len().saturating_sub(start_len) + conn.state.shared.pinned_bytes().saturating_sub(start_pinned);
+        if end.requests >= requests_max || reply_bytes as u64 >= reply_bytes_max {
+            end.limited = true;
+            break;
+        }
+        let mut ctx = Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
+        match execute_one(&mut ctx, input, &mut conn.wbuf) {
+            Step::Consumed(n) => {
+                conn.rstart += n;
+                conn.needs_grow = false;
+                end.requests += 1;
+            }
+            Step::Incomplete => {
+                if incomplete(conn, tenant, stats, env) {
+                    continue;
+                }
+                break;
+            }
+            Step::Close => {
+                conn.close_after_flush = true;
+                break;
+            }
+            Step::Shutdown => {
+                env.stop.stop();
+                conn.close_after_flush = true;
+                break;
+            }
+        }
+    }
+    end.reply_bytes = (conn.wbuf.len().saturating_sub(start_len) + conn.state.shared.pinned_bytes().saturating_sub(start_pinned)) as u64;
+    conn.settle_read_buf(&env.settings.conn_buf);
+    end
+}
+
+/// The request at the front of the buffer is incomplete. A full buffer may grow for it next
+/// read; if the budget refused to grow it, the request is refused (true: the batch goes on
+/// after it); one larger than the connection will ever buffer closes the connection.
+fn incomplete(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &Env<'_>) -> bool {
+    let full = conn.rstart == 0 && conn.rend == conn.rbuf.len();
+    conn.needs_grow = full;
+    if full && std::mem::take(&mut conn.grow_refused) {
+        conn.needs_grow = false;
+        // The budget would not let the buffer grow for this request.
+        let input = &conn.rbuf[conn.rstart..conn.rend];
+        let mut ctx = Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
+        let refused = memcache_text::refuse_unbufferable(&mut ctx, input, &mut conn.wbuf);
+        ctx.conn.shared.discard_after(conn.wbuf.len());
+        match refused {
+            Step::Consumed(n) if n <= input.len() => {
+                conn.rstart += n;
+                return true;
+            }
+            _ => conn.close_after_flush = true,
+        }
+    } else if full && conn.rbuf.len() >= env.read_buf_bytes_max && !conn.long_get_line() {
+        // A single request larger than we will ever buffer.
+        conn.close_after_flush = true;
+    }
+    false
+}

@@ -1,0 +1,292 @@
+//! The worker: one thread, one `mio` poll, every tenant's sockets (its own SO_REUSEPORT
+//! listener and UDP socket per tenant) and the TCP connections it accepted.
+//!
+//! What it is for: the event loop — revisits of connections whose round budget ran out, the
+//! throttled list (connections the gate held back, served round-robin when due), UDP queues of
+//! shaped tenants, then the poll and its events; picking up tenants added or removed; closing
+//! connections with their accounting.
+//!
+//! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs).
+
+use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, WAKER};
+use super::env::Env;
+use super::tcp::{self, After};
+use super::udp;
+use super::udp::{UdpBufs, UDP_DATAGRAM_BYTES_MAX};
+use super::StopHandle;
+use crate::exec::Settings;
+use crate::tenants::TenantTable;
+use crate::udp_batch::RecvBatch;
+use mio::{Events, Poll};
+use slipstream_tenancy::monotonic_now_ns;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Held-back connections served per loop turn before the poll looks at new events again.
+const THROTTLED_SERVED_PER_TURN: usize = 2;
+/// Events handled per `epoll_wait`.
+const EVENTS_MAX: usize = 1024;
+
+pub(super) struct Worker {
+    pub index: usize,
+    pub poll: Poll,
+    pub table: Arc<TenantTable>,
+    pub seen_generation: u64,
+    pub tenants: Vec<WorkerTenant>,
+    pub conns: Conns,
+    pub settings: Arc<Settings>,
+    pub stop: StopHandle,
+    pub read_buf_bytes_max: usize,
+    /// recvmmsg buffers.
+    pub udp_rx: RecvBatch,
+    pub udp: UdpBufs,
+    /// Connections held back by their tenant's shaper, served round-robin when due.
+    pub throttled: Vec<usize>,
+    /// Where the next round-robin pass over `throttled` starts.
+    pub rr: usize,
+}
+
+impl Worker {
+    pub(super) fn new(index: usize, poll: Poll, table: Arc<TenantTable>, stop: StopHandle, read_buf_bytes_max: usize) -> Worker {
+        Worker {
+            index,
+            poll,
+            settings: table.settings.clone(),
+            table,
+            seen_generation: 0,
+            tenants: Vec::new(),
+            conns: Conns { slots: Vec::new(), free: Vec::new() },
+            stop,
+            read_buf_bytes_max,
+            udp_rx: RecvBatch::new(UDP_DATAGRAM_BYTES_MAX),
+            udp: UdpBufs::new(),
+            throttled: Vec::new(),
+            rr: 0,
+        }
+    }
+
+    /// The event loop, until the server is told to stop.
+    pub(super) fn run(mut self) {
+        let mut events = Events::with_capacity(EVENTS_MAX);
+        let mut revisit: Vec<usize> = Vec::new();
+        let mut deferred: Vec<(usize, bool, bool, bool)> = Vec::with_capacity(EVENTS_MAX);
+        while !self.stop.is_stopped() {
+            self.reconcile();
+            let timeout = self.before_poll(&mut revisit);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                eprintln!("slipstream: event loop failed: {e}");
+                break;
+            }
+            self.handle_events(&events, &mut deferred, &mut revisit);
+        }
+        // Close every connection on the way out so clients see EOF, not a hang.
+        for i in 0..self.conns.slots.len() {
+            if self.conns.slots[i].is_some() {
+                self.close(i);
+            }
+        }
+    }
+
+    /// Serve what is due before sleeping: connections with work left from the last round, held
+    /// back connections and UDP queues whose time has come. Returns the poll's timeout.
+    fn before_poll(&mut self, revisit: &mut Vec<usize>) -> Option<std::time::Duration> {
+        // Connections with work left from the last round: look at them again without
+        // sleeping in epoll.
+        for i in std::mem::take(revisit) {
+            let again = self.conns.slots.get_mut(i).and_then(Option::as_mut).map(|s| std::mem::replace(&mut s.conn.needs_revisit, false));
+            if again == Some(true) {
+                let after = self.conn_event(i, true, false, false);
+                self.after_serve(i, after, revisit);
+            }
+        }
+        let mut deadline = None;
+        if !self.throttled.is_empty() || self.tenants.iter().any(|w| w.udp_wait_until_ns != 0) {
+            let now = monotonic_now_ns();
+            self.serve_throttled(now, revisit);
+            self.serve_udp_queues(now);
+            deadline = self.next_deadline();
+        }
+        // Decided after the throttled pass, which may leave connections for a revisit.
+        let mut timeout = if revisit.is_empty() { None } else { Some(std::time::Duration::ZERO) };
+        if let Some(next) = deadline {
+            let wait = std::time::Duration::from_nanos(next.saturating_sub(monotonic_now_ns()));
+            timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+        }
+        timeout
+    }
+
+    /// One poll's events: listeners accept or drain, connections serve — those of tenants at
+    /// their share after the others (`deferred`).
+    fn handle_events(&mut self, events: &Events, deferred: &mut Vec<(usize, bool, bool, bool)>, revisit: &mut Vec<usize>) {
+        for ev in events.iter() {
+            let token = ev.token();
+            if token == WAKER {
+                continue;
+            }
+            if let Some((slot, is_udp)) = decode_listen(token) {
+                let Some(k) = self.tenants.iter().position(|w| w.tenant.slot == slot) else { continue };
+                if is_udp {
+                    self.udp_drain(k);
+                } else {
+                    self.accept_all(k);
+                }
+                continue;
+            }
+            let i = token.0;
+            let (r, w, closed) = (ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
+            if self.conns.slots.get(i).and_then(Option::as_ref).is_some_and(|s| s.conn.gate.held) && deferred.len() < EVENTS_MAX {
+                // Its tenant is at its share: serve it after the connections of tenants
+                // within theirs from this same poll (latency isolation).
+                deferred.push((i, r, w, closed));
+                continue;
+            }
+            let after = self.conn_event(i, r, w, closed);
+            self.after_serve(i, after, revisit);
+        }
+        for (i, r, w, closed) in deferred.drain(..) {
+            let after = self.conn_event(i, r, w, closed);
+            self.after_serve(i, after, revisit);
+        }
+    }
+
+    /// Close, queue for a revisit, or put on the throttled list, as serving left the connection.
+    fn after_serve(&mut self, i: usize, after: After, revisit: &mut Vec<usize>) {
+        if let After::Close = after {
+            self.close(i);
+            return;
+        }
+        let Some(s) = self.conns.slots.get_mut(i).and_then(Option::as_mut) else { return };
+        if s.conn.gate.throttle_until_ns != 0 {
+            if !s.conn.gate.in_throttled {
+                s.conn.gate.in_throttled = true;
+                self.throttled.push(i);
+            }
+        } else if s.conn.needs_revisit {
+            revisit.push(i);
+        }
+    }
+
+    /// Serve the held-back connections whose time has come, starting at a rotating position so
+    /// tenants waiting on their buckets take turns.
+    fn serve_throttled(&mut self, now: u64, revisit: &mut Vec<usize>) {
+        if self.throttled.is_empty() {
+            return;
+        }
+        let list = std::mem::take(&mut self.throttled);
+        let n = list.len();
+        self.rr = self.rr.wrapping_add(1);
+        let start = self.rr % n;
+        let mut served = 0usize;
+        for j in 0..n {
+            let i = list[(start + j) % n];
+            let Some(s) = self.conns.slots.get_mut(i).and_then(Option::as_mut) else { continue };
+            if !s.conn.gate.in_throttled {
+                continue;
+            }
+            if s.conn.gate.throttle_until_ns > now || served >= THROTTLED_SERVED_PER_TURN {
+                // Not yet due, or this turn's share of work for held-back connections is used
+                // up: the rest wait for the next turn, after the poll has looked at new events,
+                // so a tenant within its share is not queued behind a crowd of throttled ones.
+                self.throttled.push(i);
+                continue;
+            }
+            served += 1;
+            s.conn.gate.in_throttled = false;
+            s.conn.gate.throttle_until_ns = 0;
+            if s.conn.blocked_on_write {
+                // The writable event resumes it.
+                continue;
+            }
+            let after = self.conn_event(i, true, false, false);
+            self.after_serve(i, after, revisit);
+        }
+    }
+
+    /// Earliest monotonic time something held back may run.
+    fn next_deadline(&self) -> Option<u64> {
+        let conns = self.throttled.iter().filter_map(|&i| self.conns.slots.get(i).and_then(Option::as_ref)).map(|s| s.conn.gate.throttle_until_ns).filter(|&t| t != 0);
+        let udps = self.tenants.iter().map(|w| w.udp_wait_until_ns).filter(|&t| t != 0);
+        conns.chain(udps).min()
+    }
+
+    /// Pick up tenants added or removed since the last look.
+    fn reconcile(&mut self) {
+        let g = self.table.generation();
+        if g == self.seen_generation {
+            return;
+        }
+        self.seen_generation = g;
+        let list = self.table.snapshot();
+        let mut k = 0;
+        while k < self.tenants.len() {
+            let gone = self.tenants[k].tenant.is_removed() || !list.iter().any(|t| Arc::ptr_eq(t, &self.tenants[k].tenant));
+            if !gone {
+                k += 1;
+                continue;
+            }
+            let mut wt = self.tenants.swap_remove(k);
+            wt.unwatch(self.poll.registry());
+            for i in 0..self.conns.slots.len() {
+                if self.conns.slots[i].as_ref().is_some_and(|s| Arc::ptr_eq(&s.tenant, &wt.tenant)) {
+                    self.close(i);
+                }
+            }
+        }
+        for t in list {
+            if self.tenants.iter().any(|w| Arc::ptr_eq(&w.tenant, &t)) {
+                continue;
+            }
+            let wt = WorkerTenant::watch(self.poll.registry(), t, self.index);
+            self.tenants.push(wt);
+        }
+    }
+
+    /// An event on connection `idx` (tcp.rs serves it).
+    fn conn_event(&mut self, idx: usize, readable: bool, writable: bool, peer_closed: bool) -> After {
+        let Some(slot) = self.conns.slots.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        tcp::conn_event(slot, idx, self.poll.registry(), &env, readable, writable, peer_closed)
+    }
+
+    /// Tenant `k`'s UDP socket is readable (udp.rs drains it).
+    fn udp_drain(&mut self, k: usize) {
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        let Some(wt) = self.tenants.get_mut(k) else { return };
+        udp::udp_drain(wt, &mut self.udp_rx, &mut self.udp, &env);
+    }
+
+    /// Run the UDP queues whose time has come (udp.rs).
+    fn serve_udp_queues(&mut self, now: u64) {
+        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        udp::serve_udp_queues(&mut self.tenants, &mut self.udp, &env, now);
+    }
+
+    /// Tenant `k`'s listener is readable (listen.rs accepts).
+    fn accept_all(&mut self, k: usize) {
+        let Some(wt) = self.tenants.get(k) else { return };
+        let acceptor = Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index };
+        acceptor.accept_all(wt, &mut self.conns);
+    }
+
+    /// Close connection `idx`: give back its buffers' budget and its outstanding requests,
+    /// drop it from `stats conns` and the connection counts.
+    pub(super) fn close(&mut self, idx: usize) {
+        if let Some(mut s) = self.conns.slots.get_mut(idx).and_then(Option::take) {
+            let _ = self.poll.registry().deregister(&mut s.conn.stream);
+            self.settings.conn_buf.release(s.conn.charged_bytes());
+            if let Ok(mut reg) = s.tenant.info.conns.lock() {
+                reg.remove(&s.conn.fd);
+            }
+            if let Some(sh) = s.tenant.shaper.as_ref() {
+                sh.complete(s.conn.gate.outstanding);
+            }
+            s.tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
+            self.conns.free.push(idx);
+        }
+    }
+}
