@@ -21,6 +21,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod machine;
+pub mod mutation;
 pub mod storage;
 
+pub use machine::{Applied, TenantMachine};
+pub use mutation::{absolute_exptime, Mutation};
 pub use storage::{FsyncMode, GroupStorage, StorageFault};
