@@ -23,8 +23,12 @@
 
 pub mod machine;
 pub mod mutation;
+pub mod node;
 pub mod storage;
+pub mod transport;
 
 pub use machine::{Applied, TenantMachine};
 pub use mutation::{absolute_exptime, Mutation};
+pub use node::{Completion, GroupSpec, GroupStatus, NodeConfig, NodeError, ProposeError, ReplicationNode};
+pub use raft::StateRole;
 pub use storage::{FsyncMode, GroupStorage, StorageFault};
