@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod machine;
 pub mod mutation;
 pub mod node;
