@@ -557,8 +557,7 @@ fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
         return Ok(());
     }
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
-    let mut snap = Snapshot::default();
-    snap.data = g.machine.snapshot_data().into();
+    let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
     let m = snap.mut_metadata();
     m.index = applied;
     m.term = term;

@@ -124,9 +124,7 @@ impl GroupStorage {
             torn_bytes_dropped: 0,
         };
         if fresh {
-            let mut cs = ConfState::default();
-            cs.voters = voters.to_vec();
-            s.set_conf_state(cs)?;
+            s.set_conf_state(ConfState { voters: voters.to_vec(), ..ConfState::default() })?;
             s.sync_now()?;
             sync_dir(dir)?;
         } else {
@@ -464,11 +462,7 @@ mod tests {
     use super::*;
 
     fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
-        let mut e = Entry::default();
-        e.index = index;
-        e.term = term;
-        e.data = data.to_vec().into();
-        e
+        Entry { index, term, data: data.to_vec().into(), ..Entry::default() }
     }
 
     fn tmpdir(name: &str) -> PathBuf {
@@ -478,8 +472,7 @@ mod tests {
     }
 
     fn snapshot(index: u64, term: u64, voters: &[u64], data: &[u8]) -> Snapshot {
-        let mut s = Snapshot::default();
-        s.data = data.to_vec().into();
+        let mut s = Snapshot { data: data.to_vec().into(), ..Snapshot::default() };
         let m = s.mut_metadata();
         m.index = index;
         m.term = term;
@@ -495,10 +488,7 @@ mod tests {
             s.append(&[entry(1, 1, b"a"), entry(2, 1, b"b"), entry(3, 1, b"c")]).unwrap();
             // A new leader overwrites 3.. with its own term.
             s.append(&[entry(3, 2, b"C"), entry(4, 2, b"d")]).unwrap();
-            let mut hs = HardState::default();
-            hs.term = 2;
-            hs.vote = 3;
-            hs.commit = 3;
+            let hs = HardState { term: 2, vote: 3, commit: 3, ..HardState::default() };
             s.set_hard_state(&hs).unwrap();
         }
         let s = GroupStorage::open(&d, FsyncMode::Always, &[9]).unwrap();

@@ -271,17 +271,34 @@ fn three_nodes_fail_over_and_restarted_node_catches_up_by_snapshot() {
     let victim_group = GROUPS[rng.below(3) as usize];
     let victim = c.wait_leader(victim_group, Duration::from_secs(5));
     let old_term = c.nodes[&victim].status(victim_group).unwrap().term;
+    // Writes in flight at the kill: those acknowledged must survive, the rest may or may not.
+    let inflight: Vec<_> = (0..20)
+        .map(|i| c.nodes[&victim].propose(victim_group, &set(&format!("inflight{i}"), &format!("w{i}"))))
+        .collect();
+    std::thread::sleep(Duration::from_millis(rng.below(30)));
     let killed_at = Instant::now();
     c.kill(victim);
+    let acked: Vec<usize> = inflight
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.wait(Duration::from_millis(100)), Some(Ok(Applied::Store(StoreResult::Stored(_))))))
+        .map(|(i, _)| i)
+        .collect();
     let new_leader = c.wait_leader(victim_group, Duration::from_secs(10));
     let failover = killed_at.elapsed();
     assert_ne!(new_leader, victim);
     assert!(c.nodes[&new_leader].status(victim_group).unwrap().term > old_term);
     eprintln!("killed node {victim} (leader of group {victim_group}); node {new_leader} leads after {failover:?}");
+    eprintln!("{} of 20 writes in flight at the kill were acknowledged", acked.len());
     // Every acknowledged write is on the survivors.
     for g in GROUPS {
         c.wait_converged(g, Duration::from_secs(10));
         check_model(&c, g, &models[&g]);
+    }
+    for &n in c.nodes.keys() {
+        for &i in &acked {
+            assert_eq!(c.value_on(n, victim_group, &format!("inflight{i}")), Some(format!("w{i}")), "node {n}: acknowledged inflight{i} lost");
+        }
     }
     // Keep writing while the node is down: the leaders compact their logs past it.
     for _ in 0..150 {
