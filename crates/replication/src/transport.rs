@@ -7,11 +7,13 @@
 //!
 //! Connection: the node with the lower id dials the higher one and introduces itself with
 //! `MAGIC: u32`, `node_id: u64`; the acceptor keeps the newest connection per peer. The
-//! dialer redials every `REDIAL_MS` while the connection is down.
+//! dialer redials every `REDIAL_MS` while the connection is down. There is no authentication
+//! yet: the raft port must only be reachable from the cluster's nodes (a host that can reach
+//! it can impersonate a peer).
 //! Frame: `len: u32 LE` (of what follows), `group: u64 LE`, protobuf `eraftpb::Message`.
 //!
-//! Threads: an acceptor, a dialer per higher-id peer, and a reader plus a writer per live
-//! connection (blocking I/O on a handful of sockets; the raft core itself is the node's
+//! Threads: an acceptor (each hello read on a short-lived thread, at most `HANDSHAKES_MAX`),
+//! a dialer per higher-id peer, and a reader plus a writer per live connection (blocking I/O on a handful of sockets; the raft core itself is the node's
 //! single loop, so moving this to a mio loop later changes only this module).
 
 use protobuf::Message as PbMessage;
@@ -32,6 +34,10 @@ pub const SEND_QUEUE_FRAMES_MAX: usize = 4096;
 const MAGIC: u32 = 0x534c_5250; // "SLRP"
 const REDIAL_MS: u64 = 50;
 const CONNECT_TIMEOUT_MS: u64 = 200;
+/// How long an accepted connection may take to introduce itself.
+const HELLO_TIMEOUT_MS: u64 = 1000;
+/// Accepted connections that may be introducing themselves at once.
+const HANDSHAKES_MAX: u64 = 16;
 
 /// A raft message that arrived from `from` for group `group`.
 pub struct Incoming {
@@ -177,27 +183,45 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<JoinHandle
 }
 
 fn accept_loop(s: Arc<Shared>, listener: TcpListener) {
+    let handshakes = Arc::new(AtomicU64::new(0));
     for conn in listener.incoming() {
         if s.stopped.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(mut stream) = conn else { continue };
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(CONNECT_TIMEOUT_MS * 5)));
-        let mut hello = [0u8; 12];
-        if stream.read_exact(&mut hello).is_err() {
+        let Ok(stream) = conn else { continue };
+        // Each hello is read on its own short-lived thread, so a silent connection cannot
+        // hold up a real peer's; at most HANDSHAKES_MAX at a time (more are closed).
+        if handshakes.fetch_add(1, Ordering::SeqCst) >= HANDSHAKES_MAX {
+            handshakes.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
-        let magic = u32::from_le_bytes([hello[0], hello[1], hello[2], hello[3]]);
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&hello[4..]);
-        let peer = u64::from_le_bytes(id);
-        // Only lower ids dial us; anything else is not a peer of this cluster.
-        if magic != MAGIC || peer >= s.node_id || !s.links.contains_key(&peer) {
-            continue;
+        let (s2, h2) = (s.clone(), handshakes.clone());
+        let spawned = spawn("raft-hello", move || {
+            handshake(&s2, stream);
+            h2.fetch_sub(1, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            handshakes.fetch_sub(1, Ordering::SeqCst);
         }
-        let _ = stream.set_read_timeout(None);
-        install(&s, peer, stream);
     }
+}
+
+fn handshake(s: &Arc<Shared>, mut stream: TcpStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(HELLO_TIMEOUT_MS)));
+    let mut hello = [0u8; 12];
+    if stream.read_exact(&mut hello).is_err() {
+        return;
+    }
+    let magic = u32::from_le_bytes([hello[0], hello[1], hello[2], hello[3]]);
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&hello[4..]);
+    let peer = u64::from_le_bytes(id);
+    // Only lower ids dial us; anything else is not a peer of this cluster.
+    if magic != MAGIC || peer >= s.node_id || !s.links.contains_key(&peer) || s.stopped.load(Ordering::SeqCst) {
+        return;
+    }
+    let _ = stream.set_read_timeout(None);
+    install(s, peer, stream);
 }
 
 fn dial_loop(s: Arc<Shared>, peer: u64, addr: SocketAddr) {

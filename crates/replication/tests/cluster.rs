@@ -376,3 +376,33 @@ fn replicated_writes_per_second() {
         eprintln!("fsync {fsync:?}: {ok}/{n} acknowledged in {s:.2} s = {:.0} replicated writes/s (64 B values)", ok as f64 / s);
     }
 }
+
+/// Garbage on the raft port (no hello, a bad hello, a hello from a non-peer id followed by a
+/// bad frame) is dropped; the cluster keeps committing and converging.
+#[test]
+fn junk_on_the_raft_port_does_not_stop_the_cluster() {
+    use std::io::Write;
+    let mut rng = Rng(seed());
+    let c = Cluster::new("junk", FsyncMode::Never, 1000);
+    c.wait_leader(1, Duration::from_secs(10));
+    let mut conns = Vec::new();
+    for addr in c.peers.values() {
+        let junk: Vec<u8> = (0..1 + rng.below(4096)).map(|_| rng.next() as u8).collect();
+        let mut not_a_peer = 0x534c_5250u32.to_le_bytes().to_vec();
+        not_a_peer.extend_from_slice(&99u64.to_le_bytes());
+        not_a_peer.extend_from_slice(&u32::MAX.to_le_bytes());
+        for bytes in [junk, not_a_peer, vec![]] {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(&bytes);
+            conns.push(s);
+        }
+    }
+    let mut model = BTreeMap::new();
+    for seq in 0..30 {
+        random_write(&c, &mut rng, 1, &mut model, seq);
+    }
+    c.wait_converged(1, Duration::from_secs(10));
+    check_model(&c, 1, &model);
+    let h = c.hashes(1);
+    assert!(h.iter().all(|&x| x == h[0]), "replica hashes differ: {h:?}");
+}
