@@ -85,6 +85,9 @@ pub struct GroupSpec {
     pub voters: Vec<u64>,
     /// The tenant's store; must start empty (it is rebuilt from the snapshot and the log).
     pub store: Arc<Store>,
+    /// Node that should lead while it is up and caught up (leaders spread across nodes); a
+    /// leader elsewhere hands leadership back to it.
+    pub preferred_leader: Option<u64>,
 }
 
 /// Why a node could not start.
@@ -180,6 +183,10 @@ struct Group {
     elections_won: u64,
     snapshots_installed: u64,
     was_leader: bool,
+    preferred_leader: Option<u64>,
+    /// Ticks since this node last checked whether to hand leadership to the preferred node.
+    ticks_since_transfer_check: usize,
+    election_ticks: usize,
 }
 
 /// A running node (see the module doc). Dropping it stops the thread and closes every
@@ -204,7 +211,7 @@ impl ReplicationNode {
             let id = g.group_id;
             let dir = cfg.data_dir.join(format!("group-{id}"));
             let storage = GroupStorage::open(&dir, cfg.fsync, &g.voters).map_err(|e| NodeError::Storage(id, e))?;
-            let machine = TenantMachine::new(g.store);
+            let machine = TenantMachine::new(g.store.clone());
             let snap = storage.latest_snapshot();
             let applied = snap.get_metadata().index;
             if applied > 0 {
@@ -234,6 +241,9 @@ impl ReplicationNode {
                     elections_won: 0,
                     snapshots_installed: 0,
                     was_leader: false,
+                    preferred_leader: g.preferred_leader,
+                    ticks_since_transfer_check: 0,
+                    election_ticks: cfg.election_ticks,
                 },
             );
         }
@@ -325,6 +335,7 @@ impl Loop {
             if Instant::now() >= next_tick {
                 for g in self.groups.values_mut() {
                     g.raw.tick();
+                    restore_preferred_leader(g, &self.transport);
                 }
                 next_tick += tick;
                 if next_tick < Instant::now() {
@@ -547,6 +558,26 @@ fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applie
             _ => Err(ProposeError::Dropped),
         };
         g.replies.push((reply, r));
+    }
+}
+
+/// On the leader, about once per election timeout: if the group's preferred leader is
+/// another node that is connected and has the whole log, hand leadership to it (raft-rs
+/// leader transfer; it aborts by itself if the target does not take over in time).
+fn restore_preferred_leader(g: &mut Group, t: &Transport) {
+    g.ticks_since_transfer_check += 1;
+    if g.ticks_since_transfer_check < g.election_ticks {
+        return;
+    }
+    g.ticks_since_transfer_check = 0;
+    let r = &g.raw.raft;
+    let Some(p) = g.preferred_leader else { return };
+    if r.state != StateRole::Leader || p == r.id || r.lead_transferee.is_some() || !t.connected(p) {
+        return;
+    }
+    let caught_up = r.prs().get(p).is_some_and(|pr| pr.matched == r.raft_log.last_index());
+    if caught_up {
+        g.raw.transfer_leader(p);
     }
 }
 

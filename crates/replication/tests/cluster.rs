@@ -44,22 +44,29 @@ struct Cluster {
     nodes: BTreeMap<u64, ReplicationNode>,
     fsync: FsyncMode,
     log_entries_max: u64,
+    /// Group g prefers node g as its leader.
+    preferred: bool,
 }
 
 impl Cluster {
     fn new(name: &str, fsync: FsyncMode, log_entries_max: u64) -> Cluster {
+        Cluster::build(name, fsync, log_entries_max, false)
+    }
+
+    fn build(name: &str, fsync: FsyncMode, log_entries_max: u64, preferred: bool) -> Cluster {
         let dir = std::env::temp_dir().join(format!("slipstream-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         // Hold all three listeners at once so the ports differ, then free them for the nodes.
         let ls: Vec<TcpListener> = NODES.iter().map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let peers = NODES.iter().zip(&ls).map(|(&id, l)| (id, l.local_addr().unwrap())).collect();
         drop(ls);
-        let mut c = Cluster { dir, peers, nodes: BTreeMap::new(), fsync, log_entries_max };
+        let mut c = Cluster { dir, peers, nodes: BTreeMap::new(), fsync, log_entries_max, preferred };
         for id in NODES {
             c.start(id);
         }
         c
     }
+
 
     fn start(&mut self, id: u64) {
         let mut cfg = NodeConfig::new(id, self.peers.clone(), self.dir.join(format!("node-{id}")));
@@ -74,6 +81,7 @@ impl Cluster {
                 group_id: g,
                 voters: NODES.to_vec(),
                 store: Arc::new(Store::new(StoreConfig { shards: 4, ..StoreConfig::default() })),
+                preferred_leader: self.preferred.then_some(g),
             })
             .collect();
         // The port was just freed by the previous incarnation; retry binding briefly.
@@ -191,6 +199,7 @@ fn groups_clone(g: &[GroupSpec]) -> Vec<GroupSpec> {
             group_id: s.group_id,
             voters: s.voters.clone(),
             store: Arc::new(Store::new(s.store.config().clone())),
+            preferred_leader: s.preferred_leader,
         })
         .collect()
 }
@@ -405,4 +414,36 @@ fn junk_on_the_raft_port_does_not_stop_the_cluster() {
     check_model(&c, 1, &model);
     let h = c.hashes(1);
     assert!(h.iter().all(|&x| x == h[0]), "replica hashes differ: {h:?}");
+}
+
+/// Leaders spread: group g prefers node g. Each group ends up led by its preferred node; when
+/// that node dies another leads; when it comes back (caught up) leadership returns to it.
+#[test]
+fn preferred_leaders_spread_and_are_restored_after_a_failover() {
+    let mut c = Cluster::build("preferred", FsyncMode::Never, 1000, true);
+    let wait_for = |c: &Cluster, g: u64, want: u64, within: Duration| {
+        let deadline = Instant::now() + within;
+        while c.leader(g) != Some(want) {
+            assert!(Instant::now() < deadline, "group {g}: leader {:?}, want {want}", c.leader(g));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    for g in GROUPS {
+        wait_for(&c, g, g, Duration::from_secs(10));
+        c.write(g, &set("k", "v"), Duration::from_secs(10));
+    }
+    c.kill(1);
+    let other = c.wait_leader(1, Duration::from_secs(10));
+    assert_ne!(other, 1);
+    c.write(1, &set("k", "during"), Duration::from_secs(10));
+    let t = Instant::now();
+    c.start(1);
+    wait_for(&c, 1, 1, Duration::from_secs(10));
+    eprintln!("group 1 led by node {other} during the failover; back on node 1 {:?} after its restart", t.elapsed());
+    for g in GROUPS {
+        wait_for(&c, g, g, Duration::from_secs(10));
+        c.write(g, &set("k2", "after"), Duration::from_secs(10));
+        c.wait_converged(g, Duration::from_secs(10));
+    }
+    assert_eq!(c.value_on(1, 1, "k").as_deref(), Some("during"), "node 1 caught up with the write made while it was down");
 }
