@@ -93,6 +93,8 @@ pub struct Config {
     pub shaping: ShapingSpec,
     /// `[[tenant]]` entries; empty = single-tenant mode on -p/-U.
     pub tenants: Vec<TenantSpec>,
+    /// `[cluster]` (issue 15): this node's place in a replication cluster; None = standalone.
+    pub cluster: Option<ClusterSpec>,
     /// `[results]` (where stream results go); used only with streams.
     pub results: ResultsConfig,
     /// `[[stream]]` entries; empty = no stream offload.
@@ -101,8 +103,6 @@ pub struct Config {
     pub user: Option<String>,
     /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
     pub hbase: Option<slipstream_rangecache::Settings>,
-    /// `[cluster]` (issue 15): this node's place in a replication cluster; None = standalone.
-    pub cluster: Option<ClusterSpec>,
 }
 
 impl Default for Config {
@@ -130,11 +130,11 @@ impl Default for Config {
             admin_token: None,
             shaping: ShapingSpec::default(),
             tenants: Vec::new(),
+            cluster: None,
             results: ResultsConfig::default(),
             streams: Vec::new(),
             user: None,
             hbase: None,
-            cluster: None,
         }
     }
 }
