@@ -16,8 +16,9 @@
 //! a delayed `flush_all` still pending is not carried by a snapshot.
 
 use crate::mutation::{DecodeError, Mutation};
+use slipstream_proto::rules::KEY_BYTES_MAX;
 use slipstream_store::{
-    ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemExport, Store, StoreOpts, StoreResult, KEY_BYTES_MAX,
+    ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemExport, Store, StoreOpts, StoreResult,
 };
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

@@ -19,7 +19,8 @@
 //!   `initial: u64` + `exptime: i64`, `cas: u64`, `touch: i64`, key.
 //! - touch: `exptime: i64`, key.  - flush_all: `delay: i64`.
 
-use slipstream_store::{SetMode, KEY_BYTES_MAX, REALTIME_MAXDELTA_S};
+use slipstream_proto::rules::KEY_BYTES_MAX;
+use slipstream_store::{SetMode, REALTIME_MAXDELTA_S};
 
 const VERSION: u8 = 1;
 const OP_STORE: u8 = 1;
