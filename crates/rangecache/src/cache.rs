@@ -11,15 +11,18 @@
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
 //! contain the rows and bumps the table's version), is forwarded, then calls
-//! [`Cache::end_write`] (bumps again). A fill records the version when it starts
-//! ([`Cache::fill_ticket`]) and is dropped if the version moved or a write was in flight when it
-//! finishes, so a result read from HBase before a write can never be stored after it.
+//! [`Cache::end_write`] (bumps again). Writes by other HBase clients arrive as the
+//! RegionObserver's notices: [`Cache::notice_begin`] before HBase applies the write (same
+//! invalidation; the write waits for it) and [`Cache::notice_end`] once it is visible. A fill
+//! records the version when it starts ([`Cache::fill_ticket`]) and is dropped if the version
+//! moved or a write (of either kind) was in flight when it finishes, so a result read from HBase
+//! before a write can never be stored after it.
 //!
 //! Memory: every entry's bytes count against `memory_bytes_max`; the least recently used entries
 //! are evicted first. This module does no I/O.
 
 use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -170,6 +173,8 @@ pub struct Stats {
     pub fills_discarded: u64,
     pub invalidations: u64,
     pub evictions: u64,
+    /// Write notices from the RegionObserver (writes by any HBase client).
+    pub notices: u64,
 }
 
 #[derive(Default)]
@@ -177,6 +182,8 @@ struct TableState {
     name: Option<Arc<[u8]>>,
     version: u64,
     writes_in_flight: u32,
+    /// BEGIN notices (by id) whose END has not arrived: their writes may not be visible yet.
+    notices_in_flight: HashSet<u32>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
@@ -293,7 +300,8 @@ impl Cache {
 
     fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
         let st = self.table(table);
-        let ok = st.version == t.version && st.writes_in_flight == 0;
+        let ok =
+            st.version == t.version && st.writes_in_flight == 0 && st.notices_in_flight.is_empty();
         if ok {
             st.stats.fills += 1;
         } else {
@@ -446,12 +454,41 @@ impl Cache {
     }
 
     /// Drops everything and voids fills in flight (the path to HBase was lost: whatever
-    /// happened there meanwhile is unknown).
+    /// happened there meanwhile is unknown, and the ENDs of notices in flight will not come).
     pub fn clear_all(&mut self) {
         let names: Vec<Arc<[u8]>> = self.tables.keys().cloned().collect();
         for t in names {
-            self.table(&t).version += 1;
+            let st = self.table(&t);
+            st.version += 1;
+            st.notices_in_flight.clear();
             self.clear_table(&t);
+        }
+    }
+
+    /// The RegionObserver reports a write about to be applied to `rows` (empty = the whole
+    /// table) by any client: invalidate as [`Cache::begin_write`] does; fills stay off for the
+    /// table until [`Cache::notice_end`] with the same id.
+    pub fn notice_begin(&mut self, table: &[u8], id: u32, rows: &[Vec<u8>]) {
+        let st = self.table(table);
+        st.version += 1;
+        st.stats.notices += 1;
+        st.notices_in_flight.insert(id);
+        if rows.is_empty() {
+            self.clear_table(table);
+        } else {
+            for r in rows {
+                self.invalidate_row(table, r);
+            }
+        }
+    }
+
+    /// The write of notice `id` is visible (or failed).
+    pub fn notice_end(&mut self, id: u32) {
+        // END carries no table: the id is unique among the notices in flight.
+        for st in self.tables.values_mut() {
+            if st.notices_in_flight.remove(&id) {
+                st.version += 1;
+            }
         }
     }
 

@@ -11,7 +11,8 @@ use crate::gen::hbase1::{
 };
 use crate::sidecar::client::SidecarClient;
 use crate::sidecar::codec::{
-    self, op, Family, MutateOrder, ReadSpec, Row, RowMutations, SidecarError, TS_LATEST,
+    self, op, Family, MutateOrder, Notice, NoticeKind, ReadSpec, Row, RowMutations, SidecarError,
+    TS_LATEST,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -60,7 +61,7 @@ struct Scanner {
 
 /// Shared state of the service: one per daemon.
 pub struct RangeCache {
-    sidecar: SidecarClient,
+    sidecar: Arc<SidecarClient>,
     cache: Mutex<Cache>,
     scanners: Mutex<HashMap<i32, Scanner>>,
     next_scanner: AtomicI32,
@@ -153,7 +154,7 @@ fn prefix_stop(prefix: &[u8]) -> Vec<u8> {
 impl RangeCache {
     pub fn new(sidecar: SidecarClient, cache: Cache, scanners_max: usize) -> RangeCache {
         RangeCache {
-            sidecar,
+            sidecar: Arc::new(sidecar),
             cache: Mutex::new(cache),
             scanners: Mutex::new(HashMap::new()),
             next_scanner: AtomicI32::new(1),
@@ -161,6 +162,27 @@ impl RangeCache {
             sidecar_generation: AtomicU64::new(0),
             stats: FrontStats::default(),
         }
+    }
+
+    /// Routes the RegionObserver's write notices into the cache and keeps the lease alive.
+    pub fn attach(self: &Arc<Self>) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        self.sidecar.set_listener(Arc::new(move |n: &Notice| {
+            if let Some(rc) = weak.upgrade() {
+                let mut c = rc.cache();
+                match n.kind {
+                    NoticeKind::Begin => c.notice_begin(&n.table, n.id, &n.rows),
+                    NoticeKind::End => c.notice_end(n.id),
+                }
+            }
+        }));
+        self.sidecar.start_keepalive()
+    }
+
+    /// Is the notice channel up (subscribed and within the lease), and was a RegionObserver
+    /// reported? (For metrics.)
+    pub fn channel(&self) -> (bool, bool) {
+        (self.sidecar.lease_valid(), self.sidecar.observer_loaded())
     }
 
     /// The cache, flushed first if the sidecar connection was lost or remade since the last
@@ -199,7 +221,12 @@ impl RangeCache {
     /// May this query use the cache? Each-row entries hold whole rows, so a projection naming a
     /// family the table lacks would come back empty where HBase raises an error: such queries
     /// (and any when the families cannot be read) go to HBase uncached.
+    /// Outside the lease (notices may be missed) the cache is not used at all: nothing is served
+    /// from it and nothing is filled.
     fn cache_usable(&self, table: &[u8], spec: &ReadSpec, filter: &[u8]) -> bool {
+        if !self.sidecar.lease_valid() {
+            return false;
+        }
         if spec.columns.is_empty() || !self.cache().fill_wants_whole_rows(spec, filter) {
             return true;
         }
