@@ -45,7 +45,7 @@ def oracle(hbase):
     s.close()
 
 
-@pytest.fixture(params=["all-row", "each-row"])
+@pytest.fixture(params=["all-row", "each-row", "adaptive"])
 def daemon(request, hbase):
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy=request.param).start()
     try:
@@ -547,6 +547,45 @@ def test_lost_notice_channel_flushes_and_holds_writes(hbase, oracle):
         assert t.row(b"r") == {b"cf1:q": b"newer"}
         m = d.metrics()
         assert "slipstream_hbase_notify_channel_up 1" in m
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()
+
+
+def _chosen(d, table):
+    out = {}
+    for l in d.metrics().splitlines():
+        if l.startswith("slipstream_hbase_strategy_chosen_total{") and ('table="%s"' % table.decode()) in l:
+            out[l.split('strategy="')[1].split('"')[0]] = float(l.split()[-1])
+    return out
+
+
+def test_adaptive_chooses_per_query_shape(hbase):
+    """strategy = "adaptive": repeated identical scans stay all-row, sliding overlapping scans
+    (another column set = another shape) move to each-row, Gets are each-row; the per-table
+    metric counts each choice."""
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
+    try:
+        conn = connect(d)
+        name = fresh_table(conn)
+        t = conn.table(name)
+        with t.batch() as b:
+            for i in range(300):
+                b.put(b"r%04d" % i, {b"cf1:a": b"x", b"cf2:b": b"y"})
+        for i in range(130):  # two windows of exact repeats
+            list(t.scan(row_start=b"r%04d" % (i % 2 * 100), row_stop=b"r%04d" % (i % 2 * 100 + 20), columns=[b"cf1"]))
+        c1 = _chosen(d, name)
+        assert c1.get("all-row", 0) >= 130 and c1.get("each-row", 0) == 0, c1
+        for i in range(130):  # sliding windows, another shape (columns cf2)
+            list(t.scan(row_start=b"r%04d" % i, row_stop=b"r%04d" % (i + 20), columns=[b"cf2"]))
+        c2 = _chosen(d, name)
+        assert c2["each-row"] >= 60, c2
+        for i in range(20):
+            t.row(b"r%04d" % i)
+        c3 = _chosen(d, name)
+        assert c3["each-row"] - c2["each-row"] >= 20, (c2, c3)
+        assert 'slipstream_hbase_strategy{strategy="adaptive"} 1' in d.metrics()
         conn.delete_table(name, disable=True)
         conn.close()
     finally:

@@ -18,6 +18,10 @@
 //! moved or a write (of either kind) was in flight when it finishes, so a result read from HBase
 //! before a write can never be stored after it.
 //!
+//! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
+//!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
+//!   the same table state and every write invalidates both, so a shape may switch at any time.
+//!
 //! Memory: every entry's bytes count against `memory_bytes_max`; the least recently used entries
 //! are evicted first. This module does no I/O.
 
@@ -37,6 +41,8 @@ const INTERVALS_PER_TABLE_MAX: usize = 65_536;
 pub enum Strategy {
     AllRow,
     EachRow,
+    /// Per query shape (crate::adaptive).
+    Adaptive,
 }
 
 impl Strategy {
@@ -44,17 +50,17 @@ impl Strategy {
         match s {
             "all-row" | "allrow" => Ok(Strategy::AllRow),
             "each-row" | "eachrow" => Ok(Strategy::EachRow),
-            "adaptive" => Err(
-                "strategy \"adaptive\" is not implemented yet; use \"all-row\" or \"each-row\""
-                    .into(),
-            ),
-            other => Err(format!("unknown strategy {other:?} (all-row, each-row)")),
+            "adaptive" => Ok(Strategy::Adaptive),
+            other => Err(format!(
+                "unknown strategy {other:?} (all-row, each-row, adaptive)"
+            )),
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Strategy::AllRow => "all-row",
             Strategy::EachRow => "each-row",
+            Strategy::Adaptive => "adaptive",
         }
     }
 }
@@ -175,6 +181,16 @@ pub struct Stats {
     pub evictions: u64,
     /// Write notices from the RegionObserver (writes by any HBase client).
     pub notices: u64,
+    /// Queries (first pages and Gets) decided for all-row / each-row entries.
+    pub chosen_all_row: u64,
+    pub chosen_each_row: u64,
+}
+
+/// A query shape for the adaptive strategy: Get or Scan, and what is read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    get: bool,
+    spec: ReadSpec,
 }
 
 #[derive(Default)]
@@ -192,12 +208,29 @@ struct TableState {
     stats: Stats,
     /// The table's column families, once looked up (each-row projections check against them).
     families: Option<Vec<Vec<u8>>>,
+    /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
+    shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
+}
+
+/// Shapes tracked per table; past it new shapes use all-row untracked.
+const SHAPES_PER_TABLE_MAX: usize = 1024;
+
+fn is_get(q: &QueryKey) -> bool {
+    q.stop.len() == q.start.len() + 1 && q.stop.starts_with(&q.start) && q.stop.last() == Some(&0)
 }
 
 /// Proof that a fill started at a given table version.
 #[derive(Clone, Copy, Debug)]
 pub struct FillTicket {
     version: u64,
+    each_row: bool,
+}
+
+impl FillTicket {
+    /// Does this fill store whole rows (each-row), so HBase must be asked for every column?
+    pub fn whole_rows(&self) -> bool {
+        self.each_row
+    }
 }
 
 /// The cache. Callers wrap it in a mutex; every method is short.
@@ -261,19 +294,79 @@ impl Cache {
         self.tick
     }
 
-    /// Uses each-row entries for this query shape?
-    fn uses_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
-        self.strategy == Strategy::EachRow && filter.is_empty() && each_row_servable(spec)
+    /// Could this query use each-row entries under the configured strategy?
+    pub fn may_use_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
+        self.strategy != Strategy::AllRow && filter.is_empty() && each_row_servable(spec)
     }
 
-    /// Looks a query up; counts a hit or a miss. Each-row hits need only `q.start` inside a
-    /// complete interval and return at most `rows_max` rows, with where to continue.
+    /// Uses each-row entries for this query now? (Adaptive: its shape's current choice.)
+    pub fn each_row_for(&self, table: &[u8], q: &QueryKey) -> bool {
+        if !self.may_use_each_row(&q.spec, &q.filter) {
+            return false;
+        }
+        match self.strategy {
+            Strategy::EachRow => true,
+            Strategy::AllRow => false,
+            Strategy::Adaptive => {
+                let get = is_get(q);
+                // Policy rule 2: Gets are each-row.
+                get || self
+                    .tables
+                    .get(table)
+                    .and_then(|st| {
+                        st.shapes.get(&ShapeKey {
+                            get,
+                            spec: q.spec.clone(),
+                        })
+                    })
+                    .is_some_and(|s| s.choice() == Strategy::EachRow)
+            }
+        }
+    }
+
+    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss and, in adaptive
+    /// mode, feeds the shape's statistics. Each-row hits need only `q.start` inside a complete
+    /// interval and return at most `rows_max` rows, with where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        let each = self.uses_each_row(&q.spec, &q.filter);
+        let hit = self.lookup_at(table, q, rows_max, true);
+        if self.strategy == Strategy::Adaptive && !is_get(q) && self.may_use_each_row(&q.spec, &q.filter) {
+            let st = self.table(table);
+            let key = ShapeKey {
+                get: false,
+                spec: q.spec.clone(),
+            };
+            if st.shapes.len() < SHAPES_PER_TABLE_MAX || st.shapes.contains_key(&key) {
+                st.shapes
+                    .entry(key)
+                    .or_default()
+                    .observe(&q.start, &q.stop, hit.is_some());
+            }
+        }
+        hit
+    }
+
+    /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
+    /// query by the adaptive statistics).
+    pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
+        if !self.each_row_for(table, q) {
+            return None;
+        }
+        self.lookup_at(table, q, rows_max, false)
+    }
+
+    fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
+        let each = self.each_row_for(table, q);
         let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
         let Cache { tables, lru, .. } = self;
         let st = tables.get_mut(table)?;
+        if first {
+            if each {
+                st.stats.chosen_each_row += 1;
+            } else {
+                st.stats.chosen_all_row += 1;
+            }
+        }
         if each {
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max, tick, lru) {
                 st.stats.hits_each_row += 1;
@@ -291,10 +384,12 @@ impl Cache {
         None
     }
 
-    /// Call before reading from HBase for a fill.
-    pub fn fill_ticket(&mut self, table: &[u8]) -> FillTicket {
+    /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
+    pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
+        let each_row = self.each_row_for(table, q);
         FillTicket {
             version: self.table(table).version,
+            each_row,
         }
     }
 
@@ -319,10 +414,6 @@ impl Cache {
         self.table(table).families = Some(families);
     }
 
-    /// Does a fill for `spec`/`filter` want whole rows (each-row) rather than the query's own?
-    pub fn fill_wants_whole_rows(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
-        self.uses_each_row(spec, filter)
-    }
 
     /// Stores a query's result read from HBase: every row of `[q.start, continue_at)` (or of
     /// the whole query when `continue_at` is None). For each-row shapes `rows` must be whole
@@ -337,10 +428,19 @@ impl Cache {
         ticket: FillTicket,
     ) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
+        if self.strategy == Strategy::Adaptive && !is_get(q) {
+            let key = ShapeKey {
+                get: false,
+                spec: q.spec.clone(),
+            };
+            if let Some(s) = self.table(table).shapes.get_mut(&key) {
+                s.observe_result(rows.len());
+            }
+        }
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
             return false;
         }
-        if self.uses_each_row(&q.spec, &q.filter) {
+        if ticket.each_row {
             let stop = continue_at.unwrap_or_else(|| q.stop.clone());
             self.fill_each_row(table, &q.start, &stop, rows);
         } else {
@@ -723,7 +823,7 @@ mod tests {
     #[test]
     fn all_row_hit_then_invalidated_by_write_in_range_only() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(
             b"t",
             &q("a", "c"),
@@ -752,13 +852,13 @@ mod tests {
     #[test]
     fn fill_that_raced_a_write_is_discarded() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
         c.end_write(b"t");
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t));
         // A fill that starts while a write is in flight is dropped even if it ends before.
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
-        let t2 = c.fill_ticket(b"t");
+        let t2 = c.fill_ticket(b"t", &q("", ""));
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t2));
         c.end_write(b"t");
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
@@ -767,7 +867,7 @@ mod tests {
     #[test]
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(
             b"t",
             &q("a", "z"),
@@ -824,13 +924,50 @@ mod tests {
     #[test]
     fn clear_all_drops_entries_and_voids_fills_in_flight() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
-        let late = c.fill_ticket(b"t");
+        let late = c.fill_ticket(b"t", &q("", ""));
         c.clear_all();
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, late));
         assert_eq!(c.bytes(), 0);
+    }
+
+    /// Adaptive, through the cache: Gets are each-row; a shape whose scans repeat exactly stays
+    /// all-row; one whose ranges slide (overlapping, never repeating) moves to each-row, after
+    /// which its shifted ranges hit.
+    #[test]
+    fn adaptive_picks_each_strategy_where_the_policy_says() {
+        use crate::adaptive::WINDOW;
+        let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
+        let rows: Vec<Row> = (0..400).map(|i| row(&format!("r{i:04}"), "v")).collect();
+        let k = |i: usize| format!("r{i:04}");
+        let get = q("r0001", "r0001\0");
+        assert!(c.each_row_for(b"t", &get), "Gets are each-row");
+        let scan_fill = |c: &mut Cache, a: usize, b: usize| {
+            let qq = q(&k(a), &k(b));
+            if c.lookup(b"t", &qq, 1000).is_none() {
+                let t = c.fill_ticket(b"t", &qq);
+                let want: Vec<Row> = rows[a..b].to_vec();
+                c.fill(b"t", &qq, want, None, t);
+            }
+        };
+        for i in 0..WINDOW as usize {
+            scan_fill(&mut c, i % 3 * 100, i % 3 * 100 + 50);
+        }
+        assert!(!c.each_row_for(b"t", &q(&k(0), &k(50))), "exact repeats stay all-row");
+        for i in 0..WINDOW as usize {
+            scan_fill(&mut c, i * 3, i * 3 + 50);
+        }
+        assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
+        // Now a sliding range inside what was filled is served from each-row entries.
+        scan_fill(&mut c, 10, 60);
+        assert!(matches!(
+            c.lookup(b"t", &q(&k(11), &k(59)), 1000),
+            Some(Hit::Assembled(r, None)) if r.len() == 48
+        ));
+        let st = c.table_stats()[0].1;
+        assert!(st.chosen_all_row > 0 && st.chosen_each_row > 0, "{st:?}");
     }
 
     #[test]
@@ -856,7 +993,7 @@ mod tests {
         let mut c = Cache::new(Strategy::AllRow, 4000);
         for i in 0..50 {
             let k = format!("k{i:02}");
-            let t = c.fill_ticket(b"t");
+            let t = c.fill_ticket(b"t", &q("", ""));
             c.fill(b"t", &q(&k, &format!("{k}\0")), vec![row(&k, "v")], None, t);
             // Keep k00 hot.
             c.lookup(b"t", &q("k00", "k00\0"), 100);

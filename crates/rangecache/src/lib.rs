@@ -8,6 +8,7 @@
 //! used only within a lease of the sidecar's last answer), and racing fills are discarded, so
 //! reads are never older than an acknowledged write.
 
+pub mod adaptive;
 pub mod cache;
 #[allow(clippy::all, dead_code, non_camel_case_types, unused_variables)]
 #[rustfmt::skip]

@@ -24,7 +24,7 @@ pub struct HbaseConfig {
     pub sidecar: String,
     /// Cache budget.
     pub memory_mb: usize,
-    /// "all-row" or "each-row" ("adaptive" is not implemented yet).
+    /// "all-row", "each-row" or "adaptive" (per query shape; crate::adaptive has the policy).
     pub strategy: String,
     /// Deadline for one sidecar call; past it the client gets IOError.
     pub timeout_ms: u64,
@@ -301,6 +301,21 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
             );
         }
     }
+    metric(
+        out,
+        "strategy_chosen_total",
+        "counter",
+        "Gets and scans (first pages) decided for all-row or each-row entries, per table",
+    );
+    for (t, st, _) in &tables {
+        for (name, v) in [("all-row", st.chosen_all_row), ("each-row", st.chosen_each_row)] {
+            let _ = writeln!(
+                out,
+                "slipstream_hbase_strategy_chosen_total{{table=\"{}\",strategy=\"{name}\"}} {v}",
+                label(t)
+            );
+        }
+    }
     metric(out, "table_cache_bytes", "gauge", "Bytes cached per table");
     for (t, _, bytes) in &tables {
         let _ = writeln!(
@@ -320,11 +335,16 @@ mod tests {
         let d = HbaseConfig::default().validate().unwrap();
         assert_eq!(d.thrift_addr.port(), 9090);
         assert_eq!(d.strategy, Strategy::AllRow);
-        let bad = HbaseConfig {
+        let a = HbaseConfig {
             strategy: "adaptive".into(),
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("not implemented"));
+        assert_eq!(a.validate().unwrap().strategy, Strategy::Adaptive);
+        let bad = HbaseConfig {
+            strategy: "sometimes".into(),
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("unknown strategy"));
         let bad = HbaseConfig {
             sidecar: "nope".into(),
             ..Default::default()

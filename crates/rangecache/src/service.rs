@@ -227,7 +227,7 @@ impl RangeCache {
         if !self.sidecar.lease_valid() {
             return false;
         }
-        if spec.columns.is_empty() || !self.cache().fill_wants_whole_rows(spec, filter) {
+        if spec.columns.is_empty() || !self.cache().may_use_each_row(spec, filter) {
             return true;
         }
         let known = self.cache().families(table);
@@ -284,10 +284,8 @@ impl RangeCache {
             }
         }
         if !missing.is_empty() {
-            let (ticket, whole) = {
-                let mut c = self.cache();
-                (c.fill_ticket(table), c.fill_wants_whole_rows(spec, &[]))
-            };
+            let ticket = self.cache().fill_ticket(table, &keys[missing[0]]);
+            let whole = ticket.whole_rows();
             let fetch_spec = if whole {
                 ReadSpec::latest()
             } else {
@@ -362,10 +360,10 @@ impl RangeCache {
             let mut c = self.cache();
             if !usable {
                 None
-            } else if first || c.fill_wants_whole_rows(&key.spec, &key.filter) {
+            } else if first {
                 c.lookup(table, &at, page_rows)
             } else {
-                None
+                c.lookup_continuation(table, &at, page_rows)
             }
         };
         match hit {
@@ -379,14 +377,11 @@ impl RangeCache {
             }
             None => {}
         }
-        let (ticket, whole, bytes_max) = {
+        let (ticket, bytes_max) = {
             let mut c = self.cache();
-            (
-                c.fill_ticket(table),
-                usable && c.fill_wants_whole_rows(&key.spec, &key.filter),
-                c.result_bytes_max(),
-            )
+            (c.fill_ticket(table, &at), c.result_bytes_max())
         };
+        let whole = usable && ticket.whole_rows();
         let fetch_spec = if whole {
             ReadSpec::latest()
         } else {
