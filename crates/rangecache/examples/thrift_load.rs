@@ -128,13 +128,19 @@ fn thrift_client(addr: SocketAddr) -> Result<Client, String> {
 fn load(o: &Opts) -> Result<(), String> {
     let mut c = thrift_client(o.addr)?;
     let t = o.table.clone().into_bytes();
-    let fam = ColumnDescriptor {
-        name: Some(b"cf:".to_vec()),
-        max_versions: Some(1),
-        ..Default::default()
-    };
+    let fam = ColumnDescriptor::new(
+        b"cf:".to_vec(),
+        1,
+        "NONE".to_string(),
+        false,
+        "NONE".to_string(),
+        0,
+        0,
+        true,
+        i32::MAX,
+    );
     if let Err(e) = c.create_table(t.clone(), vec![fam]) {
-        eprintln!("create_table: {e} (continuing)");
+        eprintln!("create_table: {e:?} (continuing)");
     }
     let t0 = Instant::now();
     for chunk in (0..o.keys).collect::<Vec<_>>().chunks(500) {
@@ -155,7 +161,7 @@ fn load(o: &Opts) -> Result<(), String> {
             })
             .collect();
         c.mutate_rows(t.clone(), batch, BTreeMap::new())
-            .map_err(|e| format!("mutateRows: {e}"))?;
+            .map_err(|e| format!("mutateRows: {e:?}"))?;
     }
     eprintln!("loaded {} rows in {:.1} s", o.keys, t0.elapsed().as_secs_f64());
     Ok(())

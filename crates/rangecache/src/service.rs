@@ -28,6 +28,10 @@ const SCAN_PAGE_BYTES: i32 = 4 << 20;
 /// A bounded scan (with a stop row) is read and cached whole up to this many rows; past it, and
 /// for open-ended scans past the first page, the rest is read page by page as the client asks.
 const CACHED_SCAN_ROWS_MAX: usize = 10_000;
+/// An open-ended scan's first page (read at open) is at most this many rows, whatever the
+/// client's caching hint: happybase sends caching = batch_size (1000) even with `limit=100`, and
+/// reading 1000 rows from HBase to hand out 100 made the miss path 4-6x slower than HBase direct.
+const OPEN_SCAN_FIRST_PAGE_ROWS: usize = 100;
 /// A scanner unused this long may be reclaimed when the scanner table is full.
 const SCANNER_IDLE_MAX: Duration = Duration::from_secs(60);
 
@@ -387,10 +391,10 @@ impl RangeCache {
         } else {
             key.spec.clone()
         };
-        let rows_max = if first && !key.stop.is_empty() {
-            CACHED_SCAN_ROWS_MAX
-        } else {
-            page_rows
+        let rows_max = match (first, key.stop.is_empty()) {
+            (true, false) => CACHED_SCAN_ROWS_MAX,
+            (true, true) => page_rows.min(OPEN_SCAN_FIRST_PAGE_ROWS),
+            (false, _) => page_rows,
         };
         let mut rows = Vec::new();
         let mut bytes = 0usize;
