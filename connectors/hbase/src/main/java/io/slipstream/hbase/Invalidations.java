@@ -46,6 +46,8 @@ public final class Invalidations {
 
   private final CopyOnWriteArrayList<Subscriber> subs = new CopyOnWriteArrayList<>();
   private final ConcurrentHashMap<Integer, Notice> waiting = new ConcurrentHashMap<>();
+  /** Writes between begin and end (whoever was subscribed when they began). */
+  private final Set<Notice> active = ConcurrentHashMap.newKeySet();
   private final AtomicInteger nextId = new AtomicInteger(1);
   private final Object lock = new Object();
   /** Until then (System.nanoTime) writes wait: a dropped daemon's lease may still be running. */
@@ -53,7 +55,7 @@ public final class Invalidations {
   private volatile boolean observerLoaded;
   volatile int ackTimeoutMs = 2000;
 
-  private Invalidations() {}
+  Invalidations() {}
 
   void setAckTimeoutMs(int ms) { ackTimeoutMs = Math.max(1, ms); }
 
@@ -62,7 +64,34 @@ public final class Invalidations {
 
   boolean isObserverLoaded() { return observerLoaded; }
 
-  public void subscribe(Subscriber s) { subs.add(s); }
+  /**
+   * Adds a subscriber, then waits (up to {@code waitMs}) until every write that began before it
+   * was added has ended: those writes did not notify it, so a fill it makes from now on could
+   * otherwise read a value they are about to replace. Returns false on timeout (the caller
+   * refuses the subscription).
+   */
+  public boolean subscribe(Subscriber s, long waitMs) throws InterruptedIOException {
+    subs.add(s);
+    List<Notice> before = new ArrayList<>(active);
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMs);
+    synchronized (lock) {
+      while (before.stream().anyMatch(active::contains)) {
+        long left = deadline - System.nanoTime();
+        if (left <= 0) {
+          subs.remove(s);
+          return false;
+        }
+        try {
+          TimeUnit.NANOSECONDS.timedWait(lock, Math.min(left, TimeUnit.MILLISECONDS.toNanos(50)));
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          subs.remove(s);
+          throw new InterruptedIOException("interrupted while subscribing");
+        }
+      }
+    }
+    return true;
+  }
 
   /**
    * Forgets a subscriber. {@code holdWrites}: the sidecar gave up on it (no ACK, write failed)
@@ -110,14 +139,18 @@ public final class Invalidations {
   /**
    * Before a write to {@code rows} of {@code table} (empty = the whole table) is applied: every
    * subscriber has invalidated them when this returns (or has been dropped and its lease has run
-   * out). Returns the notice to pass to {@link #end}, or null when nobody is subscribed.
+   * out). Returns the notice to pass to {@link #end} (always, also when nobody is subscribed: a
+   * subscriber that arrives meanwhile waits for it).
    */
   public Notice begin(byte[] table, List<byte[]> rows) throws IOException {
     waitQuarantine();
-    if (subs.isEmpty()) return null;
     int id = nextId.getAndIncrement();
     if (id == 0) id = nextId.getAndIncrement();
     Notice n = new Notice(id);
+    // Active before the subscriber snapshot below: a subscriber added after the snapshot sees
+    // this notice in `active` and waits for its end.
+    active.add(n);
+    if (subs.isEmpty()) return n;
     Wire.Writer w = new Wire.Writer(id, Wire.ST_NOTICE).u8(Wire.NOTICE_BEGIN).bytes(table).i32(rows.size());
     for (byte[] r : rows) w.bytes(r);
     byte[] frame = w.finish();
@@ -159,6 +192,8 @@ public final class Invalidations {
   /** After the write is visible (or failed): lets the subscribers cache this table again. */
   public void end(Notice n) {
     if (n == null) return;
+    active.remove(n);
+    wake();
     byte[] frame = new Wire.Writer(n.id, Wire.ST_NOTICE).u8(Wire.NOTICE_END).bytes(new byte[0]).i32(0).finish();
     for (Subscriber s : n.sentTo) {
       if (subs.contains(s) && !s.send(frame)) drop(s, true);

@@ -45,6 +45,8 @@ import org.apache.hadoop.hbase.regionserver.BloomType;
 public final class Sidecar implements AutoCloseable {
   /** Requests served at once; more wait in the pool's queue. */
   private static final int WORKERS = 16;
+  /** How long SUBSCRIBE waits for writes that began before it to end. */
+  private static final long SUBSCRIBE_WAIT_MS = 10_000;
 
   private final Connection hbase;
   private final ServerSocket listener;
@@ -116,8 +118,13 @@ public final class Sidecar implements AutoCloseable {
               throw new Wire.ProtocolException("lease_ms out of range: " + leaseMs);
             }
             if (sub == null) {
-              sub = new Sub(s, out, leaseMs);
-              Invalidations.HUB.subscribe(sub);
+              Sub candidate = new Sub(s, out, leaseMs);
+              if (!Invalidations.HUB.subscribe(candidate, SUBSCRIBE_WAIT_MS)) {
+                send(out, new Wire.Writer(f.id(), Wire.ST_IO_ERROR)
+                    .str("writes in progress did not finish; subscribe again").bool(true).finish(), inFlight);
+                continue;
+              }
+              sub = candidate;
             }
             send(out, new Wire.Writer(f.id(), Wire.ST_OK)
                 .bool(Invalidations.HUB.isObserverLoaded()).finish(), inFlight);
