@@ -329,7 +329,10 @@ impl Cache {
     /// interval and return at most `rows_max` rows, with where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
         let hit = self.lookup_at(table, q, rows_max, true);
-        if self.strategy == Strategy::Adaptive && !is_get(q) && self.may_use_each_row(&q.spec, &q.filter) {
+        if self.strategy == Strategy::Adaptive
+            && !is_get(q)
+            && self.may_use_each_row(&q.spec, &q.filter)
+        {
             let st = self.table(table);
             let key = ShapeKey {
                 get: false,
@@ -347,14 +350,25 @@ impl Cache {
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
     /// query by the adaptive statistics).
-    pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
+    pub fn lookup_continuation(
+        &mut self,
+        table: &[u8],
+        q: &QueryKey,
+        rows_max: usize,
+    ) -> Option<Hit> {
         if !self.each_row_for(table, q) {
             return None;
         }
         self.lookup_at(table, q, rows_max, false)
     }
 
-    fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
+    fn lookup_at(
+        &mut self,
+        table: &[u8],
+        q: &QueryKey,
+        rows_max: usize,
+        first: bool,
+    ) -> Option<Hit> {
         let each = self.each_row_for(table, q);
         let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
@@ -413,7 +427,6 @@ impl Cache {
     pub fn set_families(&mut self, table: &[u8], families: Vec<Vec<u8>>) {
         self.table(table).families = Some(families);
     }
-
 
     /// Stores a query's result read from HBase: every row of `[q.start, continue_at)` (or of
     /// the whole query when `continue_at` is None). For each-row shapes `rows` must be whole
@@ -955,11 +968,17 @@ mod tests {
         for i in 0..WINDOW as usize {
             scan_fill(&mut c, i % 3 * 100, i % 3 * 100 + 50);
         }
-        assert!(!c.each_row_for(b"t", &q(&k(0), &k(50))), "exact repeats stay all-row");
+        assert!(
+            !c.each_row_for(b"t", &q(&k(0), &k(50))),
+            "exact repeats stay all-row"
+        );
         for i in 0..WINDOW as usize {
             scan_fill(&mut c, i * 3, i * 3 + 50);
         }
-        assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
+        assert!(
+            c.each_row_for(b"t", &q(&k(0), &k(50))),
+            "sliding ranges move to each-row"
+        );
         // Now a sliding range inside what was filled is served from each-row entries.
         scan_fill(&mut c, 10, 60);
         assert!(matches!(

@@ -120,7 +120,8 @@ impl HbaseService {
         // The one rule every Slipstream port is opened by (exclusive to this process); this
         // service accepts with blocking calls on its own thread.
         let kind = slipstream_bind::Kind::Tcp { backlog: 1024 };
-        let socket = slipstream_bind::bind_one(kind, settings.thrift_addr, &|_| Ok(())).map_err(|e| e.source)?;
+        let socket = slipstream_bind::bind_one(kind, settings.thrift_addr, &|_| Ok(()))
+            .map_err(|e| e.source)?;
         socket.set_nonblocking(false)?;
         let listener: TcpListener = socket.into();
         let local_addr = listener.local_addr()?;
@@ -308,7 +309,10 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
         "Gets and scans (first pages) decided for all-row or each-row entries, per table",
     );
     for (t, st, _) in &tables {
-        for (name, v) in [("all-row", st.chosen_all_row), ("each-row", st.chosen_each_row)] {
+        for (name, v) in [
+            ("all-row", st.chosen_all_row),
+            ("each-row", st.chosen_each_row),
+        ] {
             let _ = writeln!(
                 out,
                 "slipstream_hbase_strategy_chosen_total{{table=\"{}\",strategy=\"{name}\"}} {v}",

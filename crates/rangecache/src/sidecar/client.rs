@@ -611,7 +611,10 @@ mod tests {
         assert_eq!(done_rx.recv().unwrap(), (77, op::NOTICE_ACK));
         let got = lock(&seen).clone();
         assert_eq!(got.len(), 1);
-        assert_eq!((got[0].kind, got[0].rows.clone()), (NoticeKind::Begin, vec![b"r".to_vec()]));
+        assert_eq!(
+            (got[0].kind, got[0].rows.clone()),
+            (NoticeKind::Begin, vec![b"r".to_vec()])
+        );
         // The fake sidecar closes: the lease ends at once.
         for _ in 0..100 {
             if !c.lease_valid() {

@@ -30,10 +30,7 @@ pub mod op {
 
     /// Operations that change nothing (safe to send again after a lost connection).
     pub fn is_read(op: u8) -> bool {
-        matches!(
-            op,
-            PING | LIST_TABLES | DESCRIBE | IS_ENABLED | GET | SCAN
-        )
+        matches!(op, PING | LIST_TABLES | DESCRIBE | IS_ENABLED | GET | SCAN)
     }
 }
 
@@ -434,7 +431,9 @@ mod tests {
     #[test]
     fn notices_decode_and_reject_unknown_kinds() {
         let mut e = Encoder::new(9, status::NOTICE);
-        e.u8(1).bytes(b"t").bytes_list(&[b"r1".to_vec(), b"r2".to_vec()]);
+        e.u8(1)
+            .bytes(b"t")
+            .bytes_list(&[b"r1".to_vec(), b"r2".to_vec()]);
         let f = e.finish().unwrap();
         let resp = parse_response(&f[4..]).unwrap();
         assert_eq!(resp.status, status::NOTICE);
