@@ -75,7 +75,7 @@ pub use hash::hash_key;
 use numeric::{fmt_u64, parse_stored_u64};
 use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::Instant;
 
@@ -384,6 +384,11 @@ pub struct Store {
     lru: Arc<LruBoard>,
     /// The kernel cache observer, once installed (each shard holds a clone too).
     kernel: OnceLock<Arc<dyn KernelCache>>,
+    /// memcached's `evict_to_free`: false (`-M`) = a full store frees only expired or flushed
+    /// items at the LRU tails and otherwise refuses the store with `NoMemory`.
+    evict_to_free: AtomicBool,
+    /// Stores refused for want of memory while eviction was off (memcached's `outofmemory`).
+    outofmemory: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -414,9 +419,28 @@ impl Store {
                 generation: AtomicU64::new(0),
             }),
             kernel: OnceLock::new(),
+            evict_to_free: AtomicBool::new(true),
+            outofmemory: AtomicU64::new(0),
             config,
             clock,
         }
+    }
+
+    /// memcached `-M`: with `false`, a store that needs memory frees only expired or flushed
+    /// items from the LRU tails (never a live one) and otherwise fails with `NoMemory`
+    /// (`SERVER_ERROR out of memory storing object`), counted in [`Store::outofmemory`].
+    pub fn set_evict_to_free(&self, on: bool) {
+        self.evict_to_free.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a full store evicts live items (memcached's `stats settings` `evictions on|off`).
+    pub fn evict_to_free(&self) -> bool {
+        self.evict_to_free.load(Ordering::Relaxed)
+    }
+
+    /// Stores refused because eviction is off and nothing expired could be freed.
+    pub fn outofmemory(&self) -> u64 {
+        self.outofmemory.load(Ordering::Relaxed)
     }
 
     /// Install the kernel cache observer (once; later calls return false and change nothing).
@@ -464,7 +488,7 @@ impl Store {
             }
             // No shard lock is held here, so waiting for the oldest shard's lock is safe.
             let Some(i) = self.oldest_shard(0) else { return };
-            self.lock(i).evict_one(&t, used);
+            self.lock(i).evict_one(&t, used, true);
         }
     }
 
@@ -586,6 +610,11 @@ impl Store {
             if self.evict_lru(si, sh, t) {
                 continue;
             }
+            if !self.evict_to_free() {
+                // -M: nothing expired at the tails to free, and live items stay.
+                self.outofmemory.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
             // Nothing evictable (every other shard locked or empty, reservations in flight):
             // give their holders a moment, then retry.
             blocked_rounds += 1;
@@ -603,10 +632,11 @@ impl Store {
     /// the next-oldest is taken. False if nothing could be evicted.
     fn evict_lru(&self, si: usize, sh: &mut Shard, t: &Now) -> bool {
         let used = &self.used_bytes.0;
+        let live = self.evict_to_free();
         let mut skip = 0u64;
         while let Some(j) = self.oldest_shard(skip) {
             if j == si {
-                if sh.evict_one(t, used) {
+                if sh.evict_one(t, used, live) {
                     return true;
                 }
             } else {
@@ -619,7 +649,7 @@ impl Store {
                             continue;
                         }
                     };
-                    if g.evict_one(t, used) {
+                    if g.evict_one(t, used, live) {
                         return true;
                     }
                     break;
@@ -629,7 +659,7 @@ impl Store {
         }
         // Every shard was locked or empty by its published stamp; this one may still hold
         // something (its own slot is current, so only if it is empty will this fail).
-        sh.evict_one(t, used)
+        sh.evict_one(t, used, live)
     }
 
     /// Reserve memory for and link a new entry built from `data` (key then value).

@@ -373,8 +373,9 @@ impl Shard {
     }
 
     /// Free one item from the LRU tail: an expired/flushed one among the last few if any
-    /// (`reclaimed`), else the least recently used live one (`evictions`). False if empty.
-    pub(crate) fn evict_one(&mut self, t: &Now, used: &AtomicUsize) -> bool {
+    /// (`reclaimed`), else, when `live`, the least recently used live one (`evictions`).
+    /// False if nothing was freed.
+    pub(crate) fn evict_one(&mut self, t: &Now, used: &AtomicUsize, live: bool) -> bool {
         let mut i = self.tail;
         for _ in 0..TAIL_SEARCH_ITEMS {
             if i == NIL {
@@ -392,7 +393,7 @@ impl Shard {
             i = e.prev;
         }
         let victim = self.tail;
-        if victim == NIL {
+        if victim == NIL || !live {
             return false;
         }
         self.counters.evictions += 1;
