@@ -14,6 +14,7 @@ pub mod bufbudget;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;
+pub mod memcache_admin;
 pub mod memcache_binary;
 pub mod memcache_meta;
 pub mod memcache_text;
@@ -22,6 +23,7 @@ pub mod outq;
 pub mod stats;
 pub mod stats_prefix;
 pub mod tenants;
+pub mod tunables;
 mod udp_batch;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.

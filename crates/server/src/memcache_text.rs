@@ -278,6 +278,8 @@ fn run(
             reply(out, noreply, line);
         }
         Request::Admin { line, noreply } => reply(out, noreply, line),
+        Request::LruCrawler { metadump, classes } => crate::memcache_admin::lru_crawler(ctx, metadump, classes, out),
+        Request::LruCrawlerSwitch { enable } => out.extend_from_slice(ctx.settings.tunables.switch_lru_crawler(enable)),
     }
     Step::Consumed(consumed)
 }
@@ -453,7 +455,8 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
         }
         StatsCmd::Conns => stats_conns(ctx, out),
         // No extstore and no slab classes to dump: memcached prints the same for nothing there.
-        StatsCmd::Extstore | StatsCmd::Cachedump => compose_end(out),
+        StatsCmd::Extstore => compose_end(out),
+        StatsCmd::Cachedump { class, limit } => crate::memcache_admin::cachedump(ctx, class, limit, out),
         StatsCmd::DetailDump => ctx.server.prefix_stats.dump(out),
         StatsCmd::Reset => {
             ctx.server.reset();
@@ -511,8 +514,9 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
     let cfg = ctx.store.config();
     let info = ctx.server;
     let st = ctx.settings;
+    let tu = &st.tunables;
     let n = |v: u64| v.to_string().into_bytes();
-    let entries: Vec<(&str, Vec<u8>)> = vec![
+    let mut entries: Vec<(&str, Vec<u8>)> = vec![
         ("maxbytes", n(ctx.store.memory_bytes_max() as u64)),
         ("maxconns", n(info.conn_limit as u64)),
         ("tcpport", n(u64::from(info.tcp_port))),
@@ -520,7 +524,7 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         ("inter", ctx.server.listen_interface.as_deref().unwrap_or("NULL").as_bytes().to_vec()),
         ("verbosity", n(ctx.server.verbosity.load(std::sync::atomic::Ordering::Relaxed))),
         ("oldest", n(0)),
-        ("evictions", b"on".to_vec()),
+        ("evictions", (if ctx.store.evict_to_free() { "on" } else { "off" }).as_bytes().to_vec()),
         ("domain_socket", b"NULL".to_vec()),
         ("umask", b"700".to_vec()),
         ("shutdown_command", yes_no(st.shutdown_enabled).to_vec()),
@@ -530,26 +534,26 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         ("num_threads_per_udp", n(info.threads as u64)),
         ("stat_key_prefix", vec![st.prefix_delimiter]),
         ("detail_enabled", yes_no(ctx.server.prefix_stats.enabled()).to_vec()),
-        ("reqs_per_event", n(20)),
+        ("reqs_per_event", n(u64::from(tu.reqs_per_event))),
         ("cas_enabled", yes_no(cfg.cas_enabled).to_vec()),
-        ("tcp_backlog", n(1024)),
-        ("binding_protocol", b"auto-negotiate".to_vec()),
+        ("tcp_backlog", tu.tcp_backlog.to_string().into_bytes()),
+        ("binding_protocol", tu.binding_protocol.stats_name().as_bytes().to_vec()),
         ("auth_enabled_sasl", b"no".to_vec()),
         ("auth_enabled_ascii", b"no".to_vec()),
         ("item_size_max", n(cfg.item_bytes_max as u64)),
-        ("maxconns_fast", b"yes".to_vec()),
+        ("maxconns_fast", yes_no(tu.maxconns_fast).to_vec()),
         ("hashpower_init", n(0)),
         ("slab_reassign", b"yes".to_vec()),
         ("slab_automove", n(1)),
         ("slab_automove_ratio", b"0.80".to_vec()),
         ("slab_automove_window", n(30)),
         ("slab_chunk_max", n(524288)),
-        ("lru_crawler", b"yes".to_vec()),
-        ("lru_crawler_sleep", n(100)),
-        ("lru_crawler_tocrawl", n(0)),
+        ("lru_crawler", yes_no(tu.lru_crawler_on()).to_vec()),
+        ("lru_crawler_sleep", n(u64::from(tu.lru_crawler_sleep_us))),
+        ("lru_crawler_tocrawl", n(u64::from(tu.lru_crawler_tocrawl))),
         ("tail_repair_time", n(0)),
         ("flush_enabled", yes_no(st.flush_enabled).to_vec()),
-        ("dump_enabled", b"yes".to_vec()),
+        ("dump_enabled", yes_no(tu.dump_enabled).to_vec()),
         ("hash_algorithm", b"slipstream".to_vec()),
         ("lru_maintainer_thread", b"yes".to_vec()),
         ("lru_segmented", b"yes".to_vec()),
@@ -559,10 +563,10 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         ("warm_max_factor", b"2.00".to_vec()),
         ("temp_lru", b"no".to_vec()),
         ("temporary_ttl", n(61)),
-        ("idle_timeout", n(0)),
+        ("idle_timeout", n(u64::from(tu.idle_timeout_s))),
         ("watcher_logbuf_size", n(262144)),
         ("worker_logbuf_size", n(65536)),
-        ("read_buf_mem_limit", n(0)),
+        ("read_buf_mem_limit", n(tu.read_buf_mem_limit_bytes)),
         ("track_sizes", b"no".to_vec()),
         ("inline_ascii_response", b"no".to_vec()),
         ("ext_item_size", n(512)),
@@ -590,6 +594,12 @@ fn stats_settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         ("num_napi_ids", b"(null)".to_vec()),
         ("memory_file", b"(null)".to_vec()),
     ];
+    // memcached options accepted without effect print as memcached would show them.
+    for (name, value) in &tu.reported {
+        if let Some(e) = entries.iter_mut().find(|e| e.0 == *name) {
+            e.1 = value.as_bytes().to_vec();
+        }
+    }
     for (name, value) in entries {
         compose_stat(out, name, &value);
     }
@@ -613,7 +623,7 @@ fn stats_items(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
             ("evicted", s.evictions),
             ("evicted_nonzero", 0),
             ("evicted_time", 0),
-            ("outofmemory", 0),
+            ("outofmemory", ctx.store.outofmemory()),
             ("tailrepairs", 0),
             ("reclaimed", s.reclaimed),
             ("expired_unfetched", s.expired_unfetched),

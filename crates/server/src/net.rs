@@ -193,7 +193,7 @@ impl Server {
         info_template: ServerInfo,
     ) -> Result<Server, NetError> {
         let threads = net.threads.max(1);
-        let bound = bind_all(net.tcp_addr, net.udp_addr, threads).map_err(NetError::Bind)?;
+        let bound = bind_all(net.tcp_addr, net.udp_addr, threads, settings.tunables.tcp_backlog).map_err(NetError::Bind)?;
         let (tcp_local, udp_local) = (bound.2, bound.3);
         let per_thread: Vec<Arc<ThreadStats>> = (0..threads).map(|_| Arc::new(ThreadStats::default())).collect();
         let info = Arc::new(ServerInfo {
@@ -267,6 +267,7 @@ impl Server {
                 },
                 throttled: Vec::new(),
                 rr: 0,
+                idle_scan_at_ns: 0,
             };
             let h = std::thread::Builder::new()
                 .name(format!("slipstream-w{i}"))
@@ -380,6 +381,8 @@ struct Worker {
     throttled: Vec<usize>,
     /// Where the next round-robin pass over `throttled` starts.
     rr: usize,
+    /// `-o idle_timeout`: when this worker next looks for idle connections (monotonic ns).
+    idle_scan_at_ns: u64,
 }
 
 /// What handling an event decided for a connection.
@@ -445,6 +448,9 @@ impl Worker {
             let mut timeout = if revisit.is_empty() { None } else { Some(std::time::Duration::ZERO) };
             if let Some(next) = deadline {
                 let wait = std::time::Duration::from_nanos(next.saturating_sub(monotonic_now_ns()));
+                timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+            }
+            if let Some(wait) = self.kick_idle() {
                 timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
             }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -645,6 +651,8 @@ impl Worker {
                     }
                     let mut state = ConnState::new(Transport::Tcp);
                     state.conn_id = fd;
+                    // -B ascii|binary: the connection speaks only that protocol.
+                    state.protocol = self.settings.tunables.binding_protocol.initial();
                     self.conns[idx] = Some(Slot {
                         tenant,
                         conn: Conn {
@@ -965,7 +973,7 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
     // long behind it (latency isolation). Throughput is set by the buckets, not by turn size.
     let rounds = if conn.held { ROUNDS_PER_EVENT_HELD } else { ROUNDS_PER_EVENT };
     for _ in 0..rounds {
-        let mut limits: Option<(u32, u64)> = None;
+        let mut limits: Option<(u32, u64)> = per_event_limit(env.settings);
         let mut wait_ns = 0u64;
         let mut read_budget = usize::MAX;
         let mut may_execute = true;
@@ -973,6 +981,7 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
             let now = monotonic_now_ns();
             match sh.admit(now) {
                 Admit::Go { requests, reply_bytes } => {
+                    let requests = limits.map_or(requests, |(r, _)| requests.min(r));
                     limits = Some(if conn.held {
                         (requests.min(BATCH_REQUESTS_MAX_HELD), reply_bytes.min(BATCH_REPLY_BYTES_MAX_HELD))
                     } else {
@@ -1098,6 +1107,9 @@ fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env:
         }
         if conn.close_after_flush || eof {
             return After::Close;
+        }
+        if yields_now(conn, &batch, stats, env.settings) {
+            return After::Keep;
         }
         if wait_ns > 0 {
             let wait = wait_ns.min(THROTTLE_RECHECK_NS_MAX);
@@ -1258,6 +1270,53 @@ fn flush(conn: &mut Conn, stats: &ThreadStats, settings: &Settings) -> io::Resul
     }
     settings.conn_buf.release(std::mem::take(&mut conn.state.reply_charged_bytes));
     Ok(true)
+}
+
+/// How often a worker looks for idle connections under `-o idle_timeout` (memcached's timeout
+/// thread also works in whole seconds).
+const IDLE_SCAN_NS: u64 = 1_000_000_000;
+
+impl Worker {
+    /// `-o idle_timeout`: close the TCP connections that sent nothing for more than the timeout
+    /// and have nothing unsent (memcached kicks only connections waiting for a command), counting
+    /// `idle_kicks`. Returns how long the poll may sleep before the next look (None: off).
+    fn kick_idle(&mut self) -> Option<std::time::Duration> {
+        let idle_s = u64::from(self.settings.tunables.idle_timeout_s);
+        if idle_s == 0 {
+            return None;
+        }
+        let now = monotonic_now_ns();
+        if now >= self.idle_scan_at_ns {
+            self.idle_scan_at_ns = now + IDLE_SCAN_NS;
+            for i in 0..self.conns.len() {
+                let Some(s) = self.conns[i].as_ref() else { continue };
+                let since = s.tenant.info.uptime_s().saturating_sub(s.conn.last_cmd_s.load(Ordering::Relaxed));
+                if since > idle_s && !s.conn.blocked_on_write {
+                    ThreadStats::incr(&thread_stats(&s.tenant, self.index).idle_kicks);
+                    self.close(i);
+                }
+            }
+        }
+        Some(std::time::Duration::from_nanos(self.idle_scan_at_ns.saturating_sub(now)))
+    }
+}
+
+/// memcached `-R`: the most requests one connection runs per event, when it was given.
+fn per_event_limit(settings: &Settings) -> Option<(u32, u64)> {
+    let t = &settings.tunables;
+    t.reqs_per_event_set.then_some((t.reqs_per_event.max(1), u64::MAX))
+}
+
+/// memcached `-R`: a connection that used up its requests for this event with input left
+/// yields to the others (`conn_yields`) and is served again after this poll.
+fn yields_now(conn: &mut Conn, batch: &BatchEnd, stats: &ThreadStats, settings: &Settings) -> bool {
+    let t = &settings.tunables;
+    if !t.reqs_per_event_set || !batch.limited || batch.requests < t.reqs_per_event {
+        return false;
+    }
+    ThreadStats::incr(&stats.conn_yields);
+    conn.needs_revisit = true;
+    true
 }
 
 /// Current connection count (for tests and metrics).

@@ -77,6 +77,8 @@ counters!(
     store_no_memory,
     auth_cmds,
     auth_errors,
+    // Connections closed by `-o idle_timeout`.
+    idle_kicks,
     bytes_read,
     bytes_written,
     conn_yields,
@@ -279,6 +281,10 @@ pub fn general_stats(ctx: &crate::exec::Ctx<'_>) -> Vec<(&'static str, String)> 
     ];
     for (name, value) in counters {
         put(name, value.to_string());
+        // memcached lists idle_kicks only when -o idle_timeout is set.
+        if name == "auth_errors" && ctx.settings.tunables.idle_timeout_s > 0 {
+            put("idle_kicks", t.idle_kicks.to_string());
+        }
     }
     put("accepting_conns", "1".to_string());
     put("listen_disabled_num", "0".to_string());

@@ -216,7 +216,7 @@ impl TenantTable {
         let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
         let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
         let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
-        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads).map_err(|e| {
+        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads, self.settings.tunables.tcp_backlog).map_err(|e| {
             // Taken by another process (or a port this one may not share): 409.
             if e.in_use() {
                 ControlError::Conflict(format!("tenant {:?}: {e}", spec.name))

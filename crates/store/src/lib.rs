@@ -307,6 +307,21 @@ pub enum ArithResult {
     NoMemory,
 }
 
+/// One live item as `lru_crawler metadump` and `stats cachedump` list it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemMeta {
+    pub key: Vec<u8>,
+    /// Absolute expiry (unix seconds); None = never.
+    pub exptime_unix_s: Option<i64>,
+    /// Last access (unix seconds).
+    pub atime_unix_s: i64,
+    pub cas: u64,
+    pub fetched: bool,
+    pub value_bytes: usize,
+    /// memcached's item size for this key/value/flags (its `ITEM_ntotal`).
+    pub item_bytes: usize,
+}
+
 /// Counters and gauges for `stats`, `stats items`, `stats slabs`.
 #[derive(Clone, Debug, Default)]
 pub struct StoreStats {
@@ -1177,6 +1192,44 @@ impl Store {
             }
         }
         s
+    }
+
+    /// Live items (not expired, not flushed), each shard from its most recently used end, at
+    /// most `limit` of them (0 = all): for `lru_crawler metadump` and `stats cachedump`.
+    /// One shard is locked at a time, and only while its items are copied out, so a dump of
+    /// a large store delays no request by more than one shard's walk.
+    pub fn dump(&self, limit: usize, mut f: impl FnMut(ItemMeta)) {
+        let t = self.now();
+        let started = self.clock.started_unix_s();
+        let mut left = if limit == 0 { usize::MAX } else { limit };
+        for i in 0..self.shards.len() {
+            let mut batch = Vec::new();
+            {
+                let g = self.lock(i);
+                for e in g.iter_lru() {
+                    if left == 0 {
+                        break;
+                    }
+                    if t.is_expired(e) || t.is_flushed(e) {
+                        continue;
+                    }
+                    left -= 1;
+                    batch.push(ItemMeta {
+                        key: e.key().to_vec(),
+                        exptime_unix_s: (e.exptime != 0).then(|| started + i64::from(e.exptime)),
+                        atime_unix_s: started + i64::from(e.atime),
+                        cas: e.cas,
+                        fetched: e.bits & shard::FETCHED != 0,
+                        value_bytes: e.value().len(),
+                        item_bytes: self.memcached_item_bytes(e.key().len(), e.value().len(), e.flags),
+                    });
+                }
+            }
+            batch.into_iter().for_each(&mut f);
+            if left == 0 {
+                return;
+            }
+        }
     }
 
     /// `stats reset` clears counters (not gauges such as curr_items/bytes).

@@ -404,6 +404,19 @@ impl Shard {
         true
     }
 
+    /// The items from the most recently used to the least.
+    pub(crate) fn iter_lru(&self) -> impl Iterator<Item = &Entry> + '_ {
+        let mut i = self.head;
+        std::iter::from_fn(move || {
+            if i == NIL {
+                return None;
+            }
+            let e = self.entries.get(i as usize)?;
+            i = e.next;
+            Some(e)
+        })
+    }
+
     /// Access time of the least recently used item, if any.
     pub(crate) fn tail_atime(&self) -> Option<u32> {
         (self.tail != NIL).then(|| self.entries[self.tail as usize].atime)
