@@ -71,6 +71,9 @@ pub struct Config {
     pub listen: IpAddr,
     /// `-l` exactly as given (memcached's `stats settings` shows it as `inter`).
     pub listen_arg: Option<String>,
+    /// The further `-l` addresses (memcached's comma list or repeated `-l`), each with the
+    /// port its entry gave, if any.
+    pub listen_more: Vec<(IpAddr, Option<u16>)>,
     pub threads: usize,
     pub memory_mb: usize,
     pub conn_limit: usize,
@@ -129,6 +132,7 @@ impl Default for Config {
             udp_port: 0,
             listen: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             listen_arg: None,
+            listen_more: Vec::new(),
             threads: 4,
             memory_mb: 64,
             conn_limit: 1024,
@@ -287,7 +291,7 @@ fn parse_ip(name: &'static str, v: &str) -> Result<IpAddr, ConfigError> {
         return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
     }
     let t = t.trim_start_matches('[').trim_end_matches(']');
-    t.parse::<IpAddr>().map_err(|_| bad(name, v, "not an IPv4 or IPv6 address (one address; lists are not supported)"))
+    t.parse::<IpAddr>().map_err(|_| bad(name, v, "not an IPv4 or IPv6 address"))
 }
 
 /// memcached's `-p`/`-U` value: a port, 0 = off, -1 = a port the kernel picks.
@@ -558,23 +562,46 @@ impl Config {
         }
     }
 
-    /// `-l`: one address, `ADDR:PORT`, `[V6]:PORT` or `*` (memcached's forms); several
-    /// (comma/semicolon list, or `-l` given again) are not supported yet and say so.
+    /// `-l`: memcached's forms, `ADDR`, `ADDR:PORT`, `[V6]:PORT` or `*`, several in a comma
+    /// (or semicolon) list or in repeated `-l` flags (joined with a comma, as memcached does;
+    /// a repeat already in the list is ignored, as there).
     fn apply_listen(&mut self, value: &str) -> Result<(), ConfigError> {
-        let entries: Vec<&str> = value.split([',', ';']).filter(|e| !e.is_empty()).collect();
-        let [entry] = entries.as_slice() else {
-            return Err(bad("--listen", value, "several listen addresses are not supported yet; give one"));
-        };
-        if self.listen_arg.as_deref().is_some_and(|prev| prev != value) {
-            return Err(bad("--listen", value, "several listen addresses are not supported yet; give one"));
+        if let Some(prev) = self.listen_arg.as_deref() {
+            if prev.contains(value) {
+                return Ok(());
+            }
         }
-        let (host, port) = split_host_port(entry).map_err(|why| bad("--listen", value, why))?;
-        self.listen = if host == "*" { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { parse_ip("--listen", host)? };
-        if let Some(p) = port {
-            self.port = p;
+        let first = self.listen_arg.is_none();
+        for (k, entry) in value.split([',', ';']).filter(|e| !e.is_empty()).enumerate() {
+            let (host, port) = split_host_port(entry).map_err(|why| bad("--listen", value, why))?;
+            let ip = if host == "*" { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { parse_ip("--listen", host)? };
+            if first && k == 0 {
+                self.listen = ip;
+                if let Some(p) = port {
+                    self.port = p;
+                }
+            } else if (ip, port.unwrap_or(self.port)) != (self.listen, self.port) && !self.listen_more.contains(&(ip, port)) {
+                // The same address twice would only be the same sockets again.
+                self.listen_more.push((ip, port));
+            }
         }
-        self.listen_arg = Some(value.to_string());
+        self.listen_arg = Some(match self.listen_arg.take() {
+            Some(prev) => format!("{prev},{value}"),
+            None => value.to_string(),
+        });
         Ok(())
+    }
+
+    /// The further `-l` addresses' (TCP, UDP) socket addresses.
+    pub fn more_addrs(&self) -> Vec<(Option<SocketAddr>, Option<SocketAddr>)> {
+        self.listen_more
+            .iter()
+            .map(|&(ip, port)| {
+                let tcp = (self.port != 0 || self.tcp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.port)));
+                let udp = (self.udp_port != 0 || self.udp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.udp_port)));
+                (tcp, udp)
+            })
+            .collect()
     }
 
     /// memcached's flags beyond the common ones. Ok(false): not one of them.
@@ -611,7 +638,10 @@ impl Config {
                 self.detail_enabled = true;
             }
             "X" | "disable-dumping" => self.tunables.dump_enabled = false,
-            "W" | "disable-watch" => self.tunables.watch_enabled = false,
+            "W" | "disable-watch" => {
+                self.tunables.watch_enabled = false;
+                self.notice_no_effect("-W (`watch` is not built)");
+            }
             "o" | "extended" => crate::mcopts::apply(self, value)?,
             "f" | "slab-growth-factor" => {
                 let f: f64 = parse_num("-f", value)?;

@@ -360,7 +360,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Targ
         stream_line,
         privs_line,
     );
-    started(&cfg, None, None, daemon);
+    started(&cfg, &[], &[], daemon);
     server.join();
     if let Some(d) = &dropped {
         d.for_teardown();
@@ -447,7 +447,7 @@ fn serve_streams_only(cfg: Config, sigset: libc::sigset_t, target: Option<privs:
         stream_line,
         privs_line,
     );
-    started(&cfg, None, None, daemon);
+    started(&cfg, &[], &[], daemon);
     // No workers to stop: this thread waits for SIGINT/SIGTERM itself.
     let mut sig: libc::c_int = 0;
     // SAFETY: sigwait reads the sigset we built and writes the signal number into a local; both
@@ -498,8 +498,8 @@ fn serve(mut cfg: Config) -> Result<(), MainError> {
 
 /// The side files and background start once the ports are bound (memcached's order: port
 /// file, then pid file), then the parent of `-d` may exit.
-fn started(cfg: &Config, tcp: Option<std::net::SocketAddr>, udp: Option<std::net::SocketAddr>, daemon: Option<daemon::Daemon>) {
-    daemon::write_port_file(&tcp.into_iter().collect::<Vec<_>>(), &udp.into_iter().collect::<Vec<_>>());
+fn started(cfg: &Config, tcp: &[std::net::SocketAddr], udp: &[std::net::SocketAddr], daemon: Option<daemon::Daemon>) {
+    daemon::write_port_file(tcp, udp);
     if let Some(p) = &cfg.pid_file {
         daemon::write_pid_file(p);
     }
@@ -552,6 +552,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         conn_limit: cfg.conn_limit,
         read_buf_bytes_max: cfg.read_buf_bytes_max(),
         worker_sched: sched,
+        more_addrs: cfg.more_addrs(),
     };
     let info = ServerInfo {
         started: Instant::now(),
@@ -593,11 +594,22 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     };
     spawn_signal_thread(sigset, server.stop_handle())?;
     let (dropped, privs_line) = drop_privileges(&target, kernel.is_some() || xdp_streams(&streams))?;
+    // Every -l address's sockets (one slot each).
+    let slots = server.table.snapshot();
+    let tcp_all: Vec<std::net::SocketAddr> = slots.iter().filter_map(|t| t.tcp_local).collect();
+    let udp_all: Vec<std::net::SocketAddr> = slots.iter().filter_map(|t| t.udp_local).collect();
+    let list = |v: &[std::net::SocketAddr]| {
+        if v.is_empty() {
+            "off".to_string()
+        } else {
+            v.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+        }
+    };
     println!(
         "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
         slipstream_server::VERSION_STRING,
-        server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
-        server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        list(&tcp_all),
+        list(&udp_all),
         cfg.threads,
         sched_note(sched),
         cfg.memory_mb,
@@ -608,7 +620,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         stream_line,
         privs_line,
     );
-    started(&cfg, server.tcp_local, server.udp_local, daemon);
+    started(&cfg, &tcp_all, &udp_all, daemon);
 
     server.join();
     if let Some(d) = &dropped {
