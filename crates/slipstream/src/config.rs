@@ -816,4 +816,42 @@ mod tests {
         let c = Config::from_args(&args("-m 2 -I 1m")).unwrap();
         assert_eq!(c.store_shards(), 1);
     }
+
+    #[test]
+    fn memcached_ports_and_listen_lists() {
+        let c = Config::from_args(&args("-p -1 -U -1")).unwrap();
+        assert!(c.tcp_ephemeral && c.udp_ephemeral);
+        assert_eq!((c.tcp_addr().unwrap().port(), c.udp_addr().unwrap().port()), (0, 0));
+        // memcached: -U N without -p serves TCP on N too.
+        let c = Config::from_args(&args("-U 5000")).unwrap();
+        assert_eq!((c.port, c.udp_port), (5000, 5000));
+        let c = Config::from_args(&args("-U 5000 -p 6000")).unwrap();
+        assert_eq!((c.port, c.udp_port), (6000, 5000));
+        let c = Config::from_args(&args("-p 7000 -l 127.0.0.1,[::1]:7001 -l 127.0.0.2")).unwrap();
+        assert_eq!(c.listen, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(c.listen_arg.as_deref(), Some("127.0.0.1,[::1]:7001,127.0.0.2"));
+        let more: Vec<String> = c.more_addrs().iter().filter_map(|(t, _)| t.map(|a| a.to_string())).collect();
+        assert_eq!(more, vec!["[::1]:7001", "127.0.0.2:7000"]);
+        let c = Config::from_args(&args("-l 127.0.0.1:7100")).unwrap();
+        assert_eq!(c.port, 7100);
+        assert!(Config::from_args(&args("-l 127.0.0.1:x")).is_err());
+    }
+
+    #[test]
+    fn memcached_flags_set_the_tunables() {
+        let c = Config::from_args(&args("-M -R 7 -B binary -b 99 -D | -X -d -P /tmp/x.pid -o idle_timeout=4")).unwrap();
+        assert!(!c.evictions_enabled && c.daemonize);
+        assert_eq!(c.pid_file.as_deref(), Some("/tmp/x.pid"));
+        let t = &c.tunables;
+        assert_eq!((t.reqs_per_event, t.reqs_per_event_set, t.tcp_backlog, t.idle_timeout_s), (7, true, 99, 4));
+        assert_eq!(t.binding_protocol, slipstream_server::tunables::BindingProtocol::Binary);
+        assert!(!t.dump_enabled);
+        assert_eq!((c.prefix_delimiter, c.detail_enabled), (b'|', true));
+        assert!(c.no_effect.is_empty());
+        let c = Config::from_args(&args("-f 1.5 -L -o modern")).unwrap();
+        assert_eq!(c.no_effect.len(), 3);
+        assert!(Config::from_args(&args("-R 0")).is_err());
+        assert!(Config::from_args(&args("-B tcp")).is_err());
+        assert!(Config::from_args(&args("-D")).is_err());
+    }
 }
