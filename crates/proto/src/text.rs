@@ -95,7 +95,7 @@ pub enum StatsCmd {
     DetailOff,
     DetailDump,
     /// `stats cachedump <class> <limit>` with valid numbers (class < 64).
-    Cachedump,
+    Cachedump { class: u32, limit: u32 },
     /// Unknown subcommand: `ERROR`.
     Unknown,
 }
@@ -180,6 +180,11 @@ pub enum Request<'a> {
         line: &'static [u8],
         noreply: bool,
     },
+    /// `lru_crawler crawl|metadump <classes>`: `classes` is memcached's argument as sent
+    /// (`all`, `hash`, or a comma list of class ids), checked by the server.
+    LruCrawler { metadump: bool, classes: &'a [u8] },
+    /// `lru_crawler enable|disable` (the reply depends on whether the crawler is on).
+    LruCrawlerSwitch { enable: bool },
 }
 
 /// How memcached answers bytes that are not a valid request.
@@ -258,6 +263,39 @@ pub fn line_key(input: &[u8]) -> &[u8] {
 
 // ---------------------------------------------------------------------------------------------
 // Parsing.
+
+/// memcached 1.6.18's `lru tune|mode|temp_ttl` replies (its LRU maintainer thread is on by
+/// default). Slipstream has one LRU per shard and nothing to tune: the reply is memcached's,
+/// the setting has no effect.
+fn lru_reply(t: &Tokens<'_>) -> &'static [u8] {
+    let n = t.count();
+    let float = |tok: &[u8]| std::str::from_utf8(tok).ok().and_then(|s| s.parse::<f64>().ok());
+    match t.get(1) {
+        b"tune" if n >= 6 => {
+            match (safe_strtoul(t.get(2)), safe_strtoul(t.get(3)), float(t.get(4)), float(t.get(5))) {
+                (Some(hot), Some(warm), Some(hot_factor), Some(factor)) => {
+                    if u64::from(hot) + u64::from(warm) > 80 {
+                        b"ERROR hot and warm pcts must not exceed 80\r\n"
+                    } else if factor <= 0.0 || hot_factor <= 0.0 {
+                        b"ERROR hot/warm age factors must be greater than 0\r\n"
+                    } else {
+                        b"OK\r\n"
+                    }
+                }
+                _ => b"ERROR\r\n",
+            }
+        }
+        b"mode" if n >= 3 => match t.get(2) {
+            b"flat" | b"segmented" => b"OK\r\n",
+            _ => b"ERROR\r\n",
+        },
+        b"temp_ttl" if n >= 3 => match safe_strtol(t.get(2)) {
+            Some(_) => b"OK\r\n",
+            None => b"ERROR\r\n",
+        },
+        _ => b"ERROR\r\n",
+    }
+}
 
 #[inline]
 fn invalid<'a>(
@@ -535,7 +573,11 @@ fn parse_line<'a>(
                     }
                     Some(_) => b"OK\r\n",
                 },
-                (2, b"enable") | (2, b"disable") => b"OK\r\n",
+                (2, b"enable") | (2, b"disable") => {
+                    return complete(Request::LruCrawlerSwitch { enable: t.get(1) == b"enable" }, consumed)
+                }
+                (3, b"crawl") => return complete(Request::LruCrawler { metadump: false, classes: t.get(2) }, consumed),
+                (3, b"metadump") => return complete(Request::LruCrawler { metadump: true, classes: t.get(2) }, consumed),
                 _ => b"ERROR\r\n",
             };
             complete(
@@ -546,6 +588,7 @@ fn parse_line<'a>(
                 consumed,
             )
         }
+        b"lru" if n >= 2 => complete(Request::Admin { line: lru_reply(&t), noreply: t.last_is_noreply() }, consumed),
         b"watch" | b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
         _ => {
             // memcached closes on what looks like an HTTP request line.
@@ -699,13 +742,13 @@ fn parse_stats<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
             if n < 4 {
                 return invalid(TextErrorKind::BadCommandLine, false, consumed);
             }
-            let (Some(id), Some(_limit)) = (safe_strtoul(t.get(2)), safe_strtoul(t.get(3))) else {
+            let (Some(id), Some(limit)) = (safe_strtoul(t.get(2)), safe_strtoul(t.get(3))) else {
                 return invalid(TextErrorKind::BadFormat, false, consumed);
             };
             if id >= 64 {
                 return invalid(TextErrorKind::IllegalSlabId, false, consumed);
             }
-            StatsCmd::Cachedump
+            StatsCmd::Cachedump { class: id, limit }
         }
         _ => StatsCmd::Unknown,
     };

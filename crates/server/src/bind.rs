@@ -8,8 +8,6 @@ use slipstream_bind::{bind_group, BindError, Kind};
 use std::io;
 use std::net::SocketAddr;
 
-/// Listen backlog of every KV listener (per worker socket).
-pub const TCP_BACKLOG: i32 = 1024;
 /// SO_SNDBUF / SO_RCVBUF asked for each UDP socket: bigger buffers absorb bursts from many
 /// clients; the kernel caps these at wmem_max / rmem_max.
 pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
@@ -26,7 +24,8 @@ fn udp_buffers(s: &socket2::Socket) -> io::Result<()> {
 }
 
 /// Bind `threads` sockets on each address given; nothing stays bound on failure.
-pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr>, threads: usize) -> Result<Bound, BindError> {
+/// `backlog` is each TCP listener's accept backlog (memcached `-b`).
+pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr>, threads: usize, backlog: i32) -> Result<Bound, BindError> {
     let threads = threads.max(1);
     // UDP first: clients (and tests) take an accepting TCP listener as "ready", and the
     // kernel completes TCP handshakes as soon as a listener exists, so once TCP answers the
@@ -41,7 +40,7 @@ pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr
     }
     let (mut tcps, mut tcp_local) = (Vec::new(), None);
     if let Some(addr) = tcp_addr {
-        let socks = bind_group(Kind::Tcp { backlog: TCP_BACKLOG }, addr, threads, &|_| Ok(()))?;
+        let socks = bind_group(Kind::Tcp { backlog }, addr, threads, &|_| Ok(()))?;
         tcp_local = socks.first().and_then(|s| s.local_addr().ok()).and_then(|a| a.as_socket());
         tcps = socks.into_iter().map(|s| Some(s.into())).collect();
     } else {

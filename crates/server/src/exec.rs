@@ -12,6 +12,7 @@ use crate::bufbudget::BufBudget;
 use crate::outq::{SharedQueue, SHARE_VALUE_BYTES_MIN};
 use crate::stats::{ServerInfo, ThreadStats};
 use crate::stats_prefix::{PrefixSink, PrefixStats};
+use crate::tunables::Tunables;
 use slipstream_store::Store;
 use std::sync::Arc;
 
@@ -80,6 +81,8 @@ pub struct Settings {
     pub detail_enabled: bool,
     /// The budget all connections' buffers share (see `bufbudget`).
     pub conn_buf: Arc<BufBudget>,
+    /// memcached's command-line tunables (`-R`, `-B`, `-b`, `-o idle_timeout`, ...).
+    pub tunables: Tunables,
 }
 
 impl Default for Settings {
@@ -92,6 +95,7 @@ impl Default for Settings {
             prefix_delimiter: b':',
             detail_enabled: false,
             conn_buf: Arc::new(BufBudget::default()),
+            tunables: Tunables::default(),
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;
+pub mod memcache_admin;
 pub mod memcache_binary;
 pub mod memcache_meta;
 pub mod memcache_text;
@@ -24,6 +25,7 @@ pub mod stats;
 pub mod stats_prefix;
 pub mod stats_report;
 pub mod tenants;
+pub mod tunables;
 mod udp_batch;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.

@@ -279,6 +279,8 @@ fn run(
             reply(out, noreply, line);
         }
         Request::Admin { line, noreply } => reply(out, noreply, line),
+        Request::LruCrawler { metadump, classes } => crate::memcache_admin::lru_crawler(ctx, metadump, classes, out),
+        Request::LruCrawlerSwitch { enable } => out.extend_from_slice(ctx.settings.tunables.switch_lru_crawler(enable)),
     }
     Step::Consumed(consumed)
 }
@@ -445,7 +447,8 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
         StatsCmd::Sizes => StatsList::Sizes,
         StatsCmd::Conns => StatsList::Conns { asking_conn_id: ctx.conn.conn_id },
         // No extstore and no slab classes to dump: memcached prints the same for nothing there.
-        StatsCmd::Extstore | StatsCmd::Cachedump => return compose_end(out),
+        StatsCmd::Extstore => return compose_end(out),
+        StatsCmd::Cachedump { class, limit } => return crate::memcache_admin::cachedump(ctx, class, limit, out),
         StatsCmd::DetailDump => return ctx.server.prefix_stats.dump(out),
         StatsCmd::Reset => {
             ctx.server.reset();

@@ -77,6 +77,8 @@ counters!(
     store_no_memory,
     auth_cmds,
     auth_errors,
+    // Connections closed by `-o idle_timeout`.
+    idle_kicks,
     bytes_read,
     bytes_written,
     conn_yields,

@@ -126,6 +126,10 @@ fn general_counters(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     ];
     for (name, value) in counters {
         put(v, name, value);
+        // memcached lists idle_kicks only when -o idle_timeout is set.
+        if name == "auth_errors" && sv.settings.tunables.idle_timeout_s > 0 {
+            put(v, "idle_kicks", t.idle_kicks);
+        }
     }
 }
 
@@ -204,6 +208,7 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
     let cfg = sv.store.config();
     let info = sv.server;
     let st = sv.settings;
+    let tu = &st.tunables;
     let s = |v: &str| v.as_bytes().to_vec();
     let n = |v: u64| v.to_string().into_bytes();
     let rows: [(&'static str, Vec<u8>); 76] = [
@@ -214,7 +219,7 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("inter", s(info.listen_interface.as_deref().unwrap_or("NULL"))),
         ("verbosity", n(info.verbosity.load(Ordering::Relaxed))),
         ("oldest", s("0")),
-        ("evictions", s("on")),
+        ("evictions", s(if sv.store.evict_to_free() { "on" } else { "off" })),
         ("domain_socket", s("NULL")),
         ("umask", s("700")),
         ("shutdown_command", s(yes_no(st.shutdown_enabled))),
@@ -224,26 +229,26 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("num_threads_per_udp", n(info.threads as u64)),
         ("stat_key_prefix", vec![st.prefix_delimiter]),
         ("detail_enabled", s(yes_no(info.prefix_stats.enabled()))),
-        ("reqs_per_event", s("20")),
+        ("reqs_per_event", n(u64::from(tu.reqs_per_event))),
         ("cas_enabled", s(yes_no(cfg.cas_enabled))),
-        ("tcp_backlog", s("1024")),
-        ("binding_protocol", s("auto-negotiate")),
+        ("tcp_backlog", s(&tu.tcp_backlog.to_string())),
+        ("binding_protocol", s(tu.binding_protocol.stats_name())),
         ("auth_enabled_sasl", s("no")),
         ("auth_enabled_ascii", s("no")),
         ("item_size_max", n(cfg.item_bytes_max as u64)),
-        ("maxconns_fast", s("yes")),
+        ("maxconns_fast", s(yes_no(tu.maxconns_fast))),
         ("hashpower_init", s("0")),
         ("slab_reassign", s("yes")),
         ("slab_automove", s("1")),
         ("slab_automove_ratio", s("0.80")),
         ("slab_automove_window", s("30")),
         ("slab_chunk_max", s("524288")),
-        ("lru_crawler", s("yes")),
-        ("lru_crawler_sleep", s("100")),
-        ("lru_crawler_tocrawl", s("0")),
+        ("lru_crawler", s(yes_no(tu.lru_crawler_on()))),
+        ("lru_crawler_sleep", n(u64::from(tu.lru_crawler_sleep_us))),
+        ("lru_crawler_tocrawl", n(u64::from(tu.lru_crawler_tocrawl))),
         ("tail_repair_time", s("0")),
         ("flush_enabled", s(yes_no(st.flush_enabled))),
-        ("dump_enabled", s("yes")),
+        ("dump_enabled", s(yes_no(tu.dump_enabled))),
         ("hash_algorithm", s("slipstream")),
         ("lru_maintainer_thread", s("yes")),
         ("lru_segmented", s("yes")),
@@ -253,10 +258,10 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("warm_max_factor", s("2.00")),
         ("temp_lru", s("no")),
         ("temporary_ttl", s("61")),
-        ("idle_timeout", s("0")),
+        ("idle_timeout", n(u64::from(tu.idle_timeout_s))),
         ("watcher_logbuf_size", s("262144")),
         ("worker_logbuf_size", s("65536")),
-        ("read_buf_mem_limit", s("0")),
+        ("read_buf_mem_limit", n(tu.read_buf_mem_limit_bytes)),
         ("track_sizes", s("no")),
         ("inline_ascii_response", s("no")),
         ("ext_item_size", s("512")),
@@ -284,7 +289,14 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("num_napi_ids", s("(null)")),
         ("memory_file", s("(null)")),
     ];
-    rows.into_iter().map(|(n, v)| (Cow::Borrowed(n), v)).collect()
+    let mut rows: Vec<Stat> = rows.into_iter().map(|(n, v)| (Cow::Borrowed(n), v)).collect();
+    // memcached options accepted without effect print as memcached would show them.
+    for (name, value) in &tu.reported {
+        if let Some(e) = rows.iter_mut().find(|e| e.0 == *name) {
+            e.1 = value.as_bytes().to_vec();
+        }
+    }
+    rows
 }
 
 /// `stats items`: Slipstream has one item class, reported as memcached's class 1 when it holds
@@ -306,7 +318,7 @@ fn items(sv: StatsView<'_>) -> Vec<Stat> {
         ("evicted", s.evictions),
         ("evicted_nonzero", 0),
         ("evicted_time", 0),
-        ("outofmemory", 0),
+        ("outofmemory", sv.store.outofmemory()),
         ("tailrepairs", 0),
         ("reclaimed", s.reclaimed),
         ("expired_unfetched", s.expired_unfetched),

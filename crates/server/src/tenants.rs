@@ -147,24 +147,31 @@ fn tenant_info(started: Instant, threads: usize, conn_limit: usize, item_bytes_m
 }
 
 impl TenantTable {
-    /// Single-tenant mode: one implicit tenant serving `store` on the given sockets.
-    pub(crate) fn single(threads: usize, conn_limit: usize, settings: Arc<Settings>, store: Arc<Store>, info: Arc<ServerInfo>, bound: Bound) -> TenantTable {
-        let (tcps, udps, tcp_local, udp_local) = bound;
-        let t = Tenant {
-            name: "default".into(),
-            slot: 0,
-            store,
-            info: info.clone(),
-            shaper: None,
-            spec: Mutex::new(None),
-            removed: AtomicBool::new(false),
-            tcp: Mutex::new(tcps),
-            udp: Mutex::new(udps),
-            tcp_local,
-            udp_local,
-        };
+    /// Single-tenant mode: one implicit tenant serving `store` on the given sockets. Each
+    /// further address (memcached `-l a,b`) is one more slot sharing the same store, counters
+    /// and settings, so it serves exactly like the first.
+    pub(crate) fn single(threads: usize, conn_limit: usize, settings: Arc<Settings>, store: Arc<Store>, info: Arc<ServerInfo>, bound: Vec<Bound>) -> TenantTable {
+        let list = bound
+            .into_iter()
+            .enumerate()
+            .map(|(slot, (tcps, udps, tcp_local, udp_local))| {
+                Arc::new(Tenant {
+                    name: "default".into(),
+                    slot: slot as u32,
+                    store: store.clone(),
+                    info: info.clone(),
+                    shaper: None,
+                    spec: Mutex::new(None),
+                    removed: AtomicBool::new(false),
+                    tcp: Mutex::new(tcps),
+                    udp: Mutex::new(udps),
+                    tcp_local,
+                    udp_local,
+                })
+            })
+            .collect();
         TenantTable {
-            list: RwLock::new(vec![Arc::new(t)]),
+            list: RwLock::new(list),
             generation: AtomicU64::new(1),
             threads,
             started: info.started,
@@ -216,7 +223,7 @@ impl TenantTable {
         let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
         let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
         let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
-        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads).map_err(|e| {
+        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads, self.settings.tunables.tcp_backlog).map_err(|e| {
             // Taken by another process (or a port this one may not share): 409.
             if e.in_use() {
                 ControlError::Conflict(format!("tenant {:?}: {e}", spec.name))

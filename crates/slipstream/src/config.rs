@@ -10,6 +10,12 @@ use slipstream_replication::cluster::ClusterSpec;
 use slipstream_tenancy::{ShapingSpec, TenantSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+/// memcached's flags that take a value, beyond the common ones listed in `from_args`.
+const MC_VALUE_FLAGS: &[&str] = &[
+    "R", "max-reqs-per-event", "B", "protocol", "b", "listen-backlog", "P", "pidfile", "D", "o", "extended",
+    "f", "slab-growth-factor", "n", "slab-min-size", "e", "memory-file", "N", "napi-ids",
+];
+
 /// Upper bounds that keep a typo from asking for absurd resources.
 pub const THREADS_MAX: usize = 256;
 pub const CONN_LIMIT_MAX: usize = 1_000_000;
@@ -66,6 +72,9 @@ pub struct Config {
     pub listen: IpAddr,
     /// `-l` exactly as given (memcached's `stats settings` shows it as `inter`).
     pub listen_arg: Option<String>,
+    /// The further `-l` addresses (memcached's comma list or repeated `-l`), each with the
+    /// port its entry gave, if any.
+    pub listen_more: Vec<(IpAddr, Option<u16>)>,
     pub threads: usize,
     pub memory_mb: usize,
     pub conn_limit: usize,
@@ -101,6 +110,20 @@ pub struct Config {
     pub streams: Vec<StreamConfig>,
     /// `-u`: the user to become once everything is bound and attached (only when root).
     pub user: Option<String>,
+    /// `-p -1` / `-U -1`: listen on a port the kernel picks (memcached's ephemeral ports; the
+    /// ports chosen go to `$MEMCACHED_PORT_FILENAME`).
+    pub tcp_ephemeral: bool,
+    pub udp_ephemeral: bool,
+    /// `-M`: refuse stores when memory is full instead of evicting.
+    pub evictions_enabled: bool,
+    /// memcached's serving tunables (`-R`, `-B`, `-b`, `-X`, `-W`, `-o idle_timeout`, ...).
+    pub tunables: slipstream_server::tunables::Tunables,
+    /// `-d`: run in the background.
+    pub daemonize: bool,
+    /// `-P`: write the process id here once the ports are bound.
+    pub pid_file: Option<String>,
+    /// memcached flags and `-o` options accepted with no effect here (one start-up notice).
+    pub no_effect: Vec<String>,
     /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
     pub hbase: Option<slipstream_rangecache::Settings>,
 }
@@ -112,6 +135,7 @@ impl Default for Config {
             udp_port: 0,
             listen: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             listen_arg: None,
+            listen_more: Vec::new(),
             threads: 4,
             memory_mb: 64,
             conn_limit: 1024,
@@ -135,6 +159,13 @@ impl Default for Config {
             streams: Vec::new(),
             user: None,
             hbase: None,
+            tcp_ephemeral: false,
+            udp_ephemeral: false,
+            evictions_enabled: true,
+            tunables: slipstream_server::tunables::Tunables::default(),
+            daemonize: false,
+            pid_file: None,
+            no_effect: Vec::new(),
         }
     }
 }
@@ -302,7 +333,33 @@ fn parse_ip(name: &'static str, v: &str) -> Result<IpAddr, ConfigError> {
         return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
     }
     let t = t.trim_start_matches('[').trim_end_matches(']');
-    t.parse::<IpAddr>().map_err(|_| bad(name, v, "not an IPv4 or IPv6 address (one address; lists are not supported)"))
+    t.parse::<IpAddr>().map_err(|_| bad(name, v, "not an IPv4 or IPv6 address"))
+}
+
+/// memcached's `-p`/`-U` value: a port, 0 = off, -1 = a port the kernel picks.
+fn parse_port(name: &'static str, v: &str) -> Result<(u16, bool), ConfigError> {
+    match v.trim() {
+        "-1" => Ok((0, true)),
+        t => Ok((parse_num(name, t)?, false)),
+    }
+}
+
+/// One `-l` entry: `HOST`, `HOST:PORT`, `[V6]`, `[V6]:PORT`, or a bare IPv6 address.
+fn split_host_port(entry: &str) -> Result<(&str, Option<u16>), &'static str> {
+    if let Some(rest) = entry.strip_prefix('[') {
+        let (host, tail) = rest.split_once(']').ok_or("Invalid IPV6 address")?;
+        return match tail.strip_prefix(':') {
+            Some(p) => Ok((host, Some(p.parse().map_err(|_| "Invalid port number")?))),
+            None if tail.is_empty() => Ok((host, None)),
+            None => Err("Invalid IPV6 address"),
+        };
+    }
+    match entry.split_once(':') {
+        // More than one colon: a bare IPv6 address without a port.
+        Some((_, rest)) if rest.contains(':') => Ok((entry, None)),
+        Some((host, p)) => Ok((host, Some(p.parse().map_err(|_| "Invalid port number")?))),
+        None => Ok((entry, None)),
+    }
 }
 
 fn parse_sockaddr(name: &'static str, v: &str) -> Result<SocketAddr, ConfigError> {
@@ -325,6 +382,7 @@ impl Config {
             }
             i += 1;
         }
+        let (mut tcp_given, mut udp_given) = (false, false);
         let mut i = 0;
         while i < args.len() {
             let a = args[i].as_str();
@@ -346,7 +404,7 @@ impl Config {
                 "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
                     | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
                     | "xdp-entries" | "worker-sched"
-            );
+            ) || MC_VALUE_FLAGS.contains(&flag);
             let value = if takes_value {
                 match inline {
                     Some(v) => v.to_string(),
@@ -362,12 +420,15 @@ impl Config {
                 String::new()
             };
             match flag {
-                "p" | "port" => cfg.port = parse_num("--port", &value)?,
-                "U" | "udp-port" => cfg.udp_port = parse_num("--udp-port", &value)?,
-                "l" | "listen" => {
-                    cfg.listen = parse_ip("--listen", &value)?;
-                    cfg.listen_arg = Some(value);
+                "p" | "port" => {
+                    (cfg.port, cfg.tcp_ephemeral) = parse_port("--port", &value)?;
+                    tcp_given = true;
                 }
+                "U" | "udp-port" => {
+                    (cfg.udp_port, cfg.udp_ephemeral) = parse_port("--udp-port", &value)?;
+                    udp_given = true;
+                }
+                "l" | "listen" => cfg.apply_listen(&value)?,
                 "t" | "threads" => cfg.threads = parse_num("--threads", &value)?,
                 "m" | "memory-limit" => cfg.memory_mb = parse_num("--memory-limit", &value)?,
                 "c" | "conn-limit" => cfg.conn_limit = parse_num("--conn-limit", &value)?,
@@ -384,9 +445,17 @@ impl Config {
                 "xdp" => cfg.xdp_iface = Some(value),
                 "xdp-entries" => cfg.xdp_entries = parse_num("--xdp-entries", &value)?,
                 "worker-sched" => cfg.worker_sched = WorkerSchedChoice::parse("--worker-sched", &value)?,
-                _ => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
+                _ => {
+                    if !cfg.apply_memcached_flag(flag, &value)? {
+                        return Err(ConfigError::Usage(format!("unknown option `{a}`")));
+                    }
+                }
             }
             i += 1;
+        }
+        // memcached: `-U N` without `-p` serves TCP on N too.
+        if udp_given && !tcp_given && (cfg.udp_port != 0 || cfg.udp_ephemeral) {
+            (cfg.port, cfg.tcp_ephemeral) = (cfg.udp_port, cfg.udp_ephemeral);
         }
         cfg.validate()?;
         Ok(cfg)
@@ -523,11 +592,128 @@ impl Config {
     }
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
-        (self.port != 0).then(|| SocketAddr::new(self.listen, self.port))
+        (self.port != 0 || self.tcp_ephemeral).then(|| SocketAddr::new(self.listen, self.port))
     }
 
     pub fn udp_addr(&self) -> Option<SocketAddr> {
-        (self.udp_port != 0).then(|| SocketAddr::new(self.listen, self.udp_port))
+        (self.udp_port != 0 || self.udp_ephemeral).then(|| SocketAddr::new(self.listen, self.udp_port))
+    }
+
+    /// Record a memcached flag accepted with no effect here (for the start-up notice).
+    pub fn notice_no_effect(&mut self, what: &str) {
+        if !self.no_effect.iter().any(|w| w == what) {
+            self.no_effect.push(what.to_string());
+        }
+    }
+
+    /// `-l`: memcached's forms, `ADDR`, `ADDR:PORT`, `[V6]:PORT` or `*`, several in a comma
+    /// (or semicolon) list or in repeated `-l` flags (joined with a comma, as memcached does;
+    /// a repeat already in the list is ignored, as there).
+    fn apply_listen(&mut self, value: &str) -> Result<(), ConfigError> {
+        if let Some(prev) = self.listen_arg.as_deref() {
+            if prev.contains(value) {
+                return Ok(());
+            }
+        }
+        let first = self.listen_arg.is_none();
+        for (k, entry) in value.split([',', ';']).filter(|e| !e.is_empty()).enumerate() {
+            let (host, port) = split_host_port(entry).map_err(|why| bad("--listen", value, why))?;
+            let ip = if host == "*" { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { parse_ip("--listen", host)? };
+            if first && k == 0 {
+                self.listen = ip;
+                if let Some(p) = port {
+                    self.port = p;
+                }
+            } else if (ip, port.unwrap_or(self.port)) != (self.listen, self.port) && !self.listen_more.contains(&(ip, port)) {
+                // The same address twice would only be the same sockets again.
+                self.listen_more.push((ip, port));
+            }
+        }
+        self.listen_arg = Some(match self.listen_arg.take() {
+            Some(prev) => format!("{prev},{value}"),
+            None => value.to_string(),
+        });
+        Ok(())
+    }
+
+    /// The further `-l` addresses' (TCP, UDP) socket addresses.
+    pub fn more_addrs(&self) -> Vec<(Option<SocketAddr>, Option<SocketAddr>)> {
+        self.listen_more
+            .iter()
+            .map(|&(ip, port)| {
+                let tcp = (self.port != 0 || self.tcp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.port)));
+                let udp = (self.udp_port != 0 || self.udp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.udp_port)));
+                (tcp, udp)
+            })
+            .collect()
+    }
+
+    /// memcached's flags beyond the common ones. Ok(false): not one of them.
+    fn apply_memcached_flag(&mut self, flag: &str, value: &str) -> Result<bool, ConfigError> {
+        use slipstream_server::tunables::BindingProtocol;
+        match flag {
+            "M" | "disable-evictions" => self.evictions_enabled = false,
+            "R" | "max-reqs-per-event" => {
+                let n: i64 = parse_num("-R", value)?;
+                if n <= 0 || n > i64::from(u32::MAX) {
+                    return Err(bad("-R", value, "Number of requests per event must be greater than 0"));
+                }
+                self.tunables.reqs_per_event = n as u32;
+                self.tunables.reqs_per_event_set = true;
+            }
+            "B" | "protocol" => {
+                self.tunables.binding_protocol = BindingProtocol::parse(value.trim())
+                    .ok_or_else(|| bad("-B", value, "should be one of auto, binary, or ascii"))?;
+            }
+            "b" | "listen-backlog" => {
+                let n: i32 = parse_num("-b", value)?;
+                if n <= 0 {
+                    return Err(bad("-b", value, "the backlog must be greater than 0"));
+                }
+                self.tunables.tcp_backlog = n;
+            }
+            "d" | "daemon" => self.daemonize = true,
+            "P" | "pidfile" => self.pid_file = Some(value.to_string()),
+            "D" => {
+                let Some(&b) = value.as_bytes().first() else {
+                    return Err(bad("-D", value, "No delimiter specified"));
+                };
+                self.prefix_delimiter = b;
+                self.detail_enabled = true;
+            }
+            "X" | "disable-dumping" => self.tunables.dump_enabled = false,
+            "W" | "disable-watch" => {
+                self.tunables.watch_enabled = false;
+                self.notice_no_effect("-W (`watch` is not built)");
+            }
+            "o" | "extended" => crate::mcopts::apply(self, value)?,
+            "f" | "slab-growth-factor" => {
+                let f: f64 = parse_num("-f", value)?;
+                if f <= 1.0 {
+                    return Err(bad("-f", value, "Factor must be greater than 1"));
+                }
+                self.tunables.reported.push(("growth_factor", format!("{f:.2}")));
+                self.notice_no_effect("-f (slab growth factor)");
+            }
+            "n" | "slab-min-size" => {
+                let n: u32 = parse_num("-n", value)?;
+                if n == 0 {
+                    return Err(bad("-n", value, "Chunk size must be greater than 0"));
+                }
+                self.tunables.reported.push(("chunk_size", n.to_string()));
+                self.notice_no_effect("-n (slab minimum size)");
+            }
+            "L" | "enable-largepages" => self.notice_no_effect("-L (large pages)"),
+            "k" | "lock-memory" => self.notice_no_effect("-k (lock memory)"),
+            "r" | "enable-coredumps" => self.notice_no_effect("-r (core file limit)"),
+            "e" | "memory-file" => {
+                self.tunables.reported.push(("memory_file", value.to_string()));
+                self.notice_no_effect("-e (restartable memory file)");
+            }
+            "N" | "napi-ids" => self.notice_no_effect("-N (NAPI ids)"),
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     /// Lock shards for `-m` and `-I` (see `StoreConfig::shards_for`).
@@ -720,5 +906,43 @@ mod tests {
         assert_eq!(c.store_shards(), 64);
         let c = Config::from_args(&args("-m 2 -I 1m")).unwrap();
         assert_eq!(c.store_shards(), 1);
+    }
+
+    #[test]
+    fn memcached_ports_and_listen_lists() {
+        let c = Config::from_args(&args("-p -1 -U -1")).unwrap();
+        assert!(c.tcp_ephemeral && c.udp_ephemeral);
+        assert_eq!((c.tcp_addr().unwrap().port(), c.udp_addr().unwrap().port()), (0, 0));
+        // memcached: -U N without -p serves TCP on N too.
+        let c = Config::from_args(&args("-U 5000")).unwrap();
+        assert_eq!((c.port, c.udp_port), (5000, 5000));
+        let c = Config::from_args(&args("-U 5000 -p 6000")).unwrap();
+        assert_eq!((c.port, c.udp_port), (6000, 5000));
+        let c = Config::from_args(&args("-p 7000 -l 127.0.0.1,[::1]:7001 -l 127.0.0.2")).unwrap();
+        assert_eq!(c.listen, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(c.listen_arg.as_deref(), Some("127.0.0.1,[::1]:7001,127.0.0.2"));
+        let more: Vec<String> = c.more_addrs().iter().filter_map(|(t, _)| t.map(|a| a.to_string())).collect();
+        assert_eq!(more, vec!["[::1]:7001", "127.0.0.2:7000"]);
+        let c = Config::from_args(&args("-l 127.0.0.1:7100")).unwrap();
+        assert_eq!(c.port, 7100);
+        assert!(Config::from_args(&args("-l 127.0.0.1:x")).is_err());
+    }
+
+    #[test]
+    fn memcached_flags_set_the_tunables() {
+        let c = Config::from_args(&args("-M -R 7 -B binary -b 99 -D | -X -d -P /tmp/x.pid -o idle_timeout=4")).unwrap();
+        assert!(!c.evictions_enabled && c.daemonize);
+        assert_eq!(c.pid_file.as_deref(), Some("/tmp/x.pid"));
+        let t = &c.tunables;
+        assert_eq!((t.reqs_per_event, t.reqs_per_event_set, t.tcp_backlog, t.idle_timeout_s), (7, true, 99, 4));
+        assert_eq!(t.binding_protocol, slipstream_server::tunables::BindingProtocol::Binary);
+        assert!(!t.dump_enabled);
+        assert_eq!((c.prefix_delimiter, c.detail_enabled), (b'|', true));
+        assert!(c.no_effect.is_empty());
+        let c = Config::from_args(&args("-f 1.5 -L -o modern")).unwrap();
+        assert_eq!(c.no_effect.len(), 3);
+        assert!(Config::from_args(&args("-R 0")).is_err());
+        assert!(Config::from_args(&args("-B tcp")).is_err());
+        assert!(Config::from_args(&args("-D")).is_err());
     }
 }

@@ -7,6 +7,8 @@
 //! (slipstream-store).
 
 mod config;
+mod daemon;
+mod mcopts;
 mod privs;
 mod send;
 
@@ -265,13 +267,14 @@ fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), M
 
 /// Tenant mode: every `[[tenant]]` on its own ports with its own store, shaped by `[shaping]`;
 /// the admin endpoint (if configured) edits tenants at run time.
-fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>) -> Result<(), MainError> {
+fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>, daemon: Option<daemon::Daemon>) -> Result<(), MainError> {
     let settings = Arc::new(Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
         prefix_delimiter: cfg.prefix_delimiter,
         detail_enabled: cfg.detail_enabled,
         conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
+        tunables: cfg.tunables.clone(),
         ..Settings::default()
     });
     let defaults = TenantDefaults {
@@ -357,6 +360,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Targ
         stream_line,
         privs_line,
     );
+    started(&cfg, &[], &[], daemon);
     server.join();
     if let Some(d) = &dropped {
         d.for_teardown();
@@ -423,7 +427,7 @@ fn drop_privileges(target: &Option<privs::Target>, xdp_attached: bool) -> Result
 }
 
 /// Streams (and their results port) only, no KV port: `-p 0` with `[[stream]]`s.
-fn serve_streams_only(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>) -> Result<(), MainError> {
+fn serve_streams_only(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>, daemon: Option<daemon::Daemon>) -> Result<(), MainError> {
     let (streams, stream_line) = start_streams(&cfg)?;
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
@@ -443,6 +447,7 @@ fn serve_streams_only(cfg: Config, sigset: libc::sigset_t, target: Option<privs:
         stream_line,
         privs_line,
     );
+    started(&cfg, &[], &[], daemon);
     // No workers to stop: this thread waits for SIGINT/SIGTERM itself.
     let mut sig: libc::c_int = 0;
     // SAFETY: sigwait reads the sigset we built and writes the signal number into a local; both
@@ -472,12 +477,43 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-fn serve(cfg: Config) -> Result<(), MainError> {
+fn serve(mut cfg: Config) -> Result<(), MainError> {
+    if let Some(note) = daemon::no_effect_notice(&cfg.no_effect) {
+        eprintln!("{note}");
+    }
+    if let Some(p) = cfg.pid_file.as_mut() {
+        *p = daemon::absolute(p);
+    }
+    // Before any thread exists: forking a threaded process is unsafe.
+    let daemon = if cfg.daemonize { Some(daemon::daemonize(cfg.verbose > 0).map_err(MainError::Start)?) } else { None };
+    let daemonized = daemon.is_some();
+    let pid_file = cfg.pid_file.clone();
+    let r = serve_inner(cfg, daemon);
+    if let (true, Some(p)) = (daemonized, pid_file) {
+        // memcached removes its pid file at exit when it daemonized.
+        let _ = std::fs::remove_file(p);
+    }
+    r
+}
+
+/// The side files and background start once the ports are bound (memcached's order: port
+/// file, then pid file), then the parent of `-d` may exit.
+fn started(cfg: &Config, tcp: &[std::net::SocketAddr], udp: &[std::net::SocketAddr], daemon: Option<daemon::Daemon>) {
+    daemon::write_port_file(tcp, udp);
+    if let Some(p) = &cfg.pid_file {
+        daemon::write_pid_file(p);
+    }
+    if let Some(d) = daemon {
+        d.ready();
+    }
+}
+
+fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainError> {
     let sigset = block_signals();
     // Looked up before anything is bound, so a typo fails at once.
     let target = privs::resolve(cfg.user.as_deref()).map_err(MainError::Start)?;
     if !cfg.tenants.is_empty() {
-        return serve_tenants(cfg, sigset, target);
+        return serve_tenants(cfg, sigset, target, daemon);
     }
     if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
         if cfg.streams.is_empty() {
@@ -485,7 +521,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
                 "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve".into(),
             ));
         }
-        return serve_streams_only(cfg, sigset, target);
+        return serve_streams_only(cfg, sigset, target, daemon);
     }
 
     let store_cfg = StoreConfig {
@@ -495,12 +531,14 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         cas_enabled: cfg.cas_enabled,
     };
     let store = Arc::new(Store::new(store_cfg));
+    store.set_evict_to_free(cfg.evictions_enabled);
     let settings = Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
         prefix_delimiter: cfg.prefix_delimiter,
         detail_enabled: cfg.detail_enabled,
         conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
+        tunables: cfg.tunables.clone(),
         ..Settings::default()
     };
     // Attach before serving, so the kernel cache starts empty and coherent from the first
@@ -514,6 +552,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         conn_limit: cfg.conn_limit,
         read_buf_bytes_max: cfg.read_buf_bytes_max(),
         worker_sched: sched,
+        more_addrs: cfg.more_addrs(),
     };
     let info = ServerInfo {
         started: Instant::now(),
@@ -555,11 +594,22 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     };
     spawn_signal_thread(sigset, server.stop_handle())?;
     let (dropped, privs_line) = drop_privileges(&target, kernel.is_some() || xdp_streams(&streams))?;
+    // Every -l address's sockets (one slot each).
+    let slots = server.table.snapshot();
+    let tcp_all: Vec<std::net::SocketAddr> = slots.iter().filter_map(|t| t.tcp_local).collect();
+    let udp_all: Vec<std::net::SocketAddr> = slots.iter().filter_map(|t| t.udp_local).collect();
+    let list = |v: &[std::net::SocketAddr]| {
+        if v.is_empty() {
+            "off".to_string()
+        } else {
+            v.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+        }
+    };
     println!(
         "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
         slipstream_server::VERSION_STRING,
-        server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
-        server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        list(&tcp_all),
+        list(&udp_all),
         cfg.threads,
         sched_note(sched),
         cfg.memory_mb,
@@ -570,6 +620,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         stream_line,
         privs_line,
     );
+    started(&cfg, &tcp_all, &udp_all, daemon);
 
     server.join();
     if let Some(d) = &dropped {

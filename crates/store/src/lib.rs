@@ -75,7 +75,7 @@ pub use hash::hash_key;
 use slipstream_proto::rules::{self, ItemLimits, KEY_BYTES_MAX};
 use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::Instant;
 
@@ -310,6 +310,21 @@ pub enum ArithResult {
     NoMemory,
 }
 
+/// One live item as `lru_crawler metadump` and `stats cachedump` list it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemMeta {
+    pub key: Vec<u8>,
+    /// Absolute expiry (unix seconds); None = never.
+    pub exptime_unix_s: Option<i64>,
+    /// Last access (unix seconds).
+    pub atime_unix_s: i64,
+    pub cas: u64,
+    pub fetched: bool,
+    pub value_bytes: usize,
+    /// memcached's item size for this key/value/flags (its `ITEM_ntotal`).
+    pub item_bytes: usize,
+}
+
 /// Counters and gauges for `stats`, `stats items`, `stats slabs`.
 #[derive(Clone, Debug, Default)]
 pub struct StoreStats {
@@ -385,6 +400,11 @@ pub struct Store {
     lru: Arc<LruBoard>,
     /// The kernel cache observer, once installed (each shard holds a clone too).
     kernel: OnceLock<Arc<dyn KernelCache>>,
+    /// memcached's `evict_to_free`: false (`-M`) = a full store frees only expired or flushed
+    /// items at the LRU tails and otherwise refuses the store with `NoMemory`.
+    evict_to_free: AtomicBool,
+    /// Stores refused for want of memory while eviction was off (memcached's `outofmemory`).
+    outofmemory: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -415,9 +435,28 @@ impl Store {
                 generation: AtomicU64::new(0),
             }),
             kernel: OnceLock::new(),
+            evict_to_free: AtomicBool::new(true),
+            outofmemory: AtomicU64::new(0),
             config,
             clock,
         }
+    }
+
+    /// memcached `-M`: with `false`, a store that needs memory frees only expired or flushed
+    /// items from the LRU tails (never a live one) and otherwise fails with `NoMemory`
+    /// (`SERVER_ERROR out of memory storing object`), counted in [`Store::outofmemory`].
+    pub fn set_evict_to_free(&self, on: bool) {
+        self.evict_to_free.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a full store evicts live items (memcached's `stats settings` `evictions on|off`).
+    pub fn evict_to_free(&self) -> bool {
+        self.evict_to_free.load(Ordering::Relaxed)
+    }
+
+    /// Stores refused because eviction is off and nothing expired could be freed.
+    pub fn outofmemory(&self) -> u64 {
+        self.outofmemory.load(Ordering::Relaxed)
     }
 
     /// Install the kernel cache observer (once; later calls return false and change nothing).
@@ -465,7 +504,7 @@ impl Store {
             }
             // No shard lock is held here, so waiting for the oldest shard's lock is safe.
             let Some(i) = self.oldest_shard(0) else { return };
-            self.lock(i).evict_one(&t, used);
+            self.lock(i).evict_one(&t, used, true);
         }
     }
 
@@ -576,6 +615,11 @@ impl Store {
             if self.evict_lru(si, sh, t) {
                 continue;
             }
+            if !self.evict_to_free() {
+                // -M: nothing expired at the tails to free, and live items stay.
+                self.outofmemory.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
             // Nothing evictable (every other shard locked or empty, reservations in flight):
             // give their holders a moment, then retry.
             blocked_rounds += 1;
@@ -593,10 +637,11 @@ impl Store {
     /// the next-oldest is taken. False if nothing could be evicted.
     fn evict_lru(&self, si: usize, sh: &mut Shard, t: &Now) -> bool {
         let used = &self.used_bytes.0;
+        let live = self.evict_to_free();
         let mut skip = 0u64;
         while let Some(j) = self.oldest_shard(skip) {
             if j == si {
-                if sh.evict_one(t, used) {
+                if sh.evict_one(t, used, live) {
                     return true;
                 }
             } else {
@@ -609,7 +654,7 @@ impl Store {
                             continue;
                         }
                     };
-                    if g.evict_one(t, used) {
+                    if g.evict_one(t, used, live) {
                         return true;
                     }
                     break;
@@ -619,7 +664,7 @@ impl Store {
         }
         // Every shard was locked or empty by its published stamp; this one may still hold
         // something (its own slot is current, so only if it is empty will this fail).
-        sh.evict_one(t, used)
+        sh.evict_one(t, used, live)
     }
 
     /// Reserve memory for and link a new entry built from `data` (key then value).
@@ -1139,6 +1184,44 @@ impl Store {
             }
         }
         s
+    }
+
+    /// Live items (not expired, not flushed), each shard from its most recently used end, at
+    /// most `limit` of them (0 = all): for `lru_crawler metadump` and `stats cachedump`.
+    /// One shard is locked at a time, and only while its items are copied out, so a dump of
+    /// a large store delays no request by more than one shard's walk.
+    pub fn dump(&self, limit: usize, mut f: impl FnMut(ItemMeta)) {
+        let t = self.now();
+        let started = self.clock.started_unix_s();
+        let mut left = if limit == 0 { usize::MAX } else { limit };
+        for i in 0..self.shards.len() {
+            let mut batch = Vec::new();
+            {
+                let g = self.lock(i);
+                for e in g.iter_lru() {
+                    if left == 0 {
+                        break;
+                    }
+                    if t.is_expired(e) || t.is_flushed(e) {
+                        continue;
+                    }
+                    left -= 1;
+                    batch.push(ItemMeta {
+                        key: e.key().to_vec(),
+                        exptime_unix_s: (e.exptime != 0).then(|| started + i64::from(e.exptime)),
+                        atime_unix_s: started + i64::from(e.atime),
+                        cas: e.cas,
+                        fetched: e.bits & shard::FETCHED != 0,
+                        value_bytes: e.value().len(),
+                        item_bytes: rules::item_bytes(e.key().len(), e.flags, e.value().len(), self.config.cas_enabled),
+                    });
+                }
+            }
+            batch.into_iter().for_each(&mut f);
+            if left == 0 {
+                return;
+            }
+        }
     }
 
     /// `stats reset` clears counters (not gauges such as curr_items/bytes).

@@ -384,8 +384,9 @@ impl Shard {
     }
 
     /// Free one item from the LRU tail: an expired/flushed one among the last few if any
-    /// (`reclaimed`), else the least recently used live one (`evictions`). False if empty.
-    pub(crate) fn evict_one(&mut self, t: &Now, used: &AtomicUsize) -> bool {
+    /// (`reclaimed`), else, when `live`, the least recently used live one (`evictions`).
+    /// False if nothing was freed.
+    pub(crate) fn evict_one(&mut self, t: &Now, used: &AtomicUsize, live: bool) -> bool {
         let mut i = self.tail;
         for _ in 0..TAIL_SEARCH_ITEMS {
             if i == NIL {
@@ -403,7 +404,7 @@ impl Shard {
             i = e.prev;
         }
         let victim = self.tail;
-        if victim == NIL {
+        if victim == NIL || !live {
             return false;
         }
         self.counters.evictions += 1;
@@ -412,6 +413,19 @@ impl Shard {
         }
         self.remove(victim, used);
         true
+    }
+
+    /// The items from the most recently used to the least.
+    pub(crate) fn iter_lru(&self) -> impl Iterator<Item = &Entry> + '_ {
+        let mut i = self.head;
+        std::iter::from_fn(move || {
+            if i == NIL {
+                return None;
+            }
+            let e = self.entries.get(i as usize)?;
+            i = e.next;
+            Some(e)
+        })
     }
 
     /// Access time of the least recently used item, if any.

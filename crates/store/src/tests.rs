@@ -1168,3 +1168,46 @@ fn concurrent_stores_and_reads_keep_every_lru_sorted_and_published() {
     }
     assert!(s.stats().evictions > 0 && used_now(&s) <= 1 << 20, "seed={seed}");
 }
+
+/// memcached `-M`: a full store refuses new items instead of evicting live ones, but still
+/// frees expired ones at the LRU tail.
+#[test]
+fn no_evict_refuses_when_full_and_reclaims_expired() {
+    let s = store_with(|c| {
+        c.memory_bytes_max = 64 * 1024;
+        c.item_bytes_max = 8 * 1024;
+        c.shards = 1;
+    });
+    s.set_evict_to_free(false);
+    assert!(!s.evict_to_free());
+    let v = "x".repeat(4000);
+    // The oldest item expires soon: it sits at the LRU tail.
+    assert!(matches!(set(&s, "e", &v, 2), StoreResult::Stored { .. }));
+    let mut stored = 0;
+    let mut refused = false;
+    for i in 0..100 {
+        match set(&s, &format!("k{i}"), &v, 0) {
+            StoreResult::Stored { .. } => stored += 1,
+            StoreResult::NoMemory => {
+                refused = true;
+                break;
+            }
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+    assert!(refused && stored > 0, "stored {stored}");
+    assert_eq!(s.stats().evictions, 0);
+    assert_eq!(s.outofmemory(), 1);
+    for i in 0..stored {
+        assert!(val(&s, &format!("k{i}")).is_some(), "k{i} evicted");
+    }
+    // Once the tail item has expired it is freed for a new one; live items still stay.
+    s.clock().advance(5);
+    assert!(matches!(set(&s, "n", &v, 0), StoreResult::Stored { .. }));
+    assert_eq!((s.stats().evictions, s.stats().reclaimed), (0, 1));
+    assert!(matches!(set(&s, "m", &v, 0), StoreResult::NoMemory));
+    // With eviction back on, the store evicts again.
+    s.set_evict_to_free(true);
+    assert!(matches!(set(&s, "later", &v, 0), StoreResult::Stored { .. }));
+    assert_eq!(s.stats().evictions, 1);
+}

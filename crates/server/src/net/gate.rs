@@ -69,6 +69,16 @@ impl RoundPlan {
     }
 }
 
+/// Cap a round's request limit at `cap` (memcached's `-R`), keeping the reply-bytes limit.
+#[inline]
+pub(super) fn cap_requests(limits: Option<(u32, u64)>, cap: Option<u32>) -> Option<(u32, u64)> {
+    match (limits, cap) {
+        (_, None) => limits,
+        (None, Some(c)) => Some((c, u64::MAX)),
+        (Some((r, b)), Some(c)) => Some((r.min(c), b)),
+    }
+}
+
 /// Plan a round of a shaped connection at `now_ns`. `held`: its tenant's buckets held it back
 /// lately (it takes small batches until it catches up); `want_read`: the socket may hold input.
 pub(super) fn plan(sh: &impl Buckets, now_ns: u64, held: bool, want_read: bool) -> RoundPlan {

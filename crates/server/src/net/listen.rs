@@ -155,7 +155,10 @@ impl Acceptor<'_> {
         if let Ok(mut reg) = tenant.info.conns.lock() {
             reg.insert(fd, ConnEntry { addr: format!("tcp:{peer}"), listen_addr, last_cmd_s: last_cmd_s.clone() });
         }
-        conns.slots[idx] = Some(Slot { tenant, conn: Conn::new(stream, fd, last_cmd_s) });
+        let mut conn = Conn::new(stream, fd, last_cmd_s);
+        // -B ascii|binary: the connection speaks only that protocol.
+        conn.state.protocol = self.table.settings.tunables.binding_protocol.initial();
+        conns.slots[idx] = Some(Slot { tenant, conn });
     }
 }
 

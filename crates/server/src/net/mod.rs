@@ -95,6 +95,9 @@ pub struct NetConfig {
     /// Largest request a connection may buffer (item size + line + slack).
     pub read_buf_bytes_max: usize,
     pub worker_sched: WorkerSched,
+    /// More (TCP, UDP) addresses served exactly like the first (memcached `-l a,b`): same
+    /// store, settings and counters.
+    pub more_addrs: Vec<(Option<SocketAddr>, Option<SocketAddr>)>,
 }
 
 /// Errors that stop the server from starting.
@@ -159,8 +162,13 @@ impl Server {
         info_template: ServerInfo,
     ) -> Result<Server, NetError> {
         let threads = net.threads.max(1);
-        let bound = bind_all(net.tcp_addr, net.udp_addr, threads).map_err(NetError::Bind)?;
+        let backlog = settings.tunables.tcp_backlog;
+        let bound = bind_all(net.tcp_addr, net.udp_addr, threads, backlog).map_err(NetError::Bind)?;
         let (tcp_local, udp_local) = (bound.2, bound.3);
+        let mut more = Vec::with_capacity(net.more_addrs.len());
+        for &(tcp, udp) in &net.more_addrs {
+            more.push(bind_all(tcp, udp, threads, backlog).map_err(NetError::Bind)?);
+        }
         let per_thread: Vec<Arc<ThreadStats>> = (0..threads).map(|_| Arc::new(ThreadStats::default())).collect();
         let info = Arc::new(ServerInfo {
             per_thread: per_thread.clone(),
@@ -169,14 +177,18 @@ impl Server {
             udp_port: udp_local.map(|a| a.port()).unwrap_or(0),
             ..info_template
         });
-        if let (Some(Some(l)), Ok(mut reg)) = (bound.0.first(), info.conns.lock()) {
-            // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
-            // thread has one, and the first stands for them all.
-            use std::os::fd::AsRawFd;
-            let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
-            reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+        for b in std::iter::once(&bound).chain(more.iter()) {
+            if let (Some(Some(l)), Ok(mut reg)) = (b.0.first(), info.conns.lock()) {
+                // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
+                // thread has one, and the first stands for them all.
+                use std::os::fd::AsRawFd;
+                let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
+                reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+            }
         }
-        let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), bound));
+        let mut all = vec![bound];
+        all.extend(more);
+        let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), all));
         Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched)
     }
 

@@ -14,7 +14,7 @@ use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
 use super::gate::{self, RoundPlan};
 use super::env::{thread_stats, Env, Slot};
 use crate::dispatch::execute_one;
-use crate::exec::{Ctx, Step};
+use crate::exec::{Ctx, Settings, Step};
 use crate::memcache_text;
 use crate::outq::SHARE_VALUE_BYTES_MIN;
 use crate::stats::ThreadStats;
@@ -87,10 +87,11 @@ pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Reg
     let shaper = tenant.shaper.as_deref();
     for _ in 0..conn.gate.rounds() {
         // plan
-        let plan = match shaper {
+        let mut plan = match shaper {
             Some(sh) => gate::plan(sh, monotonic_now_ns(), conn.gate.held, want_read),
             None => RoundPlan::open(want_read),
         };
+        plan.limits = gate::cap_requests(plan.limits, per_event_limit(env.settings));
         // read
         let read = if plan.read {
             conn.read_round(plan.read_budget, env.read_buf_bytes_max, &env.settings.conn_buf, peer_closed, stats)
@@ -122,6 +123,9 @@ pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Reg
         }
         if conn.close_after_flush || read.eof {
             return After::Close;
+        }
+        if yields_now(conn, &batch, stats, env.settings) {
+            return After::Keep;
         }
         if plan.wait_ns > 0 {
             conn.gate.hold(monotonic_now_ns(), plan.wait_ns);
@@ -220,4 +224,22 @@ fn incomplete(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &Env<'
         conn.close_after_flush = true;
     }
     false
+}
+
+/// memcached `-R`: the most requests one connection runs per event, when it was given.
+fn per_event_limit(settings: &Settings) -> Option<u32> {
+    let t = &settings.tunables;
+    t.reqs_per_event_set.then_some(t.reqs_per_event.max(1))
+}
+
+/// memcached `-R`: a connection that used up its requests for this event with input left
+/// yields to the others (`conn_yields`) and is served again after this poll.
+fn yields_now(conn: &mut Conn, batch: &BatchEnd, stats: &ThreadStats, settings: &Settings) -> bool {
+    let t = &settings.tunables;
+    if !t.reqs_per_event_set || !batch.limited || batch.requests < t.reqs_per_event {
+        return false;
+    }
+    ThreadStats::incr(&stats.conn_yields);
+    conn.needs_revisit = true;
+    true
 }

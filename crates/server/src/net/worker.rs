@@ -9,12 +9,13 @@
 //! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs).
 
 use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, WAKER};
-use super::env::Env;
+use super::env::{thread_stats, Env};
 use super::tcp::{self, After};
 use super::udp;
 use super::udp::{UdpBufs, UDP_DATAGRAM_BYTES_MAX};
 use super::StopHandle;
 use crate::exec::Settings;
+use crate::stats::ThreadStats;
 use crate::tenants::TenantTable;
 use crate::udp_batch::RecvBatch;
 use mio::{Events, Poll};
@@ -27,6 +28,10 @@ use std::sync::Arc;
 const THROTTLED_SERVED_PER_TURN: usize = 2;
 /// Events handled per `epoll_wait`.
 const EVENTS_MAX: usize = 1024;
+
+/// How often a worker looks for idle connections under `-o idle_timeout` (memcached's timeout
+/// thread also works in whole seconds).
+const IDLE_SCAN_NS: u64 = 1_000_000_000;
 
 pub(super) struct Worker {
     pub index: usize,
@@ -45,6 +50,8 @@ pub(super) struct Worker {
     pub throttled: Vec<usize>,
     /// Where the next round-robin pass over `throttled` starts.
     pub rr: usize,
+    /// `-o idle_timeout`: when this worker next looks for idle connections (monotonic ns).
+    pub idle_scan_at_ns: u64,
 }
 
 impl Worker {
@@ -63,6 +70,7 @@ impl Worker {
             udp: UdpBufs::new(),
             throttled: Vec::new(),
             rr: 0,
+            idle_scan_at_ns: 0,
         }
     }
 
@@ -116,7 +124,33 @@ impl Worker {
             let wait = std::time::Duration::from_nanos(next.saturating_sub(monotonic_now_ns()));
             timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
         }
+        if let Some(wait) = self.kick_idle() {
+            timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+        }
         timeout
+    }
+
+    /// `-o idle_timeout`: close the TCP connections that sent nothing for more than the timeout
+    /// and have nothing unsent (memcached kicks only connections waiting for a command), counting
+    /// `idle_kicks`. Returns how long the poll may sleep before the next look (None: off).
+    fn kick_idle(&mut self) -> Option<std::time::Duration> {
+        let idle_s = u64::from(self.settings.tunables.idle_timeout_s);
+        if idle_s == 0 {
+            return None;
+        }
+        let now = monotonic_now_ns();
+        if now >= self.idle_scan_at_ns {
+            self.idle_scan_at_ns = now + IDLE_SCAN_NS;
+            for i in 0..self.conns.slots.len() {
+                let Some(s) = self.conns.slots[i].as_ref() else { continue };
+                let since = s.tenant.info.uptime_s().saturating_sub(s.conn.last_cmd_s.load(Ordering::Relaxed));
+                if since > idle_s && !s.conn.blocked_on_write {
+                    ThreadStats::incr(&thread_stats(&s.tenant, self.index).idle_kicks);
+                    self.close(i);
+                }
+            }
+        }
+        Some(std::time::Duration::from_nanos(self.idle_scan_at_ns.saturating_sub(now)))
     }
 
     /// One poll's events: listeners accept or drain, connections serve — those of tenants at

@@ -1,0 +1,125 @@
+//! memcached's serving tunables that come from its command line (`-R`, `-B`, `-b`, `-X`, `-W`,
+//! `-o idle_timeout`, `-o read_buf_mem_limit`, `-o no_lru_crawler`, ...): what the network
+//! loops and executors enforce, and what `stats settings` reports for them.
+//!
+//! Not for: parsing them (the `slipstream` binary) or item memory (`-m`/`-M` are the store's).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// memcached `-B`: which protocols a connection may speak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BindingProtocol {
+    /// Decided by each connection's first byte (0x80 = binary), memcached's default.
+    #[default]
+    Auto,
+    Ascii,
+    Binary,
+}
+
+impl BindingProtocol {
+    /// The name `stats settings` prints (`binding_protocol`).
+    pub fn stats_name(self) -> &'static str {
+        match self {
+            BindingProtocol::Auto => "auto-negotiate",
+            BindingProtocol::Ascii => "ascii",
+            BindingProtocol::Binary => "binary",
+        }
+    }
+
+    /// The protocol a new TCP connection starts in (UDP decides per datagram whatever `-B`
+    /// says, as memcached does).
+    pub fn initial(self) -> crate::exec::Protocol {
+        match self {
+            BindingProtocol::Auto => crate::exec::Protocol::Undecided,
+            BindingProtocol::Ascii => crate::exec::Protocol::Text,
+            BindingProtocol::Binary => crate::exec::Protocol::Binary,
+        }
+    }
+
+    /// `-B NAME` as memcached spells it.
+    pub fn parse(name: &str) -> Option<BindingProtocol> {
+        match name {
+            "auto" => Some(BindingProtocol::Auto),
+            "ascii" => Some(BindingProtocol::Ascii),
+            "binary" => Some(BindingProtocol::Binary),
+            _ => None,
+        }
+    }
+}
+
+/// memcached's default `-R`.
+pub const REQS_PER_EVENT_DEFAULT: u32 = 20;
+/// memcached's default `-b`.
+pub const TCP_BACKLOG_DEFAULT: i32 = 1024;
+
+#[derive(Clone, Debug)]
+pub struct Tunables {
+    /// `-R`: requests one connection may run per event before it yields to the others
+    /// (`conn_yields`). Enforced only when given (`reqs_per_event_set`): by default a batch is
+    /// what one read brought, bounded by the reply-buffer high-water mark, which keeps
+    /// pipelined replies coalesced in one write.
+    pub reqs_per_event: u32,
+    pub reqs_per_event_set: bool,
+    pub binding_protocol: BindingProtocol,
+    /// `-b`: accept backlog of each listener.
+    pub tcp_backlog: i32,
+    /// `-o idle_timeout`: close a TCP connection idle (no request, nothing unsent) for more than
+    /// this many seconds (`idle_kicks`); 0 = never.
+    pub idle_timeout_s: u32,
+    /// `-o read_buf_mem_limit` in bytes as given (0 = unlimited), for `stats settings`.
+    pub read_buf_mem_limit_bytes: u64,
+    /// `-X` turns off `stats cachedump` and `lru_crawler metadump`.
+    pub dump_enabled: bool,
+    /// `-W` turns off `watch`.
+    pub watch_enabled: bool,
+    /// memcached's LRU crawler switch: off with `-o no_lru_crawler` or `lru_crawler disable`
+    /// (then `lru_crawler crawl|metadump` answer as memcached's stopped crawler does), on again
+    /// with `lru_crawler enable`. Shared by every connection.
+    pub lru_crawler: Arc<AtomicBool>,
+    /// `-o lru_crawler_sleep` / `lru_crawler_tocrawl` (reported; Slipstream's crawls are
+    /// synchronous walks of the store and do not sleep).
+    pub lru_crawler_sleep_us: u32,
+    pub lru_crawler_tocrawl: u32,
+    /// `-o idle_timeout` etc. given as memcached's `-o` names with no effect here: reported
+    /// in `stats settings` as given so a comparison with memcached's sees the same values.
+    pub maxconns_fast: bool,
+    /// `stats settings` values of memcached options accepted without effect here (slab and
+    /// LRU tuning, hash table size, ...), as memcached would print them: (name, value).
+    pub reported: Vec<(&'static str, String)>,
+}
+
+impl Tunables {
+    pub fn lru_crawler_on(&self) -> bool {
+        self.lru_crawler.load(Ordering::Relaxed)
+    }
+
+    /// `lru_crawler enable|disable`: memcached's reply (enabling a running crawler fails).
+    pub fn switch_lru_crawler(&self, enable: bool) -> &'static [u8] {
+        if enable && self.lru_crawler.swap(true, Ordering::Relaxed) {
+            return b"ERROR failed to start lru crawler thread\r\n";
+        }
+        self.lru_crawler.store(enable, Ordering::Relaxed);
+        b"OK\r\n"
+    }
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Tunables {
+            reqs_per_event: REQS_PER_EVENT_DEFAULT,
+            reqs_per_event_set: false,
+            binding_protocol: BindingProtocol::Auto,
+            tcp_backlog: TCP_BACKLOG_DEFAULT,
+            idle_timeout_s: 0,
+            read_buf_mem_limit_bytes: 0,
+            dump_enabled: true,
+            watch_enabled: true,
+            lru_crawler: Arc::new(AtomicBool::new(true)),
+            lru_crawler_sleep_us: 100,
+            lru_crawler_tocrawl: 0,
+            maxconns_fast: true,
+            reported: Vec::new(),
+        }
+    }
+}

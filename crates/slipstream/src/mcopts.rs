@@ -1,0 +1,166 @@
+//! memcached's `-o` extended options (a comma list of `name` or `name=value`): the ones with a
+//! meaning here set the config, the ones without (slab, LRU and hash table tuning) are accepted
+//! with one start-up notice naming them, and report in `stats settings` as memcached would.
+//!
+//! Not for: the single-letter flags (config.rs) or TLS options (`ssl_*`, not supported here).
+
+use crate::config::{Config, ConfigError};
+
+/// memcached 1.6.18's `-o` names that tune its slab allocator, LRU maintainer, hash table,
+/// logger buffers, extstore or proxy: Slipstream has none of these, so they do nothing here.
+const NO_EFFECT: &[&str] = &[
+    "maxconns_fast",
+    "no_maxconns_fast",
+    "hashpower",
+    "no_hashexpand",
+    "slab_reassign",
+    "no_slab_reassign",
+    "slab_automove",
+    "no_slab_automove",
+    "slab_automove_ratio",
+    "slab_automove_window",
+    "tail_repair_time",
+    "hash_algorithm",
+    "lru_crawler_sleep",
+    "lru_crawler_tocrawl",
+    "lru_maintainer",
+    "no_lru_maintainer",
+    "hot_lru_pct",
+    "warm_lru_pct",
+    "hot_max_factor",
+    "warm_max_factor",
+    "temporary_ttl",
+    "watcher_logbuf_size",
+    "worker_logbuf_size",
+    "slab_sizes",
+    "slab_chunk_max",
+    "track_sizes",
+    "no_inline_ascii_resp",
+    "inline_ascii_resp",
+    "modern",
+    "no_modern",
+    "no_chunked_items",
+    "drop_privileges",
+    "no_drop_privileges",
+    "resp_obj_mem_limit",
+    "sock_cookie_id",
+    "ext_path",
+    "ext_page_size",
+    "ext_wbuf_size",
+    "ext_threads",
+    "ext_io_depth",
+    "ext_item_size",
+    "ext_item_age",
+    "ext_low_ttl",
+    "ext_recache_rate",
+    "ext_compact_under",
+    "ext_drop_under",
+    "ext_max_sleep",
+    "ext_max_frag",
+    "ext_drop_unread",
+    "slab_automove_freeratio",
+];
+
+fn bad(value: &str, why: &str) -> ConfigError {
+    ConfigError::Value { name: "-o", value: value.to_string(), why: why.to_string() }
+}
+
+fn num<T: std::str::FromStr>(name: &str, v: Option<&str>) -> Result<T, ConfigError> {
+    let v = v.ok_or_else(|| bad(name, "needs a value (name=value)"))?;
+    v.trim().parse::<T>().map_err(|_| bad(&format!("{name}={v}"), "not a number in range"))
+}
+
+/// Apply one `-o` argument.
+pub fn apply(cfg: &mut Config, arg: &str) -> Result<(), ConfigError> {
+    for item in arg.split(',').filter(|s| !s.is_empty()) {
+        let (name, value) = match item.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (item, None),
+        };
+        apply_one(cfg, name, value)?;
+    }
+    Ok(())
+}
+
+fn apply_one(cfg: &mut Config, name: &str, value: Option<&str>) -> Result<(), ConfigError> {
+    let t = &mut cfg.tunables;
+    match name {
+        "idle_timeout" => t.idle_timeout_s = num(name, value)?,
+        "read_buf_mem_limit" => {
+            // memcached's unit is megabytes; 0 = unlimited.
+            let mb: u64 = num(name, value)?;
+            let bytes = mb.checked_mul(1024 * 1024).filter(|b| *b <= u64::from(u32::MAX)).ok_or_else(|| bad(name, "too large (memcached keeps it in 32 bits)"))?;
+            t.read_buf_mem_limit_bytes = bytes;
+            cfg.conn_buf_bytes_max = if bytes == 0 { usize::MAX } else { bytes as usize };
+        }
+        "no_lru_crawler" => t.lru_crawler.store(false, std::sync::atomic::Ordering::Relaxed),
+        "lru_crawler" => t.lru_crawler.store(true, std::sync::atomic::Ordering::Relaxed),
+        "lru_crawler_sleep" => {
+            t.lru_crawler_sleep_us = num(name, value)?;
+            if t.lru_crawler_sleep_us > 1_000_000 {
+                return Err(bad(name, "LRU crawler sleep must be between 0 and 1 second"));
+            }
+            cfg.notice_no_effect("-o lru_crawler_sleep");
+        }
+        "lru_crawler_tocrawl" => {
+            t.lru_crawler_tocrawl = num(name, value)?;
+            cfg.notice_no_effect("-o lru_crawler_tocrawl");
+        }
+        "maxconns_fast" => t.maxconns_fast = true,
+        "no_maxconns_fast" => {
+            t.maxconns_fast = false;
+            cfg.notice_no_effect("-o no_maxconns_fast");
+        }
+        n if n.starts_with("ssl_") || n.starts_with("proxy_") => {
+            return Err(bad(n, "not supported by Slipstream"));
+        }
+        n if NO_EFFECT.contains(&n) => {
+            if let Some(r) = reported(n, value) {
+                cfg.tunables.reported.push(r);
+            }
+            cfg.notice_no_effect(&format!("-o {n}"));
+        }
+        n => return Err(bad(n, "not one of memcached 1.6's -o options")),
+    }
+    Ok(())
+}
+
+/// The `stats settings` line memcached would show for an accepted no-effect option.
+fn reported(name: &str, value: Option<&str>) -> Option<(&'static str, String)> {
+    let v = value.unwrap_or("").trim().to_string();
+    Some(match name {
+        "slab_reassign" => ("slab_reassign", "yes".into()),
+        "no_slab_reassign" => ("slab_reassign", "no".into()),
+        "no_slab_automove" => ("slab_automove", "0".into()),
+        "slab_automove" => ("slab_automove", if v.is_empty() { "1".into() } else { v }),
+        "hashpower" => ("hashpower_init", v),
+        "tail_repair_time" => ("tail_repair_time", v),
+        "hot_lru_pct" => ("hot_lru_pct", v),
+        "warm_lru_pct" => ("warm_lru_pct", v),
+        "temporary_ttl" => ("temporary_ttl", v),
+        "no_lru_maintainer" => ("lru_maintainer_thread", "no".into()),
+        "lru_maintainer" => ("lru_maintainer_thread", "yes".into()),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meaningful_options_set_the_config_and_the_rest_are_noticed() {
+        let mut c = Config::default();
+        apply(&mut c, "modern,idle_timeout=5,read_buf_mem_limit=32,slab_reassign,hashpower=20").unwrap();
+        assert_eq!(c.tunables.idle_timeout_s, 5);
+        assert_eq!(c.conn_buf_bytes_max, 32 << 20);
+        assert_eq!(c.tunables.read_buf_mem_limit_bytes, 32 << 20);
+        assert!(c.tunables.reported.contains(&("hashpower_init", "20".to_string())));
+        assert_eq!(c.no_effect, vec!["-o modern", "-o slab_reassign", "-o hashpower"]);
+        apply(&mut c, "read_buf_mem_limit=0").unwrap();
+        assert_eq!(c.conn_buf_bytes_max, usize::MAX);
+        assert!(apply(&mut c, "idle_timeout").is_err());
+        assert!(apply(&mut c, "bogus").is_err());
+        assert!(apply(&mut c, "ssl_chain_cert=x").is_err());
+    }
+}
