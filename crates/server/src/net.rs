@@ -27,11 +27,12 @@ use crate::bind::bind_all;
 use crate::tenants::{Tenant, TenantTable};
 use crate::udp_batch::{RecvBatch, SendBatch};
 use crate::{memcache_binary, memcache_text};
-use mio::net::{TcpListener, TcpStream, UdpSocket};
+use mio::net::{TcpListener, UdpSocket, UnixListener};
+use crate::transport::{tls::TlsStream, unix::UnixSpec, Stream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slipstream_proto::udp;
 use slipstream_store::Store;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +41,8 @@ use std::sync::Arc;
 use slipstream_tenancy::{monotonic_now_ns, Admit, TenantShaper};
 
 const WAKER: Token = Token(usize::MAX - 2);
+/// The `-s` unix listener (every worker watches it; the first to accept gets the connection).
+const UNIX_LISTENER: Token = Token(usize::MAX - 3);
 /// Listener tokens: `LISTEN_BASE - 2 * slot` (TCP) and one below it (UDP), one pair per tenant
 /// slot; connection tokens are small indexes and never reach this range.
 const LISTEN_BASE: usize = usize::MAX - 16;
@@ -129,12 +132,17 @@ pub struct NetConfig {
     /// Largest request a connection may buffer (item size + line + slack).
     pub read_buf_bytes_max: usize,
     pub worker_sched: WorkerSched,
+    /// `-s`/`-a`: serve this unix socket (memcached then serves no TCP or UDP).
+    pub unix: Option<UnixSpec>,
+    /// `-Z`: TLS on the TCP listeners.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Errors that stop the server from starting.
 #[derive(Debug)]
 pub enum NetError {
     Bind(slipstream_bind::BindError),
+    BindUnix(String, io::Error),
     Poll(io::Error),
     Thread(io::Error),
 }
@@ -143,6 +151,7 @@ impl std::fmt::Display for NetError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NetError::Bind(e) => write!(f, "{e}"),
+            NetError::BindUnix(p, e) => write!(f, "failed to listen on UNIX socket: {p}: {e}"),
             NetError::Poll(e) => write!(f, "cannot create event loop: {e}"),
             NetError::Thread(e) => write!(f, "cannot start worker thread: {e}"),
         }
@@ -210,8 +219,12 @@ impl Server {
             let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
             reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
         }
+        let unix = match &net.unix {
+            Some(spec) => Some(crate::transport::unix::bind(spec).map_err(|e| NetError::BindUnix(spec.path.clone(), e))?),
+            None => None,
+        };
         let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), bound));
-        Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched)
+        Server::launch_with(table, net.read_buf_bytes_max, info, net.worker_sched, Listeners { unix, tls: net.tls })
     }
 
     /// Tenant mode: serve every tenant of `table` (already bound). `info` stands for the node
@@ -222,14 +235,15 @@ impl Server {
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
     ) -> Result<Server, NetError> {
-        Server::launch(table, read_buf_bytes_max, info, worker_sched)
+        Server::launch_with(table, read_buf_bytes_max, info, worker_sched, Listeners::default())
     }
 
-    fn launch(
+    fn launch_with(
         table: Arc<TenantTable>,
         read_buf_bytes_max: usize,
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
+        listeners: Listeners,
     ) -> Result<Server, NetError> {
         let threads = table.threads.max(1);
         let (tcp_local, udp_local) = table.first_locals();
@@ -247,7 +261,17 @@ impl Server {
 
         let mut workers = Vec::new();
         for (i, poll) in polls.into_iter().enumerate() {
+            // [sec hook] Every worker watches its own handle of the one unix listener.
+            let mut unix = match &listeners.unix {
+                Some(l) => Some(UnixListener::from_std(l.try_clone().map_err(NetError::Poll)?)),
+                None => None,
+            };
+            if let Some(l) = unix.as_mut() {
+                poll.registry().register(l, UNIX_LISTENER, Interest::READABLE).map_err(NetError::Poll)?;
+            }
             let worker = Worker {
+                unix,
+                tls: listeners.tls.clone(),
                 index: i,
                 poll,
                 table: table.clone(),
@@ -294,8 +318,15 @@ impl Server {
     }
 }
 
+/// [sec hook] The listeners beyond the per-tenant TCP/UDP sockets, and TLS for the TCP ones.
+#[derive(Default)]
+struct Listeners {
+    unix: Option<std::os::unix::net::UnixListener>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     rbuf: Vec<u8>,
     /// Unconsumed input is rbuf[rstart..rend].
     rstart: usize,
@@ -364,6 +395,10 @@ struct UdpBufs {
 
 struct Worker {
     index: usize,
+    /// `-s`: this worker's handle of the unix listener.
+    unix: Option<UnixListener>,
+    /// `-Z`: TCP connections are TLS.
+    tls: Option<Arc<rustls::ServerConfig>>,
     poll: Poll,
     table: Arc<TenantTable>,
     seen_generation: u64,
@@ -457,6 +492,10 @@ impl Worker {
             for ev in events.iter() {
                 let token = ev.token();
                 if token == WAKER {
+                    continue;
+                }
+                if token == UNIX_LISTENER {
+                    self.accept_unix();
                     continue;
                 }
                 if let Some((slot, is_udp)) = decode_listen(token) {
@@ -608,67 +647,22 @@ impl Worker {
             let Some(wt) = self.tenants.get(k) else { return };
             let Some(listener) = wt.listener.as_ref() else { return };
             match listener.accept() {
-                Ok((mut stream, peer)) => {
+                Ok((stream, peer)) => {
                     let tenant = wt.tenant.clone();
                     let listen_addr = listener.local_addr().ok().map(|a| format!("tcp:{a}"));
-                    let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
-                    let stats = thread_stats(&tenant, self.index);
-                    if curr as usize > self.table.conn_limit {
-                        // memcached's answer when over the connection limit.
-                        let _ = stream.write(b"ERROR Too many open connections\r\n");
-                        self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
-                        ThreadStats::incr(&stats.rejected_connections);
-                        continue;
-                    }
-                    tenant.info.curr_connections.fetch_add(1, Ordering::Relaxed);
-                    ThreadStats::incr(&stats.total_connections);
                     let _ = stream.set_nodelay(true);
-                    let idx = match self.free.pop() {
-                        Some(i) => i,
-                        None => {
-                            self.conns.push(None);
-                            self.conns.len() - 1
-                        }
-                    };
-                    if let Err(e) = self.poll.registry().register(&mut stream, Token(idx), Interest::READABLE) {
-                        eprintln!("slipstream: cannot watch connection: {e}");
-                        self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
-                        tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
-                        self.free.push(idx);
-                        continue;
-                    }
-                    use std::os::fd::AsRawFd;
-                    let fd = stream.as_raw_fd();
-                    let last_cmd_s = Arc::new(AtomicU64::new(tenant.info.uptime_s()));
-                    if let Ok(mut reg) = tenant.info.conns.lock() {
-                        reg.insert(fd, ConnEntry { addr: format!("tcp:{peer}"), listen_addr, last_cmd_s: last_cmd_s.clone() });
-                    }
-                    let mut state = ConnState::new(Transport::Tcp);
-                    state.conn_id = fd;
-                    self.conns[idx] = Some(Slot {
-                        tenant,
-                        conn: Conn {
-                            stream,
-                            rbuf: vec![0u8; READ_BUF_BYTES_INITIAL],
-                            rstart: 0,
-                            rend: 0,
-                            wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
-                            wstart: 0,
-                            rbuf_charged: 0,
-                            needs_grow: false,
-                            grow_refused: false,
-                            state,
-                            blocked_on_write: false,
-                            close_after_flush: false,
-                            needs_revisit: false,
-                            fd,
-                            last_cmd_s,
-                            outstanding: 0,
-                            throttle_until_ns: 0,
-                            in_throttled: false,
-                            held: false,
+                    // [sec hook] -Z: every TCP connection is TLS.
+                    let stream = match &self.tls {
+                        None => Stream::Tcp(stream),
+                        Some(cfg) => match TlsStream::new(stream, cfg) {
+                            Ok(t) => Stream::Tls(Box::new(t)),
+                            Err(e) => {
+                                eprintln!("slipstream: TLS connection setup failed: {e}");
+                                continue;
+                            }
                         },
-                    });
+                    };
+                    self.admit(tenant, stream, format!("tcp:{peer}"), listen_addr);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -679,6 +673,89 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// [sec hook] Accept what waits on the `-s` unix listener (single-tenant mode: tenant 0).
+    fn accept_unix(&mut self) {
+        loop {
+            let Some(l) = self.unix.as_ref() else { return };
+            let Some(tenant) = self.tenants.first().map(|w| w.tenant.clone()) else { return };
+            match l.accept() {
+                Ok((stream, _)) => {
+                    let path = l.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())).unwrap_or_default();
+                    self.admit(tenant, Stream::Unix(stream), format!("unix:{path}"), Some(format!("unix:{path}")));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("slipstream: accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Take an accepted connection: the connection limit, counters, registration, `stats conns`.
+    fn admit(&mut self, tenant: Arc<Tenant>, mut stream: Stream, addr: String, listen_addr: Option<String>) {
+        let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
+        let stats = thread_stats(&tenant, self.index);
+        if curr as usize > self.table.conn_limit {
+            // memcached's answer when over the connection limit (on the raw socket,
+            // as memcached writes it, TLS or not).
+            // SAFETY: the fd is the stream's open socket; write only reads the slice.
+            let msg = b"ERROR Too many open connections\r\n";
+            let _ = unsafe { libc::write(stream.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+            self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
+            ThreadStats::incr(&stats.rejected_connections);
+            return;
+        }
+        tenant.info.curr_connections.fetch_add(1, Ordering::Relaxed);
+        ThreadStats::incr(&stats.total_connections);
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        if let Err(e) = self.poll.registry().register(&mut stream, Token(idx), Interest::READABLE) {
+            eprintln!("slipstream: cannot watch connection: {e}");
+            self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
+            tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            self.free.push(idx);
+            return;
+        }
+        let fd = stream.as_raw_fd();
+        let last_cmd_s = Arc::new(AtomicU64::new(tenant.info.uptime_s()));
+        if let Ok(mut reg) = tenant.info.conns.lock() {
+            reg.insert(fd, ConnEntry { addr, listen_addr, last_cmd_s: last_cmd_s.clone() });
+        }
+        let mut state = ConnState::new(Transport::Tcp);
+        state.conn_id = fd;
+        self.conns[idx] = Some(Slot {
+            tenant,
+            conn: Conn {
+                stream,
+                rbuf: vec![0u8; READ_BUF_BYTES_INITIAL],
+                rstart: 0,
+                rend: 0,
+                wbuf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
+                wstart: 0,
+                rbuf_charged: 0,
+                needs_grow: false,
+                grow_refused: false,
+                state,
+                blocked_on_write: false,
+                close_after_flush: false,
+                needs_revisit: false,
+                fd,
+                last_cmd_s,
+                outstanding: 0,
+                throttle_until_ns: 0,
+                in_throttled: false,
+                held: false,
+            },
+        });
     }
 
     fn close(&mut self, idx: usize) {
@@ -1163,12 +1240,17 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             end.limited = true;
             break;
         }
-        if ctx.conn.protocol == Protocol::Undecided {
-            ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
-        }
-        let step = match ctx.conn.protocol {
-            Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut conn.wbuf),
-            _ => memcache_text::execute(&mut ctx, input, &mut conn.wbuf),
+        let step = if let Some(auth) = env.settings.auth.as_deref() {
+            // [sec hook] A server with -Y/-S: the auth executor decides (see crate::auth).
+            crate::auth::execute(auth, &mut ctx, input, &mut conn.wbuf)
+        } else {
+            if ctx.conn.protocol == Protocol::Undecided {
+                ctx.conn.protocol = if input[0] == 0x80 { Protocol::Binary } else { Protocol::Text };
+            }
+            match ctx.conn.protocol {
+                Protocol::Binary => memcache_binary::execute(&mut ctx, input, &mut conn.wbuf),
+                _ => memcache_text::execute(&mut ctx, input, &mut conn.wbuf),
+            }
         };
         // Replies an executor discarded take the values they sent by reference with them.
         ctx.conn.shared.discard_after(conn.wbuf.len());
@@ -1248,7 +1330,8 @@ fn flush(conn: &mut Conn, stats: &ThreadStats, settings: &Settings) -> io::Resul
         ThreadStats::add(&stats.bytes_written, n as u64);
         ThreadStats::incr(&stats.writes);
     })?;
-    if !done {
+    // [sec hook] TLS records still held count as unwritten (no-op for plain sockets).
+    if !done || !conn.stream.drain()? {
         return Ok(false);
     }
     conn.wbuf.clear();
