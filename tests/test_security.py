@@ -460,6 +460,27 @@ def test_tls_with_pymemcache_and_large_values(procs, tmpdir_path):
         s.close()
 
 
+def test_tls_slow_reader_gets_every_byte(procs, tmpdir_path):
+    """30 MB of replies queued while the client does not read: back-pressure through the TLS
+    layer, then every byte in order."""
+    j = make_certs(tmpdir_path)
+    ss = start_tls(procs, "slipstream", j)
+    s = tls_wrap(j)(ss.connect(timeout=5))
+    try:
+        v = os.urandom(500000)
+        s.sendall(b"set a 0 0 %d\r\n" % len(v) + v + b"\r\n")
+        assert mcwire.read_until(s, b"\r\n", max_s=5) == b"STORED\r\n"
+        s.sendall(b"get a\r\n" * 60)
+        time.sleep(1.0)
+        want = (b"VALUE a 0 500000\r\n" + v + b"\r\nEND\r\n") * 60
+        got = mcwire.read_until(s, None, max_s=30, stop=lambda d: len(d) >= len(want))
+        assert got == want
+        s.sendall(b"version\r\n")
+        assert mcwire.read_until(s, b"\r\n", max_s=5).startswith(b"VERSION ")
+    finally:
+        s.close()
+
+
 def test_tls_openssl_s_client(procs, tmpdir_path):
     j = make_certs(tmpdir_path)
     ss = start_tls(procs, "slipstream", j)
