@@ -223,6 +223,10 @@ impl Server {
             Some(spec) => Some(crate::transport::unix::bind(spec).map_err(|e| NetError::BindUnix(spec.path.clone(), e))?),
             None => None,
         };
+        if let (Some(l), Some(spec), Ok(mut reg)) = (unix.as_ref(), net.unix.as_ref(), info.conns.lock()) {
+            // memcached lists the unix listener in `stats conns` too.
+            reg.insert(l.as_raw_fd(), ConnEntry { addr: format!("unix:{}", spec.path), listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+        }
         let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), bound));
         Server::launch_with(table, net.read_buf_bytes_max, info, net.worker_sched, Listeners { unix, tls: net.tls })
     }
@@ -260,12 +264,16 @@ impl Server {
         let stop_handle = StopHandle { stop: stop.clone(), wakers: wakers.clone() };
 
         let mut workers = Vec::new();
+        let mut unix_orig = listeners.unix;
         for (i, poll) in polls.into_iter().enumerate() {
-            // [sec hook] Every worker watches its own handle of the one unix listener.
-            let mut unix = match &listeners.unix {
-                Some(l) => Some(UnixListener::from_std(l.try_clone().map_err(NetError::Poll)?)),
-                None => None,
+            // [sec hook] Every worker watches its own handle of the one unix listener; the last
+            // takes the original (its fd is the one `stats conns` lists).
+            let std_unix = if i + 1 == threads {
+                unix_orig.take()
+            } else {
+                unix_orig.as_ref().map(|l| l.try_clone()).transpose().map_err(NetError::Poll)?
             };
+            let mut unix = std_unix.map(UnixListener::from_std);
             if let Some(l) = unix.as_mut() {
                 poll.registry().register(l, UNIX_LISTENER, Interest::READABLE).map_err(NetError::Poll)?;
             }
@@ -683,7 +691,9 @@ impl Worker {
             match l.accept() {
                 Ok((stream, _)) => {
                     let path = l.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())).unwrap_or_default();
-                    self.admit(tenant, Stream::Unix(stream), format!("unix:{path}"), Some(format!("unix:{path}")));
+                    // memcached 1.6.18 shows a unix client's address as `?:<AF 0>` (it keeps no
+                    // peer address for them).
+                    self.admit(tenant, Stream::Unix(stream), "?:<AF 0>".to_string(), Some(format!("unix:{path}")));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
