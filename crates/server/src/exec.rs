@@ -54,11 +54,17 @@ pub struct ConnState {
     /// Large values the unsent replies send by reference (TCP only; see `outq`). Positions
     /// are offsets in the connection's reply buffer.
     pub shared: SharedQueue,
+    /// Passed the server's authentication (`auth`); always true when it requires none.
+    pub authenticated: bool,
+    /// Ascii auth: the `set` line was read; its data (token + CRLF) is this long.
+    pub auth_body_bytes: Option<usize>,
+    /// SASL: an AUTH without data asked for it; the next STEP brings it.
+    pub sasl_continue: bool,
 }
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0, shared: SharedQueue::default() }
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0, shared: SharedQueue::default(), authenticated: false, auth_body_bytes: None, sasl_continue: false }
     }
 }
 
@@ -80,6 +86,12 @@ pub struct Settings {
     pub detail_enabled: bool,
     /// The budget all connections' buffers share (see `bufbudget`).
     pub conn_buf: Arc<BufBudget>,
+    /// Authentication every connection must pass first (`-Y` / `-S`); None = none.
+    pub auth: Option<Arc<crate::auth::Auth>>,
+    /// `-s <path>`: the unix socket served instead of TCP/UDP (for `stats settings`).
+    pub domain_socket: Option<String>,
+    /// `-a <mask>`: the unix socket's permission bits (memcached's default 0700).
+    pub socket_mode: u32,
 }
 
 impl Default for Settings {
@@ -92,6 +104,9 @@ impl Default for Settings {
             prefix_delimiter: b':',
             detail_enabled: false,
             conn_buf: Arc::new(BufBudget::default()),
+            auth: None,
+            domain_socket: None,
+            socket_mode: 0o700,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! Not for: counting (`stats.rs`, `slipstream-store`), per-prefix detail (`stats_prefix.rs`),
 //! framing or the sub-command syntax (the protocol executors).
 
+use crate::auth::Auth;
 use crate::exec::Settings;
 use crate::stats::ServerInfo;
 use slipstream_store::Store;
@@ -198,6 +199,23 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
+/// memcached's `-S` binds the binary protocol, `-Y` ascii; otherwise it negotiates.
+fn binding_protocol(auth: Option<&Auth>) -> &'static str {
+    match auth {
+        Some(Auth::Sasl { .. }) => "binary",
+        Some(Auth::Ascii { .. }) => "ascii",
+        None => "auto-negotiate",
+    }
+}
+
+/// memcached reports the `-Y` file's path here, "no" without one.
+fn auth_enabled_ascii(auth: Option<&Auth>) -> &str {
+    match auth {
+        Some(Auth::Ascii { path, .. }) => path,
+        _ => "no",
+    }
+}
+
 /// `stats settings`: memcached 1.6.18's names in its order. Tunables Slipstream has print their
 /// values; memcached tunables it has no counterpart for print memcached's defaults.
 fn settings(sv: StatsView<'_>) -> Vec<Stat> {
@@ -215,8 +233,8 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("verbosity", n(info.verbosity.load(Ordering::Relaxed))),
         ("oldest", s("0")),
         ("evictions", s("on")),
-        ("domain_socket", s("NULL")),
-        ("umask", s("700")),
+        ("domain_socket", s(st.domain_socket.as_deref().unwrap_or("NULL"))),
+        ("umask", format!("{:o}", st.socket_mode).into_bytes()),
         ("shutdown_command", s(yes_no(st.shutdown_enabled))),
         ("growth_factor", s("1.25")),
         ("chunk_size", s("48")),
@@ -227,9 +245,9 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("reqs_per_event", s("20")),
         ("cas_enabled", s(yes_no(cfg.cas_enabled))),
         ("tcp_backlog", s("1024")),
-        ("binding_protocol", s("auto-negotiate")),
-        ("auth_enabled_sasl", s("no")),
-        ("auth_enabled_ascii", s("no")),
+        ("binding_protocol", s(binding_protocol(st.auth.as_deref()))),
+        ("auth_enabled_sasl", s(yes_no(matches!(st.auth.as_deref(), Some(Auth::Sasl { .. }))))),
+        ("auth_enabled_ascii", s(auth_enabled_ascii(st.auth.as_deref()))),
         ("item_size_max", n(cfg.item_bytes_max as u64)),
         ("maxconns_fast", s("yes")),
         ("hashpower_init", s("0")),

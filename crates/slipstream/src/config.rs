@@ -100,6 +100,8 @@ pub struct Config {
     pub user: Option<String>,
     /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
     pub hbase: Option<slipstream_rangecache::Settings>,
+    /// `-s`, `-a`, `-S`, `-Y`, `-Z` and `-o ssl_*` (see crate::security).
+    pub security: crate::security::SecurityConfig,
 }
 
 impl Default for Config {
@@ -131,6 +133,7 @@ impl Default for Config {
             streams: Vec::new(),
             user: None,
             hbase: None,
+            security: crate::security::SecurityConfig::default(),
         }
     }
 }
@@ -303,8 +306,8 @@ impl Config {
                 flag,
                 "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
                     | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
-                    | "xdp-entries" | "worker-sched"
-            );
+                    | "xdp-entries" | "worker-sched" | "o" | "extended"
+            ) || crate::security::SecurityConfig::takes_value(flag);
             let value = if takes_value {
                 match inline {
                     Some(v) => v.to_string(),
@@ -342,7 +345,23 @@ impl Config {
                 "xdp" => cfg.xdp_iface = Some(value),
                 "xdp-entries" => cfg.xdp_entries = parse_num("--xdp-entries", &value)?,
                 "worker-sched" => cfg.worker_sched = WorkerSchedChoice::parse("--worker-sched", &value)?,
-                _ => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
+                // [sec hook] Sub-options other than ssl_* are not taken here yet.
+                "o" | "extended" => {
+                    for sub in value.split(',').filter(|s| !s.is_empty()) {
+                        let (k, v) = match sub.split_once('=') {
+                            Some((k, v)) => (k, Some(v)),
+                            None => (sub, None),
+                        };
+                        match cfg.security.apply_suboption(k, v) {
+                            Some(r) => r.map_err(ConfigError::Usage)?,
+                            None => return Err(ConfigError::Usage(format!("unknown -o sub-option `{k}`"))),
+                        }
+                    }
+                }
+                _ => match cfg.security.apply_flag(flag, &value) {
+                    Some(r) => r.map_err(ConfigError::Usage)?,
+                    None => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
+                },
             }
             i += 1;
         }
@@ -450,6 +469,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.security.validate(self.port, self.udp_port, !self.tenants.is_empty()).map_err(ConfigError::Usage)?;
         if let Some(s) = self.streams.iter().find(|s| self.udp_port != 0 && s.udp_port == self.udp_port) {
             return Err(bad("--udp-port", &self.udp_port.to_string(), &format!("is also the udp_port of stream {:?}", s.name)));
         }
@@ -479,11 +499,12 @@ impl Config {
     }
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
-        (self.port != 0).then(|| SocketAddr::new(self.listen, self.port))
+        // memcached with -s serves only the unix socket.
+        (self.port != 0 && self.security.unix_socket.is_none()).then(|| SocketAddr::new(self.listen, self.port))
     }
 
     pub fn udp_addr(&self) -> Option<SocketAddr> {
-        (self.udp_port != 0).then(|| SocketAddr::new(self.listen, self.udp_port))
+        (self.udp_port != 0 && self.security.unix_socket.is_none()).then(|| SocketAddr::new(self.listen, self.udp_port))
     }
 
     /// Lock shards for `-m` and `-I` (see `StoreConfig::shards_for`).

@@ -8,6 +8,7 @@
 
 mod config;
 mod privs;
+mod security;
 mod send;
 
 // The global allocator. Item memory is many long-lived blocks of mixed sizes freed in LRU
@@ -479,7 +480,7 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     if !cfg.tenants.is_empty() {
         return serve_tenants(cfg, sigset, target);
     }
-    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
+    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() && cfg.security.unix_socket.is_none() {
         if cfg.streams.is_empty() {
             return Err(MainError::Start(
                 "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve".into(),
@@ -495,12 +496,16 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         cas_enabled: cfg.cas_enabled,
     };
     let store = Arc::new(Store::new(store_cfg));
+    let sec = SecurityStart::load(&cfg)?;
     let settings = Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
         prefix_delimiter: cfg.prefix_delimiter,
         detail_enabled: cfg.detail_enabled,
         conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
+        auth: sec.auth.clone(),
+        domain_socket: cfg.security.unix_socket.clone(),
+        socket_mode: cfg.security.unix_mode(),
         ..Settings::default()
     };
     // Attach before serving, so the kernel cache starts empty and coherent from the first
@@ -514,6 +519,8 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         conn_limit: cfg.conn_limit,
         read_buf_bytes_max: cfg.read_buf_bytes_max(),
         worker_sched: sched,
+        unix: sec.unix.clone(),
+        tls: sec.tls.clone(),
     };
     let info = ServerInfo {
         started: Instant::now(),
@@ -555,10 +562,14 @@ fn serve(cfg: Config) -> Result<(), MainError> {
     };
     spawn_signal_thread(sigset, server.stop_handle())?;
     let (dropped, privs_line) = drop_privileges(&target, kernel.is_some() || xdp_streams(&streams))?;
+    for n in &sec.notices {
+        eprintln!("slipstream: {n}");
+    }
     println!(
-        "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
+        "slipstream {}: tcp {}{}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
         slipstream_server::VERSION_STRING,
         server.tcp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
+        sec.line,
         server.udp_local.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
         cfg.threads,
         sched_note(sched),
@@ -585,4 +596,45 @@ fn serve(cfg: Config) -> Result<(), MainError> {
         eprintln!("slipstream: stopped");
     }
     Ok(())
+}
+
+/// [sec] What `-s`, `-S`, `-Y` and `-Z` need at start-up, loaded (files read, certificates
+/// parsed) before anything is served, so a bad file stops the server with the reason.
+struct SecurityStart {
+    auth: Option<Arc<slipstream_server::auth::Auth>>,
+    unix: Option<slipstream_server::transport::unix::UnixSpec>,
+    tls: Option<Arc<slipstream_server::transport::tls::TlsConfig>>,
+    /// For the status line: ` (tls)`, `, unix PATH`, `, ascii auth`, `, sasl auth`.
+    line: String,
+    notices: Vec<String>,
+}
+
+impl SecurityStart {
+    fn load(cfg: &Config) -> Result<SecurityStart, MainError> {
+        let s = &cfg.security;
+        let auth = s.load_auth().map_err(MainError::Start)?;
+        let tls = if s.tls { Some(slipstream_server::transport::tls::server_config(&s.tls_opts).map_err(|e| MainError::Start(format!("TLS: {e}")))?) } else { None };
+        let unix = s.unix_socket.as_ref().map(|p| slipstream_server::transport::unix::UnixSpec {
+            path: p.clone(),
+            mode: s.unix_mode(),
+            backlog: 1024,
+        });
+        let mut line = String::new();
+        let mut notices = if s.tls { s.tls_opts.notices() } else { Vec::new() };
+        if tls.is_some() {
+            line.push_str(" (tls)");
+        }
+        if let Some(u) = &unix {
+            line.push_str(&format!(", unix {} (mode {:o})", u.path, u.mode));
+            if tls.is_some() {
+                notices.push("-Z: TLS applies to TCP listeners, and with -s there are none (as in memcached)".into());
+            }
+        }
+        match auth.as_deref() {
+            Some(slipstream_server::auth::Auth::Ascii { creds, .. }) => line.push_str(&format!(", ascii auth ({} users)", creds.len())),
+            Some(slipstream_server::auth::Auth::Sasl { creds }) => line.push_str(&format!(", sasl auth ({} users)", creds.len())),
+            None => {}
+        }
+        Ok(SecurityStart { auth, unix, tls, line, notices })
+    }
 }
