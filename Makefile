@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench bench fuzz clean
+.PHONY: all setup build run test test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench hbase-bench bench fuzz clean
 
 all: build
 
@@ -71,6 +71,11 @@ spark-changepoint: build
 spark-bench: build
 	bash bench/spark_bench.sh
 
+# HBase range cache with the Rust load generator (bench/hbase_load_bench.py; about 2 minutes).
+hbase-bench: build
+	$(CARGO) build --release -p slipstream-rangecache --example thrift_load
+	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/hbase_load_bench.py
+
 bench: build
 	bash bench/kv_bench.sh
 	python3 bench/mem_bench.py
@@ -80,6 +85,7 @@ bench: build
 	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
 	bash bench/stream_cpu.sh
+	$(MAKE) hbase-bench
 
 clean:
 	$(CARGO) clean

@@ -208,8 +208,23 @@ class Sidecar:
         payload = _b(table) + struct.pack(">I", 1) + _b(row) + struct.pack(">I", len(values)) + muts
         self.call("MUTATE", payload + struct.pack(">qB", ts, 0))
 
-    def delete_row(self, table, row):
-        self.call("DELETE", _b(table) + _b(row) + _b(b"") + struct.pack(">q", TS_LATEST))
+    def mutate_rows(self, table, rows, ts=TS_LATEST):
+        """One MUTATE of several rows ({row: {column: value or None (= delete)}}), puts first."""
+        payload = _b(table) + struct.pack(">I", len(rows))
+        for row, values in rows.items():
+            payload += _b(row) + struct.pack(">I", len(values))
+            for c, v in values.items():
+                payload += struct.pack(">B", 1 if v is None else 0) + _b(c) + _b(v or b"") + b"\x01"
+        self.call("MUTATE", payload + struct.pack(">qB", ts, 1))
+
+    def delete_row(self, table, row, ts=TS_LATEST):
+        self.call("DELETE", _b(table) + _b(row) + _b(b"") + struct.pack(">q", ts))
+
+    def delete_column(self, table, row, column, ts=TS_LATEST):
+        self.call("DELETE", _b(table) + _b(row) + _b(column) + struct.pack(">q", ts))
+
+    def increment(self, table, row, column, amount=1):
+        return self.call("INCREMENT", _b(table) + _b(row) + _b(column) + struct.pack(">q", amount)).i64()
 
 
 def as_happybase_row(cells):

@@ -10,6 +10,7 @@ Needs `make hbase-build` (Java 17 + Maven). One mini cluster serves the whole mo
 """
 
 import os
+import signal
 import random
 import socket
 import struct
@@ -44,7 +45,7 @@ def oracle(hbase):
     s.close()
 
 
-@pytest.fixture(params=["all-row", "each-row"])
+@pytest.fixture(params=["all-row", "each-row", "adaptive"])
 def daemon(request, hbase):
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy=request.param).start()
     try:
@@ -353,3 +354,239 @@ def test_hbase_going_away_and_back():
     finally:
         d.stop()
         m.stop()
+
+
+# --- writes that bypass Slipstream (the RegionObserver's notices) ---
+
+def _cached_twice(t, row, start, stop):
+    """Reads a row and a scan through Slipstream twice, so both are cached."""
+    for _ in range(2):
+        got_row = t.row(row)
+        got_scan = list(t.scan(row_start=start, row_stop=stop))
+    return got_row, got_scan
+
+
+def test_direct_writes_of_every_kind_are_seen_at_once(daemon, oracle):
+    """Each kind of write made straight to HBase (the sidecar's native client; no Slipstream) is
+    visible through Slipstream on the very next read, although the row and a scan over it were
+    cached just before: put, multi-row batch, column delete, row delete, increment."""
+    conn = connect(daemon)
+    name = fresh_table(conn)
+    t = conn.table(name)
+    for k in (b"a", b"b", b"c", b"d"):
+        t.put(k, {b"cf1:q": b"0-" + k})
+    direct = [
+        ("put", lambda: oracle.put(name, b"b", {b"cf1:q": b"1"})),
+        ("batch", lambda: oracle.mutate_rows(name, {b"a": {b"cf1:q": b"2"}, b"b": {b"cf2:z": b"2"}})),
+        ("delete column", lambda: oracle.delete_column(name, b"b", b"cf1:q")),
+        ("increment", lambda: oracle.increment(name, b"b", b"cf2:n", 3)),
+        ("delete row", lambda: oracle.delete_row(name, b"b")),
+        ("put after delete", lambda: oracle.put(name, b"b", {b"cf1:q": b"3"})),
+    ]
+    for what, write in direct:
+        _cached_twice(t, b"b", b"a", b"d")
+        write()
+        want_row = {c: v for _r, cells in oracle.get(name, [b"b"]) for c, v in hbaselib.as_happybase_row(cells).items()}
+        assert t.row(b"b") == want_row, what
+        assert list(t.scan(row_start=b"a", row_stop=b"d")) == oracle_scan_rows(oracle, name, b"a", b"d"), what
+    notices = sum(float(l.split()[-1]) for l in daemon.metrics().splitlines()
+                  if l.startswith("slipstream_hbase_notices_total{"))
+    assert notices >= len(direct)
+    assert "slipstream_hbase_observer_loaded 1" in daemon.metrics()
+    conn.delete_table(name, disable=True)
+    conn.close()
+
+
+def test_mixed_direct_and_slipstream_writes_are_never_stale(daemon, hbase, oracle):
+    """Randomized (seed printed): one writer through Slipstream (puts, batches, row deletes), one
+    writing straight to HBase through the native client (puts, multi-row batches, row deletes),
+    and a reader doing Gets and scans over overlapping ranges through Slipstream. Every write
+    carries timestamp BASE + n for a global op number n, so HBase orders versions by n: after op
+    n on a row is acknowledged, no read begun later may show that row older than n."""
+    seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
+    print("seed", seed)
+    rnd = random.Random(seed)
+    srnd, drnd = random.Random(seed + 1), random.Random(seed + 2)
+    sconn, rconn = connect(daemon), connect(daemon)
+    direct = hbaselib.Sidecar(hbase.sidecar_port)
+    name = fresh_table(sconn)
+    st, rt = sconn.table(name), rconn.table(name)
+    rows = [b"k%02d" % i for i in range(12)]
+    base = int(time.time() * 1000)
+    lock = threading.Lock()
+    seq = [0]
+    floor = {r: (-1, True) for r in rows}  # highest acknowledged op per row: (n, was a delete)
+    max_del_issued = {r: -1 for r in rows}
+    stop = threading.Event()
+    errors = []
+    counts = {"slipstream": 0, "direct": 0}
+
+    def next_n():
+        with lock:
+            seq[0] += 1
+            return seq[0]
+
+    def acked(rs, n, is_delete):
+        with lock:
+            for r in rs:
+                if n > floor[r][0]:
+                    floor[r] = (n, is_delete)
+
+    def one_op(rnd_, via_slipstream):
+        n = next_n()
+        ts, val = base + n, b"%08d" % n
+        op = rnd_.random()
+        if op < 0.55:
+            r = rnd_.choice(rows)
+            if via_slipstream:
+                st.put(r, {b"cf1:v": val}, timestamp=ts)
+            else:
+                direct.put(name, r, {b"cf1:v": val}, ts=ts)
+            acked([r], n, False)
+        elif op < 0.8:
+            rs = rnd_.sample(rows, 3)
+            if via_slipstream:
+                with st.batch(timestamp=ts) as b:
+                    for r in rs:
+                        b.put(r, {b"cf1:v": val})
+            else:
+                direct.mutate_rows(name, {r: {b"cf1:v": val} for r in rs}, ts=ts)
+            acked(rs, n, False)
+        else:
+            r = rnd_.choice(rows)
+            with lock:
+                max_del_issued[r] = max(max_del_issued[r], n)
+            if via_slipstream:
+                st.delete(r, timestamp=ts)
+            else:
+                direct.delete_row(name, r, ts=ts)
+            acked([r], n, True)
+
+    def writer(rnd_, via_slipstream, key):
+        try:
+            for _ in range(600):
+                if stop.is_set():
+                    return
+                one_op(rnd_, via_slipstream)
+                counts[key] += 1
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(("writer", key, repr(e)))
+
+    threads = [threading.Thread(target=writer, args=(srnd, True, "slipstream")),
+               threading.Thread(target=writer, args=(drnd, False, "direct"))]
+    for th in threads:
+        th.start()
+    reads = 0
+    deadline = time.monotonic() + 6
+    try:
+        while time.monotonic() < deadline and any(th.is_alive() for th in threads):
+            r = rnd.choice(rows)
+            with lock:
+                before = dict(floor)
+            if rnd.random() < 0.4:
+                got = rt.row(r, columns=[b"cf1"])
+                seen = {r: int(got[b"cf1:v"])} if got else {}
+                covered = [r]
+            else:
+                i = rows.index(r)
+                lo, hi = max(0, i - rnd.randint(1, 4)), i + rnd.randint(1, 4)
+                stop_row = rows[hi] if hi < len(rows) else None
+                seen = {k: int(d[b"cf1:v"]) for k, d in rt.scan(row_start=rows[lo], row_stop=stop_row, columns=[b"cf1"])}
+                covered = rows[lo:hi]
+            with lock:
+                dels = dict(max_del_issued)
+            for k in covered:
+                n, was_delete = before[k]
+                if k in seen:
+                    if seen[k] < n:
+                        errors.append((k, seen[k], before[k]))
+                elif not was_delete and dels[k] <= n:
+                    errors.append((k, None, before[k]))  # absent, yet no delete could explain it
+            reads += 1
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(30)
+    print("reads", reads, "writes", counts)
+    assert not errors, "stale reads (row, seen, acknowledged): %r" % errors[:5]
+    assert counts["direct"] > 20 and counts["slipstream"] > 20 and reads > 50
+    # At rest the cache agrees with HBase.
+    assert list(rt.scan()) == oracle_scan_rows(oracle, name)
+    direct.close()
+    sconn.delete_table(name, disable=True)
+
+
+def test_lost_notice_channel_flushes_and_holds_writes(hbase, oracle):
+    """Slipstream stops answering notices (SIGSTOP): a direct write waits for its ACK
+    (--notify-timeout-ms, 2 s), the sidecar drops the connection and holds the write until the
+    daemon's lease (2 s) has run out, then applies it. When Slipstream runs again it serves the
+    new value (lease expired, connection lost: cache flushed), never the cached old one; then
+    caching resumes."""
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port).start()
+    try:
+        conn = connect(d)
+        name = fresh_table(conn)
+        t = conn.table(name)
+        t.put(b"r", {b"cf1:q": b"old"})
+        assert t.row(b"r") == {b"cf1:q": b"old"}
+        assert t.row(b"r") == {b"cf1:q": b"old"}  # cached
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            oracle.put(name, b"r", {b"cf1:q": b"new"})
+            held = time.monotonic() - t0
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        print("direct write held %.2f s" % held)
+        assert held >= 3.5, held  # ACK timeout + lease
+        assert t.row(b"r") == {b"cf1:q": b"new"}
+        assert list(t.scan()) == [(b"r", {b"cf1:q": b"new"})]
+        # Caching resumes on the new connection, and notices flow again.
+        assert t.row(b"r") == {b"cf1:q": b"new"}
+        oracle.put(name, b"r", {b"cf1:q": b"newer"})
+        assert t.row(b"r") == {b"cf1:q": b"newer"}
+        m = d.metrics()
+        assert "slipstream_hbase_notify_channel_up 1" in m
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()
+
+
+def _chosen(d, table):
+    out = {}
+    for l in d.metrics().splitlines():
+        if l.startswith("slipstream_hbase_strategy_chosen_total{") and ('table="%s"' % table.decode()) in l:
+            out[l.split('strategy="')[1].split('"')[0]] = float(l.split()[-1])
+    return out
+
+
+def test_adaptive_chooses_per_query_shape(hbase):
+    """strategy = "adaptive": repeated identical scans stay all-row, sliding overlapping scans
+    (another column set = another shape) move to each-row, Gets are each-row; the per-table
+    metric counts each choice."""
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
+    try:
+        conn = connect(d)
+        name = fresh_table(conn)
+        t = conn.table(name)
+        with t.batch() as b:
+            for i in range(300):
+                b.put(b"r%04d" % i, {b"cf1:a": b"x", b"cf2:b": b"y"})
+        for i in range(130):  # two windows of exact repeats
+            list(t.scan(row_start=b"r%04d" % (i % 2 * 100), row_stop=b"r%04d" % (i % 2 * 100 + 20), columns=[b"cf1"]))
+        c1 = _chosen(d, name)
+        assert c1.get("all-row", 0) >= 130 and c1.get("each-row", 0) == 0, c1
+        for i in range(130):  # sliding windows, another shape (columns cf2)
+            list(t.scan(row_start=b"r%04d" % i, row_stop=b"r%04d" % (i + 20), columns=[b"cf2"]))
+        c2 = _chosen(d, name)
+        assert c2["each-row"] >= 60, c2
+        for i in range(20):
+            t.row(b"r%04d" % i)
+        c3 = _chosen(d, name)
+        assert c3["each-row"] - c2["each-row"] >= 20, (c2, c3)
+        assert 'slipstream_hbase_strategy{strategy="adaptive"} 1' in d.metrics()
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()

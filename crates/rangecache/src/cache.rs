@@ -11,15 +11,22 @@
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
 //! contain the rows and bumps the table's version), is forwarded, then calls
-//! [`Cache::end_write`] (bumps again). A fill records the version when it starts
-//! ([`Cache::fill_ticket`]) and is dropped if the version moved or a write was in flight when it
-//! finishes, so a result read from HBase before a write can never be stored after it.
+//! [`Cache::end_write`] (bumps again). Writes by other HBase clients arrive as the
+//! RegionObserver's notices: [`Cache::notice_begin`] before HBase applies the write (same
+//! invalidation; the write waits for it) and [`Cache::notice_end`] once it is visible. A fill
+//! records the version when it starts ([`Cache::fill_ticket`]) and is dropped if the version
+//! moved or a write (of either kind) was in flight when it finishes, so a result read from HBase
+//! before a write can never be stored after it.
+//!
+//! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
+//!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
+//!   the same table state and every write invalidates both, so a shape may switch at any time.
 //!
 //! Memory: every entry's bytes count against `memory_bytes_max`; the least recently used entries
 //! are evicted first. This module does no I/O.
 
 use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -34,6 +41,8 @@ const INTERVALS_PER_TABLE_MAX: usize = 65_536;
 pub enum Strategy {
     AllRow,
     EachRow,
+    /// Per query shape (crate::adaptive).
+    Adaptive,
 }
 
 impl Strategy {
@@ -41,17 +50,17 @@ impl Strategy {
         match s {
             "all-row" | "allrow" => Ok(Strategy::AllRow),
             "each-row" | "eachrow" => Ok(Strategy::EachRow),
-            "adaptive" => Err(
-                "strategy \"adaptive\" is not implemented yet; use \"all-row\" or \"each-row\""
-                    .into(),
-            ),
-            other => Err(format!("unknown strategy {other:?} (all-row, each-row)")),
+            "adaptive" => Ok(Strategy::Adaptive),
+            other => Err(format!(
+                "unknown strategy {other:?} (all-row, each-row, adaptive)"
+            )),
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Strategy::AllRow => "all-row",
             Strategy::EachRow => "each-row",
+            Strategy::Adaptive => "adaptive",
         }
     }
 }
@@ -170,6 +179,18 @@ pub struct Stats {
     pub fills_discarded: u64,
     pub invalidations: u64,
     pub evictions: u64,
+    /// Write notices from the RegionObserver (writes by any HBase client).
+    pub notices: u64,
+    /// Queries (first pages and Gets) decided for all-row / each-row entries.
+    pub chosen_all_row: u64,
+    pub chosen_each_row: u64,
+}
+
+/// A query shape for the adaptive strategy: Get or Scan, and what is read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    get: bool,
+    spec: ReadSpec,
 }
 
 #[derive(Default)]
@@ -177,6 +198,8 @@ struct TableState {
     name: Option<Arc<[u8]>>,
     version: u64,
     writes_in_flight: u32,
+    /// BEGIN notices (by id) whose END has not arrived: their writes may not be visible yet.
+    notices_in_flight: HashSet<u32>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
@@ -185,12 +208,29 @@ struct TableState {
     stats: Stats,
     /// The table's column families, once looked up (each-row projections check against them).
     families: Option<Vec<Vec<u8>>>,
+    /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
+    shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
+}
+
+/// Shapes tracked per table; past it new shapes use all-row untracked.
+const SHAPES_PER_TABLE_MAX: usize = 1024;
+
+fn is_get(q: &QueryKey) -> bool {
+    q.stop.len() == q.start.len() + 1 && q.stop.starts_with(&q.start) && q.stop.last() == Some(&0)
 }
 
 /// Proof that a fill started at a given table version.
 #[derive(Clone, Copy, Debug)]
 pub struct FillTicket {
     version: u64,
+    each_row: bool,
+}
+
+impl FillTicket {
+    /// Does this fill store whole rows (each-row), so HBase must be asked for every column?
+    pub fn whole_rows(&self) -> bool {
+        self.each_row
+    }
 }
 
 /// The cache. Callers wrap it in a mutex; every method is short.
@@ -254,19 +294,93 @@ impl Cache {
         self.tick
     }
 
-    /// Uses each-row entries for this query shape?
-    fn uses_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
-        self.strategy == Strategy::EachRow && filter.is_empty() && each_row_servable(spec)
+    /// Could this query use each-row entries under the configured strategy?
+    pub fn may_use_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
+        self.strategy != Strategy::AllRow && filter.is_empty() && each_row_servable(spec)
     }
 
-    /// Looks a query up; counts a hit or a miss. Each-row hits need only `q.start` inside a
-    /// complete interval and return at most `rows_max` rows, with where to continue.
+    /// Uses each-row entries for this query now? (Adaptive: its shape's current choice.)
+    pub fn each_row_for(&self, table: &[u8], q: &QueryKey) -> bool {
+        if !self.may_use_each_row(&q.spec, &q.filter) {
+            return false;
+        }
+        match self.strategy {
+            Strategy::EachRow => true,
+            Strategy::AllRow => false,
+            Strategy::Adaptive => {
+                let get = is_get(q);
+                // Policy rule 2: Gets are each-row.
+                get || self
+                    .tables
+                    .get(table)
+                    .and_then(|st| {
+                        st.shapes.get(&ShapeKey {
+                            get,
+                            spec: q.spec.clone(),
+                        })
+                    })
+                    .is_some_and(|s| s.choice() == Strategy::EachRow)
+            }
+        }
+    }
+
+    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss and, in adaptive
+    /// mode, feeds the shape's statistics. Each-row hits need only `q.start` inside a complete
+    /// interval and return at most `rows_max` rows, with where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        let each = self.uses_each_row(&q.spec, &q.filter);
+        let hit = self.lookup_at(table, q, rows_max, true);
+        if self.strategy == Strategy::Adaptive
+            && !is_get(q)
+            && self.may_use_each_row(&q.spec, &q.filter)
+        {
+            let st = self.table(table);
+            let key = ShapeKey {
+                get: false,
+                spec: q.spec.clone(),
+            };
+            if st.shapes.len() < SHAPES_PER_TABLE_MAX || st.shapes.contains_key(&key) {
+                st.shapes
+                    .entry(key)
+                    .or_default()
+                    .observe(&q.start, &q.stop, hit.is_some());
+            }
+        }
+        hit
+    }
+
+    /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
+    /// query by the adaptive statistics).
+    pub fn lookup_continuation(
+        &mut self,
+        table: &[u8],
+        q: &QueryKey,
+        rows_max: usize,
+    ) -> Option<Hit> {
+        if !self.each_row_for(table, q) {
+            return None;
+        }
+        self.lookup_at(table, q, rows_max, false)
+    }
+
+    fn lookup_at(
+        &mut self,
+        table: &[u8],
+        q: &QueryKey,
+        rows_max: usize,
+        first: bool,
+    ) -> Option<Hit> {
+        let each = self.each_row_for(table, q);
         let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
         let Cache { tables, lru, .. } = self;
         let st = tables.get_mut(table)?;
+        if first {
+            if each {
+                st.stats.chosen_each_row += 1;
+            } else {
+                st.stats.chosen_all_row += 1;
+            }
+        }
         if each {
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max, tick, lru) {
                 st.stats.hits_each_row += 1;
@@ -284,16 +398,19 @@ impl Cache {
         None
     }
 
-    /// Call before reading from HBase for a fill.
-    pub fn fill_ticket(&mut self, table: &[u8]) -> FillTicket {
+    /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
+    pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
+        let each_row = self.each_row_for(table, q);
         FillTicket {
             version: self.table(table).version,
+            each_row,
         }
     }
 
     fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
         let st = self.table(table);
-        let ok = st.version == t.version && st.writes_in_flight == 0;
+        let ok =
+            st.version == t.version && st.writes_in_flight == 0 && st.notices_in_flight.is_empty();
         if ok {
             st.stats.fills += 1;
         } else {
@@ -311,11 +428,6 @@ impl Cache {
         self.table(table).families = Some(families);
     }
 
-    /// Does a fill for `spec`/`filter` want whole rows (each-row) rather than the query's own?
-    pub fn fill_wants_whole_rows(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
-        self.uses_each_row(spec, filter)
-    }
-
     /// Stores a query's result read from HBase: every row of `[q.start, continue_at)` (or of
     /// the whole query when `continue_at` is None). For each-row shapes `rows` must be whole
     /// rows (every column, newest version).
@@ -329,10 +441,19 @@ impl Cache {
         ticket: FillTicket,
     ) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
+        if self.strategy == Strategy::Adaptive && !is_get(q) {
+            let key = ShapeKey {
+                get: false,
+                spec: q.spec.clone(),
+            };
+            if let Some(s) = self.table(table).shapes.get_mut(&key) {
+                s.observe_result(rows.len());
+            }
+        }
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
             return false;
         }
-        if self.uses_each_row(&q.spec, &q.filter) {
+        if ticket.each_row {
             let stop = continue_at.unwrap_or_else(|| q.stop.clone());
             self.fill_each_row(table, &q.start, &stop, rows);
         } else {
@@ -446,12 +567,41 @@ impl Cache {
     }
 
     /// Drops everything and voids fills in flight (the path to HBase was lost: whatever
-    /// happened there meanwhile is unknown).
+    /// happened there meanwhile is unknown, and the ENDs of notices in flight will not come).
     pub fn clear_all(&mut self) {
         let names: Vec<Arc<[u8]>> = self.tables.keys().cloned().collect();
         for t in names {
-            self.table(&t).version += 1;
+            let st = self.table(&t);
+            st.version += 1;
+            st.notices_in_flight.clear();
             self.clear_table(&t);
+        }
+    }
+
+    /// The RegionObserver reports a write about to be applied to `rows` (empty = the whole
+    /// table) by any client: invalidate as [`Cache::begin_write`] does; fills stay off for the
+    /// table until [`Cache::notice_end`] with the same id.
+    pub fn notice_begin(&mut self, table: &[u8], id: u32, rows: &[Vec<u8>]) {
+        let st = self.table(table);
+        st.version += 1;
+        st.stats.notices += 1;
+        st.notices_in_flight.insert(id);
+        if rows.is_empty() {
+            self.clear_table(table);
+        } else {
+            for r in rows {
+                self.invalidate_row(table, r);
+            }
+        }
+    }
+
+    /// The write of notice `id` is visible (or failed).
+    pub fn notice_end(&mut self, id: u32) {
+        // END carries no table: the id is unique among the notices in flight.
+        for st in self.tables.values_mut() {
+            if st.notices_in_flight.remove(&id) {
+                st.version += 1;
+            }
         }
     }
 
@@ -686,7 +836,7 @@ mod tests {
     #[test]
     fn all_row_hit_then_invalidated_by_write_in_range_only() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(
             b"t",
             &q("a", "c"),
@@ -715,13 +865,13 @@ mod tests {
     #[test]
     fn fill_that_raced_a_write_is_discarded() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
         c.end_write(b"t");
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t));
         // A fill that starts while a write is in flight is dropped even if it ends before.
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
-        let t2 = c.fill_ticket(b"t");
+        let t2 = c.fill_ticket(b"t", &q("", ""));
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t2));
         c.end_write(b"t");
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
@@ -730,7 +880,7 @@ mod tests {
     #[test]
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(
             b"t",
             &q("a", "z"),
@@ -787,13 +937,56 @@ mod tests {
     #[test]
     fn clear_all_drops_entries_and_voids_fills_in_flight() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
-        let t = c.fill_ticket(b"t");
+        let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
-        let late = c.fill_ticket(b"t");
+        let late = c.fill_ticket(b"t", &q("", ""));
         c.clear_all();
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, late));
         assert_eq!(c.bytes(), 0);
+    }
+
+    /// Adaptive, through the cache: Gets are each-row; a shape whose scans repeat exactly stays
+    /// all-row; one whose ranges slide (overlapping, never repeating) moves to each-row, after
+    /// which its shifted ranges hit.
+    #[test]
+    fn adaptive_picks_each_strategy_where_the_policy_says() {
+        use crate::adaptive::WINDOW;
+        let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
+        let rows: Vec<Row> = (0..400).map(|i| row(&format!("r{i:04}"), "v")).collect();
+        let k = |i: usize| format!("r{i:04}");
+        let get = q("r0001", "r0001\0");
+        assert!(c.each_row_for(b"t", &get), "Gets are each-row");
+        let scan_fill = |c: &mut Cache, a: usize, b: usize| {
+            let qq = q(&k(a), &k(b));
+            if c.lookup(b"t", &qq, 1000).is_none() {
+                let t = c.fill_ticket(b"t", &qq);
+                let want: Vec<Row> = rows[a..b].to_vec();
+                c.fill(b"t", &qq, want, None, t);
+            }
+        };
+        for i in 0..WINDOW as usize {
+            scan_fill(&mut c, i % 3 * 100, i % 3 * 100 + 50);
+        }
+        assert!(
+            !c.each_row_for(b"t", &q(&k(0), &k(50))),
+            "exact repeats stay all-row"
+        );
+        for i in 0..WINDOW as usize {
+            scan_fill(&mut c, i * 3, i * 3 + 50);
+        }
+        assert!(
+            c.each_row_for(b"t", &q(&k(0), &k(50))),
+            "sliding ranges move to each-row"
+        );
+        // Now a sliding range inside what was filled is served from each-row entries.
+        scan_fill(&mut c, 10, 60);
+        assert!(matches!(
+            c.lookup(b"t", &q(&k(11), &k(59)), 1000),
+            Some(Hit::Assembled(r, None)) if r.len() == 48
+        ));
+        let st = c.table_stats()[0].1;
+        assert!(st.chosen_all_row > 0 && st.chosen_each_row > 0, "{st:?}");
     }
 
     #[test]
@@ -819,7 +1012,7 @@ mod tests {
         let mut c = Cache::new(Strategy::AllRow, 4000);
         for i in 0..50 {
             let k = format!("k{i:02}");
-            let t = c.fill_ticket(b"t");
+            let t = c.fill_ticket(b"t", &q("", ""));
             c.fill(b"t", &q(&k, &format!("{k}\0")), vec![row(&k, "v")], None, t);
             // Keep k00 hot.
             c.lookup(b"t", &q("k00", "k00\0"), 100);

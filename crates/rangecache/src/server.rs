@@ -24,10 +24,14 @@ pub struct HbaseConfig {
     pub sidecar: String,
     /// Cache budget.
     pub memory_mb: usize,
-    /// "all-row" or "each-row" ("adaptive" is not implemented yet).
+    /// "all-row", "each-row" or "adaptive" (per query shape; crate::adaptive has the policy).
     pub strategy: String,
     /// Deadline for one sidecar call; past it the client gets IOError.
     pub timeout_ms: u64,
+    /// The cache serves only within this long of the sidecar's last answer (a PING every
+    /// quarter keeps it up); the sidecar holds writes this long after dropping an unresponsive
+    /// Slipstream, so writes by other clients are never missed.
+    pub lease_ms: u64,
     pub connections_max: usize,
     pub scanners_max: usize,
     /// Largest Thrift message (or frame) accepted from a client.
@@ -43,6 +47,7 @@ impl Default for HbaseConfig {
             memory_mb: 256,
             strategy: "all-row".into(),
             timeout_ms: 15_000,
+            lease_ms: 2_000,
             connections_max: 256,
             scanners_max: 10_000,
             message_bytes_max: 16 << 20,
@@ -58,6 +63,7 @@ pub struct Settings {
     pub memory_bytes_max: usize,
     pub strategy: Strategy,
     pub timeout: Duration,
+    pub lease: Duration,
     pub connections_max: usize,
     pub scanners_max: usize,
     pub message_bytes_max: usize,
@@ -76,6 +82,9 @@ impl HbaseConfig {
         if self.memory_mb == 0 {
             return Err("memory_mb must be at least 1".into());
         }
+        if !(100..=60_000).contains(&self.lease_ms) {
+            return Err("lease_ms must be between 100 and 60000".into());
+        }
         if self.timeout_ms == 0 || self.connections_max == 0 || self.scanners_max == 0 {
             return Err("timeout_ms, connections_max and scanners_max must be positive".into());
         }
@@ -88,6 +97,7 @@ impl HbaseConfig {
             memory_bytes_max: self.memory_mb.saturating_mul(1 << 20),
             strategy,
             timeout: Duration::from_millis(self.timeout_ms),
+            lease: Duration::from_millis(self.lease_ms),
             connections_max: self.connections_max,
             scanners_max: self.scanners_max,
             message_bytes_max: self.message_bytes_max,
@@ -110,13 +120,15 @@ impl HbaseService {
         // The one rule every Slipstream port is opened by (exclusive to this process); this
         // service accepts with blocking calls on its own thread.
         let kind = slipstream_bind::Kind::Tcp { backlog: 1024 };
-        let socket = slipstream_bind::bind_one(kind, settings.thrift_addr, &|_| Ok(())).map_err(|e| e.source)?;
+        let socket = slipstream_bind::bind_one(kind, settings.thrift_addr, &|_| Ok(()))
+            .map_err(|e| e.source)?;
         socket.set_nonblocking(false)?;
         let listener: TcpListener = socket.into();
         let local_addr = listener.local_addr()?;
-        let sidecar = SidecarClient::new(settings.sidecar_addr, settings.timeout);
+        let sidecar = SidecarClient::new(settings.sidecar_addr, settings.timeout, settings.lease);
         let cache = Cache::new(settings.strategy, settings.memory_bytes_max);
         let state = Arc::new(RangeCache::new(sidecar, cache, settings.scanners_max));
+        state.attach()?;
         let connections = Arc::new(AtomicUsize::new(0));
         let (st, conns, max, msg_max) = (
             state.clone(),
@@ -219,6 +231,21 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
         "Open Thrift client connections",
     );
     let _ = writeln!(out, "slipstream_hbase_connections {connections}");
+    let (lease, observer) = state.channel();
+    metric(
+        out,
+        "notify_channel_up",
+        "gauge",
+        "1 while subscribed to write notices within the lease (else the cache is bypassed)",
+    );
+    let _ = writeln!(out, "slipstream_hbase_notify_channel_up {}", lease as u8);
+    metric(
+        out,
+        "observer_loaded",
+        "gauge",
+        "1 if the sidecar reports the RegionObserver (writes by other HBase clients are covered)",
+    );
+    let _ = writeln!(out, "slipstream_hbase_observer_loaded {}", observer as u8);
     let c = state.cache();
     metric(out, "cache_bytes", "gauge", "Bytes held by the range cache");
     let _ = writeln!(out, "slipstream_hbase_cache_bytes {}", c.bytes());
@@ -230,7 +257,7 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     );
     let tables = c.table_stats();
     type Pick = fn(&crate::cache::Stats) -> u64;
-    let per_table: [(&str, &str, Pick); 7] = [
+    let per_table: [(&str, &str, Pick); 8] = [
         (
             "all_row_hits_total",
             "Queries answered from all-row entries",
@@ -258,6 +285,11 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
             "Entries evicted by the memory limit",
             |s| s.evictions,
         ),
+        (
+            "notices_total",
+            "Write notices from the RegionObserver (writes by any HBase client)",
+            |s| s.notices,
+        ),
     ];
     for (name, help, pick) in per_table {
         metric(out, name, "counter", help);
@@ -267,6 +299,24 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
                 "slipstream_hbase_{name}{{table=\"{}\"}} {}",
                 label(t),
                 pick(st)
+            );
+        }
+    }
+    metric(
+        out,
+        "strategy_chosen_total",
+        "counter",
+        "Gets and scans (first pages) decided for all-row or each-row entries, per table",
+    );
+    for (t, st, _) in &tables {
+        for (name, v) in [
+            ("all-row", st.chosen_all_row),
+            ("each-row", st.chosen_each_row),
+        ] {
+            let _ = writeln!(
+                out,
+                "slipstream_hbase_strategy_chosen_total{{table=\"{}\",strategy=\"{name}\"}} {v}",
+                label(t)
             );
         }
     }
@@ -289,11 +339,16 @@ mod tests {
         let d = HbaseConfig::default().validate().unwrap();
         assert_eq!(d.thrift_addr.port(), 9090);
         assert_eq!(d.strategy, Strategy::AllRow);
-        let bad = HbaseConfig {
+        let a = HbaseConfig {
             strategy: "adaptive".into(),
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("not implemented"));
+        assert_eq!(a.validate().unwrap().strategy, Strategy::Adaptive);
+        let bad = HbaseConfig {
+            strategy: "sometimes".into(),
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("unknown strategy"));
         let bad = HbaseConfig {
             sidecar: "nope".into(),
             ..Default::default()

@@ -6,6 +6,7 @@
 use serde::Deserialize;
 use slipstream_stream::config::ResultsConfig;
 use slipstream_stream::StreamConfig;
+use slipstream_replication::cluster::ClusterSpec;
 use slipstream_tenancy::{ShapingSpec, TenantSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -92,6 +93,8 @@ pub struct Config {
     pub shaping: ShapingSpec,
     /// `[[tenant]]` entries; empty = single-tenant mode on -p/-U.
     pub tenants: Vec<TenantSpec>,
+    /// `[cluster]` (issue 15): this node's place in a replication cluster; None = standalone.
+    pub cluster: Option<ClusterSpec>,
     /// `[results]` (where stream results go); used only with streams.
     pub results: ResultsConfig,
     /// `[[stream]]` entries; empty = no stream offload.
@@ -129,6 +132,7 @@ impl Default for Config {
             admin_token: None,
             shaping: ShapingSpec::default(),
             tenants: Vec::new(),
+            cluster: None,
             results: ResultsConfig::default(),
             streams: Vec::new(),
             user: None,
@@ -150,6 +154,44 @@ struct FileConfig {
     #[serde(default)]
     stream: Vec<FileStream>,
     hbase: Option<slipstream_rangecache::HbaseConfig>,
+    cluster: Option<FileCluster>,
+}
+
+/// `[cluster]` as written (checked by slipstream_replication::cluster).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileCluster {
+    node_id: u64,
+    peers: Vec<String>,
+    data_dir: String,
+    #[serde(default = "default_fsync")]
+    fsync: String,
+}
+
+fn default_fsync() -> String {
+    "always".into()
+}
+
+/// Check `[cluster]` and every tenant's `replicas`/`preferred_leader` against it. Replicated
+/// tenants are refused for now: the request path does not replicate yet (docs/replication.md),
+/// and serving such a tenant unreplicated would be a silent loss of the promise.
+fn check_cluster(cluster: Option<FileCluster>, tenants: &[TenantSpec]) -> Result<Option<ClusterSpec>, String> {
+    let spec = match cluster {
+        Some(c) => Some(ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync).map_err(|e| format!("[cluster]: {e}"))?),
+        None => None,
+    };
+    for t in tenants {
+        let replicas = t.replicas.unwrap_or(1);
+        ClusterSpec::check_tenant(spec.as_ref(), replicas, t.preferred_leader)
+            .map_err(|e| format!("[[tenant]] {:?}: {e}", t.name))?;
+        if replicas > 1 {
+            return Err(format!(
+                "[[tenant]] {:?}: replicas {replicas}: replicated tenants are not served by this build yet (docs/replication.md)",
+                t.name
+            ));
+        }
+    }
+    Ok(spec)
 }
 
 #[derive(Debug, Deserialize)]
@@ -451,6 +493,8 @@ impl Config {
                 .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[tenant]]: {e}") })?;
             self.tenants = file.tenant;
         }
+        self.cluster = check_cluster(file.cluster, &self.tenants)
+            .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
         if self.hbase.is_some() && !self.tenants.is_empty() {
             return Err(ConfigError::File { path: path.to_string(), message: "[hbase] does not run with [[tenant]] yet".into() });
         }
@@ -640,6 +684,53 @@ mod tests {
         std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\nwindw_ms = 5\n").unwrap();
         assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cluster_section_and_replica_keys_are_checked() {
+        let cluster = |fsync: &str| FileCluster {
+            node_id: 1,
+            peers: vec!["1=127.0.0.1:13001".into(), "2=127.0.0.1:13002".into(), "3=127.0.0.1:13003".into()],
+            data_dir: "/var/lib/slipstream".into(),
+            fsync: fsync.into(),
+        };
+        let file: FileConfig = toml::from_str(
+            "[cluster]\nnode_id = 1\npeers = [\"1=127.0.0.1:13001\", \"2=127.0.0.1:13002\", \"3=127.0.0.1:13003\"]\n\
+             data_dir = \"/var/lib/slipstream\"\nfsync = \"batch\"\n\
+             [[tenant]]\nname = \"t0\"\ntcp_port = 12000\nshare = 0.5\nreplicas = 3\npreferred_leader = 1\n",
+        )
+        .unwrap();
+        assert_eq!(file.tenant[0].replicas, Some(3));
+        assert_eq!(file.tenant[0].preferred_leader, Some(1));
+        // Parsed and checked, but refused: the request path does not replicate yet.
+        let e = check_cluster(file.cluster, &file.tenant).unwrap_err();
+        assert!(e.contains("not served by this build yet"), "{e}");
+        let mut one = file.tenant.clone();
+        one[0].replicas = Some(1);
+        one[0].preferred_leader = None;
+        let spec = check_cluster(Some(cluster("batch")), &one).unwrap().unwrap();
+        assert_eq!((spec.node_id, spec.peers.len()), (1, 3));
+        let e = check_cluster(Some(cluster("sometimes")), &one).unwrap_err();
+        assert!(e.starts_with("[cluster]: fsync"), "{e}");
+        let mut bad = file.tenant.clone();
+        bad[0].replicas = Some(5);
+        let e = check_cluster(Some(cluster("always")), &bad).unwrap_err();
+        assert!(e.contains("replicas 5: must be 1..=3"), "{e}");
+        bad[0].replicas = Some(3);
+        bad[0].preferred_leader = Some(4);
+        assert!(check_cluster(Some(cluster("always")), &bad).unwrap_err().contains("preferred_leader 4"));
+        bad[0].preferred_leader = None;
+        assert!(check_cluster(None, &bad).unwrap_err().contains("[cluster]"));
+        let dir = std::env::temp_dir().join(format!("slipstream-cfg-cluster-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("node.toml");
+        std::fs::write(&f, "[cluster]\nnode_id = 2\npeers = [\"1=127.0.0.1:1\", \"2=127.0.0.1:2\"]\ndata_dir = \"/d\"\n").unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.cluster.map(|c| (c.node_id, c.fsync)), Some((2, slipstream_replication::FsyncMode::Always)));
+        std::fs::write(&f, "[cluster]\nnode_id = 2\npeers = [\"1=127.0.0.1:1\"]\ndata_dir = \"/d\"\n").unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("node_id 2 is not in peers"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

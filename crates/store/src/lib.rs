@@ -1149,6 +1149,101 @@ impl Store {
     }
 }
 
+/// One live item as a replication snapshot carries it: the expiry as an absolute Unix time,
+/// so a replica whose clock started at another moment restores the same deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemExport<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    pub flags: u32,
+    pub cas: u64,
+    /// Absolute Unix second the item expires at; 0 = never.
+    pub exptime_unix_s: i64,
+    /// Marked stale by `md I` / `ms I`.
+    pub stale: bool,
+    /// Stored under a base64 key (`ms ... b`).
+    pub key_binary: bool,
+}
+
+/// Replication support (slipstream-replication): a replicated tenant's store is changed only
+/// by applying committed log entries, so every replica must assign the same CAS values and a
+/// snapshot must carry the items exactly. Not for the request path of unreplicated tenants.
+impl Store {
+    /// Make the next CAS handed out `cas_last + 1`. A replicated store sets this from the log
+    /// index before applying each entry, so all replicas give an entry the same CAS. Only for
+    /// stores whose every mutation comes from the log (a local write in between would reuse
+    /// a value).
+    pub fn set_cas_last(&self, cas_last: u64) {
+        self.cas_last.0.store(cas_last, Ordering::Relaxed);
+    }
+
+    /// The last CAS value handed out.
+    pub fn cas_last(&self) -> u64 {
+        self.cas_last.0.load(Ordering::Relaxed)
+    }
+
+    /// Call `f` for every live item (expired and flushed ones skipped), shard by shard with
+    /// that shard's lock held: do no I/O and do not call back into the store inside `f`.
+    /// Order is unspecified. Reads do not count as fetches.
+    pub fn export(&self, mut f: impl FnMut(ItemExport<'_>)) {
+        for i in 0..self.shards.len() {
+            let t = self.now();
+            let started = self.clock.started_unix_s();
+            let sh = self.lock(i);
+            for idx in sh.linked() {
+                let e = &sh.entries[idx as usize];
+                if t.is_flushed(e) || t.is_expired(e) {
+                    continue;
+                }
+                f(ItemExport {
+                    key: e.key(),
+                    value: e.value(),
+                    flags: e.flags,
+                    cas: e.cas,
+                    exptime_unix_s: if e.exptime == 0 { 0 } else { started + i64::from(e.exptime) },
+                    stale: e.bits & STALE != 0,
+                    key_binary: e.bits & KEY_BINARY != 0,
+                });
+            }
+        }
+    }
+
+    /// Store an exported item exactly (CAS, flags, absolute expiry, stale and base64-key
+    /// marks), replacing any item under its key. Evicts as a `set` would when memory is short.
+    pub fn import(&self, item: &ItemExport<'_>) -> StoreResult {
+        if !self.fits_limits(item.key.len(), item.value.len(), item.flags) {
+            return StoreResult::TooLarge;
+        }
+        let h = hash_key(item.key);
+        let tag = h as u32;
+        let si = self.shard_index(h);
+        let mut guard = self.lock(si);
+        let sh = &mut *guard;
+        let t = self.now();
+        let existing = sh.find(item.key, tag);
+        // An absolute time at or before the clock's start reads as already expired (1).
+        let exp = if item.exptime_unix_s == 0 {
+            0
+        } else {
+            self.realtime(item.exptime_unix_s.max(REALTIME_MAXDELTA_S + 1), t.now)
+        };
+        let bits = if item.stale { STALE } else { 0 } | if item.key_binary { KEY_BINARY } else { 0 };
+        let cas = if self.config.cas_enabled { item.cas } else { 0 };
+        self.put(si, sh, existing, item.key, tag, item.value, item.flags, exp, cas, bits, &t)
+    }
+
+    /// Remove every item (kernel copies invalidated first): a replica about to restore a
+    /// snapshot. Counters are kept; the flush state is left as it is.
+    pub fn clear(&self) {
+        for i in 0..self.shards.len() {
+            let mut sh = self.lock(i);
+            for idx in sh.linked() {
+                sh.remove(idx, &self.used_bytes.0);
+            }
+        }
+    }
+}
+
 /// Seconds until `exptime`; -1 for never (what `mg t` prints), never below 0 otherwise.
 #[inline]
 fn ttl_remaining(exptime: u32, now: u32) -> i64 {

@@ -345,6 +345,17 @@ impl Shard {
         idx
     }
 
+    /// Slots of all linked items (live, expired or flushed), most recently used first.
+    pub(crate) fn linked(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.items as usize);
+        let mut i = self.head;
+        while i != NIL && out.len() < self.entries.len() {
+            out.push(i);
+            i = self.entries[i as usize].next;
+        }
+        out
+    }
+
     /// Unlink an item from index and LRU, free its memory and give its charge back.
     pub(crate) fn remove(&mut self, idx: u32, used: &AtomicUsize) {
         self.lru_unlink(idx);

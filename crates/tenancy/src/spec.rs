@@ -65,6 +65,13 @@ pub struct TenantSpec {
     pub burst_bytes: u64,
     #[serde(default = "default_max_outstanding")]
     pub max_outstanding: u32,
+    /// Nodes holding the tenant's data (issue 15; absent = 1, today's unreplicated tenant).
+    /// Checked against `[cluster]` by the daemon's config (slipstream_replication::cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u64>,
+    /// Node id that should lead the tenant's replication group while it is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_leader: Option<u64>,
 }
 
 /// `PUT /tenants/{name}` on an existing tenant: the fields to change.
@@ -116,6 +123,11 @@ impl TenantSpec {
     pub fn from_json(body: &[u8]) -> Result<TenantSpec, SpecError> {
         let spec: TenantSpec = parse_json(body)?;
         spec.validate()?;
+        if spec.replicas.unwrap_or(1) != 1 || spec.preferred_leader.is_some() {
+            // Replication groups are set up from the config file at start (issue 15); a
+            // tenant created here would silently be unreplicated.
+            return Err(SpecError::Field("replicas", "replicated tenants cannot be created at run time yet".into()));
+        }
         Ok(spec)
     }
 

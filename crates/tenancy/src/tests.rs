@@ -446,6 +446,8 @@ fn spec(name: &str, tcp: u16, udp: Option<u16>, share: f64) -> TenantSpec {
         ingress_share: None,
         burst_bytes: 65_536,
         max_outstanding: 64,
+        replicas: None,
+        preferred_leader: None,
     }
 }
 
@@ -487,6 +489,10 @@ fn spec_json_refuses_unknown_fields_bad_types_and_oversize() {
     assert!(matches!(&e, SpecError::Json(m) if m.contains("missing field `name`")), "{e}");
     let e = TenantSpec::from_json(b"not json").unwrap_err();
     assert!(e.to_string().starts_with("bad JSON"), "{e}");
+    // Replication groups come from the config file at start; not created at run time yet.
+    let e = TenantSpec::from_json(br#"{"name":"t0","tcp_port":1,"share":0.5,"replicas":3}"#).unwrap_err();
+    assert!(matches!(&e, SpecError::Field("replicas", _)), "{e}");
+    assert!(TenantSpec::from_json(br#"{"name":"t0","tcp_port":1,"share":0.5,"replicas":1}"#).is_ok());
     let mut big = br#"{"name":"t0","tcp_port":1,"share":0.5}"#.to_vec();
     big.resize(JSON_BYTES_MAX + 1, b' ');
     let e = TenantSpec::from_json(&big).unwrap_err();

@@ -23,6 +23,15 @@ pub mod op {
     pub const MUTATE: u8 = 0x12;
     pub const DELETE: u8 = 0x13;
     pub const INCREMENT: u8 = 0x14;
+    /// Asks for invalidation notices on this connection (payload: i32 lease_ms).
+    pub const SUBSCRIBE: u8 = 0x20;
+    /// Acknowledges a BEGIN notice (id = the notice's id); no answer.
+    pub const NOTICE_ACK: u8 = 0x21;
+
+    /// Operations that change nothing (safe to send again after a lost connection).
+    pub fn is_read(op: u8) -> bool {
+        matches!(op, PING | LIST_TABLES | DESCRIBE | IS_ENABLED | GET | SCAN)
+    }
 }
 
 /// Response status codes.
@@ -32,6 +41,45 @@ pub mod status {
     pub const ILLEGAL_ARGUMENT: u8 = 0x02;
     pub const ALREADY_EXISTS: u8 = 0x03;
     pub const PROTOCOL: u8 = 0x04;
+    /// Not an answer: an invalidation notice started by the sidecar (id = the notice's id).
+    pub const NOTICE: u8 = 0x10;
+}
+
+/// What a notice announces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// A write to `rows` (empty = the whole table) is about to be applied; ACK once invalidated.
+    Begin,
+    /// The write announced by the BEGIN with this id is visible (or failed).
+    End,
+}
+
+/// An invalidation notice from the RegionObserver, relayed by the sidecar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub id: u32,
+    pub kind: NoticeKind,
+    pub table: Vec<u8>,
+    pub rows: Vec<Vec<u8>>,
+}
+
+/// Decodes a NOTICE frame's payload: `u8 kind`, `bytes table`, `list<bytes> rows`.
+pub fn parse_notice(id: u32, payload: &[u8]) -> Result<Notice, SidecarError> {
+    let mut d = Decoder::new(payload);
+    let kind = match d.u8()? {
+        1 => NoticeKind::Begin,
+        2 => NoticeKind::End,
+        k => return Err(SidecarError::Protocol(format!("unknown notice kind {k}"))),
+    };
+    let table = d.bytes()?;
+    let rows = d.bytes_list()?;
+    d.end()?;
+    Ok(Notice {
+        id,
+        kind,
+        table,
+        rows,
+    })
 }
 
 /// "No timestamp given": HBase's LATEST_TIMESTAMP.
@@ -379,6 +427,23 @@ pub fn status_error(status: u8, payload: &[u8]) -> SidecarError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notices_decode_and_reject_unknown_kinds() {
+        let mut e = Encoder::new(9, status::NOTICE);
+        e.u8(1)
+            .bytes(b"t")
+            .bytes_list(&[b"r1".to_vec(), b"r2".to_vec()]);
+        let f = e.finish().unwrap();
+        let resp = parse_response(&f[4..]).unwrap();
+        assert_eq!(resp.status, status::NOTICE);
+        let n = parse_notice(resp.id, resp.payload).unwrap();
+        assert_eq!((n.id, n.kind, n.rows.len()), (9, NoticeKind::Begin, 2));
+        let mut e = Encoder::new(9, status::NOTICE);
+        e.u8(7).bytes(b"t").bytes_list(&[]);
+        let f = e.finish().unwrap();
+        assert!(parse_notice(9, &f[9..]).is_err());
+    }
 
     #[test]
     fn frame_header_and_length() {

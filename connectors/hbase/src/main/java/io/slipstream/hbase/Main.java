@@ -13,9 +13,11 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
 /**
  * Entry point. Two modes:
  * <ul>
- *   <li>{@code mini [--sidecar-port N] [--dir D]}: an in-process HBase mini cluster (ZooKeeper +
- *       master + one region server on the local filesystem) and the sidecar in the same JVM, for
- *       tests, examples and {@code make hbase-run};</li>
+ *   <li>{@code mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS]}: an in-process HBase
+ *       mini cluster (ZooKeeper + master + one region server on the local filesystem, with
+ *       {@link InvalidationObserver} on every table) and the sidecar in the same JVM, for tests,
+ *       examples and {@code make hbase-run}; MS (default 2000) is how long a write waits for
+ *       Slipstream's invalidation ACK;</li>
  *   <li>{@code sidecar --zk host:port [--port N]}: the sidecar alone, in front of a real cluster.</li>
  * </ul>
  * When ready it prints one line on stdout: {@code READY sidecar=PORT zk=HOST:PORT start_ms=T
@@ -36,6 +38,7 @@ public final class Main {
         case "--sidecar-port", "--port" -> sidecarPort = Integer.parseInt(args[++i]);
         case "--zk" -> zk = args[++i];
         case "--dir" -> dir = args[++i];
+        case "--notify-timeout-ms" -> Invalidations.HUB.setAckTimeoutMs(Integer.parseInt(args[++i]));
         default -> usage();
       }
     }
@@ -106,6 +109,9 @@ public final class Main {
     conf.setInt("hbase.master.info.port", -1);
     conf.setInt("hbase.regionserver.info.port", -1);
     conf.setInt("hbase.regionserver.handler.count", 8);
+    // Every table's regions report writes to Slipstream before they are acknowledged (also
+    // writes from other HBase clients): see InvalidationObserver.
+    conf.set("hbase.coprocessor.region.classes", InvalidationObserver.class.getName());
     HBaseTestingUtility util = new HBaseTestingUtility(conf);
     util.startMiniZKCluster();
     util.startMiniHBaseCluster(StartMiniClusterOption.builder()
@@ -114,7 +120,7 @@ public final class Main {
   }
 
   private static void usage() {
-    System.err.println("usage: Main mini [--sidecar-port N] [--dir D]\n"
+    System.err.println("usage: Main mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS]\n"
         + "       Main sidecar --zk host:port [--port N]");
     System.exit(2);
   }

@@ -45,6 +45,8 @@ import org.apache.hadoop.hbase.regionserver.BloomType;
 public final class Sidecar implements AutoCloseable {
   /** Requests served at once; more wait in the pool's queue. */
   private static final int WORKERS = 16;
+  /** How long SUBSCRIBE waits for writes that began before it to end. */
+  private static final long SUBSCRIBE_WAIT_MS = 10_000;
 
   private final Connection hbase;
   private final ServerSocket listener;
@@ -83,6 +85,7 @@ public final class Sidecar implements AutoCloseable {
 
   /** One connection: read frames, run each on the pool, write answers under the stream's lock. */
   private void serve(Socket s) {
+    Sub sub = null;
     try (s) {
       DataInputStream in = Wire.data(new java.io.BufferedInputStream(s.getInputStream(), 1 << 16));
       OutputStream out = new BufferedOutputStream(s.getOutputStream(), 1 << 16);
@@ -96,12 +99,93 @@ public final class Sidecar implements AutoCloseable {
           return;
         }
         if (f == null) return;
+        // PING, SUBSCRIBE and NOTICE_ACK are answered here, never queued behind HBase calls: a
+        // write in the region server may be waiting for exactly this ACK, and PINGs keep the
+        // daemon's lease (its permission to serve from its cache) alive.
+        if (f.code() == Wire.OP_NOTICE_ACK) {
+          if (sub != null) Invalidations.HUB.ack(sub, f.id());
+          continue;
+        }
         inFlight.incrementAndGet();
-        pool.execute(() -> send(out, answer(f), inFlight));
+        if (f.code() == Wire.OP_PING) {
+          send(out, answer(f), inFlight);
+        } else if (f.code() == Wire.OP_SUBSCRIBE) {
+          Wire.Reader r = new Wire.Reader(f.payload());
+          try {
+            int leaseMs = r.i32();
+            r.end();
+            if (leaseMs < 1 || leaseMs > Invalidations.LEASE_MS_MAX) {
+              throw new Wire.ProtocolException("lease_ms out of range: " + leaseMs);
+            }
+            if (sub == null) {
+              Sub candidate = new Sub(s, out, leaseMs);
+              if (!Invalidations.HUB.subscribe(candidate, SUBSCRIBE_WAIT_MS)) {
+                send(out, new Wire.Writer(f.id(), Wire.ST_IO_ERROR)
+                    .str("writes in progress did not finish; subscribe again").bool(true).finish(), inFlight);
+                continue;
+              }
+              sub = candidate;
+            }
+            send(out, new Wire.Writer(f.id(), Wire.ST_OK)
+                .bool(Invalidations.HUB.isObserverLoaded()).finish(), inFlight);
+          } catch (Wire.ProtocolException e) {
+            send(out, new Wire.Writer(f.id(), Wire.ST_PROTOCOL).str(e.getMessage()).finish(), inFlight);
+            return;
+          }
+        } else {
+          pool.execute(() -> send(out, answer(f), inFlight));
+        }
       }
     } catch (IOException e) {
       // The peer went away; nothing to answer.
+    } finally {
+      // The daemon closed the connection (or it broke after the hub closed it).
+      if (sub != null) Invalidations.HUB.drop(sub, false);
     }
+  }
+
+  /** A subscribed Slipstream connection: notices are written under the stream's lock. */
+  private static final class Sub implements Invalidations.Subscriber {
+    private final Socket socket;
+    private final OutputStream out;
+    private final int leaseMs;
+
+    Sub(Socket socket, OutputStream out, int leaseMs) {
+      this.socket = socket;
+      this.out = out;
+      this.leaseMs = leaseMs;
+    }
+
+    @Override
+    public boolean send(byte[] frame) {
+      synchronized (out) {
+        try {
+          out.write(frame);
+          out.flush();
+          return true;
+        } catch (IOException e) {
+          return false;
+        }
+      }
+    }
+
+    @Override
+    public void close() {
+      try {
+        socket.shutdownInput();
+        socket.shutdownOutput();
+      } catch (IOException e) {
+        // Already closed.
+      }
+      try {
+        socket.close();
+      } catch (IOException e) {
+        // Already closed.
+      }
+    }
+
+    @Override
+    public int leaseMs() { return leaseMs; }
   }
 
   private static void send(OutputStream out, byte[] frame, AtomicInteger inFlight) {

@@ -21,10 +21,14 @@ public final class Wire {
   public static final int OP_PING = 0x01, OP_LIST_TABLES = 0x02, OP_DESCRIBE = 0x03,
       OP_CREATE_TABLE = 0x04, OP_DELETE_TABLE = 0x05, OP_ENABLE_TABLE = 0x06,
       OP_DISABLE_TABLE = 0x07, OP_IS_ENABLED = 0x08, OP_GET = 0x10, OP_SCAN = 0x11,
-      OP_MUTATE = 0x12, OP_DELETE = 0x13, OP_INCREMENT = 0x14;
+      OP_MUTATE = 0x12, OP_DELETE = 0x13, OP_INCREMENT = 0x14, OP_SUBSCRIBE = 0x20,
+      OP_NOTICE_ACK = 0x21;
   // Statuses.
   public static final int ST_OK = 0x00, ST_IO_ERROR = 0x01, ST_ILLEGAL_ARGUMENT = 0x02,
       ST_ALREADY_EXISTS = 0x03, ST_PROTOCOL = 0x04;
+  /** Sidecar-initiated invalidation notice (not an answer; the id is the notice's own). */
+  public static final int ST_NOTICE = 0x10;
+  public static final int NOTICE_BEGIN = 1, NOTICE_END = 2;
 
   /** A frame that breaks the spec; the connection is closed after answering it. */
   public static final class ProtocolException extends Exception {

@@ -1,0 +1,127 @@
+"""HBase range cache with a fast client (issue 16's benchmark, cached figures): the Rust
+closed-loop load generator (crates/rangecache/examples/thrift_load.rs, N connections, HDR
+p50/p99) against
+
+  direct     the JVM sidecar straight (HBase's native client; no Slipstream, no Thrift, no cache)
+  miss       Slipstream, scans starting anywhere (all-row: nearly every query new)
+  hit        Slipstream, 64 fixed scan starts / 256 fixed Get rows, warmed first
+             for the strategies all-row, each-row and adaptive
+  sweep      hits vs scan range 1..100 rows, all-row and each-row (the paper's Fig. 11)
+
+Same mini cluster, same data (KEYS rows x 4 columns x 32 B), same Thrift calls as happybase
+(scannerOpenWithStop + scannerGetList + scannerClose; getRow). Prints a table and, if matplotlib
+is installed, writes docs/img/hbase_scan_range.png. Starts and kills its own mini cluster.
+Usage: SLIPSTREAM_BIN=target/release/slipstream python3 bench/hbase_load_bench.py
+(build first: cargo build --release -p slipstream -p slipstream-rangecache --examples)
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import hbaselib  # noqa: E402
+
+LOAD = os.path.join(ROOT, "target", "release", "examples", "thrift_load")
+KEYS = int(os.environ.get("KEYS", "20000"))
+CONNS = int(os.environ.get("CONNS", "4"))
+SECS = float(os.environ.get("SECS", "4"))
+SWEEP = [1, 10, 25, 50, 100]
+
+
+def run(addr, *args, secs=SECS):
+    cmd = [LOAD, "--addr", addr, "--conns", str(CONNS), "--secs", str(secs), "--keys", str(KEYS)] + list(args)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
+    if out.returncode != 0:
+        raise RuntimeError("%s: %s" % (" ".join(cmd), out.stderr[-2000:]))
+    if secs <= 0:
+        return {}
+    line = out.stdout.strip().splitlines()[-1]
+    return dict(kv.split("=", 1) for kv in line.split())
+
+
+def hit_ratio(d):
+    m = d.metrics()
+    tot = {}
+    for name in ("all_row_hits_total", "each_row_hits_total", "misses_total"):
+        tot[name] = sum(float(l.split()[-1]) for l in m.splitlines() if l.startswith("slipstream_hbase_%s{" % name))
+    hits = tot["all_row_hits_total"] + tot["each_row_hits_total"]
+    return hits / max(1.0, hits + tot["misses_total"])
+
+
+def fmt(name, r, extra=""):
+    return "| %s | %s | %s | %s | %s | %s |" % (name, r["ops_per_s"], r["rows_per_op"], r["p50_us"], r["p99_us"], extra)
+
+
+def main():
+    m = hbaselib.MiniHBase().start()
+    print("mini cluster: start %.1f s, RSS %s MB; %d CPUs, load average %s" % (
+        int(m.info["start_ms"]) / 1000, m.rss_mb(), os.cpu_count(), open("/proc/loadavg").read().split()[:3]))
+    daemons = {}
+    lines = []
+    sweep = {}
+    try:
+        for s in ("all-row", "each-row", "adaptive"):
+            daemons[s] = hbaselib.HbaseDaemon(m.sidecar_port, strategy=s, memory_mb=512).start()
+        side = "127.0.0.1:%d" % m.sidecar_port
+        thrift = {s: "127.0.0.1:%d" % d.thrift_port for s, d in daemons.items()}
+        t0 = time.time()
+        run(thrift["all-row"], "--load", secs=0)
+        print("loaded %d rows in %.1f s" % (KEYS, time.time() - t0))
+        run(side, "--target", "sidecar", "--op", "scan", "--starts", "64", secs=2)  # warm the JVM
+        run(side, "--target", "sidecar", "--op", "get", "--starts", "256", secs=1)
+        lines.append(fmt("scan100 HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "scan", "--starts", "64")))
+        lines.append(fmt("get HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "get", "--starts", "256")))
+        for s, addr in thrift.items():
+            d = daemons[s]
+            r = run(addr, "--op", "scan", "--starts", "0")
+            lines.append(fmt("scan100 Slipstream miss path (%s, random starts)" % s, r, "hit ratio %.2f" % hit_ratio(d)))
+            run(addr, "--op", "scan", "--starts", "64", secs=1)  # warm
+            lines.append(fmt("scan100 Slipstream hits (%s, 64 starts)" % s, run(addr, "--op", "scan", "--starts", "64"), "hit ratio %.2f" % hit_ratio(d)))
+            run(addr, "--op", "get", "--starts", "256", secs=1)
+            lines.append(fmt("get Slipstream hits (%s, 256 rows)" % s, run(addr, "--op", "get", "--starts", "256")))
+        for s in ("all-row", "each-row"):
+            for rows in SWEEP:
+                run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=0.5)
+                r = run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=2)
+                sweep[(s, rows)] = float(r["ops_per_s"])
+    finally:
+        for d in daemons.values():
+            d.stop()
+        m.stop()
+    print("| what | ops/s | rows/op | p50 µs | p99 µs | note |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    for l in lines:
+        print(l)
+    print()
+    print("| scan rows | " + " | ".join(str(r) for r in SWEEP) + " |")
+    print("| --- |" + " ---: |" * len(SWEEP))
+    for s in ("all-row", "each-row"):
+        print("| %s scans/s | " % s + " | ".join("%.0f" % sweep[(s, r)] for r in SWEEP) + " |")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return
+    os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
+    plt.figure(figsize=(6, 4))
+    for s in ("all-row", "each-row"):
+        plt.plot(SWEEP, [sweep[(s, r)] for r in SWEEP], marker="o", label=s)
+    plt.xlabel("rows per scan")
+    plt.ylabel("cached scans / s (%d connections)" % CONNS)
+    plt.title("Slipstream HBase cache: throughput vs scan range")
+    plt.legend()
+    plt.grid(True, alpha=0.3)
+    out = os.path.join(ROOT, "docs", "img", "hbase_scan_range.png")
+    plt.savefig(out, dpi=100, bbox_inches="tight")
+    print("plot:", out)
+
+
+if __name__ == "__main__":
+    main()

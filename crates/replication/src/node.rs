@@ -1,0 +1,597 @@
+//! The replication node: one thread that drives every Raft group of this node — tick every
+//! `tick_ms`, step incoming messages, and handle each group's Ready (persist, send, apply,
+//! advance) — and hands proposals back as completions once applied.
+//!
+//! Not for: client connections. A caller (the server's executor, later) proposes a
+//! [`Mutation`] for a group and waits on the returned [`Completion`]; it answers the client
+//! from the [`Applied`] result. Only the leader accepts proposals; elsewhere the caller gets
+//! [`ProposeError::NotLeader`] with the leader's id (forwarding is the next step).
+//!
+//! One turn of the loop: take the events that arrived (bounded), tick if due, then for every
+//! group with a Ready: send the leader's messages, install a snapshot, apply committed
+//! entries, append new entries and the hard state; then sync every group written this turn
+//! (group commit for `fsync = batch`), then send the messages that needed persistence and
+//! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot is
+//! compacted: its store's contents become the new snapshot (what a lagging follower gets).
+//!
+//! Completions: a proposal carries an id in its entry's context; the index Raft gives it is
+//! remembered. When that index is applied with the same id, the client gets the result; if
+//! another entry lands at that index (the proposal was lost to a leader change), the client
+//! gets `Dropped` and may retry. A proposal whose entry commits under a later leader still
+//! completes (every replica applies the same entry).
+
+use crate::machine::{Applied, TenantMachine};
+use crate::mutation::Mutation;
+use crate::storage::{FsyncMode, GroupStorage, StorageFault};
+use crate::transport::{Deliver, Incoming, Transport};
+use protobuf::Message as PbMessage;
+use raft::eraftpb::{ConfChange, ConfChangeV2, EntryType, Message, MessageType, Snapshot};
+use raft::{RawNode, SnapshotStatus, StateRole};
+use slipstream_store::Store;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Events queued for the node thread before proposals are refused with `Busy` (and incoming
+/// raft messages wait on their connection).
+pub const INBOX_EVENTS_MAX: usize = 65536;
+/// Proposals of one group waiting for apply before new ones get `Busy`.
+pub const PENDING_PROPOSALS_MAX: usize = 65536;
+/// Events handled per loop turn before the groups' Readies are processed.
+const EVENTS_PER_TURN_MAX: usize = 4096;
+
+/// Configuration of one node.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: u64,
+    /// Every node of the cluster, this one included: id → raft address.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    /// Each group keeps `<data_dir>/group-<id>/raft.log`.
+    pub data_dir: PathBuf,
+    pub fsync: FsyncMode,
+    pub tick_ms: u64,
+    /// Election timeout in ticks (randomized in [election_ticks, 2 * election_ticks)).
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    /// Compact a group's log once this many applied entries follow its snapshot.
+    pub log_entries_max: u64,
+}
+
+impl NodeConfig {
+    /// Defaults for a node: 100 ms ticks, 1-2 s election timeout, 300 ms heartbeats.
+    pub fn new(node_id: u64, peers: BTreeMap<u64, SocketAddr>, data_dir: PathBuf) -> NodeConfig {
+        NodeConfig {
+            node_id,
+            peers,
+            data_dir,
+            fsync: FsyncMode::Always,
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 3,
+            log_entries_max: 10_000,
+        }
+    }
+}
+
+/// One group this node is a member of (one replicated tenant).
+#[derive(Clone, Debug)]
+pub struct GroupSpec {
+    pub group_id: u64,
+    /// Node ids holding a replica (used only when the group is created on disk).
+    pub voters: Vec<u64>,
+    /// The tenant's store; must start empty (it is rebuilt from the snapshot and the log).
+    pub store: Arc<Store>,
+    /// Node that should lead while it is up and caught up (leaders spread across nodes); a
+    /// leader elsewhere hands leadership back to it.
+    pub preferred_leader: Option<u64>,
+}
+
+/// Why a node could not start.
+#[derive(Debug)]
+pub enum NodeError {
+    Storage(u64, StorageFault),
+    Raft(u64, raft::Error),
+    /// The snapshot on disk does not decode.
+    Snapshot(u64, String),
+    Io(std::io::Error),
+    NoAddress(u64),
+}
+
+impl std::fmt::Display for NodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeError::Storage(g, e) => write!(f, "group {g}: {e}"),
+            NodeError::Raft(g, e) => write!(f, "group {g}: raft: {e}"),
+            NodeError::Snapshot(g, e) => write!(f, "group {g}: snapshot: {e}"),
+            NodeError::Io(e) => write!(f, "replication transport: {e}"),
+            NodeError::NoAddress(id) => write!(f, "node {id} has no address in peers"),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {}
+
+/// Why a proposal did not complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProposeError {
+    /// This node is not the group's leader; the leader's id if known.
+    NotLeader(Option<u64>),
+    /// The entry was replaced by another after a leader change: not applied; retry.
+    Dropped,
+    /// Too many proposals waiting.
+    Busy,
+    UnknownGroup,
+    /// The node stopped before the entry was applied (it may still be applied elsewhere).
+    Stopped,
+    /// The committed entry did not decode (applied as a no-op on every replica).
+    Corrupt,
+}
+
+/// Waits for one proposal's result.
+pub struct Completion(Receiver<Result<Applied, ProposeError>>);
+
+impl Completion {
+    /// Wait up to `timeout`; `None` if it is not applied by then (it may still be later).
+    pub fn wait(&self, timeout: Duration) -> Option<Result<Applied, ProposeError>> {
+        match self.0.recv_timeout(timeout) {
+            Ok(r) => Some(r),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Err(ProposeError::Stopped)),
+        }
+    }
+}
+
+/// A group's state as last published by the node thread (for metrics and tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupStatus {
+    pub role: StateRole,
+    /// 0 = no known leader.
+    pub leader_id: u64,
+    pub term: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: u64,
+    pub log_bytes: u64,
+    /// Times this node became leader of the group.
+    pub elections_won: u64,
+    /// Snapshots received from a leader and installed.
+    pub snapshots_installed: u64,
+}
+
+enum Event {
+    Raft(Incoming),
+    Propose { group: u64, data: Vec<u8>, reply: mpsc::Sender<Result<Applied, ProposeError>> },
+    TransferLeader { group: u64, to: u64 },
+    Stop,
+}
+
+type Reply = mpsc::Sender<Result<Applied, ProposeError>>;
+
+struct Group {
+    raw: RawNode<GroupStorage>,
+    machine: TenantMachine,
+    /// index → (proposal id, waiting client).
+    pending: BTreeMap<u64, (u64, Reply)>,
+    /// Results decided this turn, sent after the status is published (so a client that got
+    /// its answer sees a status with the entry applied).
+    replies: Vec<(Reply, Result<Applied, ProposeError>)>,
+    log_entries_max: u64,
+    elections_won: u64,
+    snapshots_installed: u64,
+    was_leader: bool,
+    preferred_leader: Option<u64>,
+    /// Ticks since this node last checked whether to hand leadership to the preferred node.
+    ticks_since_transfer_check: usize,
+    election_ticks: usize,
+}
+
+/// A running node (see the module doc). Dropping it stops the thread and closes every
+/// connection: to the rest of the cluster it is a crashed node (its data_dir stays).
+pub struct ReplicationNode {
+    tx: SyncSender<Event>,
+    thread: Option<JoinHandle<()>>,
+    transport: Arc<Transport>,
+    status: Arc<Mutex<HashMap<u64, GroupStatus>>>,
+    stores: HashMap<u64, TenantMachine>,
+}
+
+impl ReplicationNode {
+    /// Open every group's storage (restoring its store from the snapshot on disk), start the
+    /// transport and the node thread.
+    pub fn start(cfg: NodeConfig, groups: Vec<GroupSpec>) -> Result<ReplicationNode, NodeError> {
+        let listen = *cfg.peers.get(&cfg.node_id).ok_or(NodeError::NoAddress(cfg.node_id))?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut built = BTreeMap::new();
+        let mut stores = HashMap::new();
+        for g in groups {
+            let id = g.group_id;
+            let dir = cfg.data_dir.join(format!("group-{id}"));
+            let storage = GroupStorage::open(&dir, cfg.fsync, &g.voters).map_err(|e| NodeError::Storage(id, e))?;
+            let machine = TenantMachine::new(g.store.clone());
+            let snap = storage.latest_snapshot();
+            let applied = snap.get_metadata().index;
+            if applied > 0 {
+                machine.restore(&snap.data).map_err(|e| NodeError::Snapshot(id, e.to_string()))?;
+            }
+            let rc = raft::Config {
+                id: cfg.node_id,
+                election_tick: cfg.election_ticks,
+                heartbeat_tick: cfg.heartbeat_ticks,
+                applied,
+                max_size_per_msg: 1 << 20,
+                max_inflight_msgs: 256,
+                check_quorum: true,
+                pre_vote: true,
+                ..raft::Config::default()
+            };
+            let raw = RawNode::new(&rc, storage, &logger).map_err(|e| NodeError::Raft(id, e))?;
+            stores.insert(id, machine.clone());
+            built.insert(
+                id,
+                Group {
+                    raw,
+                    machine,
+                    pending: BTreeMap::new(),
+                    replies: Vec::new(),
+                    log_entries_max: cfg.log_entries_max.max(1),
+                    elections_won: 0,
+                    snapshots_installed: 0,
+                    was_leader: false,
+                    preferred_leader: g.preferred_leader,
+                    ticks_since_transfer_check: 0,
+                    election_ticks: cfg.election_ticks,
+                },
+            );
+        }
+        let (tx, rx) = mpsc::sync_channel(INBOX_EVENTS_MAX);
+        let deliver_tx = tx.clone();
+        let deliver: Deliver = Arc::new(move |m| deliver_tx.send(Event::Raft(m)).is_ok());
+        let transport = Arc::new(Transport::start(cfg.node_id, listen, &cfg.peers, deliver).map_err(NodeError::Io)?);
+        let status = Arc::new(Mutex::new(HashMap::new()));
+        let mut lp = Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id: cfg.node_id << 48 };
+        lp.publish();
+        let tick = Duration::from_millis(cfg.tick_ms.max(1));
+        let thread = std::thread::Builder::new()
+            .name(format!("raft-node-{}", cfg.node_id))
+            .spawn(move || lp.run(rx, tick))
+            .map_err(NodeError::Io)?;
+        Ok(ReplicationNode { tx, thread: Some(thread), transport, status, stores })
+    }
+
+    /// Propose `m` for `group`. The completion reports the applied result, or why not.
+    pub fn propose(&self, group: u64, m: &Mutation) -> Completion {
+        let (reply, rx) = mpsc::channel();
+        let ev = Event::Propose { group, data: m.encode(), reply };
+        match self.tx.try_send(ev) {
+            Ok(()) => {}
+            Err(TrySendError::Full(Event::Propose { reply, .. })) => {
+                let _ = reply.send(Err(ProposeError::Busy));
+            }
+            Err(TrySendError::Disconnected(Event::Propose { reply, .. })) => {
+                let _ = reply.send(Err(ProposeError::Stopped));
+            }
+            Err(_) => {}
+        }
+        Completion(rx)
+    }
+
+    /// Ask the group's leader (if it is this node) to hand leadership to `to`.
+    pub fn transfer_leader(&self, group: u64, to: u64) {
+        let _ = self.tx.try_send(Event::TransferLeader { group, to });
+    }
+
+    pub fn status(&self, group: u64) -> Option<GroupStatus> {
+        self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied()
+    }
+
+    /// The group's state machine (its store) on this node.
+    pub fn machine(&self, group: u64) -> Option<&TenantMachine> {
+        self.stores.get(&group)
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+}
+
+impl Drop for ReplicationNode {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Event::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Loop {
+    groups: BTreeMap<u64, Group>,
+    transport: Arc<Transport>,
+    status: Arc<Mutex<HashMap<u64, GroupStatus>>>,
+    next_id: u64,
+}
+
+impl Loop {
+    fn run(&mut self, rx: Receiver<Event>, tick: Duration) {
+        let mut next_tick = Instant::now() + tick;
+        loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let mut first = match rx.recv_timeout(wait) {
+                Ok(ev) => Some(ev),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let mut handled = 0;
+            while let Some(ev) = first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv().ok() } else { None }) {
+                handled += 1;
+                if !self.handle(ev) {
+                    self.fail_all_pending();
+                    return;
+                }
+            }
+            if Instant::now() >= next_tick {
+                for g in self.groups.values_mut() {
+                    g.raw.tick();
+                    restore_preferred_leader(g, &self.transport);
+                }
+                next_tick += tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + tick; // fell behind (loaded machine): no burst
+                }
+            }
+            if let Err((gid, e)) = self.handle_readies() {
+                // A storage failure leaves the group inoperable (raft-rs's contract); stop
+                // the node rather than acknowledge anything not on disk.
+                eprintln!("slipstream-replication: group {gid}: {e}; node stops");
+                self.fail_all_pending();
+                return;
+            }
+            self.publish();
+            for g in self.groups.values_mut() {
+                for (reply, r) in g.replies.drain(..) {
+                    let _ = reply.send(r);
+                }
+            }
+        }
+    }
+
+    /// False = stop.
+    fn handle(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Raft(m) => {
+                if let Some(g) = self.groups.get_mut(&m.group) {
+                    // Errors here are stale or foreign messages; raft-rs ignores them safely.
+                    let _ = g.raw.step(m.msg);
+                }
+            }
+            Event::Propose { group, data, reply } => self.propose(group, data, reply),
+            Event::TransferLeader { group, to } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.raw.transfer_leader(to);
+                }
+            }
+            Event::Stop => return false,
+        }
+        true
+    }
+
+    fn propose(&mut self, group: u64, data: Vec<u8>, reply: Reply) {
+        let Some(g) = self.groups.get_mut(&group) else {
+            let _ = reply.send(Err(ProposeError::UnknownGroup));
+            return;
+        };
+        if g.raw.raft.state != StateRole::Leader {
+            let l = g.raw.raft.leader_id;
+            let _ = reply.send(Err(ProposeError::NotLeader((l != 0).then_some(l))));
+            return;
+        }
+        if g.pending.len() >= PENDING_PROPOSALS_MAX {
+            let _ = reply.send(Err(ProposeError::Busy));
+            return;
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        let before = g.raw.raft.raft_log.last_index();
+        match g.raw.propose(id.to_le_bytes().to_vec(), data) {
+            Ok(()) if g.raw.raft.raft_log.last_index() == before + 1 => {
+                g.pending.insert(before + 1, (id, reply));
+            }
+            // Dropped by raft (a leader transfer in progress, uncommitted-size limit).
+            _ => {
+                let l = g.raw.raft.leader_id;
+                let _ = reply.send(Err(ProposeError::NotLeader((l != 0 && l != g.raw.raft.id).then_some(l))));
+            }
+        }
+    }
+
+    fn fail_all_pending(&mut self) {
+        for g in self.groups.values_mut() {
+            for (reply, r) in g.replies.drain(..) {
+                let _ = reply.send(r);
+            }
+            for (_, (_, r)) in std::mem::take(&mut g.pending) {
+                let _ = r.send(Err(ProposeError::Stopped));
+            }
+        }
+    }
+
+    fn handle_readies(&mut self) -> Result<(), (u64, String)> {
+        let transport = self.transport.clone();
+        let mut readied = Vec::new();
+        for (&gid, g) in self.groups.iter_mut() {
+            if !g.raw.has_ready() {
+                continue;
+            }
+            let mut rd = g.raw.ready();
+            send_all(&transport, gid, g, rd.take_messages());
+            if !rd.snapshot().is_empty() {
+                let snap: Snapshot = rd.snapshot().clone();
+                g.machine.restore(&snap.data).map_err(|e| (gid, e.to_string()))?;
+                g.raw.mut_store().apply_snapshot(snap).map_err(|e| (gid, e.to_string()))?;
+                let idx = g.raw.store().snapshot_index();
+                g.snapshots_installed += 1;
+                complete_up_to(g, idx, None);
+            }
+            apply_entries(gid, g, rd.take_committed_entries())?;
+            if !rd.entries().is_empty() {
+                g.raw.mut_store().append(rd.entries()).map_err(|e| (gid, e.to_string()))?;
+            }
+            if let Some(hs) = rd.hs() {
+                g.raw.mut_store().set_hard_state(hs).map_err(|e| (gid, e.to_string()))?;
+            }
+            readied.push((gid, rd));
+        }
+        // Group commit point: everything written this turn reaches the disk before any
+        // message that depends on it leaves and before Raft counts it persisted.
+        for (gid, _) in &readied {
+            if let Some(g) = self.groups.get_mut(gid) {
+                g.raw.mut_store().sync().map_err(|e| (*gid, e.to_string()))?;
+            }
+        }
+        for (gid, mut rd) in readied {
+            let Some(g) = self.groups.get_mut(&gid) else { continue };
+            send_all(&transport, gid, g, rd.take_persisted_messages());
+            let mut light = g.raw.advance(rd);
+            if let Some(c) = light.commit_index() {
+                g.raw.mut_store().set_commit(c).map_err(|e| (gid, e.to_string()))?;
+            }
+            send_all(&transport, gid, g, light.take_messages());
+            apply_entries(gid, g, light.take_committed_entries())?;
+            g.raw.advance_apply();
+            maybe_compact(g).map_err(|e| (gid, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self) {
+        let mut st = self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (&gid, g) in self.groups.iter_mut() {
+            let r = &g.raw.raft;
+            let leader = r.state == StateRole::Leader;
+            if leader && !g.was_leader {
+                g.elections_won += 1;
+            }
+            g.was_leader = leader;
+            st.insert(
+                gid,
+                GroupStatus {
+                    role: r.state,
+                    leader_id: r.leader_id,
+                    term: r.term,
+                    commit_index: r.raft_log.committed,
+                    applied_index: r.raft_log.applied,
+                    snapshot_index: r.raft_log.store.snapshot_index(),
+                    log_bytes: r.raft_log.store.log_bytes(),
+                    elections_won: g.elections_won,
+                    snapshots_installed: g.snapshots_installed,
+                },
+            );
+        }
+    }
+}
+
+fn send_all(t: &Transport, gid: u64, g: &mut Group, msgs: Vec<Message>) {
+    for m in msgs {
+        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+        let to = m.to;
+        let ok = t.send(gid, &m);
+        if snapshot {
+            // One ordered connection per peer: once queued, the snapshot arrives before any
+            // later append, so the leader may go on probing from it.
+            g.raw.report_snapshot(to, if ok { SnapshotStatus::Finish } else { SnapshotStatus::Failure });
+        } else if !ok {
+            g.raw.report_unreachable(to);
+        }
+    }
+}
+
+fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) -> Result<(), (u64, String)> {
+    for e in entries {
+        match e.get_entry_type() {
+            EntryType::EntryNormal => {
+                if e.data.is_empty() {
+                    complete_up_to(g, e.index, None); // a new leader's empty entry
+                    continue;
+                }
+                let result = match Mutation::decode(&e.data) {
+                    Ok(m) => Ok(g.machine.apply(e.index, &m)),
+                    Err(_) => Err(ProposeError::Corrupt),
+                };
+                let id = (e.context.len() == 8).then(|| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&e.context);
+                    u64::from_le_bytes(a)
+                });
+                complete_up_to(g, e.index, id.map(|id| (id, result)));
+            }
+            EntryType::EntryConfChange => {
+                let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
+                let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
+                g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
+                complete_up_to(g, e.index, None);
+            }
+            EntryType::EntryConfChangeV2 => {
+                let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
+                let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
+                g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
+                complete_up_to(g, e.index, None);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Entry `index` was applied (with `applied` = its proposal id and result, if it had an id):
+/// every proposal waiting at a lower index was lost; the one at `index` completes if it is
+/// the same proposal, else it was lost too.
+fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applied, ProposeError>)>) {
+    while let Some((&i, _)) = g.pending.first_key_value() {
+        if i > index {
+            break;
+        }
+        let Some((_, (id, reply))) = g.pending.pop_first() else { break };
+        let r = match &applied {
+            Some((aid, r)) if i == index && *aid == id => *r,
+            _ => Err(ProposeError::Dropped),
+        };
+        g.replies.push((reply, r));
+    }
+}
+
+/// On the leader, about once per election timeout: if the group's preferred leader is
+/// another node that is connected and has the whole log, hand leadership to it (raft-rs
+/// leader transfer; it aborts by itself if the target does not take over in time).
+fn restore_preferred_leader(g: &mut Group, t: &Transport) {
+    g.ticks_since_transfer_check += 1;
+    if g.ticks_since_transfer_check < g.election_ticks {
+        return;
+    }
+    g.ticks_since_transfer_check = 0;
+    let r = &g.raw.raft;
+    let Some(p) = g.preferred_leader else { return };
+    if r.state != StateRole::Leader || p == r.id || r.lead_transferee.is_some() || !t.connected(p) {
+        return;
+    }
+    let caught_up = r.prs().get(p).is_some_and(|pr| pr.matched == r.raft_log.last_index());
+    if caught_up {
+        g.raw.transfer_leader(p);
+    }
+}
+
+fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
+    let applied = g.raw.raft.raft_log.applied;
+    let store = g.raw.store();
+    if applied.saturating_sub(store.snapshot_index()) <= g.log_entries_max {
+        return Ok(());
+    }
+    let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
+    let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
+    let m = snap.mut_metadata();
+    m.index = applied;
+    m.term = term;
+    m.set_conf_state(store.conf_state().clone());
+    g.raw.mut_store().compact_to(snap)
+}
