@@ -8,8 +8,10 @@ set -euo pipefail
 # eBPF toolchain for the kernel fast path, the network tools the netns tests use, and Java 17 +
 # Maven for the Spark connector (connectors/spark; Maven fetches Spark into ~/.m2 on first use),
 # bpftool for bench/stream_cpu.sh (XDP programs' run time).
+# sasl2-bin (saslpasswd2: a sasldb so memcached -S can authenticate in tests/test_security.py),
+# openssl (test certificates, s_client).
 DEB_PKGS=(memcached libmemcached-tools clang llvm libbpf-dev iproute2 netcat-openbsd python3-pip
-          openjdk-17-jdk-headless maven bpftool)
+          openjdk-17-jdk-headless maven bpftool sasl2-bin openssl)
 
 missing=()
 for p in "${DEB_PKGS[@]}"; do

@@ -10,6 +10,7 @@
 //! What it is not for: batching, budgets, shaping or I/O — each loop decides how many requests a
 //! round may run and what to do with each `Step`.
 
+use crate::auth::Auth;
 use crate::exec::{Ctx, Protocol, Step};
 use crate::stats::ThreadStats;
 use crate::{memcache_binary, memcache_text};
@@ -29,6 +30,24 @@ pub fn execute_one(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
         Protocol::Binary => memcache_binary::execute(ctx, input, out),
         _ => memcache_text::execute(ctx, input, out),
     };
+    settle(ctx, input, out, step)
+}
+
+/// `execute_one` for a TCP or unix connection of a server with `-Y`/`-S`: the auth executor
+/// fixes the protocol and answers until the connection has authenticated (see `auth`). UDP
+/// does not come here: memcached 1.6.18 does not authenticate it either.
+#[inline]
+pub fn execute_authenticating(auth: &Auth, ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
+    if input.is_empty() {
+        return Step::Incomplete;
+    }
+    let step = crate::auth::execute(auth, ctx, input, out);
+    settle(ctx, input, out, step)
+}
+
+/// After an executor: drop discarded replies' by-reference values, check its claim, count.
+#[inline]
+fn settle(ctx: &mut Ctx<'_>, input: &[u8], out: &[u8], step: Step) -> Step {
     // Replies an executor discarded take the values they sent by reference with them.
     ctx.conn.shared.discard_after(out.len());
     match step {

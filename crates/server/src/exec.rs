@@ -55,11 +55,17 @@ pub struct ConnState {
     /// Large values the unsent replies send by reference (TCP only; see `outq`). Positions
     /// are offsets in the connection's reply buffer.
     pub shared: SharedQueue,
+    /// Passed the server's authentication (`auth`); always true when it requires none.
+    pub authenticated: bool,
+    /// Ascii auth: the `set` line was read; its data (token + CRLF) is this long.
+    pub auth_body_bytes: Option<usize>,
+    /// SASL: an AUTH without data asked for it; the next STEP brings it.
+    pub sasl_continue: bool,
 }
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0, shared: SharedQueue::default() }
+        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0, shared: SharedQueue::default(), authenticated: false, auth_body_bytes: None, sasl_continue: false }
     }
 }
 
@@ -83,6 +89,12 @@ pub struct Settings {
     pub conn_buf: Arc<BufBudget>,
     /// memcached's command-line tunables (`-R`, `-B`, `-b`, `-o idle_timeout`, ...).
     pub tunables: Tunables,
+    /// Authentication every connection must pass first (`-Y` / `-S`); None = none.
+    pub auth: Option<Arc<crate::auth::Auth>>,
+    /// `-s <path>`: the unix socket served instead of TCP/UDP (for `stats settings`).
+    pub domain_socket: Option<String>,
+    /// `-a <mask>`: the unix socket's permission bits (memcached's default 0700).
+    pub socket_mode: u32,
 }
 
 impl Default for Settings {
@@ -96,6 +108,9 @@ impl Default for Settings {
             detail_enabled: false,
             conn_buf: Arc::new(BufBudget::default()),
             tunables: Tunables::default(),
+            auth: None,
+            domain_socket: None,
+            socket_mode: 0o700,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! (`slipstream-proto`).
 
 pub mod admin;
+pub mod auth;
 mod bind;
 pub mod bufbudget;
 pub mod dispatch;
@@ -26,6 +27,7 @@ pub mod stats_prefix;
 pub mod stats_report;
 pub mod tenants;
 pub mod tunables;
+pub mod transport;
 mod udp_batch;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.

@@ -12,6 +12,7 @@
 //! Not for: counting (`stats.rs`, `slipstream-store`), per-prefix detail (`stats_prefix.rs`),
 //! framing or the sub-command syntax (the protocol executors).
 
+use crate::auth::Auth;
 use crate::exec::Settings;
 use crate::stats::ServerInfo;
 use slipstream_store::Store;
@@ -202,6 +203,23 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
+/// memcached's `-S` binds the binary protocol, `-Y` ascii; otherwise it negotiates.
+fn binding_protocol(auth: Option<&Auth>) -> &'static str {
+    match auth {
+        Some(Auth::Sasl { .. }) => "binary",
+        Some(Auth::Ascii { .. }) => "ascii",
+        None => "auto-negotiate",
+    }
+}
+
+/// memcached reports the `-Y` file's path here, "no" without one.
+fn auth_enabled_ascii(auth: Option<&Auth>) -> &str {
+    match auth {
+        Some(Auth::Ascii { path, .. }) => path,
+        _ => "no",
+    }
+}
+
 /// `stats settings`: memcached 1.6.18's names in its order. Tunables Slipstream has print their
 /// values; memcached tunables it has no counterpart for print memcached's defaults.
 fn settings(sv: StatsView<'_>) -> Vec<Stat> {
@@ -220,8 +238,8 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("verbosity", n(info.verbosity.load(Ordering::Relaxed))),
         ("oldest", s("0")),
         ("evictions", s(if sv.store.evict_to_free() { "on" } else { "off" })),
-        ("domain_socket", s("NULL")),
-        ("umask", s("700")),
+        ("domain_socket", s(st.domain_socket.as_deref().unwrap_or("NULL"))),
+        ("umask", format!("{:o}", st.socket_mode).into_bytes()),
         ("shutdown_command", s(yes_no(st.shutdown_enabled))),
         ("growth_factor", s("1.25")),
         ("chunk_size", s("48")),
@@ -232,9 +250,9 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("reqs_per_event", n(u64::from(tu.reqs_per_event))),
         ("cas_enabled", s(yes_no(cfg.cas_enabled))),
         ("tcp_backlog", s(&tu.tcp_backlog.to_string())),
-        ("binding_protocol", s(tu.binding_protocol.stats_name())),
-        ("auth_enabled_sasl", s("no")),
-        ("auth_enabled_ascii", s("no")),
+        ("binding_protocol", s(if st.auth.is_some() { binding_protocol(st.auth.as_deref()) } else { tu.binding_protocol.stats_name() })),
+        ("auth_enabled_sasl", s(yes_no(matches!(st.auth.as_deref(), Some(Auth::Sasl { .. }))))),
+        ("auth_enabled_ascii", s(auth_enabled_ascii(st.auth.as_deref()))),
         ("item_size_max", n(cfg.item_bytes_max as u64)),
         ("maxconns_fast", s(yes_no(tu.maxconns_fast))),
         ("hashpower_init", s("0")),

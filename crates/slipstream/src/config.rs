@@ -126,6 +126,8 @@ pub struct Config {
     pub no_effect: Vec<String>,
     /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
     pub hbase: Option<slipstream_rangecache::Settings>,
+    /// `-s`, `-a`, `-S`, `-Y`, `-Z` and `-o ssl_*` (see crate::security).
+    pub security: crate::security::SecurityConfig,
 }
 
 impl Default for Config {
@@ -166,6 +168,7 @@ impl Default for Config {
             daemonize: false,
             pid_file: None,
             no_effect: Vec::new(),
+            security: crate::security::SecurityConfig::default(),
         }
     }
 }
@@ -404,7 +407,7 @@ impl Config {
                 "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
                     | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
                     | "xdp-entries" | "worker-sched"
-            ) || MC_VALUE_FLAGS.contains(&flag);
+            ) || MC_VALUE_FLAGS.contains(&flag) || crate::security::SecurityConfig::takes_value(flag);
             let value = if takes_value {
                 match inline {
                     Some(v) => v.to_string(),
@@ -447,7 +450,10 @@ impl Config {
                 "worker-sched" => cfg.worker_sched = WorkerSchedChoice::parse("--worker-sched", &value)?,
                 _ => {
                     if !cfg.apply_memcached_flag(flag, &value)? {
-                        return Err(ConfigError::Usage(format!("unknown option `{a}`")));
+                        match cfg.security.apply_flag(flag, &value) {
+                            Some(r) => r.map_err(ConfigError::Usage)?,
+                            None => return Err(ConfigError::Usage(format!("unknown option `{a}`"))),
+                        }
                     }
                 }
             }
@@ -563,6 +569,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.security.validate(self.port, self.udp_port, !self.tenants.is_empty()).map_err(ConfigError::Usage)?;
         if let Some(s) = self.streams.iter().find(|s| self.udp_port != 0 && s.udp_port == self.udp_port) {
             return Err(bad("--udp-port", &self.udp_port.to_string(), &format!("is also the udp_port of stream {:?}", s.name)));
         }
@@ -592,11 +599,12 @@ impl Config {
     }
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
-        (self.port != 0 || self.tcp_ephemeral).then(|| SocketAddr::new(self.listen, self.port))
+        // memcached with -s serves only the unix socket.
+        ((self.port != 0 || self.tcp_ephemeral) && self.security.unix_socket.is_none()).then(|| SocketAddr::new(self.listen, self.port))
     }
 
     pub fn udp_addr(&self) -> Option<SocketAddr> {
-        (self.udp_port != 0 || self.udp_ephemeral).then(|| SocketAddr::new(self.listen, self.udp_port))
+        ((self.udp_port != 0 || self.udp_ephemeral) && self.security.unix_socket.is_none()).then(|| SocketAddr::new(self.listen, self.udp_port))
     }
 
     /// Record a memcached flag accepted with no effect here (for the start-up notice).

@@ -10,6 +10,7 @@ mod config;
 mod daemon;
 mod mcopts;
 mod privs;
+mod security;
 mod send;
 
 // The global allocator. Item memory is many long-lived blocks of mixed sizes freed in LRU
@@ -515,7 +516,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     if !cfg.tenants.is_empty() {
         return serve_tenants(cfg, sigset, target, daemon);
     }
-    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() {
+    if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() && cfg.security.unix_socket.is_none() {
         if cfg.streams.is_empty() {
             return Err(MainError::Start(
                 "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve".into(),
@@ -532,6 +533,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     };
     let store = Arc::new(Store::new(store_cfg));
     store.set_evict_to_free(cfg.evictions_enabled);
+    let sec = SecurityStart::load(&cfg)?;
     let settings = Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
@@ -539,6 +541,9 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         detail_enabled: cfg.detail_enabled,
         conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
         tunables: cfg.tunables.clone(),
+        auth: sec.auth.clone(),
+        domain_socket: cfg.security.unix_socket.clone(),
+        socket_mode: cfg.security.unix_mode(),
         ..Settings::default()
     };
     // Attach before serving, so the kernel cache starts empty and coherent from the first
@@ -553,6 +558,8 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         read_buf_bytes_max: cfg.read_buf_bytes_max(),
         worker_sched: sched,
         more_addrs: cfg.more_addrs(),
+        unix: sec.unix.clone(),
+        tls: sec.tls.clone(),
     };
     let info = ServerInfo {
         started: Instant::now(),
@@ -605,10 +612,14 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
             v.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
         }
     };
+    for n in &sec.notices {
+        eprintln!("slipstream: {n}");
+    }
     println!(
-        "slipstream {}: tcp {}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
+        "slipstream {}: tcp {}{}, udp {}, {} threads{}, {} MB memory, {} connections max, items up to {} bytes{}; {}{}{}",
         slipstream_server::VERSION_STRING,
         list(&tcp_all),
+        sec.line,
         list(&udp_all),
         cfg.threads,
         sched_note(sched),
@@ -636,4 +647,45 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         eprintln!("slipstream: stopped");
     }
     Ok(())
+}
+
+/// [sec] What `-s`, `-S`, `-Y` and `-Z` need at start-up, loaded (files read, certificates
+/// parsed) before anything is served, so a bad file stops the server with the reason.
+struct SecurityStart {
+    auth: Option<Arc<slipstream_server::auth::Auth>>,
+    unix: Option<slipstream_server::transport::unix::UnixSpec>,
+    tls: Option<Arc<slipstream_server::transport::tls::TlsConfig>>,
+    /// For the status line: ` (tls)`, `, unix PATH`, `, ascii auth`, `, sasl auth`.
+    line: String,
+    notices: Vec<String>,
+}
+
+impl SecurityStart {
+    fn load(cfg: &Config) -> Result<SecurityStart, MainError> {
+        let s = &cfg.security;
+        let auth = s.load_auth().map_err(MainError::Start)?;
+        let tls = if s.tls { Some(slipstream_server::transport::tls::server_config(&s.tls_opts).map_err(|e| MainError::Start(format!("TLS: {e}")))?) } else { None };
+        let unix = s.unix_socket.as_ref().map(|p| slipstream_server::transport::unix::UnixSpec {
+            path: p.clone(),
+            mode: s.unix_mode(),
+            backlog: 1024,
+        });
+        let mut line = String::new();
+        let mut notices = if s.tls { s.tls_opts.notices() } else { Vec::new() };
+        if tls.is_some() {
+            line.push_str(" (tls)");
+        }
+        if let Some(u) = &unix {
+            line.push_str(&format!(", unix {} (mode {:o})", u.path, u.mode));
+            if tls.is_some() {
+                notices.push("-Z: TLS applies to TCP listeners, and with -s there are none (as in memcached)".into());
+            }
+        }
+        match auth.as_deref() {
+            Some(slipstream_server::auth::Auth::Ascii { creds, .. }) => line.push_str(&format!(", ascii auth ({} users)", creds.len())),
+            Some(slipstream_server::auth::Auth::Sasl { creds }) => line.push_str(&format!(", sasl auth ({} users)", creds.len())),
+            None => {}
+        }
+        Ok(SecurityStart { auth, unix, tls, line, notices })
+    }
 }

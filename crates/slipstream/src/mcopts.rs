@@ -2,7 +2,8 @@
 //! meaning here set the config, the ones without (slab, LRU and hash table tuning) are accepted
 //! with one start-up notice naming them, and report in `stats settings` as memcached would.
 //!
-//! Not for: the single-letter flags (config.rs) or TLS options (`ssl_*`, not supported here).
+//! Not for: the single-letter flags (config.rs) or the TLS options (`ssl_*`: security.rs, which
+//! this hands them to).
 
 use crate::config::{Config, ConfigError};
 
@@ -83,6 +84,9 @@ pub fn apply(cfg: &mut Config, arg: &str) -> Result<(), ConfigError> {
 }
 
 fn apply_one(cfg: &mut Config, name: &str, value: Option<&str>) -> Result<(), ConfigError> {
+    if let Some(r) = cfg.security.apply_suboption(name, value) {
+        return r.map_err(ConfigError::Usage);
+    }
     let t = &mut cfg.tunables;
     match name {
         "idle_timeout" => t.idle_timeout_s = num(name, value)?,
@@ -111,7 +115,7 @@ fn apply_one(cfg: &mut Config, name: &str, value: Option<&str>) -> Result<(), Co
             t.maxconns_fast = false;
             cfg.notice_no_effect("-o no_maxconns_fast");
         }
-        n if n.starts_with("ssl_") || n.starts_with("proxy_") => {
+        n if n.starts_with("proxy_") => {
             return Err(bad(n, "not supported by Slipstream"));
         }
         n if NO_EFFECT.contains(&n) => {
@@ -161,6 +165,6 @@ mod tests {
         assert_eq!(c.conn_buf_bytes_max, usize::MAX);
         assert!(apply(&mut c, "idle_timeout").is_err());
         assert!(apply(&mut c, "bogus").is_err());
-        assert!(apply(&mut c, "ssl_chain_cert=x").is_err());
+        assert!(apply(&mut c, "proxy_config=x").is_err());
     }
 }

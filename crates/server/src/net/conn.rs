@@ -10,7 +10,7 @@ use crate::bufbudget::{BufBudget, REPLY_BYTES_FREE};
 use crate::exec::{ConnState, Protocol, Settings, Transport};
 use crate::outq;
 use crate::stats::ThreadStats;
-use mio::net::TcpStream;
+use crate::transport::Stream;
 use std::io::{self, Read};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -22,7 +22,8 @@ pub const READ_BUF_BYTES_INITIAL: usize = 16 * 1024;
 pub const WRITE_BUF_BYTES_HIGH: usize = 4 * 1024 * 1024;
 
 pub(super) struct Conn {
-    pub stream: TcpStream,
+    /// Plain TCP, unix (`-s`) or TLS (`-Z`).
+    pub stream: Stream,
     pub rbuf: Vec<u8>,
     /// Unconsumed input is rbuf[rstart..rend].
     pub rstart: usize,
@@ -66,7 +67,7 @@ pub(super) struct ReadEnd {
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, fd: i32, last_cmd_s: Arc<AtomicU64>) -> Conn {
+    pub fn new(stream: Stream, fd: i32, last_cmd_s: Arc<AtomicU64>) -> Conn {
         let mut state = ConnState::new(Transport::Tcp);
         state.conn_id = fd;
         Conn {
@@ -194,7 +195,8 @@ impl Conn {
             ThreadStats::add(&stats.bytes_written, n as u64);
             ThreadStats::incr(&stats.writes);
         })?;
-        if !done {
+        // [sec hook] TLS records still held count as unwritten (no-op for plain sockets).
+        if !done || !self.stream.drain()? {
             return Ok(false);
         }
         self.wbuf.clear();

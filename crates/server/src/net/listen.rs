@@ -1,6 +1,7 @@
 //! Listening: the poll tokens of every tenant's listener and UDP socket, watching a tenant's
-//! sockets in a worker's poll, and accepting TCP connections (the connection limit, `stats
-//! conns` registration, a `Conn` for each).
+//! sockets in a worker's poll, and accepting TCP connections (wrapped in TLS under `-Z`) and
+//! connections on the `-s` unix socket (the connection limit, `stats conns` registration, a
+//! `Conn` for each).
 //!
 //! What it is for: the CLASSIFY stage on the user-space side — a connection belongs to the
 //! tenant whose port it came in on. What it is not for: binding (bind.rs and slipstream-bind
@@ -10,16 +11,19 @@ use super::conn::Conn;
 use super::env::{thread_stats, Slot};
 use crate::stats::{ConnEntry, ThreadStats};
 use crate::tenants::{Tenant, TenantTable};
-use mio::net::{TcpListener, TcpStream, UdpSocket};
+use crate::transport::{tls::TlsStream, Stream};
+use mio::net::{TcpListener, TcpStream, UdpSocket, UnixListener};
 use mio::{Interest, Registry, Token};
 use std::collections::VecDeque;
-use std::io::{self, Write};
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(super) const WAKER: Token = Token(usize::MAX - 2);
+/// The `-s` unix listener (every worker watches it; the first to accept gets the connection).
+pub(super) const UNIX_LISTENER: Token = Token(usize::MAX - 3);
 /// Listener tokens: `LISTEN_BASE - 2 * slot` (TCP) and one below it (UDP), one pair per tenant
 /// slot; connection tokens are small indexes and never reach this range.
 const LISTEN_BASE: usize = usize::MAX - 16;
@@ -97,6 +101,8 @@ pub(super) struct Acceptor<'a> {
     pub registry: &'a Registry,
     pub table: &'a TenantTable,
     pub index: usize,
+    /// `-Z`: TCP connections are TLS.
+    pub tls: Option<&'a Arc<rustls::ServerConfig>>,
 }
 
 impl Acceptor<'_> {
@@ -106,9 +112,10 @@ impl Acceptor<'_> {
             let Some(listener) = wt.listener.as_ref() else { return };
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    let tenant = wt.tenant.clone();
                     let listen_addr = listener.local_addr().ok().map(|a| format!("tcp:{a}"));
-                    self.admit_conn(conns, tenant, stream, peer, listen_addr);
+                    let _ = stream.set_nodelay(true);
+                    let Some(stream) = self.wrap_tcp(stream) else { continue };
+                    self.admit_conn(conns, wt.tenant.clone(), stream, format!("tcp:{peer}"), listen_addr);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -121,21 +128,53 @@ impl Acceptor<'_> {
         }
     }
 
+    /// [sec hook] A TCP connection as served: plain, or TLS under `-Z` (None: the TLS set-up
+    /// failed, said so; the socket closes).
+    fn wrap_tcp(&self, stream: TcpStream) -> Option<Stream> {
+        let Some(cfg) = self.tls else { return Some(Stream::Tcp(stream)) };
+        match TlsStream::new(stream, cfg) {
+            Ok(t) => Some(Stream::Tls(Box::new(t))),
+            Err(e) => {
+                eprintln!("slipstream: TLS connection setup failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// [sec hook] Accept what waits on the `-s` unix listener (single-tenant mode: the one
+    /// tenant, `tenant`).
+    pub fn accept_unix(&self, listener: &UnixListener, tenant: &Arc<Tenant>, conns: &mut Conns) {
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())).unwrap_or_default();
+                    // memcached 1.6.18 shows a unix client's address as `?:<AF 0>` (it keeps no
+                    // peer address for them).
+                    self.admit_conn(conns, tenant.clone(), Stream::Unix(stream), "?:<AF 0>".to_string(), Some(format!("unix:{path}")));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("slipstream: accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Take an accepted connection in: within the connection limit (memcached's refusal
-    /// otherwise), watched by the poll, listed in `stats conns`, counted.
-    fn admit_conn(&self, conns: &mut Conns, tenant: Arc<Tenant>, mut stream: TcpStream, peer: SocketAddr, listen_addr: Option<String>) {
+    /// otherwise), watched by the poll, listed in `stats conns` as `addr`, counted.
+    fn admit_conn(&self, conns: &mut Conns, tenant: Arc<Tenant>, mut stream: Stream, addr: String, listen_addr: Option<String>) {
         let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
         let stats = thread_stats(&tenant, self.index);
         if curr as usize > self.table.conn_limit {
-            // memcached's answer when over the connection limit.
-            let _ = stream.write(b"ERROR Too many open connections\r\n");
+            refuse_over_limit(&stream);
             self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
             ThreadStats::incr(&stats.rejected_connections);
             return;
         }
         tenant.info.curr_connections.fetch_add(1, Ordering::Relaxed);
         ThreadStats::incr(&stats.total_connections);
-        let _ = stream.set_nodelay(true);
         let idx = match conns.free.pop() {
             Some(i) => i,
             None => {
@@ -153,13 +192,21 @@ impl Acceptor<'_> {
         let fd = stream.as_raw_fd();
         let last_cmd_s = Arc::new(AtomicU64::new(tenant.info.uptime_s()));
         if let Ok(mut reg) = tenant.info.conns.lock() {
-            reg.insert(fd, ConnEntry { addr: format!("tcp:{peer}"), listen_addr, last_cmd_s: last_cmd_s.clone() });
+            reg.insert(fd, ConnEntry { addr, listen_addr, last_cmd_s: last_cmd_s.clone() });
         }
         let mut conn = Conn::new(stream, fd, last_cmd_s);
         // -B ascii|binary: the connection speaks only that protocol.
         conn.state.protocol = self.table.settings.tunables.binding_protocol.initial();
         conns.slots[idx] = Some(Slot { tenant, conn });
     }
+}
+
+/// memcached's answer when over the connection limit, written on the raw socket as memcached
+/// writes it, TLS or not.
+fn refuse_over_limit(stream: &Stream) {
+    let msg = b"ERROR Too many open connections\r\n";
+    // SAFETY: the fd is the stream's open socket; write only reads `msg`, which outlives the call.
+    let _ = unsafe { libc::write(stream.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
 }
 
 #[cfg(test)]
@@ -174,6 +221,7 @@ mod tests {
             }
         }
         assert_eq!(decode_listen(WAKER), None);
+        assert_eq!(decode_listen(UNIX_LISTENER), None);
         assert_eq!(decode_listen(Token(0)), None);
         assert_eq!(decode_listen(Token(1 << 40)), None);
     }

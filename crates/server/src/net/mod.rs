@@ -12,7 +12,8 @@
 //! Layout, one file per role: `listen` (poll tokens, watching a tenant's sockets, accepting),
 //! `conn` (a connection's buffers: the read and flush steps), `gate` (the shaping decision, no
 //! I/O), `tcp` (the rounds of a TCP connection), `udp` (datagrams and the UDP wait queues),
-//! `worker` (the thread's event loop and throttled list); this file starts and stops them.
+//! `worker` (the thread's event loop and throttled list); this file starts and stops them (and
+//! binds the `-s` unix socket, which every worker watches with its own handle).
 //!
 //! Tenants: every tenant's ports are watched by every worker (each with its own SO_REUSEPORT
 //! sockets); a connection belongs to the tenant whose port it came in on and runs against that
@@ -40,14 +41,17 @@ use crate::bind::bind_all;
 use crate::exec::Settings;
 use crate::stats::{ConnEntry, ServerInfo, ThreadStats};
 use crate::tenants::TenantTable;
-use listen::WAKER;
-use mio::{Poll, Waker};
+use crate::transport::unix::UnixSpec;
+use listen::{UNIX_LISTENER, WAKER};
+use mio::net::UnixListener;
+use mio::{Interest, Poll, Waker};
 use slipstream_store::Store;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use worker::Worker;
+use worker::{Worker, WorkerListeners};
 
 /// The scheduling policy of the worker threads.
 ///
@@ -98,12 +102,17 @@ pub struct NetConfig {
     /// More (TCP, UDP) addresses served exactly like the first (memcached `-l a,b`): same
     /// store, settings and counters.
     pub more_addrs: Vec<(Option<SocketAddr>, Option<SocketAddr>)>,
+    /// `-s`/`-a`: serve this unix socket (memcached then serves no TCP or UDP).
+    pub unix: Option<UnixSpec>,
+    /// `-Z`: TLS on the TCP listeners.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Errors that stop the server from starting.
 #[derive(Debug)]
 pub enum NetError {
     Bind(slipstream_bind::BindError),
+    BindUnix(String, io::Error),
     Poll(io::Error),
     Thread(io::Error),
 }
@@ -112,6 +121,7 @@ impl std::fmt::Display for NetError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NetError::Bind(e) => write!(f, "{e}"),
+            NetError::BindUnix(p, e) => write!(f, "failed to listen on UNIX socket: {p}: {e}"),
             NetError::Poll(e) => write!(f, "cannot create event loop: {e}"),
             NetError::Thread(e) => write!(f, "cannot start worker thread: {e}"),
         }
@@ -181,15 +191,15 @@ impl Server {
             if let (Some(Some(l)), Ok(mut reg)) = (b.0.first(), info.conns.lock()) {
                 // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
                 // thread has one, and the first stands for them all.
-                use std::os::fd::AsRawFd;
                 let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
                 reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
             }
         }
+        let unix = bind_unix(net.unix.as_ref(), &info)?;
         let mut all = vec![bound];
         all.extend(more);
         let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), all));
-        Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched)
+        Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched, Listeners { unix, tls: net.tls })
     }
 
     /// Tenant mode: serve every tenant of `table` (already bound). `info` stands for the node
@@ -200,7 +210,7 @@ impl Server {
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
     ) -> Result<Server, NetError> {
-        Server::launch(table, read_buf_bytes_max, info, worker_sched)
+        Server::launch(table, read_buf_bytes_max, info, worker_sched, Listeners::default())
     }
 
     fn launch(
@@ -208,6 +218,7 @@ impl Server {
         read_buf_bytes_max: usize,
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
+        mut listeners: Listeners,
     ) -> Result<Server, NetError> {
         let threads = table.threads.max(1);
         let (tcp_local, udp_local) = table.first_locals();
@@ -225,7 +236,9 @@ impl Server {
 
         let mut workers = Vec::new();
         for (i, poll) in polls.into_iter().enumerate() {
-            let worker = Worker::new(i, poll, table.clone(), stop_handle.clone(), read_buf_bytes_max);
+            let unix = listeners.unix_for_worker(i + 1 == threads, &poll)?;
+            let own = WorkerListeners { unix, tls: listeners.tls.clone() };
+            let worker = Worker::new(i, poll, table.clone(), stop_handle.clone(), read_buf_bytes_max, own);
             let h = std::thread::Builder::new()
                 .name(format!("slipstream-w{i}"))
                 .spawn(move || {
@@ -250,6 +263,36 @@ impl Server {
             let _ = w.join();
         }
     }
+}
+
+/// [sec hook] The listeners beyond the per-tenant TCP/UDP sockets, and TLS for the TCP ones.
+#[derive(Default)]
+struct Listeners {
+    unix: Option<std::os::unix::net::UnixListener>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl Listeners {
+    /// A worker's own handle of the unix listener, watched by its `poll`: every worker watches
+    /// the one listener; the last takes the original (its fd is the one `stats conns` lists).
+    fn unix_for_worker(&mut self, last: bool, poll: &Poll) -> Result<Option<UnixListener>, NetError> {
+        let std_unix = if last { self.unix.take() } else { self.unix.as_ref().map(|l| l.try_clone()).transpose().map_err(NetError::Poll)? };
+        let mut unix = std_unix.map(UnixListener::from_std);
+        if let Some(l) = unix.as_mut() {
+            poll.registry().register(l, UNIX_LISTENER, Interest::READABLE).map_err(NetError::Poll)?;
+        }
+        Ok(unix)
+    }
+}
+
+/// [sec hook] Bind the `-s` unix socket, and list it in `stats conns` as memcached does.
+fn bind_unix(spec: Option<&UnixSpec>, info: &ServerInfo) -> Result<Option<std::os::unix::net::UnixListener>, NetError> {
+    let Some(spec) = spec else { return Ok(None) };
+    let l = crate::transport::unix::bind(spec).map_err(|e| NetError::BindUnix(spec.path.clone(), e))?;
+    if let Ok(mut reg) = info.conns.lock() {
+        reg.insert(l.as_raw_fd(), ConnEntry { addr: format!("unix:{}", spec.path), listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+    }
+    Ok(Some(l))
 }
 
 /// Current connection count (for tests and metrics).

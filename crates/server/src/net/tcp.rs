@@ -13,7 +13,7 @@
 use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
 use super::gate::{self, RoundPlan};
 use super::env::{thread_stats, Env, Slot};
-use crate::dispatch::execute_one;
+use crate::dispatch::{execute_authenticating, execute_one};
 use crate::exec::{Ctx, Settings, Step};
 use crate::memcache_text;
 use crate::outq::SHARE_VALUE_BYTES_MIN;
@@ -171,7 +171,12 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             break;
         }
         let mut ctx = Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
-        match execute_one(&mut ctx, input, &mut conn.wbuf) {
+        // [sec hook] A server with -Y/-S: the auth executor decides (see crate::auth).
+        let step = match env.settings.auth.as_deref() {
+            Some(auth) => execute_authenticating(auth, &mut ctx, input, &mut conn.wbuf),
+            None => execute_one(&mut ctx, input, &mut conn.wbuf),
+        };
+        match step {
             Step::Consumed(n) => {
                 conn.rstart += n;
                 conn.needs_grow = false;

@@ -6,9 +6,10 @@
 //! shaped tenants, then the poll and its events; picking up tenants added or removed; closing
 //! connections with their accounting.
 //!
-//! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs).
+//! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs,
+//! the `-s` unix listener included).
 
-use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, WAKER};
+use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, UNIX_LISTENER, WAKER};
 use super::env::{thread_stats, Env};
 use super::tcp::{self, After};
 use super::udp;
@@ -18,11 +19,20 @@ use crate::exec::Settings;
 use crate::stats::ThreadStats;
 use crate::tenants::TenantTable;
 use crate::udp_batch::RecvBatch;
+use mio::net::UnixListener;
 use mio::{Events, Poll};
 use slipstream_tenancy::monotonic_now_ns;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// [sec hook] A worker's listeners beyond the tenants' TCP/UDP sockets, and TLS for the TCP ones.
+#[derive(Default)]
+pub(super) struct WorkerListeners {
+    /// Its handle of the `-s` unix listener, already registered with its poll.
+    pub unix: Option<UnixListener>,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
 
 /// Held-back connections served per loop turn before the poll looks at new events again.
 const THROTTLED_SERVED_PER_TURN: usize = 2;
@@ -35,6 +45,10 @@ const IDLE_SCAN_NS: u64 = 1_000_000_000;
 
 pub(super) struct Worker {
     pub index: usize,
+    /// `-s`: this worker's handle of the unix listener (watched as `UNIX_LISTENER`).
+    pub unix: Option<UnixListener>,
+    /// `-Z`: TCP connections are TLS.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     pub poll: Poll,
     pub table: Arc<TenantTable>,
     pub seen_generation: u64,
@@ -55,9 +69,11 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub(super) fn new(index: usize, poll: Poll, table: Arc<TenantTable>, stop: StopHandle, read_buf_bytes_max: usize) -> Worker {
+    pub(super) fn new(index: usize, poll: Poll, table: Arc<TenantTable>, stop: StopHandle, read_buf_bytes_max: usize, listeners: WorkerListeners) -> Worker {
         Worker {
             index,
+            unix: listeners.unix,
+            tls: listeners.tls,
             poll,
             settings: table.settings.clone(),
             table,
@@ -159,6 +175,10 @@ impl Worker {
         for ev in events.iter() {
             let token = ev.token();
             if token == WAKER {
+                continue;
+            }
+            if token == UNIX_LISTENER {
+                self.accept_unix();
                 continue;
             }
             if let Some((slot, is_udp)) = decode_listen(token) {
@@ -302,8 +322,15 @@ impl Worker {
     /// Tenant `k`'s listener is readable (listen.rs accepts).
     fn accept_all(&mut self, k: usize) {
         let Some(wt) = self.tenants.get(k) else { return };
-        let acceptor = Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index };
+        let acceptor = Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index, tls: self.tls.as_ref() };
         acceptor.accept_all(wt, &mut self.conns);
+    }
+
+    /// [sec hook] The `-s` unix listener is readable (listen.rs accepts, for the one tenant).
+    fn accept_unix(&mut self) {
+        let (Some(l), Some(wt)) = (self.unix.as_ref(), self.tenants.first()) else { return };
+        let acceptor = Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index, tls: None };
+        acceptor.accept_unix(l, &wt.tenant, &mut self.conns);
     }
 
     /// Close connection `idx`: give back its buffers' budget and its outstanding requests,
