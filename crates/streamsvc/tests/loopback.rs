@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use slipstream_stream::config::ResultsConfig;
 use slipstream_stream::StreamConfig;
-use slipstream_streamsvc::{monotonic_ns, ServiceConfig, ServiceError, StreamService};
+use slipstream_streamsvc::{clock_monotonic_ns, ServiceConfig, ServiceError, StreamService};
 
 /// xorshift64*: small, seedable, good enough for test data.
 struct Rng(u64);
@@ -213,10 +213,10 @@ fn changepoint_alerts_on_steps_only() {
     for trial in 0..20 {
         let next = if trial % 2 == 0 { 30.0 } else { 10.0 };
         let p = format!("{next}\n");
-        let t_send = monotonic_ns();
+        let t_send = clock_monotonic_ns();
         tx.send_to(p.as_bytes(), to).unwrap();
         let got = c.until(Duration::from_secs(5), |v| v["type"] == "changepoint");
-        let t_recv = monotonic_ns();
+        let t_recv = clock_monotonic_ns();
         let alerts: Vec<&Value> = got.iter().filter(|v| v["type"] == "changepoint").collect();
         assert_eq!(alerts.len(), 1, "trial {trial}: {got:?}");
         let a = alerts[0];

@@ -134,7 +134,7 @@ fn bucket_two_threads_never_exceed_rate_plus_burst() {
     let rate = 2_000_000u64;
     let burst = 20_000u64;
     let chunk = 1_500u64;
-    let t0 = crate::monotonic_now_ns();
+    let t0 = crate::since_start_ns();
     let b = Arc::new(TokenBucket::new(rate, burst, t0));
     let deadline = t0 + 300 * MS;
     let threads: Vec<_> = (0..2)
@@ -143,7 +143,7 @@ fn bucket_two_threads_never_exceed_rate_plus_burst() {
             std::thread::spawn(move || {
                 let mut mine = 0u64;
                 loop {
-                    let now = crate::monotonic_now_ns();
+                    let now = crate::since_start_ns();
                     if now >= deadline {
                         return mine;
                     }
@@ -158,7 +158,7 @@ fn bucket_two_threads_never_exceed_rate_plus_burst() {
         })
         .collect();
     let total: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
-    let elapsed_ns = crate::monotonic_now_ns() - t0;
+    let elapsed_ns = crate::since_start_ns() - t0;
     let bound = rate as u128 * elapsed_ns as u128 / S as u128 + burst as u128 + 2 * chunk as u128;
     assert!((total as u128) <= bound, "charged {total} in {elapsed_ns} ns, bound {bound}");
     assert_eq!(b.charged_bytes_total(), total);
