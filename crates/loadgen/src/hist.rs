@@ -28,8 +28,11 @@ impl Histogram {
 
     #[inline]
     pub fn record(&mut self, value: u64) {
-        // Auto-resizing: every u64 fits; saturating keeps it panic-free regardless.
-        self.h.saturating_record(value);
+        // `record` grows the auto-resizing histogram to fit the value (saturating_record would
+        // clamp to the current range instead); it only fails if growing fails, then clamp.
+        if self.h.record(value).is_err() {
+            self.h.saturating_record(value);
+        }
     }
 
     pub fn merge(&mut self, other: &Histogram) {
@@ -37,7 +40,9 @@ impl Histogram {
         // `other` are recorded value by value instead of being lost.
         if self.h.add(&other.h).is_err() {
             for v in other.h.iter_recorded() {
-                self.h.saturating_record_n(v.value_iterated_to(), v.count_at_value());
+                if self.h.record_n(v.value_iterated_to(), v.count_at_value()).is_err() {
+                    self.h.saturating_record_n(v.value_iterated_to(), v.count_at_value());
+                }
             }
         }
     }
