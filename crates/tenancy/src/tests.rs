@@ -12,17 +12,11 @@ use std::sync::{Arc, Mutex};
 const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
 
-/// xorshift64*: small, seedable, good enough for test inputs.
-struct Rng(u64);
+/// The project's one RNG (fastrand), seeded so a printed seed replays.
+struct Rng(fastrand::Rng);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.u64(..n.max(1))
     }
 }
 
@@ -40,7 +34,7 @@ fn seed(test: &str) -> u64 {
 #[test]
 fn bucket_rate_is_accurate_on_a_synthetic_clock() {
     let seed = seed("bucket_rate_is_accurate_on_a_synthetic_clock");
-    let mut rng = Rng(seed);
+    let mut rng = Rng(fastrand::Rng::with_seed(seed));
     for &(rate, burst) in &[(1_000_000u64, 65_536u64), (40_000_000, 65_536), (123_457, 1_500), (500_000_000, 1 << 20)] {
         let b = TokenBucket::new(rate, burst, 0);
         let mut now = 0u64;
