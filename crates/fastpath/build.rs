@@ -24,7 +24,13 @@ fn main() {
     // Debian keeps asm/ headers under the multiarch directory.
     let multiarch = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
     header_mirror(&clang, &bpf_dir, &multiarch, &out);
-    for name in ["xdp_fastpath", "xdp_pass", "xdp_gen"] {
+    // The load generator's program is built only for the crate that asks for it (slipstream-loadgen,
+    // feature `traffic-gen`).
+    let mut programs = vec!["xdp_fastpath", "xdp_pass"];
+    if std::env::var_os("CARGO_FEATURE_TRAFFIC_GEN").is_some() {
+        programs.push("xdp_gen");
+    }
+    for name in programs {
         let src = bpf_dir.join(format!("{name}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let mut cmd = Command::new(&clang);

@@ -8,7 +8,7 @@
 //!   invalidate KEY | flush | counters | quit
 //! Not for production: the server wires `FastPath` in itself.
 
-use slipstream_fastpath::{monotonic_now_ns, FastPath, FastPathConfig, PassProgram};
+use slipstream_fastpath::{clock_monotonic_ns, FastPath, FastPathConfig, PassProgram};
 use std::io::{BufRead, Write};
 
 fn main() {
@@ -47,7 +47,7 @@ fn main() {
         let reply = match w.as_slice() {
             ["fill", key, value, ..] => {
                 let ttl_ms = num(5);
-                let expiry = if ttl_ms == 0 { 0 } else { monotonic_now_ns() + ttl_ms * 1_000_000 };
+                let expiry = if ttl_ms == 0 { 0 } else { clock_monotonic_ns() + ttl_ms * 1_000_000 };
                 fp.fill(key.as_bytes(), num(3) as u32, num(4), value.as_bytes(), expiry).map(|f| format!("ok {f:?}"))
             }
             ["fillsize", key, n] => {

@@ -489,7 +489,7 @@ pub fn setup_tenants(k: &Kernel, f: &Fixture) -> Result<(), FastPathError> {
 /// (for running the model at the same instant).
 pub fn run_kernel(k: &Kernel, f: &Fixture) -> Result<(Outcome, u64), FastPathError> {
     setup_tenants(k, f)?;
-    let now = crate::monotonic_now_ns();
+    let now = crate::clock_monotonic_ns();
     for i in &f.items {
         k.fill_slot(i.slot, &i.key, i.flags, i.cas, &i.value, Fixture::expiry_ns(i.expiry, now))?;
     }

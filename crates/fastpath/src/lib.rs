@@ -55,7 +55,7 @@
 //! bump therefore lands dead. Entries are then deleted in the background of the call.
 //!
 //! TTL: each value carries an absolute CLOCK_MONOTONIC expiry (what `bpf_ktime_get_ns` reads);
-//! the program treats `now >= expiry` as a miss. Use [`monotonic_now_ns`] to convert.
+//! the program treats `now >= expiry` as a miss. Use [`clock_monotonic_ns`] to convert.
 //!
 //! Map key: the items map is keyed by a 64-bit hash of the key bytes plus their length
 //! (`abi::key_hash`, computed the same way by the program over only the key's bytes), not by
@@ -86,16 +86,42 @@
 //! [`FastPath::attach`] keep the single-tenant behaviour: one unshaped tenant in slot 0.
 
 pub mod abi;
+/// The test oracle: packet fixtures and the pure-Rust model of the program. Tests, examples and
+/// benchmarks only (feature `test-oracle`); the production loader does not carry it.
+#[cfg(feature = "test-oracle")]
 pub mod fixtures;
+/// The load generator's kernel side (`bpf/xdp_gen.c`); only `slipstream-loadgen` enables it
+/// (feature `traffic-gen`).
+#[cfg(feature = "traffic-gen")]
 pub mod gen;
 pub mod item;
+#[cfg(feature = "test-oracle")]
 pub mod model;
 mod netlink;
 pub mod stream;
 mod sys;
 
 pub use item::NotCacheable;
-pub use model::Verdict;
+
+/// XDP verdicts the program returns (numeric values are the kernel's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Drop = 1,
+    Pass = 2,
+    Tx = 3,
+}
+
+impl Verdict {
+    pub fn from_retval(v: u32) -> Option<Verdict> {
+        match v {
+            1 => Some(Verdict::Drop),
+            2 => Some(Verdict::Pass),
+            3 => Some(Verdict::Tx),
+            _ => None,
+        }
+    }
+}
+
 
 use aya::programs::{Xdp, XdpFlags};
 use aya::{Ebpf, EbpfLoader};
@@ -209,8 +235,10 @@ pub struct FastPathCounters {
     pub fastpath_invalidations: u64,
 }
 
-/// Current CLOCK_MONOTONIC in ns (the clock `bpf_ktime_get_ns` reads), for expiry times.
-pub fn monotonic_now_ns() -> u64 {
+/// Current CLOCK_MONOTONIC in ns, absolute (the kernel's epoch: the clock `bpf_ktime_get_ns`
+/// reads), for expiry times and any stamp compared across processes. The one home of this clock;
+/// not `slipstream_tenancy::since_start_ns`, whose epoch is the process's first call.
+pub fn clock_monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
@@ -527,7 +555,7 @@ impl Kernel {
     }
 
     /// Cache an item of the tenant in `slot`. `expiry_ns` is absolute CLOCK_MONOTONIC ns
-    /// ([`monotonic_now_ns`]), 0 = never. Call only while holding the item's shard lock after
+    /// ([`clock_monotonic_ns`]), 0 = never. Call only while holding the item's shard lock after
     /// reading it (see crate docs).
     pub fn fill_slot(
         &self,

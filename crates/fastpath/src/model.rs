@@ -10,24 +10,7 @@ use crate::abi::{Item, FRAME_HEADER_BYTES, KEYS_MAX, KEY_BYTES_MAX, REPLY_PAYLOA
 use crate::item::segments;
 use std::collections::HashMap;
 
-/// XDP verdicts the program returns (numeric values are the kernel's).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    Drop = 1,
-    Pass = 2,
-    Tx = 3,
-}
-
-impl Verdict {
-    pub fn from_retval(v: u32) -> Option<Verdict> {
-        match v {
-            1 => Some(Verdict::Drop),
-            2 => Some(Verdict::Pass),
-            3 => Some(Verdict::Tx),
-            _ => None,
-        }
-    }
-}
+pub use crate::Verdict;
 
 /// What the program did with one packet.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -148,9 +148,11 @@ pub fn prog_test_run(prog_fd: RawFd, data: &[u8], repeat: u32) -> io::Result<Tes
     Ok(TestRun { retval: a.retval, data_out: out, duration_ns: a.duration })
 }
 
+#[cfg(feature = "traffic-gen")]
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`: test_run sends the frames for real (XDP_TX/REDIRECT).
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 
+#[cfg(feature = "traffic-gen")]
 /// `struct xdp_md` as BPF_PROG_TEST_RUN takes it for its context.
 #[repr(C)]
 #[derive(Default)]
@@ -163,6 +165,7 @@ struct XdpMd {
     egress_ifindex: u32,
 }
 
+#[cfg(feature = "traffic-gen")]
 /// Run an XDP program `repeat` times on real frames built from `data`, as if received on
 /// `ifindex` (of the caller's network namespace) queue 0: XDP_TX sends each frame out of that
 /// interface. `batch` frames share one flush (the kernel caps it at 256).

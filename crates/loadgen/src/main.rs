@@ -5,8 +5,10 @@
 //! the CPU used by the client, the server (given its pid) and the machine over the measured
 //! window, and prints one JSON line. Not a correctness test suite.
 
+mod dist;
 mod hist;
 mod pace;
+mod send;
 mod sysstat;
 mod tcp;
 mod tcp_rate;
@@ -208,35 +210,9 @@ fn parse_args(args: &[String]) -> Result<Option<Config>, String> {
     Ok(Some(cfg))
 }
 
-/// xorshift64*: tiny, fast, good enough to pick ops and keys.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        // splitmix64 scramble so that nearby seeds give unrelated streams (and never 0).
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        Rng(if z == 0 { 1 } else { z })
-    }
-
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in 0..n (multiply-shift on the low 32 bits; bias below 2^-32 * n).
-    #[inline]
-    pub fn below(bits: u64, n: u32) -> u32 {
-        (((bits & 0xffff_ffff) * u64::from(n)) >> 32) as u32
-    }
-}
+/// The crate's one RNG: `fastrand` (wyrand), seeded per connection so a seed gives the same
+/// request stream every run. It is one multiply per draw, cheap next to a request's syscalls.
+pub use fastrand::Rng;
 
 /// The measured window: replies completing inside it are counted.
 #[derive(Clone, Copy)]
@@ -561,6 +537,15 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("xdp-gen") {
         return ExitCode::from(xdpgen::main(&args[1..]));
     }
+    if args.first().map(String::as_str) == Some("send") {
+        return match send::run(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("slipstream-loadgen send: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let cfg = match parse_args(&args) {
         Ok(Some(c)) => c,
         Ok(None) => {
@@ -630,13 +615,13 @@ mod tests {
 
     #[test]
     fn rng_is_deterministic_and_spread() {
-        let mut a = Rng::new(5);
-        let mut b = Rng::new(5);
+        let mut a = Rng::with_seed(5);
+        let mut b = Rng::with_seed(5);
         let mut buckets = [0u32; 10];
         for _ in 0..10_000 {
-            let x = a.next_u64();
-            assert_eq!(x, b.next_u64());
-            buckets[(((x & 0xffff_ffff) * 10) >> 32) as usize] += 1;
+            let x = a.u32(..10);
+            assert_eq!(x, b.u32(..10));
+            buckets[x as usize] += 1;
         }
         assert!(buckets.iter().all(|&n| (800..1200).contains(&n)), "{buckets:?}");
     }

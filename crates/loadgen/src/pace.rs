@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 /// Highest accepted `--rate-per-s` (requests per second, all connections together).
 pub const RATE_PER_S_MAX: f64 = 10_000_000.0;
+/// Highest rate a schedule takes (one per nanosecond); each generator bounds its own option
+/// below this (`RATE_PER_S_MAX` for requests, `send`'s and `xdp-gen`'s for datagrams and frames).
+const SCHEDULE_RATE_PER_S_MAX: f64 = 1e9;
 /// Highest accepted `--backlog-max` (due but unsent requests per connection).
 pub const BACKLOG_MAX_MAX: u64 = 1_000_000;
 
@@ -39,7 +42,7 @@ pub struct Pacer {
 impl Pacer {
     /// `conn_index` in `0..conns_total`; `rate_per_s` > 0 (checked by the caller, clamped here).
     pub fn new(start: Instant, rate_per_s: f64, conns_total: u64, conn_index: u64, backlog_max: u64) -> Pacer {
-        let rate = if rate_per_s.is_finite() && rate_per_s > 0.0 { rate_per_s.min(RATE_PER_S_MAX) } else { 1.0 };
+        let rate = if rate_per_s.is_finite() && rate_per_s > 0.0 { rate_per_s.min(SCHEDULE_RATE_PER_S_MAX) } else { 1.0 };
         let stride = conns_total.max(1);
         Pacer { start, ns_per_req: 1e9 / rate, stride, next_n: conn_index % stride, backlog_max: backlog_max.max(1) }
     }
@@ -97,6 +100,11 @@ impl Pacer {
         let skip = due - self.backlog_max;
         self.next_n = self.next_n.saturating_add(skip.saturating_mul(self.stride));
         skip
+    }
+
+    /// Take the next `k` requests at once (a generator that sends them in one call).
+    pub fn take_many(&mut self, k: u64) {
+        self.next_n = self.next_n.saturating_add(k.saturating_mul(self.stride));
     }
 
     /// Scheduled time of the request `k` places after the next one (k = 0: the next).

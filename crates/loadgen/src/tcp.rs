@@ -67,7 +67,7 @@ impl Conn {
             batch: Vec::with_capacity(cfg.pipeline),
             next: 0,
             batch_sent: Instant::now(),
-            rng: Rng::new(seed),
+            rng: Rng::with_seed(seed),
         })
     }
 
@@ -89,9 +89,8 @@ impl Conn {
         let cfg = sh.cfg;
         let ratio_sum = u64::from(cfg.ratio_set) + u64::from(cfg.ratio_get);
         for _ in 0..cfg.pipeline {
-            let r = self.rng.next_u64();
-            let op = if (r >> 40) % ratio_sum < u64::from(cfg.ratio_set) { Op::Set } else { Op::Get };
-            let key = Rng::below(r, cfg.keys);
+            let op = if self.rng.u64(..ratio_sum.max(1)) < u64::from(cfg.ratio_set) { Op::Set } else { Op::Get };
+            let key = self.rng.u32(..cfg.keys.max(1));
             sh.templates.append(&mut self.out, op, key);
             self.batch.push((op, key));
         }

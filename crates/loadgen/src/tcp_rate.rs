@@ -88,9 +88,8 @@ impl Conn {
         let ratio_sum = u64::from(cfg.ratio_set) + u64::from(cfg.ratio_get);
         for _ in 0..n {
             let scheduled = self.pacer.take();
-            let r = self.rng.next_u64();
-            let op = if (r >> 40) % ratio_sum < u64::from(cfg.ratio_set) { Op::Set } else { Op::Get };
-            let key = Rng::below(r, cfg.keys);
+            let op = if self.rng.u64(..ratio_sum.max(1)) < u64::from(cfg.ratio_set) { Op::Set } else { Op::Get };
+            let key = self.rng.u32(..cfg.keys.max(1));
             sh.templates.append(&mut self.out, op, key);
             if sh.window.contains(scheduled) {
                 sh.counts.sent += 1;
@@ -242,7 +241,7 @@ pub fn run_thread(
             inflight: VecDeque::with_capacity(cfg.pipeline),
             pacer: Pacer::new(window.load_start, rate_per_s, cfg.conns as u64, global, cfg.backlog_max),
             behind_until: None,
-            rng: Rng::new(seed ^ (j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            rng: Rng::with_seed(seed ^ (j as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         };
         poll.registry().register(&mut c.stream, Token(j), Interest::READABLE | Interest::WRITABLE)?;
         conns.push(c);

@@ -90,7 +90,7 @@ pub fn run_thread(
             slots: vec![idle; cfg.pipeline],
             free: (0..cfg.pipeline as u16).rev().collect(),
             generation: 0,
-            rng: Rng::new(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            rng: Rng::with_seed(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             pacer: cfg
                 .rate_per_s
                 .map(|r| Pacer::new(window.load_start, r, cfg.conns as u64, global, cfg.backlog_max)),
@@ -218,7 +218,7 @@ fn refill(
             taken[j] = slot_index;
             s.generation = s.generation.wrapping_add(1);
             let request_id = ((u32::from(s.generation) << bits) | u32::from(slot_index)) as u16;
-            let key = Rng::below(s.rng.next_u64(), cfg.keys);
+            let key = s.rng.u32(..cfg.keys.max(1));
             buf[0..2].copy_from_slice(&request_id.to_be_bytes());
             buf[2..4].copy_from_slice(&0u16.to_be_bytes()); // sequence number
             buf[4..6].copy_from_slice(&1u16.to_be_bytes()); // datagrams in this message

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use slipstream_fastpath::gen::{Generator, SinkCounts, FRAMES_PER_CALL_MAX};
 
+use crate::pace::Pacer;
 use crate::sysstat;
 
 const USAGE: &str = "\
@@ -344,6 +345,8 @@ fn run(c: &Cfg) -> Result<String, String> {
     };
 
     let load_start = Instant::now();
+    // Frame i due at load_start + i / rate: the crate's one schedule (one sender, never shed).
+    let mut pacer = (c.rate_per_s > 0.0).then(|| Pacer::new(load_start, c.rate_per_s, 1, 0, u64::MAX));
     let window_start = load_start + c.warmup;
     let window_end = window_start + c.duration;
     let mut sent: u64 = 0;
@@ -357,18 +360,17 @@ fn run(c: &Cfg) -> Result<String, String> {
         if now >= window_end || (c.count > 0 && sent >= c.count) {
             break;
         }
-        let mut n = if c.rate_per_s > 0.0 {
-            let due = (now.duration_since(load_start).as_secs_f64() * c.rate_per_s) as u64;
+        let mut n = if let Some(p) = &pacer {
+            // Frames due and not yet sent.
+            let due = p.due_count(now);
             // The last frames of a --count run go out even if fewer than a burst.
-            let burst = if c.count > 0 { c.burst.min(c.count - sent) } else { c.burst };
-            if due < sent + burst {
-                let wait = Duration::from_secs_f64((sent + burst) as f64 / c.rate_per_s)
-                    .saturating_sub(now.duration_since(load_start))
-                    .min(PACE_SLEEP_MAX);
+            let burst = if c.count > 0 { c.burst.min(c.count - sent) } else { c.burst }.max(1);
+            if due < burst {
+                let wait = p.due_at_ahead(burst - 1).saturating_duration_since(now).min(PACE_SLEEP_MAX);
                 std::thread::sleep(wait);
                 continue;
             }
-            (due - sent).min(u64::from(CHUNK_MAX))
+            due.min(u64::from(CHUNK_MAX))
         } else {
             u64::from(CHUNK_MAX)
         };
@@ -377,6 +379,9 @@ fn run(c: &Cfg) -> Result<String, String> {
         }
         let n = n.min(u64::from(FRAMES_PER_CALL_MAX)) as u32;
         g.send(&template, ifindex, n, c.batch).map_err(|e| e.to_string())?;
+        if let Some(p) = &mut pacer {
+            p.take_many(u64::from(n));
+        }
         sent += u64::from(n);
         calls += 1;
     }

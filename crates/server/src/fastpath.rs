@@ -22,7 +22,7 @@
 //! [`KernelLedger`]: the control tick takes what XDP spent and sets the next allowance.
 
 use crate::stats::{FastPathSource, FastPathTotals};
-use slipstream_fastpath::{monotonic_now_ns, AttachMode, FastPath, FastPathConfig, FastPathError, Filled};
+use slipstream_fastpath::{clock_monotonic_ns, AttachMode, FastPath, FastPathConfig, FastPathError, Filled};
 use slipstream_store::{KernelCache, KernelFill, Store};
 use slipstream_tenancy::KernelLedger;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -222,7 +222,7 @@ impl KernelFastPath {
 /// clock is read *before* `Instant::now()`, so `mono + (deadline - now)` is never later than
 /// the deadline itself.
 fn monotonic_ns_of(deadline: Instant) -> Option<u64> {
-    let mono = monotonic_now_ns();
+    let mono = clock_monotonic_ns();
     let now = Instant::now();
     let left = deadline.checked_duration_since(now)?;
     if left.is_zero() || mono == 0 {
@@ -285,9 +285,9 @@ mod tests {
     #[test]
     fn deadlines_round_down_and_past_ones_are_refused() {
         let d = Instant::now() + std::time::Duration::from_millis(500);
-        let before = monotonic_now_ns();
+        let before = clock_monotonic_ns();
         let ns = monotonic_ns_of(d).expect("future deadline");
-        let after = monotonic_now_ns();
+        let after = clock_monotonic_ns();
         // Within the 500 ms window, and not past the deadline as read around the call.
         assert!(ns > before && ns <= after + 500_000_000, "{before} {ns} {after}");
         let past = Instant::now().checked_sub(std::time::Duration::from_millis(1)).expect("uptime above 1 ms");

@@ -242,7 +242,7 @@ impl TenantTable {
         let info = Arc::new(info);
         let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let (rin, rout) = spec.rates(&shaping);
-        let shaper = Arc::new(TenantShaper::new(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share, slipstream_tenancy::monotonic_now_ns()));
+        let shaper = Arc::new(TenantShaper::new(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share, slipstream_tenancy::since_start_ns()));
         let t = Arc::new(Tenant {
             name: spec.name.clone(),
             slot,

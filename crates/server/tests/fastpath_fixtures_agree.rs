@@ -18,7 +18,7 @@
 use slipstream_fastpath::abi::Item;
 use slipstream_fastpath::fixtures::{self, Expiry, Fixture};
 use slipstream_fastpath::model::{self, ModelState, ModelTenant};
-use slipstream_fastpath::{item, monotonic_now_ns, FastPathConfig, Filled, Kernel, Verdict};
+use slipstream_fastpath::{item, clock_monotonic_ns, FastPathConfig, Filled, Kernel, Verdict};
 use slipstream_server::exec::{ConnState, Transport};
 use slipstream_server::harness::Harness;
 use slipstream_store::{KernelCache, KernelFill, SetMode, StoreOpts, StoreResult};
@@ -40,7 +40,7 @@ fn expiry_ns(expires_at: Option<Instant>) -> u64 {
         None => 0,
         Some(d) => {
             // Monotonic clock first, then Instant: the sum never lands after the deadline.
-            let mono = monotonic_now_ns();
+            let mono = clock_monotonic_ns();
             mono + d.saturating_duration_since(Instant::now()).as_nanos() as u64
         }
     }
@@ -154,7 +154,7 @@ fn fixtures_agree_with_the_user_space_path() {
                 },
             );
         }
-        state.now_ns = monotonic_now_ns();
+        state.now_ns = clock_monotonic_ns();
         let mout = model::model(&f.packet, &state);
         let mut outs = vec![("model", mout.verdict, mout.packet)];
         if let Some(k) = &shared {

@@ -311,7 +311,7 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Targ
         .name("slipstream-shaper".into())
         .spawn(move || {
             while !tick_stop.is_stopped() {
-                tick_table.tick(slipstream_tenancy::monotonic_now_ns());
+                tick_table.tick(slipstream_tenancy::since_start_ns());
                 std::thread::sleep(std::time::Duration::from_nanos(slipstream_tenancy::shaper::TICK_NS));
             }
         })

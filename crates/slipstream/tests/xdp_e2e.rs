@@ -14,10 +14,9 @@
 mod common;
 
 use common::{ip, root};
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,7 +51,7 @@ struct Topology {
     srv: String,
     cli: String,
     vs: String,
-    server: Option<Child>,
+    server: Option<common::Daemon>,
 }
 
 impl Topology {
@@ -75,15 +74,11 @@ impl Topology {
     /// Start the daemon in the server namespace; returns its status line.
     fn start_server(&mut self, extra: &[&str]) -> String {
         let port = PORT.to_string();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.srv, env!("CARGO_BIN_EXE_slipstream"), "serve", "-l", "::", "-p", &port, "-U", &port])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn slipstream");
-        let line = common::status_line(&mut child, Duration::from_secs(15));
-        self.server = Some(child);
+        let mut args = vec!["-l", "::", "-p", &port, "-U", &port];
+        args.extend_from_slice(extra);
+        let d = common::Daemon::start(Some(&self.srv), &args, Duration::from_secs(15));
+        let line = d.status.clone();
+        self.server = Some(d);
         assert!(!line.is_empty(), "status line within 15 s");
         // The TCP listener is up once the status line is printed.
         line
@@ -91,26 +86,14 @@ impl Topology {
 
     /// SIGTERM the daemon and wait (bounded) for it to exit; returns whether it exited 0.
     fn stop_server(&mut self) -> bool {
-        let Some(mut child) = self.server.take() else { return false };
-        // SAFETY: kill sends a signal to the pid of a child we spawned and have not reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = child.try_wait() {
-                return st.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        self.server.take().is_some_and(|mut d| d.stop(Duration::from_secs(10)))
     }
 
     /// The scheduling policy (stat field 41) of each of the daemon's worker threads.
     fn worker_policies(&self) -> Vec<i32> {
-        let Some(child) = self.server.as_ref() else { return Vec::new() };
+        let Some(pid) = self.server.as_ref().and_then(common::Daemon::pid) else { return Vec::new() };
         let mut out = Vec::new();
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).expect("daemon's tasks");
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("daemon's tasks");
         for t in tasks.flatten() {
             let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
             if !comm.starts_with("slipstream-w") {
@@ -136,10 +119,8 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // The daemon (killed on drop) goes before its namespace.
+        drop(self.server.take());
         // Deleting a namespace removes the veth pair with it.
         let _ = ip(&["netns", "del", &self.srv]);
         let _ = ip(&["netns", "del", &self.cli]);
@@ -234,75 +215,34 @@ fn binary_status(req: &[u8]) -> u16 {
     u16::from_be_bytes([h[6], h[7]])
 }
 
+/// The memcached UDP client over IPv4 and IPv6 (common::UdpClient, one per family).
 struct Udp {
-    s4: UdpSocket,
-    s6: UdpSocket,
-    rid: u16,
+    v4: common::UdpClient,
+    v6: common::UdpClient,
 }
 
 impl Udp {
     fn new() -> Udp {
-        let s4 = UdpSocket::bind((V4C, 0)).expect("bind v4");
-        let s6 = UdpSocket::bind((V6C.parse::<IpAddr>().unwrap(), 0)).expect("bind v6");
-        for s in [&s4, &s6] {
-            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        }
-        Udp { s4, s6, rid: 1 }
+        let poll = Duration::from_millis(50);
+        let v4 = common::UdpClient::bind(SocketAddr::new(V4C.parse().expect("v4"), 0), poll);
+        let v6 = common::UdpClient::bind(SocketAddr::new(V6C.parse().expect("v6"), 0), poll);
+        Udp { v4, v6 }
     }
 
     /// Send `req` as one memcached UDP datagram and collect reply messages until `done` says
     /// the reply is complete (or the timeout: None).
     fn query(&mut self, v6: bool, req: &str, done: impl Fn(&str) -> bool) -> Option<String> {
-        self.rid = self.rid.wrapping_add(1).max(1);
-        let rid = self.rid;
-        let (sock, dst) = if v6 {
-            (&self.s6, SocketAddr::new(V6S.parse().unwrap(), PORT))
+        let (c, dst) = if v6 {
+            (&mut self.v6, SocketAddr::new(V6S.parse().expect("v6"), PORT))
         } else {
-            (&self.s4, SocketAddr::new(V4S.parse().unwrap(), PORT))
+            (&mut self.v4, SocketAddr::new(V4S.parse().expect("v4"), PORT))
         };
-        let mut frame = rid.to_be_bytes().to_vec();
-        frame.extend_from_slice(&[0, 0, 0, 1, 0, 0]);
-        frame.extend_from_slice(req.as_bytes());
-        sock.send_to(&frame, dst).expect("udp send");
-        udp_collect(sock, rid, done, UDP_TIMEOUT)
+        c.query(dst, req.as_bytes(), done, UDP_TIMEOUT)
     }
 
     fn get(&mut self, v6: bool, req: &str) -> Option<String> {
         self.query(v6, req, |s| s.ends_with("END\r\n"))
     }
-}
-
-/// Reassemble the reply to request `rid`: messages (each `total` datagrams by `seq`) appended
-/// in arrival order until `done(text)`.
-fn udp_collect(sock: &UdpSocket, rid: u16, done: impl Fn(&str) -> bool, timeout: Duration) -> Option<String> {
-    let deadline = Instant::now() + timeout;
-    let mut acc = String::new();
-    let mut parts: HashMap<u16, Vec<u8>> = HashMap::new();
-    let mut buf = [0u8; 2048];
-    while Instant::now() < deadline {
-        let n = match sock.recv(&mut buf) {
-            Ok(n) => n,
-            Err(_) => continue,
-        };
-        if n < 8 || u16::from_be_bytes([buf[0], buf[1]]) != rid {
-            continue; // a late reply to an earlier request
-        }
-        let seq = u16::from_be_bytes([buf[2], buf[3]]);
-        let total = u16::from_be_bytes([buf[4], buf[5]]);
-        parts.insert(seq, buf[8..n].to_vec());
-        if parts.len() >= usize::from(total.max(1)) {
-            for i in 0..total.max(1) {
-                if let Some(p) = parts.get(&i) {
-                    acc.push_str(&String::from_utf8_lossy(p));
-                }
-            }
-            parts.clear();
-            if done(&acc) {
-                return Some(acc);
-            }
-        }
-    }
-    None
 }
 
 fn value_reply(key: &str, flags: u32, data: &str) -> String {
@@ -595,16 +535,6 @@ fn xdp_fast_path_end_to_end() {
 // ---------------------------------------------------------------------------------------------
 
 /// xorshift64*: small, seedable.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 const KEYS: usize = 16;
 const WRITERS: usize = 2;
 const READERS: usize = 3;
@@ -686,12 +616,12 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
         for w in 0..WRITERS {
             let (acked, tally, stop) = (acked.clone(), tally.clone(), stop.clone());
             threads.push(std::thread::spawn(move || {
-                let mut rng = Rng(seed ^ (0x1000 + w as u64));
+                let mut rng = fastrand::Rng::with_seed(seed ^ (0x1000 + w as u64));
                 let mut t = Tcp::connect(w % 2 == 1);
                 let mut bin = Tcp::connect(false);
                 let mut version = vec![1u64; KEYS];
                 while !stop.load(Ordering::Relaxed) {
-                    let r = rng.next();
+                    let r = rng.u64(..);
                     let k = w + WRITERS * (r as usize % (KEYS / WRITERS));
                     version[k] += 1;
                     let v = version_value(version[k]);
@@ -725,11 +655,11 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
         for rd in 0..READERS {
             let (acked, tally, stop) = (acked.clone(), tally.clone(), stop.clone());
             threads.push(std::thread::spawn(move || {
-                let mut rng = Rng(seed ^ (0x2000 + rd as u64));
+                let mut rng = fastrand::Rng::with_seed(seed ^ (0x2000 + rd as u64));
                 let v6 = rd == READERS - 1;
                 let mut u = Udp::new();
                 while !stop.load(Ordering::Relaxed) {
-                    let r = rng.next();
+                    let r = rng.u64(..);
                     let nkeys = match r % 20 {
                         0 | 1 => 3,
                         2 => 2,

@@ -18,9 +18,8 @@ mod common;
 
 use common::{in_ns, ip, root};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,7 +41,7 @@ struct Topo {
     srv: String,
     cli: String,
     vs: String,
-    daemon: Option<Child>,
+    daemon: Option<common::Daemon>,
 }
 
 impl Topo {
@@ -67,17 +66,15 @@ impl Topo {
         self.stop();
         let path = std::env::temp_dir().join(format!("xdp-stream-{}-{}.toml", self.srv, std::process::id()));
         std::fs::write(&path, config).expect("write config");
-        let mut args: Vec<String> =
-            vec!["netns".into(), "exec".into(), self.srv.clone(), env!("CARGO_BIN_EXE_slipstream").into(), "serve".into()];
+        let mut args: Vec<String> = Vec::new();
         for a in ["-l", V4S, "--admin", &format!("{V4S}:{ADMIN}"), "--config", &path.to_string_lossy()] {
             args.push(a.to_string());
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut child = Command::new("ip").args(&args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn daemon");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let _ = out.read_line(&mut line);
-        self.daemon = Some(child);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let d = common::Daemon::start(Some(&self.srv), &args, Duration::from_secs(15));
+        let line = d.status.clone();
+        self.daemon = Some(d);
         assert!(line.contains("stream offload"), "daemon status line: {line:?}");
         // Wait for the results port.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -95,18 +92,8 @@ impl Topo {
     }
 
     fn stop(&mut self) {
-        if let Some(mut c) = self.daemon.take() {
-            // SAFETY: kill sends a signal to our own child's pid; no memory is involved.
-            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut d) = self.daemon.take() {
+            d.stop(Duration::from_secs(5));
         }
     }
 }
@@ -203,20 +190,16 @@ fn metric(text: &str, name: &str, stream: &str) -> u64 {
     text.lines().find_map(|l| l.strip_prefix(&pre)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
-struct Rng(u64);
+/// Test data from the one RNG (fastrand, seeded; the seed is printed by the caller).
+struct Rng(fastrand::Rng);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.u64(..n.max(1))
     }
+    /// Standard normal (Box–Muller).
     fn gauss(&mut self) -> f64 {
-        let u1 = ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let u1 = 1.0 - self.0.f64();
+        let u2 = self.0.f64();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
 }
@@ -258,7 +241,7 @@ history = 16
 type Packets = Vec<(u16, Vec<u8>)>;
 
 fn packets(seed: u64) -> (Packets, BTreeMap<String, u64>) {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng(fastrand::Rng::with_seed(seed));
     let long = "L".repeat(40); // over the kernel's 32-byte key: passed to user space
     let vocab: Vec<String> = (0..50).map(|i| format!("w{i}")).chain(["\"q\"".into(), "a\\b".into(), "caf\u{e9}".into(), long]).collect();
     let mut want: BTreeMap<String, u64> = BTreeMap::new();

@@ -20,7 +20,7 @@ use std::net::UdpSocket;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PORT_A: u16 = 22311;
 const PORT_B: u16 = 22312;
@@ -58,32 +58,18 @@ fn start_responder(ports: &[u16], stop: Arc<AtomicBool>) -> Vec<std::thread::Joi
 
 /// Client: one memcached UDP request, the reply text (after the frame header) or None.
 struct Client {
-    sock: UdpSocket,
-    rid: u16,
+    c: common::UdpClient,
 }
 
 impl Client {
     fn new() -> Client {
-        let sock = UdpSocket::bind((V4C, 0)).expect("bind client");
-        sock.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
-        Client { sock, rid: 0 }
+        let local = std::net::SocketAddr::new(V4C.parse().expect("v4"), 0);
+        Client { c: common::UdpClient::bind(local, Duration::from_millis(50)) }
     }
 
     fn ask(&mut self, port: u16, req: &str) -> Option<String> {
-        self.rid = self.rid.wrapping_add(1).max(1);
-        let mut frame = self.rid.to_be_bytes().to_vec();
-        frame.extend_from_slice(&[0, 0, 0, 1, 0, 0]);
-        frame.extend_from_slice(req.as_bytes());
-        self.sock.send_to(&frame, (V4S, port)).expect("send");
-        let deadline = Instant::now() + Duration::from_millis(1000);
-        let mut buf = [0u8; 2048];
-        while Instant::now() < deadline {
-            let Ok(n) = self.sock.recv(&mut buf) else { continue };
-            if n >= 8 && buf[..2] == self.rid.to_be_bytes() {
-                return Some(String::from_utf8_lossy(&buf[8..n]).into_owned());
-            }
-        }
-        None
+        let dst = std::net::SocketAddr::new(V4S.parse().expect("v4"), port);
+        self.c.ask(dst, req.as_bytes(), Duration::from_millis(1000))
     }
 }
 

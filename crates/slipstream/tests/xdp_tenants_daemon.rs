@@ -22,11 +22,11 @@ mod common;
 
 use common::{ip, root};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const T0_PORT: u16 = 22411;
@@ -65,9 +65,7 @@ struct Topology {
     cli: String,
     vs: String,
     config: std::path::PathBuf,
-    daemon: Option<Child>,
-    /// Everything the daemon wrote to stderr (shown in failure messages).
-    daemon_stderr: Arc<Mutex<String>>,
+    daemon: Option<common::Daemon>,
 }
 
 impl Topology {
@@ -79,7 +77,6 @@ impl Topology {
             vs: format!("ds{id}"),
             config: std::env::temp_dir().join(format!("slipstream-xdpd-{id}.toml")),
             daemon: None,
-            daemon_stderr: Arc::new(Mutex::new(String::new())),
         };
         let vc = format!("dc{id}");
         let setup = || {
@@ -104,28 +101,10 @@ impl Topology {
             vs = self.vs
         );
         std::fs::write(&self.config, config).expect("write daemon config");
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.srv, env!("CARGO_BIN_EXE_slipstream"), "serve", "--config"])
-            .arg(&self.config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn slipstream");
-        let stderr = child.stderr.take().expect("daemon stderr");
-        let status = common::status_line(&mut child, Duration::from_secs(15));
-        self.daemon = Some(child);
-        let sink = self.daemon_stderr.clone();
-        std::thread::spawn(move || {
-            // Bounded by the daemon's life: ends at EOF when it exits.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[daemon] {line}");
-                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
-                if s.len() < 64 * 1024 {
-                    s.push_str(&line);
-                    s.push('\n');
-                }
-            }
-        });
+        let config = self.config.to_string_lossy().into_owned();
+        let d = common::Daemon::start(Some(&self.srv), &["--config", &config], Duration::from_secs(15));
+        let status = d.status.clone();
+        self.daemon = Some(d);
         match status {
             line if !line.is_empty() => line,
             _ => panic!("no status line from the daemon within 15 s; stderr:\n{}", self.stderr_text()),
@@ -133,24 +112,12 @@ impl Topology {
     }
 
     fn stderr_text(&self) -> String {
-        self.daemon_stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.daemon.as_ref().map(common::Daemon::stderr_text).unwrap_or_default()
     }
 
     /// SIGTERM the daemon and wait (bounded) for it to exit; returns whether it exited 0.
     fn stop_daemon(&mut self) -> bool {
-        let Some(mut child) = self.daemon.take() else { return false };
-        // SAFETY: kill sends a signal to the pid of a child we spawned and have not reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        self.daemon.take().is_some_and(|mut d| d.stop(Duration::from_secs(10)))
     }
 
     /// Run `f` on a thread inside the client namespace (threads it spawns stay there too).
@@ -161,10 +128,8 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        if let Some(mut c) = self.daemon.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // The daemon (killed on drop) goes before its namespace.
+        drop(self.daemon.take());
         // Deleting a namespace removes the veth pair with it.
         let _ = ip(&["netns", "del", &self.srv]);
         let _ = ip(&["netns", "del", &self.cli]);
@@ -199,51 +164,21 @@ fn tcp_cmd(port: u16, req: &str) -> String {
     String::from_utf8_lossy(&got).into_owned()
 }
 
-/// One memcached UDP request frame: request id, sequence 0, 1 datagram, reserved.
-fn udp_frame(rid: u16, req: &[u8]) -> Vec<u8> {
-    let mut frame = rid.to_be_bytes().to_vec();
-    frame.extend_from_slice(&[0, 0, 0, 1, 0, 0]);
-    frame.extend_from_slice(req);
-    frame
-}
-
+/// The memcached UDP client (common::UdpClient) aimed at the server's address.
 struct Udp {
-    sock: UdpSocket,
-    rid: u16,
+    c: common::UdpClient,
 }
 
 impl Udp {
     fn new() -> Udp {
-        let sock = UdpSocket::bind((V4C, 0)).expect("bind client UDP socket");
-        sock.set_read_timeout(Some(Duration::from_millis(20))).expect("read timeout");
-        Udp { sock, rid: 0 }
+        let local = SocketAddr::new(V4C.parse().expect("v4"), 0);
+        Udp { c: common::UdpClient::bind(local, Duration::from_millis(20)) }
     }
 
     /// Send one get-like request to `port`; the reassembled reply text, or None on timeout.
     fn ask(&mut self, port: u16, req: &str) -> Option<String> {
-        self.rid = self.rid.wrapping_add(1).max(1);
-        let rid = self.rid;
-        self.sock.send_to(&udp_frame(rid, req.as_bytes()), (V4S, port)).expect("udp send");
-        let deadline = Instant::now() + UDP_REPLY_TIMEOUT;
-        let mut parts: HashMap<u16, Vec<u8>> = HashMap::new();
-        let mut buf = [0u8; 2048];
-        while Instant::now() < deadline {
-            let Ok(n) = self.sock.recv(&mut buf) else { continue };
-            if n < 8 || buf[..2] != rid.to_be_bytes() {
-                continue; // a late reply to an earlier request
-            }
-            let seq = u16::from_be_bytes([buf[2], buf[3]]);
-            let total = u16::from_be_bytes([buf[4], buf[5]]).max(1);
-            parts.insert(seq, buf[8..n].to_vec());
-            if parts.len() >= usize::from(total) {
-                let mut text = String::new();
-                for i in 0..total {
-                    text.push_str(&String::from_utf8_lossy(parts.get(&i).map(Vec::as_slice).unwrap_or_default()));
-                }
-                return Some(text);
-            }
-        }
-        None
+        let dst = SocketAddr::new(V4S.parse().expect("v4"), port);
+        self.c.ask(dst, req.as_bytes(), UDP_REPLY_TIMEOUT)
     }
 }
 
@@ -362,7 +297,7 @@ fn blast(port: u16, req: &str, requests_per_s: u64) -> Blast {
         while sent < due.min(BLAST_REQUESTS_MAX) {
             rid = rid.wrapping_add(1).max(1);
             // A full socket buffer just loses the datagram, as a real open-loop client would.
-            let _ = sock.send_to(&udp_frame(rid, req.as_bytes()), dst);
+            let _ = sock.send_to(&common::udp_frame(rid, req.as_bytes()), dst);
             sent += 1;
         }
         std::thread::sleep(Duration::from_micros(500));

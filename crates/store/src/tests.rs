@@ -390,14 +390,14 @@ fn big_item_fits_even_when_larger_than_one_shard_share() {
     assert!(s.stats().evictions > 100);
 }
 
-/// xorshift64*: a tiny deterministic generator for the randomized tests.
-struct Rng(u64);
+/// The project's one RNG (fastrand), seeded so a printed seed replays.
+struct Rng(fastrand::Rng);
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.u64(..)
     }
 }
 
@@ -413,7 +413,7 @@ fn memory_limit_never_exceeded_under_random_stores() {
         c.memory_bytes_max = max;
         c.shards = 8;
     });
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let buf = vec![b'v'; 300_000];
     for i in 0..100_000u32 {
         let r = rng.next();
@@ -843,7 +843,7 @@ fn concurrent_stores_under_memory_pressure_stay_within_budget() {
         .map(|t| {
             let s = s.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
+                let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
                 let v = vec![b'q'; 20_000];
                 for _ in 0..20_000 {
                     let r = rng.next();
@@ -1066,7 +1066,7 @@ fn global_lru_within_one_tick() {
             c.shards = shards;
             c.memory_bytes_max = CAP * charge;
         });
-        let mut rng = Rng(seed ^ shards as u64);
+        let mut rng = Rng::new(seed ^ shards as u64);
         let mut m = LruModel::default();
         let (mut victims, mut inexact) = (0u64, 0u64);
         for step in 0..6000u32 {
@@ -1145,7 +1145,7 @@ fn concurrent_stores_and_reads_keep_every_lru_sorted_and_published() {
         .map(|t| {
             let s = s.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(seed ^ (t + 1));
+                let mut rng = Rng::new(seed ^ (t + 1));
                 let v = vec![b'c'; 900];
                 for _ in 0..60_000 {
                     let r = rng.next();

@@ -1,4 +1,4 @@
-//! testutil: a seeded PRNG for the randomized tests (tests only).
+//! testutil: the seeded RNG of the randomized tests (tests only): fastrand, plus Box–Muller.
 
 /// Seed from `STREAM_TEST_SEED` if set, else `default`; always printed so a failure can be
 /// replayed.
@@ -8,26 +8,19 @@ pub fn seed(default: u64) -> u64 {
     s
 }
 
-/// splitmix64.
-pub struct Rng(u64);
+/// The project's one RNG (fastrand), seeded so a printed seed replays.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        Rng(fastrand::Rng::with_seed(seed))
     }
     /// Uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.f64()
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
+        self.0.u64(..n.max(1))
     }
 }
 

@@ -59,7 +59,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slipstream_stream::{json, result};
 
-use crate::{monotonic_ns, Shared};
+use crate::{clock_monotonic_ns, Shared};
 
 pub(crate) const WAKER: Token = Token(usize::MAX);
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -281,7 +281,7 @@ fn new_epoch() -> String {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        wall ^ monotonic_ns().rotate_left(17) ^ u64::from(std::process::id()).rotate_left(40)
+        wall ^ clock_monotonic_ns().rotate_left(17) ^ u64::from(std::process::id()).rotate_left(40)
     };
     format!("{v:016x}")
 }
@@ -293,12 +293,12 @@ impl Hub {
         let mut rings: Vec<Ring> = (0..nstreams).map(|_| Ring::default()).collect();
         let mut subs: Vec<Option<Sub>> = Vec::new();
         let mut events = Events::with_capacity(EVENTS_MAX);
-        let mut next_stats = monotonic_ns().saturating_add(self.stats_interval_ns);
+        let mut next_stats = clock_monotonic_ns().saturating_add(self.stats_interval_ns);
         let mut chunk: Vec<u8> = Vec::new();
         let mut stamped: Vec<u8> = Vec::new();
         let mut scratch: Vec<u8> = Vec::new();
         loop {
-            let now = monotonic_ns();
+            let now = clock_monotonic_ns();
             let mut deadline = next_stats;
             for s in subs.iter().flatten() {
                 if let State::Pending { deadline_ns, .. } = s.state {
@@ -339,7 +339,7 @@ impl Hub {
                     }
                 }
             }
-            let now = monotonic_ns();
+            let now = clock_monotonic_ns();
             // Subscribers that sent no line in time take every stream.
             for s in subs.iter_mut().flatten() {
                 if let State::Pending { deadline_ns, .. } = s.state {
@@ -545,7 +545,7 @@ impl Hub {
                 *e = Some(Sub {
                     sock,
                     state: State::Pending {
-                        deadline_ns: monotonic_ns().saturating_add(SUBSCRIBE_WAIT_NS),
+                        deadline_ns: clock_monotonic_ns().saturating_add(SUBSCRIBE_WAIT_NS),
                         line: Vec::new(),
                         from_seqs: rings.iter().map(|r| r.next_seq).collect(),
                     },
@@ -888,7 +888,7 @@ fn deliver_line(shared: &Shared, sub: &mut Sub, idx: usize, line: &[u8], max: us
     let mut fits = sub.queued() + line.len() <= max;
     if fits && sub.dropped.iter().any(|&d| d > 0) {
         scratch.clear();
-        let now = monotonic_ns();
+        let now = clock_monotonic_ns();
         for (i, &n) in sub.dropped.iter().enumerate() {
             if n > 0 {
                 let name = shared.streams.get(i).map(|s| s.name.as_str()).unwrap_or("");

@@ -22,7 +22,7 @@ use std::time::Duration;
 use slipstream_stream::{feed_datagram, record, Encoding, Limits, ParseStats};
 
 use crate::xdp::{self, Kind, SharedOp, WcMerge, XdpStream};
-use crate::{monotonic_ns, Shared};
+use crate::{clock_monotonic_ns, Shared};
 
 /// Datagrams taken per `recvmmsg`.
 pub(crate) const BATCH: usize = 32;
@@ -236,7 +236,7 @@ impl Ingest {
         let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut datagrams = 0u64;
         let mut parsed = ParseStats::default();
-        let mut next_tick = monotonic_ns().saturating_add(self.tick_ns);
+        let mut next_tick = clock_monotonic_ns().saturating_add(self.tick_ns);
         // XDP change point: whether user space has taken the stream over.
         let mut taken_over = false;
         // The XDP engine's counters for this stream, read once per tick (a map lookup is a
@@ -264,7 +264,7 @@ impl Ingest {
                 }
             }
             // One receive time per batch: the datagrams were all queued by then.
-            let t_ns = monotonic_ns();
+            let t_ns = clock_monotonic_ns();
             let wc_window = match &self.xdp {
                 Some(XdpStream { kind: Kind::WordCount { window_ns, .. }, .. }) => Some(*window_ns),
                 _ => None,

@@ -10,7 +10,7 @@
 //!   `SO_RCVTIMEO` doubles as the window-closing tick.
 //! - one hub thread (module `hub`): the results listener, subscriber buffers, `stats` lines.
 //!
-//! Clock: every `t_ns` in result lines is `CLOCK_MONOTONIC` in nanoseconds ([`monotonic_ns`]),
+//! Clock: every `t_ns` in result lines is `CLOCK_MONOTONIC` in nanoseconds ([`clock_monotonic_ns`]),
 //! read when a `recvmmsg` batch returns, so a generator or benchmark on the same host can
 //! compare its own `CLOCK_MONOTONIC` send time with the alert's `t_ns` and its arrival time.
 //!
@@ -55,13 +55,9 @@ pub const SUBSCRIBER_BUFFER_BYTES_MAX: usize = 256 << 20;
 pub const STATS_INTERVAL_MS_MAX: u64 = 3_600_000;
 pub const UDP_RCVBUF_BYTES_MAX: usize = 1 << 30;
 
-/// CLOCK_MONOTONIC now, in nanoseconds: the clock of every `t_ns` this engine writes.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of every `t_ns` this engine writes (the same
+/// clock `bpf_ktime_get_ns` reads; its one home is the fast-path crate).
+pub use slipstream_fastpath::clock_monotonic_ns;
 
 /// Everything the service needs.
 #[derive(Debug, Clone)]
@@ -466,8 +462,8 @@ mod tests {
 
     #[test]
     fn clock_is_monotonic() {
-        let a = monotonic_ns();
-        let b = monotonic_ns();
+        let a = clock_monotonic_ns();
+        let b = clock_monotonic_ns();
         assert!(b >= a && a > 0);
     }
 }

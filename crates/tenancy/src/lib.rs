@@ -25,8 +25,10 @@ pub use spec::{ShapingSpec, SpecError, TenantPatch, TenantSpec};
 #[cfg(test)]
 mod tests;
 
-/// Nanoseconds on the monotonic clock, the time base of every bucket.
-pub fn monotonic_now_ns() -> u64 {
+/// Nanoseconds since this process first asked (a monotonic clock whose epoch is the first call,
+/// not the kernel's CLOCK_MONOTONIC epoch): the time base of every bucket and shaper. Not
+/// comparable with `slipstream_fastpath::clock_monotonic_ns` (absolute CLOCK_MONOTONIC).
+pub fn since_start_ns() -> u64 {
     use std::sync::OnceLock;
     use std::time::Instant;
     static START: OnceLock<Instant> = OnceLock::new();
@@ -34,3 +36,4 @@ pub fn monotonic_now_ns() -> u64 {
     // u64 nanoseconds last 584 years of uptime.
     start.elapsed().as_nanos() as u64
 }
+

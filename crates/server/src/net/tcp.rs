@@ -20,7 +20,7 @@ use crate::outq::SHARE_VALUE_BYTES_MIN;
 use crate::stats::ThreadStats;
 use crate::tenants::Tenant;
 use mio::{Interest, Registry, Token};
-use slipstream_tenancy::monotonic_now_ns;
+use slipstream_tenancy::since_start_ns;
 use std::sync::atomic::Ordering;
 
 /// What handling an event decided for a connection.
@@ -88,7 +88,7 @@ pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Reg
     for _ in 0..conn.gate.rounds() {
         // plan
         let mut plan = match shaper {
-            Some(sh) => gate::plan(sh, monotonic_now_ns(), conn.gate.held, want_read),
+            Some(sh) => gate::plan(sh, since_start_ns(), conn.gate.held, want_read),
             None => RoundPlan::open(want_read),
         };
         plan.limits = gate::cap_requests(plan.limits, per_event_limit(env.settings));
@@ -128,7 +128,7 @@ pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Reg
             return After::Keep;
         }
         if plan.wait_ns > 0 {
-            conn.gate.hold(monotonic_now_ns(), plan.wait_ns);
+            conn.gate.hold(since_start_ns(), plan.wait_ns);
             return After::Keep;
         }
         if !read.more && !batch.high && !batch.limited {

@@ -18,7 +18,7 @@ use crate::stats::ThreadStats;
 use crate::udp_batch::{RecvBatch, SendBatch};
 use mio::net::UdpSocket;
 use slipstream_proto::udp;
-use slipstream_tenancy::monotonic_now_ns;
+use slipstream_tenancy::since_start_ns;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -81,7 +81,7 @@ pub(super) fn udp_drain(wt: &mut WorkerTenant, rx: &mut RecvBatch, bufs: &mut Ud
                 };
                 if let Some(sh) = wt.tenant.shaper.as_deref() {
                     // Keep arrival order: once something waits, later datagrams queue behind it.
-                    let wait = if wt.udp_queue.is_empty() { gate::udp_wait_ns(sh, monotonic_now_ns()) } else { 1 };
+                    let wait = if wt.udp_queue.is_empty() { gate::udp_wait_ns(sh, since_start_ns()) } else { 1 };
                     if wait > 0 {
                         let stats = thread_stats(&wt.tenant, env.index);
                         ThreadStats::incr(&stats.udp_datagrams_in);
@@ -91,7 +91,7 @@ pub(super) fn udp_drain(wt: &mut WorkerTenant, rx: &mut RecvBatch, bufs: &mut Ud
                             wt.udp_queue.push_back((datagram.to_vec(), peer));
                             wt.udp_queue_bytes += n;
                             if wt.udp_wait_until_ns == 0 {
-                                wt.udp_wait_until_ns = monotonic_now_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
+                                wt.udp_wait_until_ns = since_start_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
                             }
                         } else {
                             sh.dropped();
@@ -121,9 +121,9 @@ pub(super) fn serve_udp_queues(tenants: &mut [WorkerTenant], bufs: &mut UdpBufs,
                 continue;
             };
             while !wt.udp_queue.is_empty() {
-                let wait = gate::udp_wait_ns(&*sh, monotonic_now_ns());
+                let wait = gate::udp_wait_ns(&*sh, since_start_ns());
                 if wait > 0 {
-                    wt.udp_wait_until_ns = monotonic_now_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
+                    wt.udp_wait_until_ns = since_start_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
                     break;
                 }
                 let Some((d, peer)) = wt.udp_queue.pop_front() else { break };

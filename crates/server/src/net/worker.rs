@@ -21,7 +21,7 @@ use crate::tenants::TenantTable;
 use crate::udp_batch::RecvBatch;
 use mio::net::UnixListener;
 use mio::{Events, Poll};
-use slipstream_tenancy::monotonic_now_ns;
+use slipstream_tenancy::since_start_ns;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -129,7 +129,7 @@ impl Worker {
         }
         let mut deadline = None;
         if !self.throttled.is_empty() || self.tenants.iter().any(|w| w.udp_wait_until_ns != 0) {
-            let now = monotonic_now_ns();
+            let now = since_start_ns();
             self.serve_throttled(now, revisit);
             self.serve_udp_queues(now);
             deadline = self.next_deadline();
@@ -137,7 +137,7 @@ impl Worker {
         // Decided after the throttled pass, which may leave connections for a revisit.
         let mut timeout = if revisit.is_empty() { None } else { Some(std::time::Duration::ZERO) };
         if let Some(next) = deadline {
-            let wait = std::time::Duration::from_nanos(next.saturating_sub(monotonic_now_ns()));
+            let wait = std::time::Duration::from_nanos(next.saturating_sub(since_start_ns()));
             timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
         }
         if let Some(wait) = self.kick_idle() {
@@ -154,7 +154,7 @@ impl Worker {
         if idle_s == 0 {
             return None;
         }
-        let now = monotonic_now_ns();
+        let now = since_start_ns();
         if now >= self.idle_scan_at_ns {
             self.idle_scan_at_ns = now + IDLE_SCAN_NS;
             for i in 0..self.conns.slots.len() {

@@ -1,16 +1,20 @@
-//! Helpers shared by the daemon's integration tests: root check, the `ip` command, the XDP_PASS
-//! object for the client side, the two-namespace veth pair the namespace tests use (and
-//! [`Pair`], which deletes it on drop, so a failed test still leaves nothing behind), running
-//! code inside a namespace, reading a spawned daemon's status line, and one TCP request/reply.
+//! Helpers shared by the daemon's integration tests (the one Rust home for them; Python's are
+//! tests/daemonlib.py and tests/mcwire.py): root check, the `ip` command, the XDP_PASS object for
+//! the client side, the two-namespace veth pair the namespace tests use (and [`Pair`], which
+//! deletes it on drop, so a failed test still leaves nothing behind), running code inside a
+//! namespace, the daemon launcher ([`Daemon`]: spawn, status line, bounded SIGTERM stop), the
+//! memcached UDP client ([`UdpClient`]), and one TCP request/reply.
 //!
 //! Not for: what runs on the topology.
 
 // Each test binary includes this module and uses a different subset of it.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn root() -> bool {
@@ -158,4 +162,150 @@ pub fn ask(s: &mut TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
         }
     }
     got
+}
+
+/// Stderr kept from a daemon for failure messages.
+const DAEMON_STDERR_BYTES_MAX: usize = 64 * 1024;
+
+/// A `slipstream serve` spawned by a test (in a network namespace or not): killed on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    /// Its status line (the first line on stdout), empty if none came in time.
+    pub status: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    /// Spawns `slipstream serve ARGS` (inside namespace `ns` when given) and waits at most
+    /// `wait` for its status line. Stderr is echoed with a `[daemon]` prefix and kept (bounded)
+    /// for [`Daemon::stderr_text`].
+    pub fn start(ns: Option<&str>, args: &[&str], wait: Duration) -> Daemon {
+        let bin = env!("CARGO_BIN_EXE_slipstream");
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd.arg("serve").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn slipstream");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        if let Some(err) = child.stderr.take() {
+            let sink = stderr.clone();
+            std::thread::spawn(move || {
+                // Bounded by the daemon's life: ends at EOF when it exits.
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    eprintln!("[daemon] {line}");
+                    let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.len() < DAEMON_STDERR_BYTES_MAX {
+                        s.push_str(&line);
+                        s.push('\n');
+                    }
+                }
+            });
+        }
+        let status = status_line(&mut child, wait);
+        Daemon { child: Some(child), status, stderr }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// SIGTERM and wait at most `wait` for the exit (then SIGKILL); whether it exited 0.
+    pub fn stop(&mut self, wait: Duration) -> bool {
+        let Some(mut child) = self.child.take() else { return false };
+        // SAFETY: kill sends a signal to the pid of a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One memcached UDP request frame: request id, sequence 0, 1 datagram, reserved.
+pub fn udp_frame(rid: u16, req: &[u8]) -> Vec<u8> {
+    let mut frame = rid.to_be_bytes().to_vec();
+    frame.extend_from_slice(&[0, 0, 0, 1, 0, 0]);
+    frame.extend_from_slice(req);
+    frame
+}
+
+/// A memcached UDP client: one socket, a fresh request id per request, replies reassembled.
+pub struct UdpClient {
+    pub sock: UdpSocket,
+    rid: u16,
+}
+
+impl UdpClient {
+    /// Binds `local` (port 0 for any); reads poll every `poll` until a request's timeout.
+    pub fn bind(local: SocketAddr, poll: Duration) -> UdpClient {
+        let sock = UdpSocket::bind(local).expect("bind client UDP socket");
+        sock.set_read_timeout(Some(poll)).expect("read timeout");
+        UdpClient { sock, rid: 0 }
+    }
+
+    /// Sends `req` to `dst` as one datagram and collects reply messages until `done` says the
+    /// reply is complete; None after `timeout`.
+    pub fn query(&mut self, dst: SocketAddr, req: &[u8], done: impl Fn(&str) -> bool, timeout: Duration) -> Option<String> {
+        self.rid = self.rid.wrapping_add(1).max(1);
+        self.sock.send_to(&udp_frame(self.rid, req), dst).expect("udp send");
+        udp_collect(&self.sock, self.rid, done, timeout)
+    }
+
+    /// One request whose reply is one message (any number of datagrams).
+    pub fn ask(&mut self, dst: SocketAddr, req: &[u8], timeout: Duration) -> Option<String> {
+        self.query(dst, req, |_| true, timeout)
+    }
+}
+
+/// Reassembles the reply to request `rid`: messages (each `total` datagrams by `seq`) appended
+/// in arrival order until `done(text)`; datagrams of other requests (late replies) are skipped.
+pub fn udp_collect(sock: &UdpSocket, rid: u16, done: impl Fn(&str) -> bool, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    let mut acc = String::new();
+    let mut parts: HashMap<u16, Vec<u8>> = HashMap::new();
+    let mut buf = [0u8; 2048];
+    while Instant::now() < deadline {
+        let Ok(n) = sock.recv(&mut buf) else { continue };
+        if n < 8 || u16::from_be_bytes([buf[0], buf[1]]) != rid {
+            continue;
+        }
+        let seq = u16::from_be_bytes([buf[2], buf[3]]);
+        let total = u16::from_be_bytes([buf[4], buf[5]]).max(1);
+        parts.insert(seq, buf[8..n].to_vec());
+        if parts.len() >= usize::from(total) {
+            for i in 0..total {
+                if let Some(p) = parts.get(&i) {
+                    acc.push_str(&String::from_utf8_lossy(p));
+                }
+            }
+            parts.clear();
+            if done(&acc) {
+                return Some(acc);
+            }
+        }
+    }
+    None
 }
