@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench hbase-bench bench fuzz clean
+.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench hbase-bench bench fuzz clean
 
 all: build
 
@@ -20,6 +20,12 @@ build: setup
 
 run: build
 	$(BIN) serve $(RUN_ARGS)
+
+# The habits the workspace keeps (clippy.toml, [workspace.lints], rustfmt.toml): formatted,
+# clippy-clean with warnings as errors.
+lint: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 test-rust: setup
 	$(CARGO) build --release --workspace
@@ -37,7 +43,7 @@ spark-build:
 test-spark: test-rust
 	cd connectors/spark && SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(MVN) test
 
-test: test-rust test-py test-spark test-hbase-java
+test: lint test-rust test-py test-spark test-hbase-java
 
 # The sidecar's codec tests (JUnit, no HBase started; the end-to-end tests are tests/test_hbase.py).
 test-hbase-java: setup

@@ -32,6 +32,10 @@ if ! command -v cargo >/dev/null 2>&1; then
   done
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+# `make lint` (part of `make test`) needs rustfmt and clippy: rustup's components.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  command -v rustup >/dev/null 2>&1 && rustup component add rustfmt clippy || true
+fi
 
 # Python test dependencies: whatever tests/requirements.txt names that is not installed (so a
 # package added to the file later reaches machines that already have the older set).

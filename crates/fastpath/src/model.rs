@@ -126,6 +126,7 @@ enum Decision {
     Tx { packet: Vec<u8>, spent: (u64, u64, u64) },
 }
 
+#[allow(clippy::too_many_lines)] // the oracle mirrors the XDP program step by step, in one place, to be compared with it
 fn decide(p: &[u8], st: &ModelState, slot_out: &mut Option<u32>) -> Decision {
     use Decision::{Miss, Pass, Throttled};
     if !st.enabled || p.len() < ETH {

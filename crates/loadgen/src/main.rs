@@ -349,6 +349,7 @@ fn opt_f(v: Option<f64>) -> String {
 }
 
 /// Runs the load; returns the JSON line and whether the run saw errors.
+#[allow(clippy::too_many_lines)] // prefill, run and report, in order
 fn run(cfg: &Config) -> Result<(String, bool), String> {
     let mut prefill_errors = 0u64;
     let mut prefill_s = 0.0;

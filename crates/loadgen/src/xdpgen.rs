@@ -308,6 +308,7 @@ struct Snap {
     server: Option<(u64, u64)>,
 }
 
+#[allow(clippy::too_many_lines)] // set-up, run and report of one generator run, in order
 fn run(c: &Cfg) -> Result<String, String> {
     let src_mac = iface_mac(&c.iface)?;
     let ifindex = iface_index(&c.iface)?;

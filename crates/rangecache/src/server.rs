@@ -207,6 +207,7 @@ fn label(table: &[u8]) -> String {
         .replace('\n', "\\n")
 }
 
+#[allow(clippy::too_many_lines)] // a table of metric series
 fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     let s = &state.stats;
     for (name, help, v) in [

@@ -2,6 +2,9 @@
 //! killed (its node dropped), a node restarted from its data_dir catching up by snapshot,
 //! and identical contents on every replica. Seeded (SLIPSTREAM_TEST_SEED), the seed printed.
 
+// Test code: unwrap() in test set-up is the clearest failure.
+#![allow(clippy::unwrap_used)]
+
 use slipstream_replication::storage::FsyncMode;
 use slipstream_replication::{
     Applied, GroupSpec, Mutation, NodeConfig, ProposeError, ReplicationNode, StateRole,

@@ -187,7 +187,7 @@ mod tests {
         }
         fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
             self.calls += 1;
-            if self.calls % 3 == 0 {
+            if self.calls.is_multiple_of(3) {
                 return Err(io::Error::from(io::ErrorKind::WouldBlock));
             }
             let mut n = 0;

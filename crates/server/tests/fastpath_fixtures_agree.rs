@@ -15,6 +15,9 @@
 //!
 //! Not for: sockets (the netns tests in crates/slipstream/tests/xdp_e2e.rs cover those).
 
+// Test code: unwrap() in test set-up is the clearest failure.
+#![allow(clippy::unwrap_used)]
+
 use slipstream_fastpath::abi::Item;
 use slipstream_fastpath::fixtures::{self, Expiry, Fixture};
 use slipstream_fastpath::model::{self, ModelState, ModelTenant};

@@ -509,6 +509,7 @@ fn started(cfg: &Config, tcp: &[std::net::SocketAddr], udp: &[std::net::SocketAd
     }
 }
 
+#[allow(clippy::too_many_lines)] // the start-up order (bind, attach, drop privileges, announce) is the point
 fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainError> {
     let sigset = block_signals();
     // Looked up before anything is bound, so a typo fails at once.

@@ -2,6 +2,9 @@
 //! process lifecycle (status line, signals, shutdown), admin metrics, bad command lines.
 //! Every wait is bounded; every child is killed on drop.
 
+// Test code: unwrap() in test set-up is the clearest failure.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};

@@ -11,6 +11,9 @@
 //! Needs root (namespaces, XDP); prints SKIP and passes otherwise. Every wait is bounded.
 //! Not for: XDP packet-format details (crates/fastpath fixtures cover those).
 
+// Test code: unwrap() in test set-up is the clearest failure; each scenario reads top to bottom as one story.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
 mod common;
 
 use common::{ip, root};
@@ -619,7 +622,7 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
                 let mut rng = fastrand::Rng::with_seed(seed ^ (0x1000 + w as u64));
                 let mut t = Tcp::connect(w % 2 == 1);
                 let mut bin = Tcp::connect(false);
-                let mut version = vec![1u64; KEYS];
+                let mut version = [1u64; KEYS];
                 while !stop.load(Ordering::Relaxed) {
                     let r = rng.u64(..);
                     let k = w + WRITERS * (r as usize % (KEYS / WRITERS));
@@ -646,7 +649,7 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
                     tally.ops.fetch_add(1, Ordering::Relaxed);
                     // Writers run at a fraction of the readers' rate so that reads also find
                     // kernel copies (a write per key every few hundred reads of it).
-                    if r % 4 == 0 {
+                    if r.is_multiple_of(4) {
                         std::thread::sleep(Duration::from_micros(200));
                     }
                 }
@@ -666,7 +669,7 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
                         _ => 1,
                     };
                     let ks: Vec<usize> = (0..nkeys).map(|i| ((r >> (8 + 5 * i)) as usize) % KEYS).collect();
-                    let mg = nkeys == 1 && (r >> 40) % 10 == 0;
+                    let mg = nkeys == 1 && (r >> 40).is_multiple_of(10);
                     // The floor is taken before the request is sent.
                     let floors: Vec<u64> = ks.iter().map(|&k| acked[k].load(Ordering::SeqCst)).collect();
                     let names: Vec<String> = ks.iter().map(|&k| ckey(k)).collect();

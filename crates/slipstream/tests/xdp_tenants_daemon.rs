@@ -18,6 +18,9 @@
 //! Not randomized (no seed). Needs root (namespaces, XDP); prints SKIP and passes otherwise.
 //! Every wait and loop is bounded.
 
+// Test code: each scenario reads top to bottom as one story.
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::{ip, root};

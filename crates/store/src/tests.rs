@@ -585,7 +585,8 @@ fn export_import_round_trip_keeps_cas_and_absolute_expiry() {
     assert_eq!(set(&a, "gone", "x", 5), StoreResult::Stored(102));
     assert_eq!(a.delete(b"k1", DeleteOpts { invalidate: true, ..DeleteOpts::default() }), DeleteResult::Deleted);
     a.clock().advance(10);
-    let mut items: Vec<(Vec<u8>, Vec<u8>, u32, u64, i64, bool)> = Vec::new();
+    type Row = (Vec<u8>, Vec<u8>, u32, u64, i64, bool);
+    let mut items: Vec<Row> = Vec::new();
     a.export(|i| items.push((i.key.to_vec(), i.value.to_vec(), i.flags, i.cas, i.exptime_unix_s, i.stale)));
     items.sort();
     assert_eq!(items.len(), 2, "expired item skipped: {items:?}");

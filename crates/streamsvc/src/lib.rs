@@ -250,6 +250,7 @@ pub struct StreamService {
 
 impl StreamService {
     /// Validates, binds every socket and starts the threads, or fails with the reason.
+    #[allow(clippy::too_many_lines)] // start-up: validate, bind, spawn — one sequence read top to bottom
     pub fn start(cfg: ServiceConfig) -> Result<StreamService, ServiceError> {
         if cfg.streams.len() > STREAMS_MAX {
             return Err(ServiceError::Limit { key: "streams", value: cfg.streams.len() as u64, max: STREAMS_MAX as u64 });

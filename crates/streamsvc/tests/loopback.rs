@@ -1,5 +1,8 @@
 //! End-to-end tests of the stream service over real loopback sockets (kernel-chosen ports).
 
+// Test code: unwrap() in test set-up is the clearest failure.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};

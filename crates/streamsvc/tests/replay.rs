@@ -1,6 +1,9 @@
 //! End-to-end tests of the hub's replay protocol (seq, epoch, INFO, `SUBSCRIBE … FROM … UNTIL`)
 //! over real loopback sockets with kernel-chosen ports. Not for the live fan-out (loopback.rs).
 
+// Test code: unwrap() in test set-up is the clearest failure.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
