@@ -404,42 +404,10 @@ fn parse_line<'a>(
             _ => invalid(TextErrorKind::Error, false, consumed),
         };
     }
-
-    // get family: keys are read lazily; memcached wants at least one token after the command.
-    let get_kind = match cmd {
-        b"get" | b"bget" => Some((false, false)),
-        b"gets" => Some((true, false)),
-        b"gat" => Some((false, true)),
-        b"gats" => Some((true, true)),
-        _ => None,
-    };
-    if let Some((with_cas, touch)) = get_kind {
-        let mut keys = words;
-        let Some(first_arg) = keys.clone().next() else {
-            return invalid(TextErrorKind::Error, false, consumed);
-        };
-        let touch_exptime = if touch {
-            keys.next();
-            match safe_strtol(first_arg) {
-                Some(e) => Some(i64::from(e)),
-                None => return invalid(TextErrorKind::InvalidExptime, false, consumed),
-            }
-        } else {
-            None
-        };
-        return complete(
-            Request::Get {
-                with_cas,
-                touch_exptime,
-                keys,
-            },
-            consumed,
-        );
+    if let Some(parsed) = parse_retrieval(cmd, words, consumed) {
+        return parsed;
     }
-
     let t = Tokens::split(line);
-    let n = t.count();
-    let bad = |kind| invalid(kind, false, consumed);
     match cmd {
         b"set" => parse_storage(StoreCmd::Set, &t, input, consumed, limits),
         b"add" => parse_storage(StoreCmd::Add, &t, input, consumed, limits),
@@ -447,81 +415,131 @@ fn parse_line<'a>(
         b"append" => parse_storage(StoreCmd::Append, &t, input, consumed, limits),
         b"prepend" => parse_storage(StoreCmd::Prepend, &t, input, consumed, limits),
         b"cas" => parse_storage(StoreCmd::Cas, &t, input, consumed, limits),
-        b"delete" => {
-            if !(2..=4).contains(&n) {
-                return bad(TextErrorKind::Error);
-            }
-            let mut noreply = false;
-            if n > 2 {
-                let hold_is_zero = t.get(2) == b"0";
-                noreply = t.last_is_noreply();
-                let valid =
-                    (n == 3 && (hold_is_zero || noreply)) || (n == 4 && hold_is_zero && noreply);
-                if !valid {
-                    return invalid(TextErrorKind::DeleteUsage, noreply, consumed);
-                }
-            }
-            let key = t.get(1);
-            if key.len() > KEY_BYTES_MAX {
-                return invalid(TextErrorKind::BadFormat, noreply, consumed);
-            }
-            complete(Request::Delete { key, noreply }, consumed)
+        b"delete" => parse_delete(&t, consumed),
+        b"incr" | b"decr" => parse_arith(cmd == b"incr", &t, consumed),
+        b"touch" => parse_touch(&t, consumed),
+        _ => parse_admin(cmd, &t, consumed),
+    }
+}
+
+/// The get family (`get`, `bget`, `gets`, `gat`, `gats`); `None` for any other command.
+/// Keys are read lazily; memcached wants at least one token after the command.
+#[inline]
+fn parse_retrieval<'a>(
+    cmd: &[u8],
+    mut keys: Words<'a>,
+    consumed: usize,
+) -> Option<Parsed<Request<'a>, TextError>> {
+    let (with_cas, touch) = match cmd {
+        b"get" | b"bget" => (false, false),
+        b"gets" => (true, false),
+        b"gat" => (false, true),
+        b"gats" => (true, true),
+        _ => return None,
+    };
+    let Some(first_arg) = keys.clone().next() else {
+        return Some(invalid(TextErrorKind::Error, false, consumed));
+    };
+    let touch_exptime = if touch {
+        keys.next();
+        match safe_strtol(first_arg) {
+            Some(e) => Some(i64::from(e)),
+            None => return Some(invalid(TextErrorKind::InvalidExptime, false, consumed)),
         }
-        b"incr" | b"decr" => {
-            if n != 3 && n != 4 {
-                return bad(TextErrorKind::Error);
-            }
-            let noreply = t.last_is_noreply();
-            let key = t.get(1);
-            if key.len() > KEY_BYTES_MAX {
-                return invalid(TextErrorKind::BadFormat, noreply, consumed);
-            }
-            let Some(delta) = safe_strtoull(t.get(2)) else {
-                return invalid(TextErrorKind::InvalidDelta, noreply, consumed);
-            };
-            complete(
-                Request::Arith {
-                    incr: cmd == b"incr",
-                    key,
-                    delta,
-                    noreply,
-                },
-                consumed,
-            )
+    } else {
+        None
+    };
+    Some(complete(
+        Request::Get {
+            with_cas,
+            touch_exptime,
+            keys,
+        },
+        consumed,
+    ))
+}
+
+/// `delete <key> [0] [noreply]`.
+#[inline]
+fn parse_delete<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count();
+    if !(2..=4).contains(&n) {
+        return invalid(TextErrorKind::Error, false, consumed);
+    }
+    let mut noreply = false;
+    if n > 2 {
+        let hold_is_zero = t.get(2) == b"0";
+        noreply = t.last_is_noreply();
+        let valid = (n == 3 && (hold_is_zero || noreply)) || (n == 4 && hold_is_zero && noreply);
+        if !valid {
+            return invalid(TextErrorKind::DeleteUsage, noreply, consumed);
         }
-        b"touch" => {
-            if n != 3 && n != 4 {
-                return bad(TextErrorKind::Error);
-            }
-            let noreply = t.last_is_noreply();
-            let key = t.get(1);
-            if key.len() > KEY_BYTES_MAX {
-                return invalid(TextErrorKind::BadFormat, noreply, consumed);
-            }
-            let Some(exptime) = safe_strtol(t.get(2)) else {
-                return invalid(TextErrorKind::InvalidExptime, noreply, consumed);
-            };
-            complete(
-                Request::Touch {
-                    key,
-                    exptime: i64::from(exptime),
-                    noreply,
-                },
-                consumed,
-            )
-        }
-        b"flush_all" => {
-            if !(1..=3).contains(&n) {
-                return bad(TextErrorKind::Error);
-            }
-            let noreply = t.last_is_noreply();
-            let delay_s = if n != if noreply { 2 } else { 1 } {
-                safe_strtol(t.get(1)).map(i64::from)
-            } else {
-                Some(0)
-            };
-            complete(Request::FlushAll { delay_s, noreply }, consumed)
-        }
+    }
+    let key = t.get(1);
+    if key.len() > KEY_BYTES_MAX {
+        return invalid(TextErrorKind::BadFormat, noreply, consumed);
+    }
+    complete(Request::Delete { key, noreply }, consumed)
+}
+
+/// `incr|decr <key> <delta> [noreply]`.
+#[inline]
+fn parse_arith<'a>(incr: bool, t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count();
+    if n != 3 && n != 4 {
+        return invalid(TextErrorKind::Error, false, consumed);
+    }
+    let noreply = t.last_is_noreply();
+    let key = t.get(1);
+    if key.len() > KEY_BYTES_MAX {
+        return invalid(TextErrorKind::BadFormat, noreply, consumed);
+    }
+    let Some(delta) = safe_strtoull(t.get(2)) else {
+        return invalid(TextErrorKind::InvalidDelta, noreply, consumed);
+    };
+    complete(
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        },
+        consumed,
+    )
+}
+
+/// `touch <key> <exptime> [noreply]`.
+#[inline]
+fn parse_touch<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count();
+    if n != 3 && n != 4 {
+        return invalid(TextErrorKind::Error, false, consumed);
+    }
+    let noreply = t.last_is_noreply();
+    let key = t.get(1);
+    if key.len() > KEY_BYTES_MAX {
+        return invalid(TextErrorKind::BadFormat, noreply, consumed);
+    }
+    let Some(exptime) = safe_strtol(t.get(2)) else {
+        return invalid(TextErrorKind::InvalidExptime, noreply, consumed);
+    };
+    complete(
+        Request::Touch {
+            key,
+            exptime: i64::from(exptime),
+            noreply,
+        },
+        consumed,
+    )
+}
+
+/// Admin and miscellaneous commands (flush_all, version, quit, verbosity, shutdown, stats,
+/// cache_memlimit, slabs, lru_crawler, lru) and unknown commands.
+fn parse_admin<'a>(cmd: &[u8], t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count();
+    let bad = |kind| invalid(kind, false, consumed);
+    match cmd {
+        b"flush_all" => parse_flush_all(t, consumed),
         b"version" => complete(Request::Version, consumed),
         b"quit" => complete(Request::Quit, consumed),
         b"verbosity" => {
@@ -542,66 +560,92 @@ fn parse_line<'a>(
             };
             complete(Request::Shutdown(mode), consumed)
         }
-        b"stats" => parse_stats(&t, consumed),
+        b"stats" => parse_stats(t, consumed),
         // Commands memcached knows but Slipstream does not offer; memcached's own answers
         // need its slab allocator, LRU crawler or log watchers.
-        b"cache_memlimit" => {
-            if n != 2 && n != 3 {
-                return bad(TextErrorKind::Error);
-            }
-            let noreply = t.last_is_noreply();
-            // memcached's process_memlimit_command; a 32-bit parse, so 4294967296 reads as 0.
-            let line: &'static [u8] = match safe_strtoul(t.get(1)) {
-                None => b"ERROR\r\n",
-                Some(mb) if mb < MEMLIMIT_MB_MIN => {
-                    b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"
-                }
-                Some(mb) if mb > MEMLIMIT_MB_MAX => {
-                    b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
-                }
-                Some(megabytes) => return complete(Request::CacheMemlimit { megabytes, noreply }, consumed),
-            };
-            complete(Request::Admin { line, noreply }, consumed)
-        }
-        b"slabs" => parse_slabs(&t, consumed),
-        b"lru_crawler" => {
-            let line: &'static [u8] = match (n, t.get(1)) {
-                (3, b"tocrawl") | (3, b"sleep") => match safe_strtoul(t.get(2)) {
-                    None => b"CLIENT_ERROR bad command line format\r\n",
-                    Some(v) if t.get(1) == b"sleep" && v > 1_000_000 => {
-                        b"CLIENT_ERROR sleep must be one second or less\r\n"
-                    }
-                    Some(_) => b"OK\r\n",
-                },
-                (2, b"enable") | (2, b"disable") => {
-                    return complete(Request::LruCrawlerSwitch { enable: t.get(1) == b"enable" }, consumed)
-                }
-                (3, b"crawl") => return complete(Request::LruCrawler { metadump: false, classes: t.get(2) }, consumed),
-                (3, b"metadump") => return complete(Request::LruCrawler { metadump: true, classes: t.get(2) }, consumed),
-                _ => b"ERROR\r\n",
-            };
-            complete(
-                Request::Admin {
-                    line,
-                    noreply: false,
-                },
-                consumed,
-            )
-        }
-        b"lru" if n >= 2 => complete(Request::Admin { line: lru_reply(&t), noreply: t.last_is_noreply() }, consumed),
+        b"cache_memlimit" => parse_cache_memlimit(t, consumed),
+        b"slabs" => parse_slabs(t, consumed),
+        b"lru_crawler" => parse_lru_crawler(t, consumed),
+        b"lru" if n >= 2 => complete(Request::Admin { line: lru_reply(t), noreply: t.last_is_noreply() }, consumed),
         b"watch" | b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
-        _ => {
-            // memcached closes on what looks like an HTTP request line.
-            let last = t.get(n.saturating_sub(1));
-            if first != b'g'
-                && !matches!(first, b's' | b'a' | b'c' | b'i' | b'd' | b't')
-                && last.starts_with(b"HTTP/")
-            {
-                bad(TextErrorKind::Close)
-            } else {
-                bad(TextErrorKind::Error)
-            }
+        _ => parse_unknown(cmd, t, consumed),
+    }
+}
+
+/// `flush_all [delay] [noreply]`; a delay that does not parse is reported by the executor.
+fn parse_flush_all<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count();
+    if !(1..=3).contains(&n) {
+        return invalid(TextErrorKind::Error, false, consumed);
+    }
+    let noreply = t.last_is_noreply();
+    let delay_s = if n != if noreply { 2 } else { 1 } {
+        safe_strtol(t.get(1)).map(i64::from)
+    } else {
+        Some(0)
+    };
+    complete(Request::FlushAll { delay_s, noreply }, consumed)
+}
+
+/// `cache_memlimit <megabytes> [noreply]`.
+fn parse_cache_memlimit<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let n = t.count();
+    if n != 2 && n != 3 {
+        return invalid(TextErrorKind::Error, false, consumed);
+    }
+    let noreply = t.last_is_noreply();
+    // memcached's process_memlimit_command; a 32-bit parse, so 4294967296 reads as 0.
+    let line: &'static [u8] = match safe_strtoul(t.get(1)) {
+        None => b"ERROR\r\n",
+        Some(mb) if mb < MEMLIMIT_MB_MIN => {
+            b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"
         }
+        Some(mb) if mb > MEMLIMIT_MB_MAX => {
+            b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
+        }
+        Some(megabytes) => return complete(Request::CacheMemlimit { megabytes, noreply }, consumed),
+    };
+    complete(Request::Admin { line, noreply }, consumed)
+}
+
+/// `lru_crawler <subcommand> ...`.
+fn parse_lru_crawler<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let line: &'static [u8] = match (t.count(), t.get(1)) {
+        (3, b"tocrawl") | (3, b"sleep") => match safe_strtoul(t.get(2)) {
+            None => b"CLIENT_ERROR bad command line format\r\n",
+            Some(v) if t.get(1) == b"sleep" && v > 1_000_000 => {
+                b"CLIENT_ERROR sleep must be one second or less\r\n"
+            }
+            Some(_) => b"OK\r\n",
+        },
+        (2, b"enable") | (2, b"disable") => {
+            return complete(Request::LruCrawlerSwitch { enable: t.get(1) == b"enable" }, consumed)
+        }
+        (3, b"crawl") => return complete(Request::LruCrawler { metadump: false, classes: t.get(2) }, consumed),
+        (3, b"metadump") => return complete(Request::LruCrawler { metadump: true, classes: t.get(2) }, consumed),
+        _ => b"ERROR\r\n",
+    };
+    complete(
+        Request::Admin {
+            line,
+            noreply: false,
+        },
+        consumed,
+    )
+}
+
+/// An unknown command: `ERROR`, or close on what looks like an HTTP request line.
+fn parse_unknown<'a>(cmd: &[u8], t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let first = cmd.first().copied().unwrap_or(0);
+    // memcached closes on what looks like an HTTP request line.
+    let last = t.get(t.count().saturating_sub(1));
+    if first != b'g'
+        && !matches!(first, b's' | b'a' | b'c' | b'i' | b'd' | b't')
+        && last.starts_with(b"HTTP/")
+    {
+        invalid(TextErrorKind::Close, false, consumed)
+    } else {
+        invalid(TextErrorKind::Error, false, consumed)
     }
 }
 

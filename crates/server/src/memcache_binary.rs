@@ -60,127 +60,166 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
 fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize) -> Step {
     let h = &req.header;
     let quiet = req.quiet();
-    let stats = ctx.stats;
     match req.command {
         Command::Get { key, with_key } => {
-            ThreadStats::incr(&stats.cmd_get);
+            ThreadStats::incr(&ctx.stats.cmd_get);
             let opts = GetOpts { bump: true, kernel_fill: true, ..GetOpts::default() };
             get_reply(ctx, h, key, with_key, quiet, opts, out, false);
         }
         Command::Gat { key, exptime, with_key } => {
-            ThreadStats::incr(&stats.cmd_touch);
+            ThreadStats::incr(&ctx.stats.cmd_touch);
             let opts = GetOpts { bump: true, touch_exptime: Some(exptime as i64), ..GetOpts::default() };
             get_reply(ctx, h, key, with_key, quiet, opts, out, true);
         }
-        Command::Touch { key, exptime } => {
-            ThreadStats::incr(&stats.cmd_touch);
-            let opts = GetOpts { bump: true, touch_exptime: Some(exptime as i64), ..GetOpts::default() };
-            let hit = ctx.store.get(key, opts, |o| match o.item {
-                Some(item) => {
-                    // memcached's TOUCH reply carries the flags and CAS but no value.
-                    binary::compose_response(out, h.opcode, 0, h.opaque, item.cas, &item.flags.to_be_bytes(), &[], &[]);
-                    true
-                }
-                None => false,
-            });
-            crate::stats_prefix::record_get(ctx, key, hit);
-            if hit {
-                ThreadStats::incr(&stats.touch_hits);
-            } else {
-                ThreadStats::incr(&stats.touch_misses);
-                binary::compose_error(out, h, status::KEY_ENOENT);
-            }
-        }
+        Command::Touch { key, exptime } => touch(ctx, h, key, exptime, out),
         Command::Store { kind, key, flags, exptime, value } => {
             store(ctx, h, kind, key, flags, exptime, value, quiet, out);
         }
-        Command::Concat { append, key, value } => {
-            crate::stats_prefix::record_set(ctx, key);
-            let mode = if append { SetMode::Append } else { SetMode::Prepend };
-            let opts = StoreOpts { cas: nonzero(storage_cas(ctx, h)), ..StoreOpts::default() };
-            match ctx.store.store(mode, key, value, 0, 0, opts) {
-                StoreResult::Stored(cas) => {
-                    ThreadStats::incr(&stats.cmd_set);
-                    success(out, h, quiet, cas, &[]);
-                }
-                StoreResult::Exists => {
-                    ThreadStats::incr(&stats.cmd_set);
-                    binary::compose_error(out, h, status::KEY_EEXISTS);
-                }
-                // memcached maps every other failure of append/prepend to "Not stored.".
-                StoreResult::NotStored | StoreResult::NotFound | StoreResult::TooLarge | StoreResult::NoMemory => {
-                    ThreadStats::incr(&stats.cmd_set);
-                    binary::compose_error(out, h, status::NOT_STORED);
-                }
-            }
-        }
-        Command::Oversize { key, unlink_old, value_bytes } => {
-            // memcached's binary path does not count store_too_large (checked against 1.6.18),
-            // but counts the prefix before it finds the item too large.
-            crate::stats_prefix::record_set(ctx, key);
-            binary::compose_error(out, h, status::E2BIG);
-            if unlink_old {
-                // memcached never leaves the old value readable after a failed SET.
-                ctx.store.unlink(key);
-            }
-            ctx.conn.swallow_bytes = value_bytes;
-        }
-        Command::Delete { key } => {
-            crate::stats_prefix::record_delete(ctx, key);
-            let opts = DeleteOpts { cas: nonzero(h.cas), ..DeleteOpts::default() };
-            match ctx.store.delete(key, opts) {
-                DeleteResult::Deleted => {
-                    ThreadStats::incr(&stats.delete_hits);
-                    success(out, h, quiet, 0, &[]);
-                }
-                DeleteResult::NotFound => {
-                    ThreadStats::incr(&stats.delete_misses);
-                    binary::compose_error(out, h, status::KEY_ENOENT);
-                }
-                DeleteResult::Exists => binary::compose_error(out, h, status::KEY_EEXISTS),
-            }
-        }
+        Command::Concat { append, key, value } => concat(ctx, h, append, key, value, quiet, out),
+        Command::Oversize { key, unlink_old, value_bytes } => oversize(ctx, h, key, unlink_old, value_bytes, out),
+        Command::Delete { key } => delete(ctx, h, key, quiet, out),
         Command::Arith { incr, key, delta, initial, exptime } => {
-            // 0xffffffff means "fail on a miss instead of creating the item".
-            let vivify = (exptime != u32::MAX).then_some((initial, exptime as i64));
-            let opts = ArithOpts { vivify, cas: nonzero(h.cas), touch_exptime: None };
-            let (hits, misses) =
-                if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
-            match ctx.store.arith(key, incr, delta, opts) {
-                ArithResult::Ok { value, cas, .. } => {
-                    ThreadStats::incr(hits);
-                    success(out, h, quiet, cas, &value.to_be_bytes());
-                }
-                ArithResult::NotFound => {
-                    ThreadStats::incr(misses);
-                    binary::compose_error(out, h, status::KEY_ENOENT);
-                }
-                ArithResult::NonNumeric => binary::compose_error(out, h, status::DELTA_BADVAL),
-                ArithResult::Exists => binary::compose_error(out, h, status::KEY_EEXISTS),
-                ArithResult::NoMemory => {
-                    binary::compose_error_text(out, h, status::ENOMEM, NO_MEMORY_ARITH_TEXT)
-                }
-            }
+            arith(ctx, h, ArithArgs { incr, key, delta, initial, exptime }, quiet, out);
         }
         Command::Quit => {
             success(out, h, quiet, 0, &[]);
             return Step::Close;
         }
-        Command::Flush { exptime } => {
-            if !ctx.settings.flush_enabled {
-                // memcached -F answers every flush, quiet or not, with an auth error.
-                binary::compose_error(out, h, status::AUTH_ERROR);
-            } else {
-                ThreadStats::incr(&stats.cmd_flush);
-                ctx.store.flush_all(exptime as i64);
-                success(out, h, quiet, 0, &[]);
-            }
-        }
+        Command::Flush { exptime } => flush(ctx, h, exptime, quiet, out),
         Command::Noop => success(out, h, false, 0, &[]),
         Command::Version => success(out, h, false, 0, ctx.settings.version.as_bytes()),
         Command::Stat { key } => stat(ctx, h, key, out),
     }
     Step::Consumed(consumed)
+}
+
+/// TOUCH: set a new exptime; the reply carries the flags and CAS but no value.
+#[inline]
+fn touch(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], exptime: u32, out: &mut Vec<u8>) {
+    let stats = ctx.stats;
+    ThreadStats::incr(&stats.cmd_touch);
+    let opts = GetOpts { bump: true, touch_exptime: Some(exptime as i64), ..GetOpts::default() };
+    let hit = ctx.store.get(key, opts, |o| match o.item {
+        Some(item) => {
+            // memcached's TOUCH reply carries the flags and CAS but no value.
+            binary::compose_response(out, h.opcode, 0, h.opaque, item.cas, &item.flags.to_be_bytes(), &[], &[]);
+            true
+        }
+        None => false,
+    });
+    crate::stats_prefix::record_get(ctx, key, hit);
+    if hit {
+        ThreadStats::incr(&stats.touch_hits);
+    } else {
+        ThreadStats::incr(&stats.touch_misses);
+        binary::compose_error(out, h, status::KEY_ENOENT);
+    }
+}
+
+/// APPEND/PREPEND (and their quiet variants).
+#[inline]
+fn concat(ctx: &mut Ctx<'_>, h: &Header, append: bool, key: &[u8], value: &[u8], quiet: bool, out: &mut Vec<u8>) {
+    let stats = ctx.stats;
+    crate::stats_prefix::record_set(ctx, key);
+    let mode = if append { SetMode::Append } else { SetMode::Prepend };
+    let opts = StoreOpts { cas: nonzero(storage_cas(ctx, h)), ..StoreOpts::default() };
+    match ctx.store.store(mode, key, value, 0, 0, opts) {
+        StoreResult::Stored(cas) => {
+            ThreadStats::incr(&stats.cmd_set);
+            success(out, h, quiet, cas, &[]);
+        }
+        StoreResult::Exists => {
+            ThreadStats::incr(&stats.cmd_set);
+            binary::compose_error(out, h, status::KEY_EEXISTS);
+        }
+        // memcached maps every other failure of append/prepend to "Not stored.".
+        StoreResult::NotStored | StoreResult::NotFound | StoreResult::TooLarge | StoreResult::NoMemory => {
+            ThreadStats::incr(&stats.cmd_set);
+            binary::compose_error(out, h, status::NOT_STORED);
+        }
+    }
+}
+
+/// A storage request whose value is over the item size limit: "Too large." and discard it.
+#[inline]
+fn oversize(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], unlink_old: bool, value_bytes: usize, out: &mut Vec<u8>) {
+    // memcached's binary path does not count store_too_large (checked against 1.6.18),
+    // but counts the prefix before it finds the item too large.
+    crate::stats_prefix::record_set(ctx, key);
+    binary::compose_error(out, h, status::E2BIG);
+    if unlink_old {
+        // memcached never leaves the old value readable after a failed SET.
+        ctx.store.unlink(key);
+    }
+    ctx.conn.swallow_bytes = value_bytes;
+}
+
+/// DELETE, comparing the header CAS when it is set.
+#[inline]
+fn delete(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], quiet: bool, out: &mut Vec<u8>) {
+    let stats = ctx.stats;
+    crate::stats_prefix::record_delete(ctx, key);
+    let opts = DeleteOpts { cas: nonzero(h.cas), ..DeleteOpts::default() };
+    match ctx.store.delete(key, opts) {
+        DeleteResult::Deleted => {
+            ThreadStats::incr(&stats.delete_hits);
+            success(out, h, quiet, 0, &[]);
+        }
+        DeleteResult::NotFound => {
+            ThreadStats::incr(&stats.delete_misses);
+            binary::compose_error(out, h, status::KEY_ENOENT);
+        }
+        DeleteResult::Exists => binary::compose_error(out, h, status::KEY_EEXISTS),
+    }
+}
+
+/// The fields of an INCREMENT/DECREMENT request.
+struct ArithArgs<'a> {
+    incr: bool,
+    key: &'a [u8],
+    delta: u64,
+    initial: u64,
+    exptime: u32,
+}
+
+/// INCREMENT/DECREMENT, creating the item on a miss unless exptime is 0xffffffff.
+#[inline]
+fn arith(ctx: &mut Ctx<'_>, h: &Header, a: ArithArgs<'_>, quiet: bool, out: &mut Vec<u8>) {
+    let stats = ctx.stats;
+    let ArithArgs { incr, key, delta, initial, exptime } = a;
+    // 0xffffffff means "fail on a miss instead of creating the item".
+    let vivify = (exptime != u32::MAX).then_some((initial, exptime as i64));
+    let opts = ArithOpts { vivify, cas: nonzero(h.cas), touch_exptime: None };
+    let (hits, misses) =
+        if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
+    match ctx.store.arith(key, incr, delta, opts) {
+        ArithResult::Ok { value, cas, .. } => {
+            ThreadStats::incr(hits);
+            success(out, h, quiet, cas, &value.to_be_bytes());
+        }
+        ArithResult::NotFound => {
+            ThreadStats::incr(misses);
+            binary::compose_error(out, h, status::KEY_ENOENT);
+        }
+        ArithResult::NonNumeric => binary::compose_error(out, h, status::DELTA_BADVAL),
+        ArithResult::Exists => binary::compose_error(out, h, status::KEY_EEXISTS),
+        ArithResult::NoMemory => {
+            binary::compose_error_text(out, h, status::ENOMEM, NO_MEMORY_ARITH_TEXT)
+        }
+    }
+}
+
+/// FLUSH (and FLUSHQ), refused under memcached's -F.
+#[inline]
+fn flush(ctx: &mut Ctx<'_>, h: &Header, exptime: u32, quiet: bool, out: &mut Vec<u8>) {
+    if !ctx.settings.flush_enabled {
+        // memcached -F answers every flush, quiet or not, with an auth error.
+        binary::compose_error(out, h, status::AUTH_ERROR);
+    } else {
+        ThreadStats::incr(&ctx.stats.cmd_flush);
+        ctx.store.flush_all(exptime as i64);
+        success(out, h, quiet, 0, &[]);
+    }
 }
 
 /// The header CAS as storage commands see it: memcached stores it into the new item, which is

@@ -156,90 +156,129 @@ fn run(
             key,
             noreply,
             swallow_bytes,
-        } => {
-            stats_prefix::record_set(ctx, key);
-            ThreadStats::incr(&ctx.stats.store_too_large);
-            reply(out, noreply, b"SERVER_ERROR object too large for cache\r\n");
-            ctx.conn.swallow_bytes = swallow_bytes;
-            // memcached: a failed set must not leave the old value readable.
-            if cmd == StoreCmd::Set {
-                ctx.store.unlink(key);
-            }
-        }
-        Request::Delete { key, noreply } => {
-            stats_prefix::record_delete(ctx, key);
-            match ctx.store.delete(key, DeleteOpts::default()) {
-                DeleteResult::Deleted => {
-                    ThreadStats::incr(&ctx.stats.delete_hits);
-                    reply(out, noreply, b"DELETED\r\n");
-                }
-                DeleteResult::NotFound | DeleteResult::Exists => {
-                    ThreadStats::incr(&ctx.stats.delete_misses);
-                    reply(out, noreply, b"NOT_FOUND\r\n");
-                }
-            }
-        }
+        } => store_too_large(ctx, cmd, key, noreply, swallow_bytes, out),
+        Request::Delete { key, noreply } => delete(ctx, key, noreply, out),
         Request::Arith {
             incr,
             key,
             delta,
             noreply,
-        } => {
-            match ctx.store.arith(key, incr, delta, ArithOpts::default()) {
-                ArithResult::Ok { value, .. } => {
-                    ThreadStats::incr(if incr {
-                        &ctx.stats.incr_hits
-                    } else {
-                        &ctx.stats.decr_hits
-                    });
-                    if !noreply {
-                        compose_number(out, value);
-                    }
-                }
-                // Exists needs a CAS, which text incr/decr never sends; treat it as a miss.
-                ArithResult::NotFound | ArithResult::Exists => {
-                    ThreadStats::incr(if incr {
-                        &ctx.stats.incr_misses
-                    } else {
-                        &ctx.stats.decr_misses
-                    });
-                    reply(out, noreply, b"NOT_FOUND\r\n");
-                }
-                ArithResult::NonNumeric => reply(
-                    out,
-                    noreply,
-                    b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-                ),
-                ArithResult::NoMemory => reply(out, noreply, b"SERVER_ERROR out of memory\r\n"),
-            }
-        }
+        } => arith(ctx, incr, key, delta, noreply, out),
         Request::Touch {
             key,
             exptime,
             noreply,
-        } => {
-            ThreadStats::incr(&ctx.stats.cmd_touch);
-            if ctx.store.touch(key, exptime) {
-                ThreadStats::incr(&ctx.stats.touch_hits);
-                reply(out, noreply, b"TOUCHED\r\n");
+        } => touch(ctx, key, exptime, noreply, out),
+        Request::Stats(cmd) => stats(ctx, cmd, out),
+        Request::Quit => return Step::Close,
+        Request::Shutdown(mode) => return shutdown(ctx, mode, consumed, out),
+        Request::Meta => return crate::memcache_meta::execute(ctx, input, out),
+        other => admin(ctx, other, out),
+    }
+    Step::Consumed(consumed)
+}
+
+/// A storage line whose data block is over the item size limit: the block is swallowed.
+#[inline]
+fn store_too_large(
+    ctx: &mut Ctx<'_>,
+    cmd: StoreCmd,
+    key: &[u8],
+    noreply: bool,
+    swallow_bytes: usize,
+    out: &mut Vec<u8>,
+) {
+    stats_prefix::record_set(ctx, key);
+    ThreadStats::incr(&ctx.stats.store_too_large);
+    reply(out, noreply, b"SERVER_ERROR object too large for cache\r\n");
+    ctx.conn.swallow_bytes = swallow_bytes;
+    // memcached: a failed set must not leave the old value readable.
+    if cmd == StoreCmd::Set {
+        ctx.store.unlink(key);
+    }
+}
+
+#[inline]
+fn delete(ctx: &mut Ctx<'_>, key: &[u8], noreply: bool, out: &mut Vec<u8>) {
+    stats_prefix::record_delete(ctx, key);
+    match ctx.store.delete(key, DeleteOpts::default()) {
+        DeleteResult::Deleted => {
+            ThreadStats::incr(&ctx.stats.delete_hits);
+            reply(out, noreply, b"DELETED\r\n");
+        }
+        DeleteResult::NotFound | DeleteResult::Exists => {
+            ThreadStats::incr(&ctx.stats.delete_misses);
+            reply(out, noreply, b"NOT_FOUND\r\n");
+        }
+    }
+}
+
+/// incr/decr.
+#[inline]
+fn arith(ctx: &mut Ctx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
+    match ctx.store.arith(key, incr, delta, ArithOpts::default()) {
+        ArithResult::Ok { value, .. } => {
+            ThreadStats::incr(if incr {
+                &ctx.stats.incr_hits
             } else {
-                ThreadStats::incr(&ctx.stats.touch_misses);
-                reply(out, noreply, b"NOT_FOUND\r\n");
+                &ctx.stats.decr_hits
+            });
+            if !noreply {
+                compose_number(out, value);
             }
         }
-        Request::FlushAll { delay_s, noreply } => {
-            // memcached counts the command before its permission and argument checks.
-            ThreadStats::incr(&ctx.stats.cmd_flush);
-            if !ctx.settings.flush_enabled {
-                reply(out, noreply, b"CLIENT_ERROR flush_all not allowed\r\n");
-            } else if let Some(delay) = delay_s {
-                // memcached treats a negative delay like none: flush now.
-                ctx.store.flush_all(delay.max(0));
-                reply(out, noreply, b"OK\r\n");
+        // Exists needs a CAS, which text incr/decr never sends; treat it as a miss.
+        ArithResult::NotFound | ArithResult::Exists => {
+            ThreadStats::incr(if incr {
+                &ctx.stats.incr_misses
             } else {
-                reply(out, noreply, b"CLIENT_ERROR invalid exptime argument\r\n");
-            }
+                &ctx.stats.decr_misses
+            });
+            reply(out, noreply, b"NOT_FOUND\r\n");
         }
+        ArithResult::NonNumeric => reply(
+            out,
+            noreply,
+            b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+        ),
+        ArithResult::NoMemory => reply(out, noreply, b"SERVER_ERROR out of memory\r\n"),
+    }
+}
+
+#[inline]
+fn touch(ctx: &mut Ctx<'_>, key: &[u8], exptime: i64, noreply: bool, out: &mut Vec<u8>) {
+    ThreadStats::incr(&ctx.stats.cmd_touch);
+    if ctx.store.touch(key, exptime) {
+        ThreadStats::incr(&ctx.stats.touch_hits);
+        reply(out, noreply, b"TOUCHED\r\n");
+    } else {
+        ThreadStats::incr(&ctx.stats.touch_misses);
+        reply(out, noreply, b"NOT_FOUND\r\n");
+    }
+}
+
+/// `shutdown`: refused unless enabled (-A); otherwise close without a reply.
+fn shutdown(ctx: &mut Ctx<'_>, mode: ShutdownMode, consumed: usize, out: &mut Vec<u8>) -> Step {
+    if !ctx.settings.shutdown_enabled {
+        out.extend_from_slice(b"ERROR: shutdown not enabled\r\n");
+    } else if mode == ShutdownMode::Invalid {
+        out.extend_from_slice(b"CLIENT_ERROR invalid shutdown mode\r\n");
+    } else {
+        // memcached closes without a reply and without writing the replies it still
+        // holds; `shutdown graceful` differs only in how the server drains, which the
+        // loop decides.
+        ctx.truncate_reply(out, 0);
+        ctx.conn.udp_marks.clear();
+        return Step::Shutdown;
+    }
+    Step::Consumed(consumed)
+}
+
+/// Admin and misc commands off the hot path: flush_all, version, verbosity, cache_memlimit,
+/// fixed admin lines and the LRU crawler. Only ever called with those requests.
+fn admin(ctx: &mut Ctx<'_>, request: Request<'_>, out: &mut Vec<u8>) {
+    match request {
+        Request::FlushAll { delay_s, noreply } => flush_all(ctx, delay_s, noreply, out),
         Request::Version => {
             out.extend_from_slice(b"VERSION ");
             out.extend_from_slice(ctx.settings.version.as_bytes());
@@ -251,23 +290,6 @@ fn run(
             ctx.server.verbosity.store(u64::from(level), std::sync::atomic::Ordering::Relaxed);
             reply(out, noreply, b"OK\r\n")
         }
-        Request::Stats(cmd) => stats(ctx, cmd, out),
-        Request::Quit => return Step::Close,
-        Request::Shutdown(mode) => {
-            if !ctx.settings.shutdown_enabled {
-                out.extend_from_slice(b"ERROR: shutdown not enabled\r\n");
-            } else if mode == ShutdownMode::Invalid {
-                out.extend_from_slice(b"CLIENT_ERROR invalid shutdown mode\r\n");
-            } else {
-                // memcached closes without a reply and without writing the replies it still
-                // holds; `shutdown graceful` differs only in how the server drains, which the
-                // loop decides.
-                ctx.truncate_reply(out, 0);
-                ctx.conn.udp_marks.clear();
-                return Step::Shutdown;
-            }
-        }
-        Request::Meta => return crate::memcache_meta::execute(ctx, input, out),
         Request::CacheMemlimit { megabytes, noreply } => {
             // memcached's own answer when it cannot adjust the limit.
             let line: &[u8] = if ctx.server.cache_memlimit_allowed {
@@ -281,8 +303,32 @@ fn run(
         Request::Admin { line, noreply } => reply(out, noreply, line),
         Request::LruCrawler { metadump, classes } => crate::memcache_admin::lru_crawler(ctx, metadump, classes, out),
         Request::LruCrawlerSwitch { enable } => out.extend_from_slice(ctx.settings.tunables.switch_lru_crawler(enable)),
+        // `run` handles every other request itself.
+        Request::Get { .. }
+        | Request::Store { .. }
+        | Request::StoreTooLarge { .. }
+        | Request::Delete { .. }
+        | Request::Arith { .. }
+        | Request::Touch { .. }
+        | Request::Stats(_)
+        | Request::Quit
+        | Request::Shutdown(_)
+        | Request::Meta => {}
     }
-    Step::Consumed(consumed)
+}
+
+fn flush_all(ctx: &mut Ctx<'_>, delay_s: Option<i64>, noreply: bool, out: &mut Vec<u8>) {
+    // memcached counts the command before its permission and argument checks.
+    ThreadStats::incr(&ctx.stats.cmd_flush);
+    if !ctx.settings.flush_enabled {
+        reply(out, noreply, b"CLIENT_ERROR flush_all not allowed\r\n");
+    } else if let Some(delay) = delay_s {
+        // memcached treats a negative delay like none: flush now.
+        ctx.store.flush_all(delay.max(0));
+        reply(out, noreply, b"OK\r\n");
+    } else {
+        reply(out, noreply, b"CLIENT_ERROR invalid exptime argument\r\n");
+    }
 }
 
 fn get(
