@@ -18,7 +18,16 @@ fn main() {
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rerun-if-env-changed=BPF_CFLAGS");
-    for h in ["slipstream_kv.h", "slipstream_stream.h", "xdp_stream.h", "parse_udp.h", "kv_request.h", "kv_reply.h", "kv_tenant.h", "word_bytes.h"] {
+    for h in [
+        "slipstream_kv.h",
+        "slipstream_stream.h",
+        "xdp_stream.h",
+        "parse_udp.h",
+        "kv_request.h",
+        "kv_reply.h",
+        "kv_tenant.h",
+        "word_bytes.h",
+    ] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(h).display());
     }
     // Debian keeps asm/ headers under the multiarch directory.
@@ -64,26 +73,20 @@ const SHARED_HEADERS: [&str; 2] = ["slipstream_kv.h", "slipstream_stream.h"];
 
 /// Writes `$OUT_DIR/bpf_header.rs` from the headers (see the crate comment above).
 fn header_mirror(clang: &str, bpf_dir: &std::path::Path, multiarch: &str, out: &std::path::Path) {
-    let mut probe = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <linux/bpf.h>\n",
-    );
+    let mut probe = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <linux/bpf.h>\n");
     let mut body = String::new();
     for h in SHARED_HEADERS {
         let text = std::fs::read_to_string(bpf_dir.join(h)).unwrap_or_else(|e| panic!("read {h}: {e}"));
         probe.push_str(&format!("#include \"{h}\"\n"));
         for name in defines(&text) {
-            body.push_str(&format!(
-                "printf(\"pub const {name}: u64 = %llu;\\n\", (unsigned long long)({name}));\n"
-            ));
+            body.push_str(&format!("printf(\"pub const {name}: u64 = %llu;\\n\", (unsigned long long)({name}));\n"));
         }
         for (st, fields) in structs(&text) {
             body.push_str(&format!("printf(\"pub mod {st} {{\\n\");\n"));
             body.push_str(&format!("printf(\"pub const SIZE: usize = %zu;\\n\", sizeof(struct {st}));\n"));
             body.push_str(&format!("printf(\"pub const FIELDS: usize = {};\\n\");\n", fields.len()));
             for f in &fields {
-                body.push_str(&format!(
-                    "printf(\"pub const r#{f}: usize = %zu;\\n\", offsetof(struct {st}, {f}));\n"
-                ));
+                body.push_str(&format!("printf(\"pub const r#{f}: usize = %zu;\\n\", offsetof(struct {st}, {f}));\n"));
             }
             body.push_str("printf(\"}\\n\");\n");
         }

@@ -48,7 +48,9 @@ const TCP_LISTEN: u8 = 0x0A;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// A TCP listener with this accept backlog.
-    Tcp { backlog: i32 },
+    Tcp {
+        backlog: i32,
+    },
     Udp,
 }
 
@@ -103,7 +105,11 @@ fn in_use() -> io::Error {
 
 /// One socket on `addr`, exclusive by the kernel's own rule (no SO_REUSEPORT). `prepare` sets
 /// options before the bind. Nonblocking.
-pub fn bind_one(kind: Kind, addr: SocketAddr, prepare: &dyn Fn(&Socket) -> io::Result<()>) -> Result<Socket, BindError> {
+pub fn bind_one(
+    kind: Kind,
+    addr: SocketAddr,
+    prepare: &dyn Fn(&Socket) -> io::Result<()>,
+) -> Result<Socket, BindError> {
     let err = |source| BindError { kind, addr, source };
     let s = new_socket(kind, addr, false, prepare).map_err(err)?;
     s.bind(&addr.into()).map_err(err)?;
@@ -116,10 +122,18 @@ pub fn bind_one(kind: Kind, addr: SocketAddr, prepare: &dyn Fn(&Socket) -> io::R
 /// `count` sockets on `addr` sharing the port through SO_REUSEPORT and shared with no other
 /// process (see the module doc). With port 0 the first bind picks the port and the others take
 /// the same. `count` 1 is [`bind_one`].
-pub fn bind_group(kind: Kind, addr: SocketAddr, count: usize, prepare: &dyn Fn(&Socket) -> io::Result<()>) -> Result<Vec<Socket>, BindError> {
+pub fn bind_group(
+    kind: Kind,
+    addr: SocketAddr,
+    count: usize,
+    prepare: &dyn Fn(&Socket) -> io::Result<()>,
+) -> Result<Vec<Socket>, BindError> {
     let err = |addr, source| BindError { kind, addr, source };
     if count == 0 || count > GROUP_SOCKETS_MAX {
-        let e = io::Error::new(io::ErrorKind::InvalidInput, format!("{count} sockets asked for; 1..={GROUP_SOCKETS_MAX} allowed"));
+        let e = io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{count} sockets asked for; 1..={GROUP_SOCKETS_MAX} allowed"),
+        );
         return Err(err(addr, e));
     }
     if count == 1 {
@@ -137,7 +151,11 @@ pub fn bind_group(kind: Kind, addr: SocketAddr, count: usize, prepare: &dyn Fn(&
             s.listen(backlog).map_err(|e| err(at, e))?;
         }
         if at.port() == 0 {
-            at = s.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| err(at, io::Error::other("no local address")))?;
+            at = s
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .ok_or_else(|| err(at, io::Error::other("no local address")))?;
         }
         socks.push(s);
     }
@@ -150,7 +168,12 @@ pub fn bind_group(kind: Kind, addr: SocketAddr, count: usize, prepare: &dyn Fn(&
     Ok(socks)
 }
 
-fn new_socket(kind: Kind, addr: SocketAddr, reuse_port: bool, prepare: &dyn Fn(&Socket) -> io::Result<()>) -> io::Result<Socket> {
+fn new_socket(
+    kind: Kind,
+    addr: SocketAddr,
+    reuse_port: bool,
+    prepare: &dyn Fn(&Socket) -> io::Result<()>,
+) -> io::Result<Socket> {
     let domain = Domain::for_address(addr);
     let s = match kind {
         Kind::Tcp { .. } => {
@@ -194,7 +217,12 @@ fn foreign(kind: Kind, addr: SocketAddr, skip: &[u64]) -> io::Result<Vec<u64>> {
                 Kind::Tcp { .. } => e.state == TCP_LISTEN,
                 Kind::Udp => true,
             };
-            if listening && e.port == addr.port() && e.inode != 0 && !skip.contains(&e.inode) && overlap(addr.ip(), e.ip) {
+            if listening
+                && e.port == addr.port()
+                && e.inode != 0
+                && !skip.contains(&e.inode)
+                && overlap(addr.ip(), e.ip)
+            {
                 found.push(e.inode);
             }
         }

@@ -57,7 +57,10 @@ fn main() {
             ["invalidate", key] => fp.invalidate(key.as_bytes()).map(|_| "ok".to_string()),
             ["flush"] => fp.flush_all().map(|_| "ok".to_string()),
             ["counters"] => fp.counters().map(|c| {
-                format!("ok hits={} misses={} invalidations={}", c.fastpath_hits, c.fastpath_misses, c.fastpath_invalidations)
+                format!(
+                    "ok hits={} misses={} invalidations={}",
+                    c.fastpath_hits, c.fastpath_misses, c.fastpath_invalidations
+                )
             }),
             ["quit"] => break,
             _ => Ok("error unknown command".to_string()),

@@ -48,7 +48,11 @@ fn main() {
         ("mg <key> v f, hit", memcached_frame(false, 0, 1, b"mg key:00000001 v f\r\n"), true),
         ("get, 8 keys, all hit", memcached_frame(false, 0, 1, get8.as_bytes()), true),
         ("get, 1 key, hit, shaped tenant", memcached_frame_to(false, PORT_B, 0, 1, b"get key:00000001\r\n"), true),
-        ("get, shaped tenant, no allowance (passed up)", memcached_frame_to(false, PORT_NONE, 0, 1, b"get key:00000001\r\n"), false),
+        (
+            "get, shaped tenant, no allowance (passed up)",
+            memcached_frame_to(false, PORT_NONE, 0, 1, b"get key:00000001\r\n"),
+            false,
+        ),
         ("get, 1 key, miss (passed up)", memcached_frame(false, 0, 1, b"get key:99999999\r\n"), false),
         ("set (not a get: passed up)", memcached_frame(false, 0, 1, b"set k 0 0 1\r\nx\r\n"), false),
         ("other UDP port (passed up)", udp_frame(false, 53, b"\x12\x34\x00\x00\x00\x01\x00\x00get k\r\n"), false),

@@ -38,7 +38,13 @@ fn main() {
         }
     };
     let s = k.streams();
-    let wc = StreamCfg { op: ks::OP_WORDCOUNT, window_ns: 1_000_000_000, word_bytes_max: 32, records_max: 65_536, ..Default::default() };
+    let wc = StreamCfg {
+        op: ks::OP_WORDCOUNT,
+        window_ns: 1_000_000_000,
+        word_bytes_max: 32,
+        records_max: 65_536,
+        ..Default::default()
+    };
     let cp = StreamCfg {
         op: ks::OP_CHANGEPOINT,
         window_ns: 10_000_000,

@@ -183,9 +183,17 @@ pub struct TenantStats {
 }
 
 mirror!(Key, ss_key, [hash, len, tenant]);
-mirror!(Item, ss_item, [expiry_ns, epoch, d_len, e_len, a_len, b_len, c_len, csum_d, csum_e, csum_a, csum_b, csum_c, pad0, pad1, piece]);
+mirror!(
+    Item,
+    ss_item,
+    [expiry_ns, epoch, d_len, e_len, a_len, b_len, c_len, csum_d, csum_e, csum_a, csum_b, csum_c, pad0, pad1, piece]
+);
 mirror!(Config, ss_config, [enabled, pad0, pad1, epoch]);
-mirror!(Tenant, ss_tenant, [active, shaped, epoch, allow_in_bytes, allow_out_bytes, spent_requests, spent_in_bytes, spent_out_bytes, pad0]);
+mirror!(
+    Tenant,
+    ss_tenant,
+    [active, shaped, epoch, allow_in_bytes, allow_out_bytes, spent_requests, spent_in_bytes, spent_out_bytes, pad0]
+);
 mirror!(TenantStats, ss_tenant_stats, [hits, misses, throttled, pad0]);
 const _: () = assert!(std::mem::align_of::<Tenant>() == 8);
 const _: () = assert!(KEY_WORDS_MAX * 8 >= KEY_BYTES_MAX);

@@ -237,6 +237,7 @@ fn k2() -> FixtureItem {
 }
 
 /// Every fixture.
+#[allow(clippy::too_many_lines)] // a table of packet fixtures
 pub fn all() -> Vec<Fixture> {
     let mut v = vec![
         hit("get hit ipv4", false, b"get foo\r\n", vec![foo()], b"VALUE foo 5 3\r\nbar\r\nEND\r\n"),
@@ -268,14 +269,24 @@ pub fn all() -> Vec<Fixture> {
         b"VALUE k2 4294967295 0 78\r\n\r\nVALUE foo 5 3 77\r\nbar\r\nEND\r\n",
     ));
     v.push(miss("expired", false, b"get old\r\n", vec![it(b"old", 0, 1, b"v", Expiry::Past)]));
-    v.push(hit("not yet expired", false, b"get new\r\n", vec![it(b"new", 0, 1, b"v", Expiry::Future)], b"VALUE new 0 1\r\nv\r\nEND\r\n"));
+    v.push(hit(
+        "not yet expired",
+        false,
+        b"get new\r\n",
+        vec![it(b"new", 0, 1, b"v", Expiry::Future)],
+        b"VALUE new 0 1\r\nv\r\nEND\r\n",
+    ));
     v.push(hit("mg v", false, b"mg foo v\r\n", vec![foo()], b"VA 3\r\nbar\r\n"));
     v.push(hit("mg v f", false, b"mg foo v f\r\n", vec![foo()], b"VA 3 f5\r\nbar\r\n"));
     v.push(hit("mg f v ipv6", true, b"mg foo f v\r\n", vec![foo()], b"VA 3 f5\r\nbar\r\n"));
     v.push(miss("mg unsupported flag", false, b"mg foo v t\r\n", vec![foo()]));
     v.push(miss("mg without v", false, b"mg foo\r\n", vec![foo()]));
     v.push(miss("mg miss", false, b"mg nope v\r\n", vec![foo()]));
-    v.push(other("non-memcached udp port", udp_frame(false, 53, b"\x12\x34\x00\x00\x00\x01\x00\x00get foo\r\n"), vec![foo()]));
+    v.push(other(
+        "non-memcached udp port",
+        udp_frame(false, 53, b"\x12\x34\x00\x00\x00\x01\x00\x00get foo\r\n"),
+        vec![foo()],
+    ));
     v.push(other("udp set passes", memcached_frame(false, 0, 1, b"set foo 0 0 1\r\nx\r\n"), vec![foo()]));
     // TCP to the memcached port carrying a get.
     let mut tcp = memcached_frame(false, 0, 1, b"get foo\r\n");
@@ -308,10 +319,13 @@ pub fn all() -> Vec<Fixture> {
     reply.extend_from_slice(b" 1 2\r\nhi\r\nEND\r\n");
     v.push(hit("250-byte key", false, &req, vec![it(&max, 1, 1, b"hi", Expiry::Never)], &reply));
     // Eight keys hit; nine are more than the kernel handles.
-    let eight: Vec<FixtureItem> = (0..9u8).map(|i| it(&[b'a' + i], u32::from(i), 1, &[b'0' + i], Expiry::Never)).collect();
+    let eight: Vec<FixtureItem> =
+        (0..9u8).map(|i| it(&[b'a' + i], u32::from(i), 1, &[b'0' + i], Expiry::Never)).collect();
     let mut reply = Vec::new();
     for i in 0..8u8 {
-        reply.extend_from_slice(format!("VALUE {} {} 1\r\n{}\r\n", char::from(b'a' + i), i, char::from(b'0' + i)).as_bytes());
+        reply.extend_from_slice(
+            format!("VALUE {} {} 1\r\n{}\r\n", char::from(b'a' + i), i, char::from(b'0' + i)).as_bytes(),
+        );
     }
     reply.extend_from_slice(b"END\r\n");
     v.push(hit("eight keys", false, b"get a b c d e f g h\r\n", eight.clone(), &reply));
@@ -323,7 +337,13 @@ pub fn all() -> Vec<Fixture> {
     reply.extend_from_slice(&big);
     reply.extend_from_slice(b"\r\nEND\r\n");
     debug_assert_eq!(reply.len(), 1390);
-    v.push(hit("largest single-datagram reply ipv6", true, b"get big\r\n", vec![it(b"big", 0, 9, &big, Expiry::Never)], &reply));
+    v.push(hit(
+        "largest single-datagram reply ipv6",
+        true,
+        b"get big\r\n",
+        vec![it(b"big", 0, 9, &big, Expiry::Never)],
+        &reply,
+    ));
     let half = vec![b'y'; 800];
     v.push(miss(
         "reply over one datagram",
@@ -346,19 +366,34 @@ fn tenant_fixtures() -> Vec<Fixture> {
     f.packet = memcached_frame_to(false, PORT_B, 0, 1, b"get foo\r\n");
     v.push(f.with_tenants(two.clone()));
     // The same key in both slots: each port gets its own tenant's value.
-    let mut f = hit("tenant isolation: same key, slot 1's value on its port", true, b"get foo\r\n", vec![foo(), foo_b()], b"VALUE foo 9 3\r\nbee\r\nEND\r\n");
+    let mut f = hit(
+        "tenant isolation: same key, slot 1's value on its port",
+        true,
+        b"get foo\r\n",
+        vec![foo(), foo_b()],
+        b"VALUE foo 9 3\r\nbee\r\nEND\r\n",
+    );
     f.packet = memcached_frame_to(true, PORT_B, 0, 1, b"get foo\r\n");
     v.push(f.with_tenants(two.clone()));
     v.push(
-        hit("tenant isolation: same key, slot 0's value on its port", false, b"get foo\r\n", vec![foo(), foo_b()], b"VALUE foo 5 3\r\nbar\r\nEND\r\n")
-            .with_tenants(two.clone()),
+        hit(
+            "tenant isolation: same key, slot 0's value on its port",
+            false,
+            b"get foo\r\n",
+            vec![foo(), foo_b()],
+            b"VALUE foo 5 3\r\nbar\r\nEND\r\n",
+        )
+        .with_tenants(two.clone()),
     );
     // The last slot works too.
     let mut f = hit("slot 63 on its port", false, b"mg foo v\r\n", vec![foo().in_slot(63)], b"VA 3\r\nbar\r\n");
     f.packet = memcached_frame_to(false, PORT_B, 0, 1, b"mg foo v\r\n");
     v.push(f.with_tenants(vec![FixtureTenant::plain(63, PORT_B)]));
     // A memcached request to a port no tenant is on: not ours at all (not even a miss).
-    v.push(other("get to a port with no tenant", memcached_frame_to(false, PORT_NONE, 0, 1, b"get foo\r\n"), vec![foo()]).with_tenants(two));
+    v.push(
+        other("get to a port with no tenant", memcached_frame_to(false, PORT_NONE, 0, 1, b"get foo\r\n"), vec![foo()])
+            .with_tenants(two),
+    );
     // Shaping. "get foo\r\n" is 9 request bytes; its reply "VALUE foo 5 3\r\nbar\r\nEND\r\n" 25.
     let reply = b"VALUE foo 5 3\r\nbar\r\nEND\r\n";
     let (req_b, rep_b) = (9u64, reply.len() as u64);
@@ -371,15 +406,30 @@ fn tenant_fixtures() -> Vec<Fixture> {
             .paid(req_b, rep_b),
     );
     v.push(
-        hit("shaped, plenty of allowance, gets", false, b"gets foo k2\r\n", vec![foo(), k2()], b"VALUE foo 5 3 77\r\nbar\r\nVALUE k2 4294967295 0 78\r\n\r\nEND\r\n")
-            .with_tenants(vec![FixtureTenant::shaped(0, PORT, 1 << 20, 1 << 20)])
-            .paid(13, 56),
+        hit(
+            "shaped, plenty of allowance, gets",
+            false,
+            b"gets foo k2\r\n",
+            vec![foo(), k2()],
+            b"VALUE foo 5 3 77\r\nbar\r\nVALUE k2 4294967295 0 78\r\n\r\nEND\r\n",
+        )
+        .with_tenants(vec![FixtureTenant::shaped(0, PORT, 1 << 20, 1 << 20)])
+        .paid(13, 56),
     );
     // A shaped tenant's miss is a miss (and costs nothing); a non-get passes uncounted.
-    v.push(miss("shaped, miss", false, b"get nope\r\n", vec![foo()]).with_tenants(vec![FixtureTenant::shaped(0, PORT, 1 << 20, 1 << 20)]));
+    v.push(miss("shaped, miss", false, b"get nope\r\n", vec![foo()]).with_tenants(vec![FixtureTenant::shaped(
+        0,
+        PORT,
+        1 << 20,
+        1 << 20,
+    )]));
     v.push(
-        other("shaped, allowance 0, set passes uncounted", memcached_frame(false, 0, 1, b"set foo 0 0 1\r\nx\r\n"), vec![foo()])
-            .with_tenants(vec![FixtureTenant::shaped(0, PORT, 0, 0)]),
+        other(
+            "shaped, allowance 0, set passes uncounted",
+            memcached_frame(false, 0, 1, b"set foo 0 0 1\r\nx\r\n"),
+            vec![foo()],
+        )
+        .with_tenants(vec![FixtureTenant::shaped(0, PORT, 0, 0)]),
     );
     v
 }
@@ -506,19 +556,13 @@ pub fn run_kernel(k: &Kernel, f: &Fixture) -> Result<(Outcome, u64), FastPathErr
     let misses = after.fastpath_misses - before.fastpath_misses;
     let throttled = after.fastpath_throttled - before.fastpath_throttled;
     let tenant_agrees = match (tbefore, tafter) {
-        (Some(b), Some(a)) => (a.hits - b.hits, a.misses - b.misses, a.throttled - b.throttled) == (hits, misses, throttled),
+        (Some(b), Some(a)) => {
+            (a.hits - b.hits, a.misses - b.misses, a.throttled - b.throttled) == (hits, misses, throttled)
+        }
         _ => false,
     };
     Ok((
-        Outcome {
-            verdict,
-            packet: r.packet,
-            hits,
-            misses,
-            throttled,
-            slot: slot.filter(|_| tenant_agrees),
-            spent,
-        },
+        Outcome { verdict, packet: r.packet, hits, misses, throttled, slot: slot.filter(|_| tenant_agrees), spent },
         now,
     ))
 }

@@ -119,7 +119,9 @@ impl Generator {
     /// Replies counted so far.
     pub fn sink_counts(&self) -> Result<SinkCounts, FastPathError> {
         let cnt: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            self.ebpf.map("sink_cnt").ok_or_else(|| FastPathError::LoadRefused { detail: "sink_cnt missing".into() })?,
+            self.ebpf
+                .map("sink_cnt")
+                .ok_or_else(|| FastPathError::LoadRefused { detail: "sink_cnt missing".into() })?,
         )
         .map_err(|e| FastPathError::LoadRefused { detail: format!("sink_cnt: {e}") })?;
         let sum = |i: u32| -> Result<u64, FastPathError> {

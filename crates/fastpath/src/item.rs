@@ -164,7 +164,11 @@ mod tests {
                             reply.extend_from_slice(p);
                             at += p.len();
                         }
-                        assert_eq!(fold(from_parts), fold(u64::from(ones_sum(&reply))), "key {key:?} value {value:?} lead {lead}");
+                        assert_eq!(
+                            fold(from_parts),
+                            fold(u64::from(ones_sum(&reply))),
+                            "key {key:?} value {value:?} lead {lead}"
+                        );
                     }
                 }
             }

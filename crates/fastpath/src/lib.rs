@@ -122,7 +122,6 @@ impl Verdict {
     }
 }
 
-
 use aya::programs::{Xdp, XdpFlags};
 use aya::{Ebpf, EbpfLoader};
 use std::fmt;
@@ -176,10 +175,9 @@ pub enum FastPathError {
 impl fmt::Display for FastPathError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FastPathError::NotPermitted { detail } => write!(
-                f,
-                "XDP fast path needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON): {detail}"
-            ),
+            FastPathError::NotPermitted { detail } => {
+                write!(f, "XDP fast path needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON): {detail}")
+            }
             FastPathError::InterfaceMissing { name } => write!(f, "no network interface named {name:?}"),
             FastPathError::BadConfig { detail } => write!(f, "bad fast path configuration: {detail}"),
             FastPathError::LoadRefused { detail } => write!(f, "kernel refused the XDP program: {detail}"),
@@ -334,14 +332,7 @@ impl TenantTable {
         // fd is the live ss_tenants map (BPF_F_MMAPABLE), whose value area is at least
         // TENANTS_MAX * 64 bytes and page aligned; failure is reported as MAP_FAILED.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if p == libc::MAP_FAILED {
             return Err(FastPathError::Map { op: "mmap tenants", error: io::Error::last_os_error() });
@@ -417,9 +408,8 @@ impl Kernel {
         prog.load().map_err(|e| refusal(&e, false))?;
         let prog_fd = prog.fd().map_err(|e| refusal(&e, false))?.as_fd().as_raw_fd();
         let map_fd = |ebpf: &Ebpf, name: &str| -> Result<RawFd, FastPathError> {
-            let map = ebpf
-                .map(name)
-                .ok_or_else(|| FastPathError::LoadRefused { detail: format!("map {name} missing") })?;
+            let map =
+                ebpf.map(name).ok_or_else(|| FastPathError::LoadRefused { detail: format!("map {name} missing") })?;
             let data = match map {
                 aya::maps::Map::HashMap(d) | aya::maps::Map::Array(d) | aya::maps::Map::PerCpuArray(d) => d,
                 _ => return Err(FastPathError::LoadRefused { detail: format!("map {name} has the wrong type") }),
@@ -498,7 +488,9 @@ impl Kernel {
         }
         match ports.get(slot as usize).copied().flatten() {
             Some(p) if p != udp_port => {
-                return Err(FastPathError::BadConfig { detail: format!("tenant slot {slot} already serves UDP port {p}") })
+                return Err(FastPathError::BadConfig {
+                    detail: format!("tenant slot {slot} already serves UDP port {p}"),
+                })
             }
             Some(_) => {
                 // Same slot and port: only the shaping changes.
@@ -550,7 +542,14 @@ impl Kernel {
     }
 
     /// Cache an item for slot 0 (the single-tenant API): see [`Kernel::fill_slot`].
-    pub fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expiry_ns: u64) -> Result<Filled, FastPathError> {
+    pub fn fill(
+        &self,
+        key: &[u8],
+        flags: u32,
+        cas: u64,
+        value: &[u8],
+        expiry_ns: u64,
+    ) -> Result<Filled, FastPathError> {
         self.fill_slot(0, key, flags, cas, value, expiry_ns)
     }
 
@@ -728,7 +727,14 @@ impl Kernel {
             .map_or((0, 0), |t| (t.allow_in_bytes.load(Ordering::Acquire), t.allow_out_bytes.load(Ordering::Acquire)))
     }
 
-    fn percpu_sum(&self, fd: RawFd, idx: u32, stride: usize, field: usize, op: &'static str) -> Result<Vec<u64>, FastPathError> {
+    fn percpu_sum(
+        &self,
+        fd: RawFd,
+        idx: u32,
+        stride: usize,
+        field: usize,
+        op: &'static str,
+    ) -> Result<Vec<u64>, FastPathError> {
         use abi::Plain;
         // Per-CPU values come back at an 8-byte-rounded stride, one per possible CPU.
         let mut buf = vec![0u8; stride * self.cpus];
@@ -806,7 +812,12 @@ impl Kernel {
     pub fn test_run(&self, packet: &[u8], repeat: u32) -> Result<TestRunResult, FastPathError> {
         let r = sys::prog_test_run(self.prog_fd, packet, repeat)
             .map_err(|error| FastPathError::Map { op: "BPF_PROG_TEST_RUN", error })?;
-        Ok(TestRunResult { retval: r.retval, verdict: Verdict::from_retval(r.retval), packet: r.data_out, mean_ns: r.duration_ns })
+        Ok(TestRunResult {
+            retval: r.retval,
+            verdict: Verdict::from_retval(r.retval),
+            packet: r.data_out,
+            mean_ns: r.duration_ns,
+        })
     }
 
     /// Mean ns the program takes on `packet`, over `runs` separate single runs (each on a fresh
@@ -878,7 +889,10 @@ impl FastPath {
         FastPath::attach_with(iface, || Kernel::load_multi(entries_max))
     }
 
-    fn attach_with(iface: &str, load: impl FnOnce() -> Result<Kernel, FastPathError>) -> Result<FastPath, FastPathError> {
+    fn attach_with(
+        iface: &str,
+        load: impl FnOnce() -> Result<Kernel, FastPathError>,
+    ) -> Result<FastPath, FastPathError> {
         let ifindex = if_index(iface)?;
         if !is_root() {
             // Loading would fail with EPERM anyway; say why up front. (CAP_BPF without root
@@ -921,7 +935,14 @@ impl FastPath {
     }
 
     /// See [`Kernel::fill`].
-    pub fn fill(&self, key: &[u8], flags: u32, cas: u64, value: &[u8], expiry_ns: u64) -> Result<Filled, FastPathError> {
+    pub fn fill(
+        &self,
+        key: &[u8],
+        flags: u32,
+        cas: u64,
+        value: &[u8],
+        expiry_ns: u64,
+    ) -> Result<Filled, FastPathError> {
         self.kernel.fill(key, flags, cas, value, expiry_ns)
     }
 

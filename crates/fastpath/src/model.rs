@@ -245,7 +245,10 @@ fn decide(p: &[u8], st: &ModelState, slot_out: &mut Option<u32>) -> Decision {
         // segment A is "VALUE <key> ...", the key at offset 6 followed by ' ' (it does not
         // re-check "VALUE ", which user space always writes). The model's map is keyed exactly,
         // but a caller may file an item under another key; the kernel would then miss too.
-        if s.a.len() < 6 + key.len() + 1 || s.a.get(6..6 + key.len()) != Some(key) || s.a.get(6 + key.len()) != Some(&b' ') {
+        if s.a.len() < 6 + key.len() + 1
+            || s.a.get(6..6 + key.len()) != Some(key)
+            || s.a.get(6 + key.len()) != Some(&b' ')
+        {
             return Miss;
         }
         let head: Vec<&[u8]> = match mode {
@@ -317,11 +320,8 @@ fn decide(p: &[u8], st: &ModelState, slot_out: &mut Option<u32>) -> Decision {
         out.extend_from_slice(&h);
     }
     let len_bytes = (udp_total as u32).to_be_bytes();
-    let pseudo_tail: Vec<u8> = if v6 {
-        [&len_bytes[..], &[0, 0, 0, 17]].concat()
-    } else {
-        vec![0, 17, len_bytes[2], len_bytes[3]]
-    };
+    let pseudo_tail: Vec<u8> =
+        if v6 { [&len_bytes[..], &[0, 0, 0, 17]].concat() } else { vec![0, 17, len_bytes[2], len_bytes[3]] };
     let mut c = !ones_sum(&[&src, &dst, &pseudo_tail, &reply]);
     if c == 0 {
         c = 0xffff;

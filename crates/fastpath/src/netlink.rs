@@ -85,7 +85,8 @@ pub fn detach_xdp(ifindex: u32) -> io::Result<()> {
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
-    let r = set_xdp_none(sock, ifindex, XDP_FLAGS_DRV_MODE, 1).and_then(|_| set_xdp_none(sock, ifindex, XDP_FLAGS_SKB_MODE, 2));
+    let r = set_xdp_none(sock, ifindex, XDP_FLAGS_DRV_MODE, 1)
+        .and_then(|_| set_xdp_none(sock, ifindex, XDP_FLAGS_SKB_MODE, 2));
     // SAFETY: `sock` is our open fd, closed exactly once.
     unsafe { libc::close(sock) };
     r

@@ -120,10 +120,34 @@ pub struct CpState {
     pub hist: [i64; CP_HISTORY_MAX],
 }
 
-mirror!(StreamCfg, ss_stream, [op, user_only, window_ns, word_bytes_max, records_max, reference_windows, history, threshold_n, format, pad0]);
+mirror!(
+    StreamCfg,
+    ss_stream,
+    [op, user_only, window_ns, word_bytes_max, records_max, reference_windows, history, threshold_n, format, pad0]
+);
 mirror!(StreamStats, ss_stream_stats, [datagrams, records, malformed, passed, alerts, events_lost, pad0, pad1]);
 mirror!(WcKey, ss_wc_key, [window, stream, len, word]);
-mirror!(CpState, ss_cp_state, [lock, mode, high_t_ns, cur_window, cur_sum, cur_count, ring_len, ring_head, ref_sum_n, hist_len, hist_head, ring_sum, ring_count, ring_mean_n, hist]);
+mirror!(
+    CpState,
+    ss_cp_state,
+    [
+        lock,
+        mode,
+        high_t_ns,
+        cur_window,
+        cur_sum,
+        cur_count,
+        ring_len,
+        ring_head,
+        ref_sum_n,
+        hist_len,
+        hist_head,
+        ring_sum,
+        ring_count,
+        ring_mean_n,
+        hist
+    ]
+);
 // Ring-buffer records are read field by field at the header's offsets (parse_event).
 const _: () = assert!(ss_ev_hdr::SIZE == 16 && ss_alert::hdr == 0 && ss_values::hdr == 0);
 
@@ -202,7 +226,9 @@ pub fn parse_event(b: &[u8]) -> Option<Event> {
             let history = if h == 0 {
                 Vec::new()
             } else {
-                ring_order(hist_head, hist_len, h).map(|i| i64_at(b, ss_alert::hist + i * 8)).collect::<Option<Vec<_>>>()?
+                ring_order(hist_head, hist_len, h)
+                    .map(|i| i64_at(b, ss_alert::hist + i * 8))
+                    .collect::<Option<Vec<_>>>()?
             };
             Some(Event::Alert { stream, t_ns, value_micro, windows, history })
         }
@@ -288,10 +314,16 @@ impl StreamAttach {
 }
 
 impl StreamKernel {
-    pub(crate) fn new(ebpf: &mut aya::Ebpf, ports_fd: RawFd, prog_fd: RawFd, cpus: usize) -> Result<StreamKernel, FastPathError> {
+    pub(crate) fn new(
+        ebpf: &mut aya::Ebpf,
+        ports_fd: RawFd,
+        prog_fd: RawFd,
+        cpus: usize,
+    ) -> Result<StreamKernel, FastPathError> {
         let fd_of = |ebpf: &aya::Ebpf, name: &str| -> Result<OwnedFd, FastPathError> {
             use std::os::fd::AsFd;
-            let map = ebpf.map(name).ok_or_else(|| FastPathError::LoadRefused { detail: format!("map {name} missing") })?;
+            let map =
+                ebpf.map(name).ok_or_else(|| FastPathError::LoadRefused { detail: format!("map {name} missing") })?;
             let d = match map {
                 aya::maps::Map::Array(d) | aya::maps::Map::PerCpuArray(d) | aya::maps::Map::PerCpuHashMap(d) => d,
                 _ => return Err(FastPathError::LoadRefused { detail: format!("map {name} has the wrong type") }),
@@ -305,7 +337,8 @@ impl StreamKernel {
         let events = ebpf
             .take_map(MAP_EVENTS)
             .ok_or_else(|| FastPathError::LoadRefused { detail: format!("map {MAP_EVENTS} missing") })?;
-        let events = RingBuf::try_from(events).map_err(|e| FastPathError::LoadRefused { detail: format!("{MAP_EVENTS}: {e}") })?;
+        let events = RingBuf::try_from(events)
+            .map_err(|e| FastPathError::LoadRefused { detail: format!("{MAP_EVENTS}: {e}") })?;
         Ok(StreamKernel {
             streams,
             stats,
@@ -353,7 +386,9 @@ impl StreamKernel {
         let found = sys::map_lookup(self.ports.as_raw_fd(), u32::from(udp_port).as_bytes(), &mut cur)
             .map_err(|error| FastPathError::Map { op: "ports lookup", error })?;
         if found && u32::from_ne_bytes(cur) != 0 {
-            return Err(FastPathError::BadConfig { detail: format!("UDP port {udp_port} is already served by the fast path") });
+            return Err(FastPathError::BadConfig {
+                detail: format!("UDP port {udp_port} is already served by the fast path"),
+            });
         }
         let zero_state = vec![0u8; size_of::<CpState>()];
         sys::map_update(self.cp.as_raw_fd(), slot.as_bytes(), &zero_state, sys::BPF_ANY)
@@ -435,16 +470,19 @@ impl StreamKernel {
         let mut cur = vec![0u8; kb];
         let mut next = vec![0u8; kb];
         let mut val = vec![0u8; 8 * self.cpus];
-        let mut have = sys::map_next_key(fd, None, &mut cur).map_err(|error| FastPathError::Map { op: "wc iterate", error })?;
+        let mut have =
+            sys::map_next_key(fd, None, &mut cur).map_err(|error| FastPathError::Map { op: "wc iterate", error })?;
         let mut steps = 0u64;
         while have && steps < 2 * u64::from(WC_ENTRIES) {
             steps += 1;
-            let more = sys::map_next_key(fd, Some(&cur), &mut next).map_err(|error| FastPathError::Map { op: "wc iterate", error })?;
+            let more = sys::map_next_key(fd, Some(&cur), &mut next)
+                .map_err(|error| FastPathError::Map { op: "wc iterate", error })?;
             let window = u64_at(&cur, 0).unwrap_or(u64::MAX);
             let stream = u32_at(&cur, 8).unwrap_or(u32::MAX);
             let len = (u32_at(&cur, 12).unwrap_or(0) as usize).min(WORD_KEY_BYTES);
             if stream == slot && window < before_window {
-                let found = sys::map_lookup(fd, &cur, &mut val).map_err(|error| FastPathError::Map { op: "wc lookup", error })?;
+                let found = sys::map_lookup(fd, &cur, &mut val)
+                    .map_err(|error| FastPathError::Map { op: "wc lookup", error })?;
                 sys::map_delete(fd, &cur).map_err(|error| FastPathError::Map { op: "wc delete", error })?;
                 if found {
                     let n: u64 = val.chunks_exact(8).map(|c| u64_at(c, 0).unwrap_or(0)).fold(0, u64::wrapping_add);
@@ -521,7 +559,9 @@ mod tests {
 
     #[test]
     fn micro_conversion_matches_parse() {
-        for (m, s) in [(10_123_000i64, "10.123"), (-1, "-0.000001"), (100_000, "0.1"), (99_999_999_999_999, "99999999.999999")] {
+        for (m, s) in
+            [(10_123_000i64, "10.123"), (-1, "-0.000001"), (100_000, "0.1"), (99_999_999_999_999, "99999999.999999")]
+        {
             assert_eq!(micro_to_f64(m), s.parse::<f64>().unwrap(), "{s}");
         }
         assert_eq!(threshold_n(5.0), Some(5_000_000_000));

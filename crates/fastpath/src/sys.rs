@@ -54,9 +54,8 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<()> {
     // SAFETY: `attr` is a live, exclusively borrowed repr(C) prefix of `union bpf_attr` and we
     // pass its exact size; the kernel reads/writes at most that many bytes. Pointers inside it
     // are set by the callers below to buffers that outlive this call with the sizes declared.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, cmd, (attr as *mut T).cast::<libc::c_void>(), std::mem::size_of::<T>())
-    };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, (attr as *mut T).cast::<libc::c_void>(), std::mem::size_of::<T>()) };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {

@@ -96,10 +96,16 @@ fn fixtures_kernel_and_model_agree() {
         }
         let want = (f.hits, f.misses, f.throttled);
         if (kout.hits, kout.misses, kout.throttled) != want {
-            fail(format!("kernel hits/misses/throttled {}/{}/{}, want {want:?}", kout.hits, kout.misses, kout.throttled));
+            fail(format!(
+                "kernel hits/misses/throttled {}/{}/{}, want {want:?}",
+                kout.hits, kout.misses, kout.throttled
+            ));
         }
         if (mout.hits, mout.misses, mout.throttled) != want {
-            fail(format!("model hits/misses/throttled {}/{}/{}, want {want:?}", mout.hits, mout.misses, mout.throttled));
+            fail(format!(
+                "model hits/misses/throttled {}/{}/{}, want {want:?}",
+                mout.hits, mout.misses, mout.throttled
+            ));
         }
         if kout.spent != f.spent || mout.spent != f.spent {
             fail(format!("spent: kernel {:?}, model {:?}, want {:?}", kout.spent, mout.spent, f.spent));
@@ -114,7 +120,10 @@ fn fixtures_kernel_and_model_agree() {
             ));
         }
         if kout.packet != mout.packet {
-            fail(format!("kernel and model packets differ:\n kernel {:02x?}\n model  {:02x?}", kout.packet, mout.packet));
+            fail(format!(
+                "kernel and model packets differ:\n kernel {:02x?}\n model  {:02x?}",
+                kout.packet, mout.packet
+            ));
         }
         match f.verdict {
             Verdict::Tx => {

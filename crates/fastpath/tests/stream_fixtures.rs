@@ -26,7 +26,13 @@ fn kernel() -> Option<Kernel> {
 fn word_fixtures_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
-    let cfg = StreamCfg { op: ks::OP_WORDCOUNT, window_ns: u64::MAX / 4, word_bytes_max: 32, records_max: 65_536, ..Default::default() };
+    let cfg = StreamCfg {
+        op: ks::OP_WORDCOUNT,
+        window_ns: u64::MAX / 4,
+        word_bytes_max: 32,
+        records_max: 65_536,
+        ..Default::default()
+    };
     s.add_stream(3, 7000, cfg).expect("add stream");
     let long = "x".repeat(33);
     let fixtures: Vec<(Vec<u8>, u32)> = vec![
@@ -80,7 +86,13 @@ fn random_word_payloads_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     let records_max = 40u32;
-    let cfg = StreamCfg { op: ks::OP_WORDCOUNT, window_ns: u64::MAX / 4, word_bytes_max: 32, records_max, ..Default::default() };
+    let cfg = StreamCfg {
+        op: ks::OP_WORDCOUNT,
+        window_ns: u64::MAX / 4,
+        word_bytes_max: 32,
+        records_max,
+        ..Default::default()
+    };
     s.add_stream(4, 7004, cfg).expect("add stream");
     let seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
@@ -135,18 +147,24 @@ fn number_fixtures_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     let mut ring = s.take_events().expect("ring buffer");
-    let cfg = StreamCfg { op: ks::OP_VALUES, window_ns: 1_000_000, word_bytes_max: 32, records_max: 65_536, ..Default::default() };
+    let cfg = StreamCfg {
+        op: ks::OP_VALUES,
+        window_ns: 1_000_000,
+        word_bytes_max: 32,
+        records_max: 65_536,
+        ..Default::default()
+    };
     s.add_stream(5, 7005, cfg).expect("add stream");
     let fixtures: Vec<(&[u8], u32)> = vec![
         (b"1\n-2.5\n  3.25 \r\n\n.5\n5.\n+7.000001", XDP_DROP),
         (b"abc\n1 2\n+\n1e\n4", XDP_DROP), // malformed lines counted, 4 kept
         (b"nan\ninf\n0x10\n8", XDP_DROP),
         (b"99999999.999999\n-100000000", XDP_DROP),
-        (b"1.0000001", XDP_PASS), // 7 significant fractional digits
-        (b"1.50000000000", XDP_DROP), // zeros beyond the 6th digit are exact
-        (b"1e3", XDP_PASS),             // exponent: user space
-        (b"100000001", XDP_PASS),       // over 10^8
-        (b"-0", XDP_PASS),              // -0.0 has no fixed-point form
+        (b"1.0000001", XDP_PASS),                // 7 significant fractional digits
+        (b"1.50000000000", XDP_DROP),            // zeros beyond the 6th digit are exact
+        (b"1e3", XDP_PASS),                      // exponent: user space
+        (b"100000001", XDP_PASS),                // over 10^8
+        (b"-0", XDP_PASS),                       // -0.0 has no fixed-point form
         (b"SSF1\0\0\0\0\0\0\xf0\x3f", XDP_PASS), // binary
     ];
     let limits = Limits::default();
@@ -205,7 +223,11 @@ fn changepoint_in_kernel_matches_the_operator() {
             assert_eq!(stream, 7);
             let means: Vec<f64> = windows.iter().map(|(s, n)| ks::micro_to_f64(*s) / *n as f64).collect();
             let reference = means.iter().sum::<f64>() / means.len() as f64;
-            got.push((ks::micro_to_f64(value_micro), reference, history.into_iter().map(ks::micro_to_f64).collect::<Vec<_>>()));
+            got.push((
+                ks::micro_to_f64(value_micro),
+                reference,
+                history.into_iter().map(ks::micro_to_f64).collect::<Vec<_>>(),
+            ));
         }
     }
     assert_eq!(want.len(), 2, "{want:?}");
@@ -220,6 +242,9 @@ fn changepoint_in_kernel_matches_the_operator() {
     assert_eq!(s.test_run(&udp_frame(false, 7007, b"10")).expect("run"), XDP_PASS);
     let snap = s.cp_snapshot(7, 3, 5).expect("snapshot");
     assert_eq!(snap.mode, 1);
-    assert_eq!(snap.history.iter().map(|m| ks::micro_to_f64(*m)).collect::<Vec<_>>(), vec![31.0, 30.25, 29.75, 30.0, 10.0]);
+    assert_eq!(
+        snap.history.iter().map(|m| ks::micro_to_f64(*m)).collect::<Vec<_>>(),
+        vec![31.0, 30.25, 29.75, 30.0, 10.0]
+    );
     assert_eq!(s.stats(7).expect("stats").alerts, 2);
 }

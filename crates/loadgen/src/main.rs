@@ -381,12 +381,10 @@ fn run(cfg: &Config) -> Result<(String, bool), String> {
         for (t, streams) in per_thread.into_iter().enumerate() {
             let seed = cfg.seed.wrapping_mul(1_000_003).wrapping_add(t as u64);
             let sockets = cfg.conns / cfg.threads + usize::from(t < cfg.conns % cfg.threads);
-            handles.push(scope.spawn(move || {
-                match (cfg.udp, cfg.rate_per_s) {
-                    (true, _) => udp::run_thread(cfg, cfg.server, sockets, seed, window, t),
-                    (false, Some(rate)) => tcp_rate::run_thread(cfg, rate, streams, seed, window, t),
-                    (false, None) => tcp::run_thread(cfg, streams, seed, window),
-                }
+            handles.push(scope.spawn(move || match (cfg.udp, cfg.rate_per_s) {
+                (true, _) => udp::run_thread(cfg, cfg.server, sockets, seed, window, t),
+                (false, Some(rate)) => tcp_rate::run_thread(cfg, rate, streams, seed, window, t),
+                (false, None) => tcp::run_thread(cfg, streams, seed, window),
             }));
         }
         sleep_until(window.start);
@@ -607,8 +605,23 @@ mod tests {
 
     #[test]
     fn rejects_bad_options() {
-        for bad in ["--rate-per-s 0", "--rate-per-s -5", "--rate-per-s nan", "--rate-per-s inf", "--rate-per-s 1e9",
-            "--backlog-max 0", "--start-at-unix-ms -1", "--conns 0", "--pipeline 5000", "--ratio 0:0", "--ratio 3", "--keys 100000001", "--bogus 1", "--conns", "--duration-s -1"] {
+        for bad in [
+            "--rate-per-s 0",
+            "--rate-per-s -5",
+            "--rate-per-s nan",
+            "--rate-per-s inf",
+            "--rate-per-s 1e9",
+            "--backlog-max 0",
+            "--start-at-unix-ms -1",
+            "--conns 0",
+            "--pipeline 5000",
+            "--ratio 0:0",
+            "--ratio 3",
+            "--keys 100000001",
+            "--bogus 1",
+            "--conns",
+            "--duration-s -1",
+        ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }
         assert!(parse_args(&args("--help")).unwrap().is_none());

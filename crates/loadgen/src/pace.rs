@@ -42,7 +42,8 @@ pub struct Pacer {
 impl Pacer {
     /// `conn_index` in `0..conns_total`; `rate_per_s` > 0 (checked by the caller, clamped here).
     pub fn new(start: Instant, rate_per_s: f64, conns_total: u64, conn_index: u64, backlog_max: u64) -> Pacer {
-        let rate = if rate_per_s.is_finite() && rate_per_s > 0.0 { rate_per_s.min(SCHEDULE_RATE_PER_S_MAX) } else { 1.0 };
+        let rate =
+            if rate_per_s.is_finite() && rate_per_s > 0.0 { rate_per_s.min(SCHEDULE_RATE_PER_S_MAX) } else { 1.0 };
         let stride = conns_total.max(1);
         Pacer { start, ns_per_req: 1e9 / rate, stride, next_n: conn_index % stride, backlog_max: backlog_max.max(1) }
     }

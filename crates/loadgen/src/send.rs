@@ -354,7 +354,12 @@ fn decimal_digits(mut n: u64) -> usize {
 /// Total datagrams to send: `--count`, or those due strictly before the duration ends at a
 /// fixed rate (`pacer`, not yet taken from); `None` = until the duration ends (rate 0 with only
 /// a duration).
-fn planned_datagrams(count: Option<u64>, duration_ns: Option<u64>, pacer: Option<&Pacer>, start: Instant) -> Option<u64> {
+fn planned_datagrams(
+    count: Option<u64>,
+    duration_ns: Option<u64>,
+    pacer: Option<&Pacer>,
+    start: Instant,
+) -> Option<u64> {
     let by_duration = match (duration_ns, pacer) {
         (Some(d), Some(p)) => Some(p.due_count(start + Duration::from_nanos(d.saturating_sub(1)))),
         _ => None,
@@ -371,10 +376,7 @@ fn ns_since(start: Instant, t: Instant) -> u64 {
 }
 
 fn unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 // ------------------------------------------------------------------ payloads
@@ -662,9 +664,8 @@ fn send_batch(sock: &UdpSocket, batch: &Batch, outcome: &mut Vec<Option<usize>>)
 
 #[allow(clippy::too_many_lines)] // the generator loop; not a serving path
 fn send(o: &Options) -> Result<Summary, String> {
-    let bind: SocketAddr = if o.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
-        .parse()
-        .map_err(|e| format!("bind address: {e}"))?;
+    let bind: SocketAddr =
+        if o.to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().map_err(|e| format!("bind address: {e}"))?;
     let sock = UdpSocket::bind(bind).map_err(|e| format!("bind {bind}: {e}"))?;
     sock.connect(o.to).map_err(|e| format!("connect {}: {e}", o.to))?;
 
@@ -806,7 +807,9 @@ mod tests {
         assert_eq!(ok.kind, Kind::Words);
         assert_eq!(ok.records_per_datagram, 16);
         assert_eq!(ok.count, Some(5));
-        let ok = parse_args(&args("--to=127.0.0.1:9 --kind=numbers --duration-s=1.5 --binary --step-at-ms 10 --step-by -3")).unwrap();
+        let ok =
+            parse_args(&args("--to=127.0.0.1:9 --kind=numbers --duration-s=1.5 --binary --step-at-ms 10 --step-by -3"))
+                .unwrap();
         assert_eq!(ok.duration_ns, Some(1_500_000_000));
         assert_eq!(ok.step_by, Some(-3.0));
         assert!(ok.binary);
@@ -830,12 +833,16 @@ mod tests {
             assert!(parse_args(&args(bad)).is_err(), "accepted: {bad}");
         }
         // Binary numbers fit many more per datagram than text.
-        assert!(parse_args(&args("--to 127.0.0.1:9 --kind numbers --count 1 --binary --records-per-datagram 8000")).is_ok());
+        assert!(
+            parse_args(&args("--to 127.0.0.1:9 --kind numbers --count 1 --binary --records-per-datagram 8000")).is_ok()
+        );
     }
 
     #[test]
     fn payload_formats() {
-        let mut o = parse_args(&args("--to 127.0.0.1:9 --kind numbers --count 1 --records-per-datagram 3 --mean 5 --stddev 0")).unwrap();
+        let mut o =
+            parse_args(&args("--to 127.0.0.1:9 --kind numbers --count 1 --records-per-datagram 3 --mean 5 --stddev 0"))
+                .unwrap();
         let mut g = Generator::new(&o);
         let mut buf = Vec::new();
         g.build(&mut buf, 0.0);
@@ -855,7 +862,10 @@ mod tests {
         push_number(&mut b, -0.000123);
         assert_eq!(b, b"-0.000123");
 
-        let o = parse_args(&args("--to 127.0.0.1:9 --kind words --count 1 --records-per-datagram 4 --vocabulary 1000000 --zipf-s 0")).unwrap();
+        let o = parse_args(&args(
+            "--to 127.0.0.1:9 --kind words --count 1 --records-per-datagram 4 --vocabulary 1000000 --zipf-s 0",
+        ))
+        .unwrap();
         assert!(datagram_bytes_max(&o) >= 4 * 8);
         let mut g = Generator::new(&o);
         g.build(&mut buf, 0.0);
@@ -898,10 +908,7 @@ mod tests {
         }
         let mut want: Vec<(String, u64)> = got.into_iter().collect();
         want.sort_by_key(|(w, _)| w[1..].parse::<u32>().unwrap());
-        let want = format!(
-            "{{{}}}\n",
-            want.iter().map(|(w, n)| format!("\"{w}\":{n}")).collect::<Vec<_>>().join(",")
-        );
+        let want = format!("{{{}}}\n", want.iter().map(|(w, n)| format!("\"{w}\":{n}")).collect::<Vec<_>>().join(","));
         assert_eq!(std::fs::read_to_string(&file).unwrap(), want);
         let _ = std::fs::remove_dir_all(&dir);
 
@@ -936,7 +943,10 @@ mod tests {
             let n = sink.recv(&mut b).unwrap();
             assert_eq!(&b[..n], b"2");
         }
-        let words = parse_args(&args(&format!("--to {to} --kind words --count 30 --batch 7 --records-per-datagram 3 --vocabulary 5"))).unwrap();
+        let words = parse_args(&args(&format!(
+            "--to {to} --kind words --count 30 --batch 7 --records-per-datagram 3 --vocabulary 5"
+        )))
+        .unwrap();
         let sum = send(&words).unwrap();
         assert_eq!((sum.datagrams, sum.records), (30, 90));
         let mut total = 0;

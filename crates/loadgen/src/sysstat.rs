@@ -49,8 +49,7 @@ pub fn parse_proc_stat(text: &str) -> Vec<CpuTicks> {
             continue;
         }
         // user nice system idle iowait irq softirq steal (guest is already inside user).
-        let nums: Vec<u64> =
-            line.split_ascii_whitespace().skip(1).take(8).filter_map(|f| f.parse().ok()).collect();
+        let nums: Vec<u64> = line.split_ascii_whitespace().skip(1).take(8).filter_map(|f| f.parse().ok()).collect();
         if nums.len() < 4 {
             continue;
         }

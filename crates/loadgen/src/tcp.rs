@@ -202,7 +202,8 @@ impl Conn {
 pub fn run_thread(cfg: &Config, streams: Vec<StdTcpStream>, seed: u64, window: Window) -> io::Result<ThreadResult> {
     let value = crate::wire::value_pattern(cfg.value_bytes);
     let templates = Templates::new(&value);
-    let mut sh = Shared { cfg, templates: &templates, value: &value, window, hist: Histogram::new(), counts: Counts::default() };
+    let mut sh =
+        Shared { cfg, templates: &templates, value: &value, window, hist: Histogram::new(), counts: Counts::default() };
     let poll_timeout = Duration::from_millis(5);
     let mut poll = Poll::new()?;
     let mut conns = Vec::with_capacity(streams.len());

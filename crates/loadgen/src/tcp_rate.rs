@@ -219,7 +219,8 @@ pub fn run_thread(
 ) -> io::Result<ThreadResult> {
     let value = crate::wire::value_pattern(cfg.value_bytes);
     let templates = Templates::new(&value);
-    let mut sh = Shared { cfg, templates: &templates, value: &value, window, hist: Histogram::new(), counts: Counts::default() };
+    let mut sh =
+        Shared { cfg, templates: &templates, value: &value, window, hist: Histogram::new(), counts: Counts::default() };
     let mut poll = Poll::new()?;
     let timer = Timer::new()?;
     let timer_fd = timer.raw_fd();

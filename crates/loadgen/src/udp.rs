@@ -91,9 +91,7 @@ pub fn run_thread(
             free: (0..cfg.pipeline as u16).rev().collect(),
             generation: 0,
             rng: Rng::with_seed(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-            pacer: cfg
-                .rate_per_s
-                .map(|r| Pacer::new(window.load_start, r, cfg.conns as u64, global, cfg.backlog_max)),
+            pacer: cfg.rate_per_s.map(|r| Pacer::new(window.load_start, r, cfg.conns as u64, global, cfg.backlog_max)),
             behind_until: None,
         });
     }
@@ -319,7 +317,13 @@ fn drain(
         // buffers `bufs[..n]` of the stated lengths; all outlive the call. No timeout
         // pointer; MSG_DONTWAIT makes it non-blocking.
         let r = unsafe {
-            libc::recvmmsg(s.sock.as_raw_fd(), msgs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            libc::recvmmsg(
+                s.sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
         };
         if r < 0 {
             let e = io::Error::last_os_error();

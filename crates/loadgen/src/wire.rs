@@ -89,7 +89,10 @@ pub enum Outcome {
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reply {
-    Done { outcome: Outcome, consumed: usize },
+    Done {
+        outcome: Outcome,
+        consumed: usize,
+    },
     Incomplete,
     /// The byte stream cannot be framed any more (bad VALUE block, line too long):
     /// the connection is useless from here on.
@@ -138,8 +141,7 @@ pub fn parse_reply(buf: &[u8], op: Op, key_index: u32, value: &[u8]) -> Reply {
                 return Reply::Done { outcome: Outcome::Error, consumed: after_line };
             };
             let mut fields = rest.split(|&b| b == b' ');
-            let (Some(got_key), Some(flags), Some(bytes)) = (fields.next(), fields.next(), fields.next())
-            else {
+            let (Some(got_key), Some(flags), Some(bytes)) = (fields.next(), fields.next(), fields.next()) else {
                 return Reply::Desync;
             };
             let (Some(_flags), Some(bytes)) = (parse_decimal(flags), parse_decimal(bytes)) else {
@@ -191,10 +193,7 @@ mod tests {
     #[test]
     fn parses_set_replies() {
         let v = b"xy";
-        assert_eq!(
-            parse_reply(b"STORED\r\nEND", Op::Set, 1, v),
-            Reply::Done { outcome: Outcome::Stored, consumed: 8 }
-        );
+        assert_eq!(parse_reply(b"STORED\r\nEND", Op::Set, 1, v), Reply::Done { outcome: Outcome::Stored, consumed: 8 });
         assert_eq!(parse_reply(b"STOR", Op::Set, 1, v), Reply::Incomplete);
         assert_eq!(
             parse_reply(b"SERVER_ERROR out of memory\r\n", Op::Set, 1, v),
@@ -206,31 +205,19 @@ mod tests {
     fn parses_get_replies() {
         let v = b"xy";
         let hit = b"VALUE key:00000001 0 2\r\nxy\r\nEND\r\n";
-        assert_eq!(
-            parse_reply(hit, Op::Get, 1, v),
-            Reply::Done { outcome: Outcome::Hit, consumed: hit.len() }
-        );
+        assert_eq!(parse_reply(hit, Op::Get, 1, v), Reply::Done { outcome: Outcome::Hit, consumed: hit.len() });
         // Every strict prefix is incomplete, never an error.
         for n in 0..hit.len() {
             assert_eq!(parse_reply(&hit[..n], Op::Get, 1, v), Reply::Incomplete, "prefix {n}");
         }
-        assert_eq!(
-            parse_reply(hit, Op::Get, 2, v),
-            Reply::Done { outcome: Outcome::Error, consumed: hit.len() }
-        );
+        assert_eq!(parse_reply(hit, Op::Get, 2, v), Reply::Done { outcome: Outcome::Error, consumed: hit.len() });
         let bad_data = b"VALUE key:00000001 0 2\r\nxz\r\nEND\r\n";
         assert_eq!(
             parse_reply(bad_data, Op::Get, 1, v),
             Reply::Done { outcome: Outcome::Error, consumed: bad_data.len() }
         );
-        assert_eq!(
-            parse_reply(b"END\r\n", Op::Get, 1, v),
-            Reply::Done { outcome: Outcome::Miss, consumed: 5 }
-        );
-        assert_eq!(
-            parse_reply(b"ERROR\r\n", Op::Get, 1, v),
-            Reply::Done { outcome: Outcome::Error, consumed: 7 }
-        );
+        assert_eq!(parse_reply(b"END\r\n", Op::Get, 1, v), Reply::Done { outcome: Outcome::Miss, consumed: 5 });
+        assert_eq!(parse_reply(b"ERROR\r\n", Op::Get, 1, v), Reply::Done { outcome: Outcome::Error, consumed: 7 });
         assert_eq!(parse_reply(b"VALUE key:00000001 0 3\r\nxyz\r\nEND\r\n", Op::Get, 1, v), Reply::Desync);
         assert_eq!(parse_reply(b"VALUE key:00000001 0 2\r\nxy\r\nEXD\r\n", Op::Get, 1, v), Reply::Desync);
         assert_eq!(parse_reply(b"VALUE k\r\n", Op::Get, 1, v), Reply::Desync);

@@ -389,7 +389,8 @@ fn run(c: &Cfg) -> Result<String, String> {
     // Replies still in flight when sending stopped: give them a moment to be counted.
     std::thread::sleep(Duration::from_millis(50));
     let end = snap(&g, sent)?;
-    let start = start.unwrap_or(Snap { at: load_start, sent: 0, sink: SinkCounts::default(), cpus: Vec::new(), server: None });
+    let start =
+        start.unwrap_or(Snap { at: load_start, sent: 0, sink: SinkCounts::default(), cpus: Vec::new(), server: None });
     let secs = end.at.duration_since(start.at).as_secs_f64().max(1e-9);
     let sent_w = end.sent - start.sent;
     let replies = end.sink.frames - start.sink.frames;
@@ -426,10 +427,21 @@ mod tests {
 
     #[test]
     fn builds_a_valid_ipv4_udp_frame() {
-        let args: Vec<String> = ["--iface", "x", "--dst-mac", "02:00:00:00:00:01", "--src", "10.0.0.2", "--dst", "10.0.0.1", "--get-keys", "100"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let args: Vec<String> = [
+            "--iface",
+            "x",
+            "--dst-mac",
+            "02:00:00:00:00:01",
+            "--src",
+            "10.0.0.2",
+            "--dst",
+            "10.0.0.1",
+            "--get-keys",
+            "100",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let c = parse(&args).unwrap().unwrap();
         let f = frame(&c, [2, 0, 0, 0, 0, 2], b"get k\r\n").unwrap();
         assert_eq!(f.len(), 14 + 20 + 8 + 7);

@@ -68,8 +68,21 @@ fn tcp_against_memcached_hits_everything_without_errors() {
     let server = format!("127.0.0.1:{port}");
     let pid = mc.0.id().to_string();
     let out = loadgen(&[
-        "--server", &server, "--conns", "4", "--pipeline", "8", "--keys", "200", "--duration-s", "0.6",
-        "--warmup-s", "0.2", "--prefill", "--server-pid", &pid,
+        "--server",
+        &server,
+        "--conns",
+        "4",
+        "--pipeline",
+        "8",
+        "--keys",
+        "200",
+        "--duration-s",
+        "0.6",
+        "--warmup-s",
+        "0.2",
+        "--prefill",
+        "--server-pid",
+        &pid,
     ]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "stdout {json} stderr {}", String::from_utf8_lossy(&out.stderr));
@@ -88,7 +101,8 @@ fn tcp_against_memcached_hits_everything_without_errors() {
 fn tcp_without_prefill_sees_misses() {
     let Some((_mc, port)) = start_memcached(false) else { return };
     let server = format!("127.0.0.1:{port}");
-    let out = loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let out =
+        loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{json}");
     assert!(field(&json, "misses") > 0.0);
@@ -101,8 +115,20 @@ fn udp_against_memcached_gets_hits() {
     let Some((_mc, port)) = start_memcached(true) else { return };
     let server = format!("127.0.0.1:{port}");
     let out = loadgen(&[
-        "--udp", "--server", &server, "--conns", "2", "--pipeline", "8", "--keys", "100", "--duration-s", "0.5",
-        "--warmup-s", "0.1", "--prefill",
+        "--udp",
+        "--server",
+        &server,
+        "--conns",
+        "2",
+        "--pipeline",
+        "8",
+        "--keys",
+        "100",
+        "--duration-s",
+        "0.5",
+        "--warmup-s",
+        "0.1",
+        "--prefill",
     ]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
@@ -144,7 +170,8 @@ fn fake_server(reply: Option<&'static [u8]>) -> u16 {
 fn error_replies_are_counted_and_fail_the_run() {
     let port = fake_server(Some(b"SERVER_ERROR out of memory\r\n"));
     let server = format!("127.0.0.1:{port}");
-    let out = loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let out =
+        loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(3), "{json}");
     assert!(field(&json, "errors") > 0.0);
@@ -200,8 +227,23 @@ fn open_loop_tcp_keeps_the_rate_against_memcached() {
     let Some((_mc, port)) = start_memcached(false) else { return };
     let server = format!("127.0.0.1:{port}");
     let out = loadgen(&[
-        "--server", &server, "--conns", "4", "--pipeline", "8", "--keys", "200", "--ratio", "0:1", "--duration-s", "1",
-        "--warmup-s", "0.2", "--prefill", "--rate-per-s", "2000",
+        "--server",
+        &server,
+        "--conns",
+        "4",
+        "--pipeline",
+        "8",
+        "--keys",
+        "200",
+        "--ratio",
+        "0:1",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.2",
+        "--prefill",
+        "--rate-per-s",
+        "2000",
     ]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
@@ -223,7 +265,8 @@ fn open_loop_tcp_keeps_the_rate_against_memcached() {
 fn closed_loop_reports_no_rate_and_counts_bytes() {
     let Some((_mc, port)) = start_memcached(false) else { return };
     let server = format!("127.0.0.1:{port}");
-    let out = loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
+    let out =
+        loadgen(&["--server", &server, "--conns", "2", "--ratio", "0:1", "--duration-s", "0.3", "--warmup-s", "0"]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{json}");
     assert!(json.contains("\"rate_per_s\":null"), "{json}");
@@ -238,8 +281,22 @@ fn open_loop_udp_keeps_the_rate_against_memcached() {
     let Some((_mc, port)) = start_memcached(true) else { return };
     let server = format!("127.0.0.1:{port}");
     let out = loadgen(&[
-        "--udp", "--server", &server, "--conns", "2", "--pipeline", "8", "--keys", "100", "--duration-s", "0.5",
-        "--warmup-s", "0.1", "--prefill", "--rate-per-s", "1000",
+        "--udp",
+        "--server",
+        &server,
+        "--conns",
+        "2",
+        "--pipeline",
+        "8",
+        "--keys",
+        "100",
+        "--duration-s",
+        "0.5",
+        "--warmup-s",
+        "0.1",
+        "--prefill",
+        "--rate-per-s",
+        "1000",
     ]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));
@@ -287,8 +344,22 @@ fn open_loop_latency_includes_client_side_waiting() {
     let port = slow_server(Duration::from_millis(50));
     let server = format!("127.0.0.1:{port}");
     let out = loadgen(&[
-        "--server", &server, "--conns", "1", "--pipeline", "1", "--ratio", "0:1", "--duration-s", "1.5", "--warmup-s",
-        "0.5", "--rate-per-s", "100", "--backlog-max", "5",
+        "--server",
+        &server,
+        "--conns",
+        "1",
+        "--pipeline",
+        "1",
+        "--ratio",
+        "0:1",
+        "--duration-s",
+        "1.5",
+        "--warmup-s",
+        "0.5",
+        "--rate-per-s",
+        "100",
+        "--backlog-max",
+        "5",
     ]);
     let json = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{json} {}", String::from_utf8_lossy(&out.stderr));

@@ -163,28 +163,64 @@ pub enum StoreKind {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command<'a> {
     /// GET/GETQ/GETK/GETKQ.
-    Get { key: &'a [u8], with_key: bool },
+    Get {
+        key: &'a [u8],
+        with_key: bool,
+    },
     /// SET/ADD/REPLACE and their quiet forms. A nonzero header CAS makes it a CAS operation.
-    Store { kind: StoreKind, key: &'a [u8], flags: u32, exptime: u32, value: &'a [u8] },
+    Store {
+        kind: StoreKind,
+        key: &'a [u8],
+        flags: u32,
+        exptime: u32,
+        value: &'a [u8],
+    },
     /// APPEND/PREPEND and quiet forms.
-    Concat { append: bool, key: &'a [u8], value: &'a [u8] },
+    Concat {
+        append: bool,
+        key: &'a [u8],
+        value: &'a [u8],
+    },
     /// A storage command whose value is larger than the caller's limit: the value was not
     /// buffered. memcached answers "Too large." and discards `value_bytes` more input; for SET it
     /// also unlinks the old item (`unlink_old`).
-    Oversize { key: &'a [u8], unlink_old: bool, value_bytes: usize },
-    Delete { key: &'a [u8] },
+    Oversize {
+        key: &'a [u8],
+        unlink_old: bool,
+        value_bytes: usize,
+    },
+    Delete {
+        key: &'a [u8],
+    },
     /// INCREMENT/DECREMENT and quiet forms. `exptime == 0xffffffff`: do not create on miss.
-    Arith { incr: bool, key: &'a [u8], delta: u64, initial: u64, exptime: u32 },
+    Arith {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        initial: u64,
+        exptime: u32,
+    },
     Quit,
     /// `exptime` is 0 when the optional extras are absent.
-    Flush { exptime: u32 },
+    Flush {
+        exptime: u32,
+    },
     Noop,
     Version,
     /// Empty key = general stats.
-    Stat { key: &'a [u8] },
-    Touch { key: &'a [u8], exptime: u32 },
+    Stat {
+        key: &'a [u8],
+    },
+    Touch {
+        key: &'a [u8],
+        exptime: u32,
+    },
     /// GAT/GATQ/GATK/GATKQ.
-    Gat { key: &'a [u8], exptime: u32, with_key: bool },
+    Gat {
+        key: &'a [u8],
+        exptime: u32,
+        with_key: bool,
+    },
 }
 
 /// A parsed request: the header (opcode, opaque, CAS, quietness) and the command.
@@ -262,9 +298,7 @@ pub fn parse<'a>(input: &'a [u8], limits: &ItemLimits) -> Parsed<Request<'a>, Bi
             short(Command::Get { key, with_key: matches!(header.opcode, GETK | GETKQ) })
         }
         DELETE | DELETEQ if keylen > 0 && extlen == 0 && bodylen == keylen => short(Command::Delete { key }),
-        INCREMENT | INCREMENTQ | DECREMENT | DECREMENTQ
-            if keylen > 0 && extlen == 20 && bodylen == keylen + extlen =>
-        {
+        INCREMENT | INCREMENTQ | DECREMENT | DECREMENTQ if keylen > 0 && extlen == 20 && bodylen == keylen + extlen => {
             short(Command::Arith {
                 incr: matches!(header.opcode, INCREMENT | INCREMENTQ),
                 key,
@@ -299,21 +333,23 @@ pub fn parse<'a>(input: &'a [u8], limits: &ItemLimits) -> Parsed<Request<'a>, Bi
             let Some(value) = input.get(head_end..head_end + value_bytes) else {
                 return Parsed::Incomplete;
             };
-            done(Command::Concat { append: matches!(header.opcode, APPEND | APPENDQ), key, value }, head_end + value_bytes)
+            done(
+                Command::Concat { append: matches!(header.opcode, APPEND | APPENDQ), key, value },
+                head_end + value_bytes,
+            )
         }
         STAT if extlen == 0 => short(Command::Stat { key }),
         TOUCH if extlen == 4 && keylen > 0 => short(Command::Touch { key, exptime: be_u32(extras, 0) }),
-        GAT | GATQ | GATK | GATKQ if extlen == 4 && keylen > 0 => short(Command::Gat {
-            key,
-            exptime: be_u32(extras, 0),
-            with_key: matches!(header.opcode, GATK | GATKQ),
-        }),
+        GAT | GATQ | GATK | GATKQ if extlen == 4 && keylen > 0 => {
+            short(Command::Gat { key, exptime: be_u32(extras, 0), with_key: matches!(header.opcode, GATK | GATKQ) })
+        }
         SASL_LIST_MECHS if no_body => unknown(header, head_end, 0),
         SASL_AUTH | SASL_STEP if extlen == 0 && keylen > 0 => unknown(header, head_end, bodylen - keylen),
-        VERSION | NOOP | QUIT | QUITQ | FLUSH | FLUSHQ | GET | GETQ | GETK | GETKQ | DELETE | DELETEQ
-        | INCREMENT | INCREMENTQ | DECREMENT | DECREMENTQ | SET | SETQ | ADD | ADDQ | REPLACE | REPLACEQ
-        | APPEND | APPENDQ | PREPEND | PREPENDQ | STAT | TOUCH | GAT | GATQ | GATK | GATKQ | SASL_LIST_MECHS
-        | SASL_AUTH | SASL_STEP => einval(),
+        VERSION | NOOP | QUIT | QUITQ | FLUSH | FLUSHQ | GET | GETQ | GETK | GETKQ | DELETE | DELETEQ | INCREMENT
+        | INCREMENTQ | DECREMENT | DECREMENTQ | SET | SETQ | ADD | ADDQ | REPLACE | REPLACEQ | APPEND | APPENDQ
+        | PREPEND | PREPENDQ | STAT | TOUCH | GAT | GATQ | GATK | GATKQ | SASL_LIST_MECHS | SASL_AUTH | SASL_STEP => {
+            einval()
+        }
         // memcached discards `bodylen` bytes after the extras and key it already consumed.
         _ => unknown(header, head_end, bodylen),
     }
@@ -546,8 +582,7 @@ mod tests {
         let ex = 60u32.to_be_bytes();
         let v = req(opcode::TOUCH, b"t", &ex, b"", 0, 1);
         assert_eq!(complete(&v).0.command, Command::Touch { key: b"t", exptime: 60 });
-        for (op, with_key) in
-            [(opcode::GAT, false), (opcode::GATQ, false), (opcode::GATK, true), (opcode::GATKQ, true)]
+        for (op, with_key) in [(opcode::GAT, false), (opcode::GATQ, false), (opcode::GATK, true), (opcode::GATKQ, true)]
         {
             let v = req(op, b"t", &ex, b"", 0, 1);
             assert_eq!(complete(&v).0.command, Command::Gat { key: b"t", exptime: 60, with_key });
@@ -667,7 +702,10 @@ mod tests {
         v[8..12].copy_from_slice(&(3 + 100u32).to_be_bytes());
         assert!(matches!(
             parse(&v, &ItemLimits { item_bytes_max: 161, cas_enabled: true }),
-            Parsed::Complete { request: Request { command: Command::Oversize { unlink_old: false, value_bytes: 100, .. }, .. }, .. }
+            Parsed::Complete {
+                request: Request { command: Command::Oversize { unlink_old: false, value_bytes: 100, .. }, .. },
+                ..
+            }
         ));
         let mut v = req(opcode::PREPENDQ, b"big", b"", b"", 0, 1);
         v[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
@@ -716,7 +754,13 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                buf.push(if i == 0 { 0x80 } else if i == 4 { (x % 24) as u8 } else { (x >> 8) as u8 });
+                buf.push(if i == 0 {
+                    0x80
+                } else if i == 4 {
+                    (x % 24) as u8
+                } else {
+                    (x >> 8) as u8
+                });
             }
             let _ = parse(&buf, &ItemLimits { item_bytes_max: 16, cas_enabled: true });
         }

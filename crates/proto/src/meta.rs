@@ -416,20 +416,10 @@ fn parse_set<'a>(
     let start = line_consumed;
     let data = input.get(start..start + data_len).unwrap_or(&[]);
     if input.get(start + data_len..start + block) != Some(b"\r\n".as_slice()) {
-        return Parsed::Invalid {
-            error: MetaError::new(MetaErrorKind::BadDataChunk),
-            consumed: start + block,
-        };
+        return Parsed::Invalid { error: MetaError::new(MetaErrorKind::BadDataChunk), consumed: start + block };
     }
     Parsed::Complete {
-        request: MetaRequest {
-            command: MetaCommand::Set,
-            key,
-            flags,
-            data,
-            too_large: false,
-            swallow_bytes: 0,
-        },
+        request: MetaRequest { command: MetaCommand::Set, key, flags, data, too_large: false, swallow_bytes: 0 },
         consumed: start + block,
     }
 }
@@ -562,11 +552,8 @@ pub fn base64_decode_into(src: &[u8], out: &mut [u8]) -> Option<usize> {
         }
         n += 1;
         if n == 4 {
-            let bytes = [
-                (block[0] << 2) | (block[1] >> 4),
-                (block[1] << 4) | (block[2] >> 2),
-                (block[2] << 6) | block[3],
-            ];
+            let bytes =
+                [(block[0] << 2) | (block[1] >> 4), (block[1] << 4) | (block[2] >> 2), (block[2] << 6) | block[3]];
             for byte in bytes {
                 if let Some(slot) = out.get_mut(pos) {
                     *slot = byte;
@@ -794,13 +781,7 @@ pub fn compose_code_reply(out: &mut Vec<u8>, req: &MetaRequest<'_>, code: Code) 
 
 /// `ma` success: `VA <len> <flags>*\r\n<number>\r\n` with `v`, else `HD <flags>*\r\n`; flags
 /// `c`, `t`, `O`, `k` in request order.
-pub fn compose_arith_ok(
-    out: &mut Vec<u8>,
-    req: &MetaRequest<'_>,
-    value: u64,
-    cas: u64,
-    ttl_remaining_s: i64,
-) {
+pub fn compose_arith_ok(out: &mut Vec<u8>, req: &MetaRequest<'_>, value: u64, cas: u64, ttl_remaining_s: i64) {
     let (digits, first) = crate::rules::decimal_digits(value);
     let number = digits.get(first..).unwrap_or(&[]);
     if req.flags.value {
@@ -964,10 +945,7 @@ mod tests {
         assert_eq!(err_line(b"mg foo Tx\r\n"), b"CLIENT_ERROR bad token in command line format\r\n");
         assert_eq!(err_line(b"mg foo N1x\r\n"), b"CLIENT_ERROR bad token in command line format\r\n");
         assert_eq!(err_line(b"mg foo R\r\n"), b"CLIENT_ERROR bad token in command line format\r\n");
-        assert_eq!(
-            err_line(b"mg foo T99999999999999999999\r\n"),
-            b"CLIENT_ERROR bad token in command line format\r\n"
-        );
+        assert_eq!(err_line(b"mg foo T99999999999999999999\r\n"), b"CLIENT_ERROR bad token in command line format\r\n");
         // Trailing whitespace after the digits is accepted (strtol stops there).
         let (r, _) = ok(b"mg foo T5\r\r\n");
         assert_eq!(r.flags.ttl, Some(5));
@@ -994,10 +972,7 @@ mod tests {
         line.extend_from_slice(b" v\r\n");
         assert_eq!(ok(&line).0.key.bytes().len(), 250);
         // 17 flags are fine (the first is invalid here), 18 are too many.
-        assert_eq!(
-            err_line(b"mg foo 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\r\n"),
-            b"CLIENT_ERROR invalid flag\r\n"
-        );
+        assert_eq!(err_line(b"mg foo 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\r\n"), b"CLIENT_ERROR invalid flag\r\n");
         assert_eq!(
             err_line(b"mg foo a b c d e f g h i j k l m n o p q r\r\n"),
             b"CLIENT_ERROR options flags are too long\r\n"
@@ -1012,10 +987,7 @@ mod tests {
         assert_eq!(err_line(b"mg foo D-1\r\n"), b"CLIENT_ERROR invalid numeric delta value\r\n");
         assert_eq!(err_line(b"mg foo C-1\r\n"), b"CLIENT_ERROR bad token in command line format\r\n");
         let (line, consumed, swallow) = err(b"mg foo v v\r\nmn\r\n");
-        assert_eq!(
-            (line.as_slice(), consumed, swallow),
-            (b"CLIENT_ERROR duplicate flag\r\n".as_slice(), 12, 0)
-        );
+        assert_eq!((line.as_slice(), consumed, swallow), (b"CLIENT_ERROR duplicate flag\r\n".as_slice(), 12, 0));
     }
 
     #[test]
@@ -1105,9 +1077,7 @@ mod tests {
         assert_eq!(r.flags.cas, Some(12));
         assert!(r.flags.invalidate && r.flags.quiet);
         assert_eq!(r.set_mode(), SetMode::Append);
-        for (m, mode) in
-            [("E", SetMode::Add), ("P", SetMode::Prepend), ("R", SetMode::Replace), ("S", SetMode::Set)]
-        {
+        for (m, mode) in [("E", SetMode::Add), ("P", SetMode::Prepend), ("R", SetMode::Replace), ("S", SetMode::Set)] {
             let line = format!("ms foo 1 M{m}\r\nx\r\n");
             assert_eq!(ok(line.as_bytes()).0.set_mode(), mode);
         }
@@ -1136,10 +1106,7 @@ mod tests {
         assert_eq!(line, b"CLIENT_ERROR options flags too long\r\n");
         assert_eq!((consumed, swallow), (44, 0));
         let key = "a".repeat(251);
-        assert_eq!(
-            err_line(format!("ms {key} 1\r\nx\r\n").as_bytes()),
-            b"CLIENT_ERROR bad command line format\r\n"
-        );
+        assert_eq!(err_line(format!("ms {key} 1\r\nx\r\n").as_bytes()), b"CLIENT_ERROR bad command line format\r\n");
     }
 
     #[test]
@@ -1246,10 +1213,7 @@ mod tests {
             assert_eq!(ok(format!("ma n M{m}\r\n").as_bytes()).0.is_incr(), incr);
         }
         let (r, _) = ok(b"ma n N0 J42 D18446744073709551615 T9\r\n");
-        assert_eq!(
-            (r.flags.vivify, r.flags.initial, r.flags.delta, r.flags.ttl),
-            (Some(0), 42, u64::MAX, Some(9))
-        );
+        assert_eq!((r.flags.vivify, r.flags.initial, r.flags.delta, r.flags.ttl), (Some(0), 42, u64::MAX, Some(9)));
     }
 
     #[test]
@@ -1284,11 +1248,7 @@ mod tests {
         assert_eq!(out, b"VA 3 kfoo c1 f0 s3 t-1 h0 l0 O123\r\nbar\r\n");
         out.clear();
         let (r, _) = ok(b"mg v1 v t c\r\n");
-        compose_get_hit(
-            &mut out,
-            &r,
-            &GetHit { ttl_remaining_s: 30, cas: 27, stale: true, won: true, ..hit },
-        );
+        compose_get_hit(&mut out, &r, &GetHit { ttl_remaining_s: 30, cas: 27, stale: true, won: true, ..hit });
         assert_eq!(out, b"VA 3 t30 c27 X W\r\nbar\r\n");
         out.clear();
         let (r, _) = ok(b"mg v1 q k\r\n");

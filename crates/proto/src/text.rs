@@ -95,7 +95,10 @@ pub enum StatsCmd {
     DetailOff,
     DetailDump,
     /// `stats cachedump <class> <limit>` with valid numbers (class < 64).
-    Cachedump { class: u32, limit: u32 },
+    Cachedump {
+        class: u32,
+        limit: u32,
+    },
     /// Unknown subcommand: `ERROR`.
     Unknown,
 }
@@ -182,9 +185,14 @@ pub enum Request<'a> {
     },
     /// `lru_crawler crawl|metadump <classes>`: `classes` is memcached's argument as sent
     /// (`all`, `hash`, or a comma list of class ids), checked by the server.
-    LruCrawler { metadump: bool, classes: &'a [u8] },
+    LruCrawler {
+        metadump: bool,
+        classes: &'a [u8],
+    },
     /// `lru_crawler enable|disable` (the reply depends on whether the crawler is on).
-    LruCrawlerSwitch { enable: bool },
+    LruCrawlerSwitch {
+        enable: bool,
+    },
 }
 
 /// How memcached answers bytes that are not a valid request.
@@ -236,9 +244,7 @@ impl TextError {
             TextErrorKind::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
             TextErrorKind::InvalidExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
             TextErrorKind::InvalidDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
-            TextErrorKind::DeleteUsage => {
-                b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
-            }
+            TextErrorKind::DeleteUsage => b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n",
             TextErrorKind::StatsDetailUsage => b"CLIENT_ERROR usage: stats detail on|off|dump\r\n",
             TextErrorKind::BadCommandLine => b"CLIENT_ERROR bad command line\r\n",
             TextErrorKind::IllegalSlabId => b"CLIENT_ERROR Illegal slab id\r\n",
@@ -271,20 +277,18 @@ fn lru_reply(t: &Tokens<'_>) -> &'static [u8] {
     let n = t.count();
     let float = |tok: &[u8]| std::str::from_utf8(tok).ok().and_then(|s| s.parse::<f64>().ok());
     match t.get(1) {
-        b"tune" if n >= 6 => {
-            match (safe_strtoul(t.get(2)), safe_strtoul(t.get(3)), float(t.get(4)), float(t.get(5))) {
-                (Some(hot), Some(warm), Some(hot_factor), Some(factor)) => {
-                    if u64::from(hot) + u64::from(warm) > 80 {
-                        b"ERROR hot and warm pcts must not exceed 80\r\n"
-                    } else if factor <= 0.0 || hot_factor <= 0.0 {
-                        b"ERROR hot/warm age factors must be greater than 0\r\n"
-                    } else {
-                        b"OK\r\n"
-                    }
+        b"tune" if n >= 6 => match (safe_strtoul(t.get(2)), safe_strtoul(t.get(3)), float(t.get(4)), float(t.get(5))) {
+            (Some(hot), Some(warm), Some(hot_factor), Some(factor)) => {
+                if u64::from(hot) + u64::from(warm) > 80 {
+                    b"ERROR hot and warm pcts must not exceed 80\r\n"
+                } else if factor <= 0.0 || hot_factor <= 0.0 {
+                    b"ERROR hot/warm age factors must be greater than 0\r\n"
+                } else {
+                    b"OK\r\n"
                 }
-                _ => b"ERROR\r\n",
             }
-        }
+            _ => b"ERROR\r\n",
+        },
         b"mode" if n >= 3 => match t.get(2) {
             b"flat" | b"segmented" => b"OK\r\n",
             _ => b"ERROR\r\n",
@@ -298,15 +302,8 @@ fn lru_reply(t: &Tokens<'_>) -> &'static [u8] {
 }
 
 #[inline]
-fn invalid<'a>(
-    kind: TextErrorKind,
-    noreply: bool,
-    consumed: usize,
-) -> Parsed<Request<'a>, TextError> {
-    Parsed::Invalid {
-        error: TextError::new(kind, noreply),
-        consumed,
-    }
+fn invalid<'a>(kind: TextErrorKind, noreply: bool, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    Parsed::Invalid { error: TextError::new(kind, noreply), consumed }
 }
 
 #[inline]
@@ -342,10 +339,10 @@ pub fn pending_store<'a>(input: &'a [u8], limits: &Limits) -> Option<PendingStor
     // carries what we need without waiting for (or looking at) the data.
     let probe = Limits { item: ItemLimits { item_bytes_max: 0, ..limits.item }, ..*limits };
     match parse(input.get(..=nl)?, &probe) {
-        Parsed::Complete { request: Request::StoreTooLarge { cmd, key, noreply, swallow_bytes }, consumed } => {
-            (input.len() < consumed.saturating_add(swallow_bytes))
-                .then_some(PendingStore { cmd, key, noreply, line_bytes: consumed, block_bytes: swallow_bytes })
-        }
+        Parsed::Complete { request: Request::StoreTooLarge { cmd, key, noreply, swallow_bytes }, consumed } => (input
+            .len()
+            < consumed.saturating_add(swallow_bytes))
+        .then_some(PendingStore { cmd, key, noreply, line_bytes: consumed, block_bytes: swallow_bytes }),
         _ => None,
     }
 }
@@ -368,26 +365,14 @@ fn no_newline_yet<'a>(input: &'a [u8], limits: &Limits) -> Parsed<Request<'a>, T
     Parsed::Incomplete
 }
 
-fn parse_line<'a>(
-    line: &'a [u8],
-    input: &'a [u8],
-    consumed: usize,
-    limits: &Limits,
-) -> Parsed<Request<'a>, TextError> {
+fn parse_line<'a>(line: &'a [u8], input: &'a [u8], consumed: usize, limits: &Limits) -> Parsed<Request<'a>, TextError> {
     // Fast path for the most common request: "get <keys>" with no leading spaces.
     if let Some(rest) = line.strip_prefix(b"get ") {
         let keys = Keys::new(rest);
         if keys.clone().next().is_none() {
             return invalid(TextErrorKind::Error, false, consumed);
         }
-        return complete(
-            Request::Get {
-                with_cas: false,
-                touch_exptime: None,
-                keys,
-            },
-            consumed,
-        );
+        return complete(Request::Get { with_cas: false, touch_exptime: None, keys }, consumed);
     }
 
     let mut words = Words::new(line);
@@ -425,11 +410,7 @@ fn parse_line<'a>(
 /// The get family (`get`, `bget`, `gets`, `gat`, `gats`); `None` for any other command.
 /// Keys are read lazily; memcached wants at least one token after the command.
 #[inline]
-fn parse_retrieval<'a>(
-    cmd: &[u8],
-    mut keys: Words<'a>,
-    consumed: usize,
-) -> Option<Parsed<Request<'a>, TextError>> {
+fn parse_retrieval<'a>(cmd: &[u8], mut keys: Words<'a>, consumed: usize) -> Option<Parsed<Request<'a>, TextError>> {
     let (with_cas, touch) = match cmd {
         b"get" | b"bget" => (false, false),
         b"gets" => (true, false),
@@ -449,14 +430,7 @@ fn parse_retrieval<'a>(
     } else {
         None
     };
-    Some(complete(
-        Request::Get {
-            with_cas,
-            touch_exptime,
-            keys,
-        },
-        consumed,
-    ))
+    Some(complete(Request::Get { with_cas, touch_exptime, keys }, consumed))
 }
 
 /// `delete <key> [0] [noreply]`.
@@ -497,15 +471,7 @@ fn parse_arith<'a>(incr: bool, t: &Tokens<'a>, consumed: usize) -> Parsed<Reques
     let Some(delta) = safe_strtoull(t.get(2)) else {
         return invalid(TextErrorKind::InvalidDelta, noreply, consumed);
     };
-    complete(
-        Request::Arith {
-            incr,
-            key,
-            delta,
-            noreply,
-        },
-        consumed,
-    )
+    complete(Request::Arith { incr, key, delta, noreply }, consumed)
 }
 
 /// `touch <key> <exptime> [noreply]`.
@@ -523,14 +489,7 @@ fn parse_touch<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
     let Some(exptime) = safe_strtol(t.get(2)) else {
         return invalid(TextErrorKind::InvalidExptime, noreply, consumed);
     };
-    complete(
-        Request::Touch {
-            key,
-            exptime: i64::from(exptime),
-            noreply,
-        },
-        consumed,
-    )
+    complete(Request::Touch { key, exptime: i64::from(exptime), noreply }, consumed)
 }
 
 /// Admin and miscellaneous commands (flush_all, version, quit, verbosity, shutdown, stats,
@@ -579,11 +538,7 @@ fn parse_flush_all<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, T
         return invalid(TextErrorKind::Error, false, consumed);
     }
     let noreply = t.last_is_noreply();
-    let delay_s = if n != if noreply { 2 } else { 1 } {
-        safe_strtol(t.get(1)).map(i64::from)
-    } else {
-        Some(0)
-    };
+    let delay_s = if n != if noreply { 2 } else { 1 } { safe_strtol(t.get(1)).map(i64::from) } else { Some(0) };
     complete(Request::FlushAll { delay_s, noreply }, consumed)
 }
 
@@ -597,12 +552,8 @@ fn parse_cache_memlimit<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'
     // memcached's process_memlimit_command; a 32-bit parse, so 4294967296 reads as 0.
     let line: &'static [u8] = match safe_strtoul(t.get(1)) {
         None => b"ERROR\r\n",
-        Some(mb) if mb < MEMLIMIT_MB_MIN => {
-            b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"
-        }
-        Some(mb) if mb > MEMLIMIT_MB_MAX => {
-            b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
-        }
+        Some(mb) if mb < MEMLIMIT_MB_MIN => b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n",
+        Some(mb) if mb > MEMLIMIT_MB_MAX => b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n",
         Some(megabytes) => return complete(Request::CacheMemlimit { megabytes, noreply }, consumed),
     };
     complete(Request::Admin { line, noreply }, consumed)
@@ -613,9 +564,7 @@ fn parse_lru_crawler<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>,
     let line: &'static [u8] = match (t.count(), t.get(1)) {
         (3, b"tocrawl") | (3, b"sleep") => match safe_strtoul(t.get(2)) {
             None => b"CLIENT_ERROR bad command line format\r\n",
-            Some(v) if t.get(1) == b"sleep" && v > 1_000_000 => {
-                b"CLIENT_ERROR sleep must be one second or less\r\n"
-            }
+            Some(v) if t.get(1) == b"sleep" && v > 1_000_000 => b"CLIENT_ERROR sleep must be one second or less\r\n",
             Some(_) => b"OK\r\n",
         },
         (2, b"enable") | (2, b"disable") => {
@@ -625,13 +574,7 @@ fn parse_lru_crawler<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>,
         (3, b"metadump") => return complete(Request::LruCrawler { metadump: true, classes: t.get(2) }, consumed),
         _ => b"ERROR\r\n",
     };
-    complete(
-        Request::Admin {
-            line,
-            noreply: false,
-        },
-        consumed,
-    )
+    complete(Request::Admin { line, noreply: false }, consumed)
 }
 
 /// An unknown command: `ERROR`, or close on what looks like an HTTP request line.
@@ -639,10 +582,7 @@ fn parse_unknown<'a>(cmd: &[u8], t: &Tokens<'a>, consumed: usize) -> Parsed<Requ
     let first = cmd.first().copied().unwrap_or(0);
     // memcached closes on what looks like an HTTP request line.
     let last = t.get(t.count().saturating_sub(1));
-    if first != b'g'
-        && !matches!(first, b's' | b'a' | b'c' | b'i' | b'd' | b't')
-        && last.starts_with(b"HTTP/")
-    {
+    if first != b'g' && !matches!(first, b's' | b'a' | b'c' | b'i' | b'd' | b't') && last.starts_with(b"HTTP/") {
         invalid(TextErrorKind::Close, false, consumed)
     } else {
         invalid(TextErrorKind::Error, false, consumed)
@@ -667,11 +607,9 @@ fn parse_storage<'a>(
     if key.len() > KEY_BYTES_MAX {
         return bad_format();
     }
-    let (Some(flags), Some(exptime), Some(vlen)) = (
-        safe_strtoul(t.get(2)),
-        safe_strtol(t.get(3)),
-        safe_strtol(t.get(4)),
-    ) else {
+    let (Some(flags), Some(exptime), Some(vlen)) =
+        (safe_strtoul(t.get(2)), safe_strtol(t.get(3)), safe_strtol(t.get(4)))
+    else {
         return bad_format();
     };
     let mut cas_unique = 0;
@@ -686,15 +624,7 @@ fn parse_storage<'a>(
     };
     let block_bytes = value_bytes + 2;
     if limits.item.too_large(key.len(), flags, value_bytes) {
-        return complete(
-            Request::StoreTooLarge {
-                cmd,
-                key,
-                noreply,
-                swallow_bytes: block_bytes,
-            },
-            consumed,
-        );
+        return complete(Request::StoreTooLarge { cmd, key, noreply, swallow_bytes: block_bytes }, consumed);
     }
     let need = consumed.saturating_add(block_bytes);
     let Some(block) = input.get(consumed..need) else {
@@ -704,18 +634,7 @@ fn parse_storage<'a>(
     if tail != b"\r\n" {
         return invalid(TextErrorKind::BadDataChunk, noreply, need);
     }
-    complete(
-        Request::Store {
-            cmd,
-            key,
-            flags,
-            exptime: i64::from(exptime),
-            cas_unique,
-            data,
-            noreply,
-        },
-        need,
-    )
+    complete(Request::Store { cmd, key, flags, exptime: i64::from(exptime), cas_unique, data, noreply }, need)
 }
 
 /// `slabs automove <0|1|2>` / `slabs automove ratio <r>` / `slabs reassign <src> <dst>`.
@@ -754,13 +673,7 @@ fn parse_slabs<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextE
     } else {
         b"ERROR\r\n"
     };
-    complete(
-        Request::Admin {
-            line,
-            noreply: false,
-        },
-        consumed,
-    )
+    complete(Request::Admin { line, noreply: false }, consumed)
 }
 
 fn parse_stats<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
@@ -895,22 +808,14 @@ mod tests {
     fn err(input: &[u8]) -> (TextErrorKind, bool, usize) {
         match p(input) {
             Parsed::Invalid { error, consumed } => (error.kind, error.noreply, consumed),
-            other => panic!(
-                "expected Invalid for {:?}, got {:?}",
-                String::from_utf8_lossy(input),
-                other
-            ),
+            other => panic!("expected Invalid for {:?}, got {:?}", String::from_utf8_lossy(input), other),
         }
     }
 
     fn ok(input: &[u8]) -> (Request<'_>, usize) {
         match p(input) {
             Parsed::Complete { request, consumed } => (request, consumed),
-            other => panic!(
-                "expected Complete for {:?}, got {:?}",
-                String::from_utf8_lossy(input),
-                other
-            ),
+            other => panic!("expected Complete for {:?}, got {:?}", String::from_utf8_lossy(input), other),
         }
     }
 
@@ -935,42 +840,14 @@ mod tests {
         let (r, _) = ok(b"get a\x00b c\r\n");
         assert_eq!(keys(&r), vec![b"a".to_vec()]);
         let (r, _) = ok(b"gets a\r\n");
-        assert!(matches!(
-            r,
-            Request::Get {
-                with_cas: true,
-                touch_exptime: None,
-                ..
-            }
-        ));
+        assert!(matches!(r, Request::Get { with_cas: true, touch_exptime: None, .. }));
         let (r, _) = ok(b"bget a\r\n");
-        assert!(matches!(
-            r,
-            Request::Get {
-                with_cas: false,
-                touch_exptime: None,
-                ..
-            }
-        ));
+        assert!(matches!(r, Request::Get { with_cas: false, touch_exptime: None, .. }));
         let (r, _) = ok(b"gat 10 a b\r\n");
-        assert!(matches!(
-            r,
-            Request::Get {
-                with_cas: false,
-                touch_exptime: Some(10),
-                ..
-            }
-        ));
+        assert!(matches!(r, Request::Get { with_cas: false, touch_exptime: Some(10), .. }));
         assert_eq!(keys(&r), vec![b"a".to_vec(), b"b".to_vec()]);
         let (r, _) = ok(b"gats -1 a\r\n");
-        assert!(matches!(
-            r,
-            Request::Get {
-                with_cas: true,
-                touch_exptime: Some(-1),
-                ..
-            }
-        ));
+        assert!(matches!(r, Request::Get { with_cas: true, touch_exptime: Some(-1), .. }));
         let (r, _) = ok(b"gat 10\r\n");
         assert_eq!(keys(&r).len(), 0);
         assert_eq!(err(b"gat abc a\r\n"), (InvalidExptime, false, 11));
@@ -984,14 +861,9 @@ mod tests {
         let (r, _) = ok(&long);
         assert_eq!(keys(&r)[1].len(), 251);
         // Many keys: memcached's 24-token chunking does not change the key list.
-        let many: Vec<u8> = [
-            b"get".as_slice(),
-            &(0..100)
-                .flat_map(|i| format!(" k{i}").into_bytes())
-                .collect::<Vec<u8>>(),
-            b"\r\n",
-        ]
-        .concat();
+        let many: Vec<u8> =
+            [b"get".as_slice(), &(0..100).flat_map(|i| format!(" k{i}").into_bytes()).collect::<Vec<u8>>(), b"\r\n"]
+                .concat();
         let (r, _) = ok(&many);
         assert_eq!(keys(&r).len(), 100);
         assert_eq!(keys(&r)[99], b"k99".to_vec());
@@ -1047,15 +919,7 @@ mod tests {
             assert_eq!(c, line.len());
             assert_eq!(
                 r,
-                Request::Store {
-                    cmd,
-                    key: b"k",
-                    flags: 1,
-                    exptime: 2,
-                    cas_unique: 0,
-                    data: b"",
-                    noreply: false
-                }
+                Request::Store { cmd, key: b"k", flags: 1, exptime: 2, cas_unique: 0, data: b"", noreply: false }
             );
         }
         // A sixth token that is not "noreply" is ignored.
@@ -1067,24 +931,9 @@ mod tests {
         assert!(matches!(r, Request::Store { data: b"x", .. }));
         // Truncations memcached does.
         let (r, _) = ok(b"set a 4294967296 4294967396 4294967297\r\nx\r\n");
-        assert!(matches!(
-            r,
-            Request::Store {
-                flags: 0,
-                exptime: 100,
-                data: b"x",
-                ..
-            }
-        ));
+        assert!(matches!(r, Request::Store { flags: 0, exptime: 100, data: b"x", .. }));
         let (r, _) = ok(b"set a -18446744073709551615 +0 +1\t\r\nx\r\n");
-        assert!(matches!(
-            r,
-            Request::Store {
-                flags: 1,
-                data: b"x",
-                ..
-            }
-        ));
+        assert!(matches!(r, Request::Store { flags: 1, data: b"x", .. }));
         // Incomplete data.
         assert_eq!(p(b"set a 0 0 3\r\nab"), Parsed::Incomplete);
         assert_eq!(p(b"set a 0 0 3\r\nabc\r"), Parsed::Incomplete);
@@ -1095,10 +944,7 @@ mod tests {
     fn storage_errors() {
         // Wrong token counts: ERROR, only the line consumed (the data then reads as a command).
         assert_eq!(err(b"set a 0 0\r\nx\r\n"), (Error, false, 11));
-        assert_eq!(
-            err(b"set a 0 0 1 noreply extra\r\nx\r\n"),
-            (Error, false, 27)
-        );
+        assert_eq!(err(b"set a 0 0 1 noreply extra\r\nx\r\n"), (Error, false, 27));
         assert_eq!(err(b"cas a 0 0 1\r\nx\r\n"), (Error, false, 13));
         let many = [b"set a 0 0 1".as_slice(), &b" x".repeat(30), b"\r\n"].concat();
         assert_eq!(err(&many).0, Error);
@@ -1119,14 +965,8 @@ mod tests {
         assert!(matches!(ok(&ok250).0, Request::Store { .. }));
         // Bad data chunk: exactly vlen+2 bytes consumed.
         assert_eq!(err(b"set a 0 0 1\r\nxyz\r\n"), (BadDataChunk, false, 16));
-        assert_eq!(
-            err(b"set a 0 0 1\r\nabcdef get a\r\n"),
-            (BadDataChunk, false, 16)
-        );
-        assert_eq!(
-            err(b"set a 0 0 1 noreply\r\nxy\r\n"),
-            (BadDataChunk, true, 24)
-        );
+        assert_eq!(err(b"set a 0 0 1\r\nabcdef get a\r\n"), (BadDataChunk, false, 16));
+        assert_eq!(err(b"set a 0 0 1 noreply\r\nxy\r\n"), (BadDataChunk, true, 24));
         assert_eq!(err(b"set a 0 0 1\r\n\r\n\r\n"), (BadDataChunk, false, 16));
     }
 
@@ -1135,41 +975,16 @@ mod tests {
         // memcached 1.6.18 -I 1m: key "a", flags 0 accepts 1048516 bytes and refuses 1048517.
         let (r, c) = ok(b"set a 0 0 1048517\r\n");
         assert_eq!(c, 19);
-        assert_eq!(
-            r,
-            Request::StoreTooLarge {
-                cmd: StoreCmd::Set,
-                key: b"a",
-                noreply: false,
-                swallow_bytes: 1048519
-            }
-        );
+        assert_eq!(r, Request::StoreTooLarge { cmd: StoreCmd::Set, key: b"a", noreply: false, swallow_bytes: 1048519 });
         assert_eq!(p(b"set a 0 0 1048516\r\n"), Parsed::Incomplete);
         // Non-zero flags cost 4 bytes.
-        assert!(matches!(
-            ok(b"set a 1 0 1048513\r\n").0,
-            Request::StoreTooLarge { .. }
-        ));
+        assert!(matches!(ok(b"set a 1 0 1048513\r\n").0, Request::StoreTooLarge { .. }));
         assert_eq!(p(b"set a 1 0 1048512\r\n"), Parsed::Incomplete);
-        let k250 = [
-            b"set ".as_slice(),
-            &[b'k'; 250],
-            b" 7 0 1048264 noreply\r\n",
-        ]
-        .concat();
-        assert!(matches!(
-            ok(&k250).0,
-            Request::StoreTooLarge { noreply: true, .. }
-        ));
+        let k250 = [b"set ".as_slice(), &[b'k'; 250], b" 7 0 1048264 noreply\r\n"].concat();
+        assert!(matches!(ok(&k250).0, Request::StoreTooLarge { noreply: true, .. }));
         let k250 = [b"set ".as_slice(), &[b'k'; 250], b" 7 0 1048263\r\n"].concat();
         assert_eq!(p(&k250), Parsed::Incomplete);
-        assert!(matches!(
-            ok(b"add b 0 0 2000000\r\n").0,
-            Request::StoreTooLarge {
-                cmd: StoreCmd::Add,
-                ..
-            }
-        ));
+        assert!(matches!(ok(b"add b 0 0 2000000\r\n").0, Request::StoreTooLarge { cmd: StoreCmd::Add, .. }));
         // Under -C the same line fits 8 bytes more (the rule itself: rules::limits).
         let no_cas = Limits { item: ItemLimits { cas_enabled: false, ..ItemLimits::default() }, ..lim() };
         let k250 = [b"set ".as_slice(), &[b'k'; 250], b" 7 0 1048271\r\n"].concat();
@@ -1180,34 +995,10 @@ mod tests {
 
     #[test]
     fn delete_forms() {
-        assert_eq!(
-            ok(b"delete a\r\n").0,
-            Request::Delete {
-                key: b"a",
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"delete a 0\r\n").0,
-            Request::Delete {
-                key: b"a",
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"delete a noreply\r\n").0,
-            Request::Delete {
-                key: b"a",
-                noreply: true
-            }
-        );
-        assert_eq!(
-            ok(b"delete a 0 noreply\r\n").0,
-            Request::Delete {
-                key: b"a",
-                noreply: true
-            }
-        );
+        assert_eq!(ok(b"delete a\r\n").0, Request::Delete { key: b"a", noreply: false });
+        assert_eq!(ok(b"delete a 0\r\n").0, Request::Delete { key: b"a", noreply: false });
+        assert_eq!(ok(b"delete a noreply\r\n").0, Request::Delete { key: b"a", noreply: true });
+        assert_eq!(ok(b"delete a 0 noreply\r\n").0, Request::Delete { key: b"a", noreply: true });
         assert_eq!(err(b"delete a 5\r\n"), (DeleteUsage, false, 12));
         assert_eq!(err(b"delete a 1 noreply\r\n"), (DeleteUsage, true, 20));
         assert_eq!(err(b"delete a 0 0\r\n"), (DeleteUsage, false, 14));
@@ -1218,67 +1009,25 @@ mod tests {
         let long = [b"delete ".as_slice(), &[b'k'; 251], b" 5\r\n"].concat();
         assert_eq!(err(&long).0, DeleteUsage);
         assert_eq!(
-            TextError {
-                kind: DeleteUsage,
-                noreply: false
-            }
-            .reply()
-            .unwrap(),
+            TextError { kind: DeleteUsage, noreply: false }.reply().unwrap(),
             b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
         );
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // a table of request → parse cases
     fn arith_touch_flush_verbosity() {
-        assert_eq!(
-            ok(b"incr a 5\r\n").0,
-            Request::Arith {
-                incr: true,
-                key: b"a",
-                delta: 5,
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"decr a 5 noreply\r\n").0,
-            Request::Arith {
-                incr: false,
-                key: b"a",
-                delta: 5,
-                noreply: true
-            }
-        );
-        assert_eq!(
-            ok(b"incr a 1 2\r\n").0,
-            Request::Arith {
-                incr: true,
-                key: b"a",
-                delta: 1,
-                noreply: false
-            }
-        );
+        assert_eq!(ok(b"incr a 5\r\n").0, Request::Arith { incr: true, key: b"a", delta: 5, noreply: false });
+        assert_eq!(ok(b"decr a 5 noreply\r\n").0, Request::Arith { incr: false, key: b"a", delta: 5, noreply: true });
+        assert_eq!(ok(b"incr a 1 2\r\n").0, Request::Arith { incr: true, key: b"a", delta: 1, noreply: false });
         assert_eq!(err(b"incr a -1\r\n").0, InvalidDelta);
         assert_eq!(err(b"incr a 18446744073709551616\r\n").0, InvalidDelta);
         assert_eq!(err(b"incr a abc noreply\r\n"), (InvalidDelta, true, 20));
         assert_eq!(err(b"incr a\r\n").0, Error);
         assert_eq!(err(b"incr a 1 noreply x\r\n").0, Error);
         assert_eq!(err(b"incr\r\n").0, Error);
-        assert_eq!(
-            ok(b"touch a 10\r\n").0,
-            Request::Touch {
-                key: b"a",
-                exptime: 10,
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"touch a 10 foo\r\n").0,
-            Request::Touch {
-                key: b"a",
-                exptime: 10,
-                noreply: false
-            }
-        );
+        assert_eq!(ok(b"touch a 10\r\n").0, Request::Touch { key: b"a", exptime: 10, noreply: false });
+        assert_eq!(ok(b"touch a 10 foo\r\n").0, Request::Touch { key: b"a", exptime: 10, noreply: false });
         assert_eq!(err(b"touch a abc\r\n").0, InvalidExptime);
         assert_eq!(err(b"touch a abc noreply\r\n"), (InvalidExptime, true, 21));
         assert_eq!(err(b"touch a\r\n").0, Error);
@@ -1287,78 +1036,18 @@ mod tests {
         let long = [b"incr ".as_slice(), &[b'k'; 251], b" 1\r\n"].concat();
         assert_eq!(err(&long).0, BadFormat);
 
-        assert_eq!(
-            ok(b"flush_all\r\n").0,
-            Request::FlushAll {
-                delay_s: Some(0),
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all 0\r\n").0,
-            Request::FlushAll {
-                delay_s: Some(0),
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all noreply\r\n").0,
-            Request::FlushAll {
-                delay_s: Some(0),
-                noreply: true
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all 10 noreply\r\n").0,
-            Request::FlushAll {
-                delay_s: Some(10),
-                noreply: true
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all abc\r\n").0,
-            Request::FlushAll {
-                delay_s: None,
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all 1 2\r\n").0,
-            Request::FlushAll {
-                delay_s: Some(1),
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all noreply x\r\n").0,
-            Request::FlushAll {
-                delay_s: None,
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"flush_all x noreply\r\n").0,
-            Request::FlushAll {
-                delay_s: None,
-                noreply: true
-            }
-        );
+        assert_eq!(ok(b"flush_all\r\n").0, Request::FlushAll { delay_s: Some(0), noreply: false });
+        assert_eq!(ok(b"flush_all 0\r\n").0, Request::FlushAll { delay_s: Some(0), noreply: false });
+        assert_eq!(ok(b"flush_all noreply\r\n").0, Request::FlushAll { delay_s: Some(0), noreply: true });
+        assert_eq!(ok(b"flush_all 10 noreply\r\n").0, Request::FlushAll { delay_s: Some(10), noreply: true });
+        assert_eq!(ok(b"flush_all abc\r\n").0, Request::FlushAll { delay_s: None, noreply: false });
+        assert_eq!(ok(b"flush_all 1 2\r\n").0, Request::FlushAll { delay_s: Some(1), noreply: false });
+        assert_eq!(ok(b"flush_all noreply x\r\n").0, Request::FlushAll { delay_s: None, noreply: false });
+        assert_eq!(ok(b"flush_all x noreply\r\n").0, Request::FlushAll { delay_s: None, noreply: true });
         assert_eq!(err(b"flush_all 0 noreply x\r\n").0, Error);
 
-        assert_eq!(
-            ok(b"verbosity 1\r\n").0,
-            Request::Verbosity {
-                level: 1,
-                noreply: false
-            }
-        );
-        assert_eq!(
-            ok(b"verbosity 1 noreply\r\n").0,
-            Request::Verbosity {
-                level: 1,
-                noreply: true
-            }
-        );
+        assert_eq!(ok(b"verbosity 1\r\n").0, Request::Verbosity { level: 1, noreply: false });
+        assert_eq!(ok(b"verbosity 1 noreply\r\n").0, Request::Verbosity { level: 1, noreply: true });
         assert_eq!(err(b"verbosity\r\n").0, Error);
         assert_eq!(err(b"verbosity abc\r\n").0, BadFormat);
         assert_eq!(err(b"verbosity noreply\r\n"), (BadFormat, true, 19));
@@ -1372,48 +1061,23 @@ mod tests {
         assert_eq!(ok(b"quit\r\n").0, Request::Quit);
         assert_eq!(ok(b"quit extra\r\n").0, Request::Quit);
         assert_eq!(ok(b"shutdown\r\n").0, Request::Shutdown(ShutdownMode::Now));
-        assert_eq!(
-            ok(b"shutdown graceful\r\n").0,
-            Request::Shutdown(ShutdownMode::Graceful)
-        );
-        assert_eq!(
-            ok(b"shutdown foo\r\n").0,
-            Request::Shutdown(ShutdownMode::Invalid)
-        );
-        assert_eq!(
-            ok(b"shutdown 1 2\r\n").0,
-            Request::Shutdown(ShutdownMode::Invalid)
-        );
+        assert_eq!(ok(b"shutdown graceful\r\n").0, Request::Shutdown(ShutdownMode::Graceful));
+        assert_eq!(ok(b"shutdown foo\r\n").0, Request::Shutdown(ShutdownMode::Invalid));
+        assert_eq!(ok(b"shutdown 1 2\r\n").0, Request::Shutdown(ShutdownMode::Invalid));
         assert_eq!(ok(b"stats\r\n").0, Request::Stats(StatsCmd::General));
         assert_eq!(ok(b"stats  \r\n").0, Request::Stats(StatsCmd::General));
-        assert_eq!(
-            ok(b"stats reset foo\r\n").0,
-            Request::Stats(StatsCmd::Reset)
-        );
-        assert_eq!(
-            ok(b"stats settings\r\n").0,
-            Request::Stats(StatsCmd::Settings)
-        );
+        assert_eq!(ok(b"stats reset foo\r\n").0, Request::Stats(StatsCmd::Reset));
+        assert_eq!(ok(b"stats settings\r\n").0, Request::Stats(StatsCmd::Settings));
         assert_eq!(ok(b"stats items\r\n").0, Request::Stats(StatsCmd::Items));
         assert_eq!(ok(b"stats slabs\r\n").0, Request::Stats(StatsCmd::Slabs));
         assert_eq!(ok(b"stats foo\r\n").0, Request::Stats(StatsCmd::Unknown));
-        assert_eq!(
-            ok(b"stats detail on\r\n").0,
-            Request::Stats(StatsCmd::DetailOn)
-        );
+        assert_eq!(ok(b"stats detail on\r\n").0, Request::Stats(StatsCmd::DetailOn));
         assert_eq!(err(b"stats detail\r\n").0, StatsDetailUsage);
         assert_eq!(err(b"stats detail foo\r\n").0, StatsDetailUsage);
         assert_eq!(err(b"stats cachedump 1\r\n").0, BadCommandLine);
         assert_eq!(err(b"stats cachedump x 1\r\n").0, BadFormat);
         assert_eq!(err(b"stats cachedump 64 1\r\n").0, IllegalSlabId);
-        for m in [
-            &b"mg a v\r\n"[..],
-            b"ms a 1\r\nx\r\n",
-            b"md a\r\n",
-            b"ma a\r\n",
-            b"mn\r\n",
-            b"me a\r\n",
-        ] {
+        for m in [&b"mg a v\r\n"[..], b"ms a 1\r\nx\r\n", b"md a\r\n", b"ma a\r\n", b"mn\r\n", b"me a\r\n"] {
             assert_eq!(ok(m).0, Request::Meta);
         }
         assert_eq!(err(b"mx a\r\n").0, Error);
@@ -1432,8 +1096,14 @@ mod tests {
         assert_eq!(memlimit(b"cache_memlimit 100 x\r\n"), (100, false));
         assert_eq!(admin(b"cache_memlimit abc\r\n"), (&b"ERROR\r\n"[..], false));
         assert_eq!(admin(b"cache_memlimit -5\r\n"), (&b"ERROR\r\n"[..], false));
-        assert_eq!(admin(b"cache_memlimit 7\r\n").0, &b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"[..]);
-        assert_eq!(admin(b"cache_memlimit 4294967296\r\n").0, &b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"[..]);
+        assert_eq!(
+            admin(b"cache_memlimit 7\r\n").0,
+            &b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"[..]
+        );
+        assert_eq!(
+            admin(b"cache_memlimit 4294967296\r\n").0,
+            &b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"[..]
+        );
         assert_eq!(
             admin(b"cache_memlimit 1000000001 noreply\r\n"),
             (&b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"[..], true)
@@ -1488,18 +1158,9 @@ mod tests {
         let v = [b"version".as_slice(), &[b' '; 5000], b"\r\n"].concat();
         assert_eq!(ok(&v).0, Request::Version);
         // The multiget bound.
-        let l = Limits {
-            multiget_line_bytes_max: 4096,
-            ..lim()
-        };
+        let l = Limits { multiget_line_bytes_max: 4096, ..lim() };
         let mg = [b"get ".as_slice(), &b"a ".repeat(3000)].concat();
-        assert!(matches!(
-            parse(&mg, &l),
-            Parsed::Invalid {
-                error: TextError { kind: Close, .. },
-                ..
-            }
-        ));
+        assert!(matches!(parse(&mg, &l), Parsed::Invalid { error: TextError { kind: Close, .. }, .. }));
     }
 
     #[test]
@@ -1513,7 +1174,8 @@ mod tests {
         compose_i64(&mut out, -5);
         assert_eq!(
             out,
-            b"VALUE k 4294967295 2\r\nxy\r\nVALUE k 0 0 18446744073709551615\r\n\r\nEND\r\n0\r\nSTAT pid 42\r\n-5".to_vec()
+            b"VALUE k 4294967295 2\r\nxy\r\nVALUE k 0 0 18446744073709551615\r\n\r\nEND\r\n0\r\nSTAT pid 42\r\n-5"
+                .to_vec()
         );
     }
 
@@ -1563,10 +1225,7 @@ mod bench {
     #[ignore]
     fn parse_ns_per_request() {
         let l = Limits::default();
-        for line in [
-            &b"get key:000001\r\n"[..],
-            b"set key:000002 0 0 32\r\n01234567890123456789012345678901\r\n",
-        ] {
+        for line in [&b"get key:000001\r\n"[..], b"set key:000002 0 0 32\r\n01234567890123456789012345678901\r\n"] {
             let n = 2_000_000;
             let start = Instant::now();
             let mut total = 0usize;

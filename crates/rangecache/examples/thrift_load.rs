@@ -91,9 +91,7 @@ fn parse() -> Result<Opts, String> {
         }
         i += 2;
     }
-    if !matches!(o.target.as_str(), "thrift" | "sidecar")
-        || !matches!(o.op.as_str(), "scan" | "get")
-    {
+    if !matches!(o.target.as_str(), "thrift" | "sidecar") || !matches!(o.op.as_str(), "scan" | "get") {
         return Err("--target thrift|sidecar, --op scan|get".into());
     }
     Ok(o)
@@ -120,9 +118,7 @@ impl Rng {
 fn thrift_client(addr: SocketAddr) -> Result<Client, String> {
     let s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
-    let (r, w) = TTcpChannel::with_stream(s)
-        .split()
-        .map_err(|e| e.to_string())?;
+    let (r, w) = TTcpChannel::with_stream(s).split().map_err(|e| e.to_string())?;
     Ok(HbaseSyncClient::new(
         TBinaryInputProtocol::new(TBufferedReadTransport::new(r), true),
         TBinaryOutputProtocol::new(TBufferedWriteTransport::new(w), true),
@@ -132,17 +128,8 @@ fn thrift_client(addr: SocketAddr) -> Result<Client, String> {
 fn load(o: &Opts) -> Result<(), String> {
     let mut c = thrift_client(o.addr)?;
     let t = o.table.clone().into_bytes();
-    let fam = ColumnDescriptor::new(
-        b"cf:".to_vec(),
-        1,
-        "NONE".to_string(),
-        false,
-        "NONE".to_string(),
-        0,
-        0,
-        true,
-        i32::MAX,
-    );
+    let fam =
+        ColumnDescriptor::new(b"cf:".to_vec(), 1, "NONE".to_string(), false, "NONE".to_string(), 0, 0, true, i32::MAX);
     if let Err(e) = c.create_table(t.clone(), vec![fam]) {
         eprintln!("create_table: {e:?} (continuing)");
     }
@@ -164,14 +151,9 @@ fn load(o: &Opts) -> Result<(), String> {
                 ),
             })
             .collect();
-        c.mutate_rows(t.clone(), batch, BTreeMap::new())
-            .map_err(|e| format!("mutateRows: {e:?}"))?;
+        c.mutate_rows(t.clone(), batch, BTreeMap::new()).map_err(|e| format!("mutateRows: {e:?}"))?;
     }
-    eprintln!(
-        "loaded {} rows in {:.1} s",
-        o.keys,
-        t0.elapsed().as_secs_f64()
-    );
+    eprintln!("loaded {} rows in {:.1} s", o.keys, t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -186,44 +168,24 @@ fn one(t: &mut Target, o: &Opts, table: &[u8], start: usize) -> Result<usize, St
     match (t, o.op.as_str()) {
         (Target::Thrift(c), "scan") => {
             let id = c
-                .scanner_open_with_stop(
-                    table.to_vec(),
-                    key(start),
-                    stop,
-                    Vec::new(),
-                    BTreeMap::new(),
-                )
+                .scanner_open_with_stop(table.to_vec(), key(start), stop, Vec::new(), BTreeMap::new())
                 .map_err(|e| e.to_string())?;
-            let got = c
-                .scanner_get_list(id, o.rows as i32)
-                .map_err(|e| e.to_string())?;
+            let got = c.scanner_get_list(id, o.rows as i32).map_err(|e| e.to_string())?;
             c.scanner_close(id).map_err(|e| e.to_string())?;
             Ok(got.len())
         }
         (Target::Thrift(c), _) => {
-            let got = c
-                .get_row(table.to_vec(), key(start), BTreeMap::new())
-                .map_err(|e| e.to_string())?;
+            let got = c.get_row(table.to_vec(), key(start), BTreeMap::new()).map_err(|e| e.to_string())?;
             Ok(got.len())
         }
         (Target::Sidecar(s), "scan") => {
             let (rows, _) = s
-                .scan(
-                    table,
-                    &key(start),
-                    &stop,
-                    &ReadSpec::latest(),
-                    b"",
-                    o.rows as i32,
-                    4 << 20,
-                )
+                .scan(table, &key(start), &stop, &ReadSpec::latest(), b"", o.rows as i32, 4 << 20)
                 .map_err(|e| e.to_string())?;
             Ok(rows.len())
         }
         (Target::Sidecar(s), _) => {
-            let rows = s
-                .get(table, &[key(start)], &ReadSpec::latest())
-                .map_err(|e| e.to_string())?;
+            let rows = s.get(table, &[key(start)], &ReadSpec::latest()).map_err(|e| e.to_string())?;
             Ok(rows.iter().filter(|r| !r.cells.is_empty()).count())
         }
     }
@@ -249,21 +211,15 @@ fn main() {
     let span = o.keys.saturating_sub(o.rows).max(1);
     let mut seed_rng = Rng(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let fixed: Vec<usize> = (0..o.starts).map(|_| seed_rng.below(span)).collect();
-    let sidecar = (o.target == "sidecar").then(|| {
-        Arc::new(SidecarClient::new(
-            o.addr,
-            Duration::from_secs(30),
-            Duration::from_secs(10),
-        ))
-    });
+    let sidecar = (o.target == "sidecar")
+        .then(|| Arc::new(SidecarClient::new(o.addr, Duration::from_secs(30), Duration::from_secs(10))));
     let deadline = Instant::now() + Duration::from_secs_f64(o.secs);
     let t0 = Instant::now();
     let handles: Vec<_> = (0..o.conns)
         .map(|n| {
             let (o, fixed, sidecar) = (o.clone(), fixed.clone(), sidecar.clone());
             std::thread::spawn(move || -> Result<(Histogram<u64>, u64, u64), String> {
-                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                    .map_err(|e| e.to_string())?;
+                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
                 let mut t = match sidecar {
                     Some(s) => Target::Sidecar(s),
                     None => Target::Thrift(thrift_client(o.addr)?),
@@ -272,11 +228,7 @@ fn main() {
                 let table = o.table.clone().into_bytes();
                 let (mut ops, mut rows) = (0u64, 0u64);
                 while Instant::now() < deadline {
-                    let start = if fixed.is_empty() {
-                        rng.below(span)
-                    } else {
-                        fixed[rng.below(fixed.len())]
-                    };
+                    let start = if fixed.is_empty() { rng.below(span) } else { fixed[rng.below(fixed.len())] };
                     let s = Instant::now();
                     rows += one(&mut t, &o, &table, start)? as u64;
                     let _ = h.record((s.elapsed().as_nanos() as u64 / 1000).max(1));

@@ -70,11 +70,7 @@ impl Shape {
         if self.recent.iter().any(|(a, b)| a == start && b == stop) {
             self.exact += 1;
         } else {
-            if self
-                .recent
-                .iter()
-                .any(|(a, b)| intersects(a, b, start, stop))
-            {
+            if self.recent.iter().any(|(a, b)| intersects(a, b, start, stop)) {
                 self.overlap += 1;
             }
             if self.recent.len() >= RECENT_RANGES_MAX {

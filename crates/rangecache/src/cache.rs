@@ -51,9 +51,7 @@ impl Strategy {
             "all-row" | "allrow" => Ok(Strategy::AllRow),
             "each-row" | "eachrow" => Ok(Strategy::EachRow),
             "adaptive" => Ok(Strategy::Adaptive),
-            other => Err(format!(
-                "unknown strategy {other:?} (all-row, each-row, adaptive)"
-            )),
+            other => Err(format!("unknown strategy {other:?} (all-row, each-row, adaptive)")),
         }
     }
     pub fn name(self) -> &'static str {
@@ -80,10 +78,7 @@ impl QueryKey {
         row >= self.start.as_slice() && (self.stop.is_empty() || row < self.stop.as_slice())
     }
     fn size_bytes(&self) -> usize {
-        self.start.len()
-            + self.stop.len()
-            + self.filter.len()
-            + self.spec.columns.iter().map(Vec::len).sum::<usize>()
+        self.start.len() + self.stop.len() + self.filter.len() + self.spec.columns.iter().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -135,16 +130,11 @@ pub fn project(row: &Row, columns: &[Vec<u8>]) -> Row {
         })
         .cloned()
         .collect();
-    Row {
-        row: row.row.clone(),
-        cells,
-    }
+    Row { row: row.row.clone(), cells }
 }
 
 fn rows_bytes(rows: &[Row]) -> usize {
-    rows.iter()
-        .map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.cells.len() * CELL_OVERHEAD_BYTES)
-        .sum()
+    rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.cells.len() * CELL_OVERHEAD_BYTES).sum()
 }
 
 /// What the LRU index points at.
@@ -253,14 +243,7 @@ pub enum Hit {
 
 impl Cache {
     pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
-        Cache {
-            strategy,
-            memory_bytes_max,
-            bytes: 0,
-            tick: 0,
-            tables: HashMap::new(),
-            lru: BTreeMap::new(),
-        }
+        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), lru: BTreeMap::new() }
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -279,10 +262,7 @@ impl Cache {
     fn table(&mut self, table: &[u8]) -> &mut TableState {
         if !self.tables.contains_key(table) {
             let name: Arc<[u8]> = Arc::from(table);
-            let st = TableState {
-                name: Some(name.clone()),
-                ..Default::default()
-            };
+            let st = TableState { name: Some(name.clone()), ..Default::default() };
             self.tables.insert(name, st);
         }
         // Inserted just above when missing.
@@ -313,12 +293,7 @@ impl Cache {
                 get || self
                     .tables
                     .get(table)
-                    .and_then(|st| {
-                        st.shapes.get(&ShapeKey {
-                            get,
-                            spec: q.spec.clone(),
-                        })
-                    })
+                    .and_then(|st| st.shapes.get(&ShapeKey { get, spec: q.spec.clone() }))
                     .is_some_and(|s| s.choice() == Strategy::EachRow)
             }
         }
@@ -329,20 +304,11 @@ impl Cache {
     /// interval and return at most `rows_max` rows, with where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
         let hit = self.lookup_at(table, q, rows_max, true);
-        if self.strategy == Strategy::Adaptive
-            && !is_get(q)
-            && self.may_use_each_row(&q.spec, &q.filter)
-        {
+        if self.strategy == Strategy::Adaptive && !is_get(q) && self.may_use_each_row(&q.spec, &q.filter) {
             let st = self.table(table);
-            let key = ShapeKey {
-                get: false,
-                spec: q.spec.clone(),
-            };
+            let key = ShapeKey { get: false, spec: q.spec.clone() };
             if st.shapes.len() < SHAPES_PER_TABLE_MAX || st.shapes.contains_key(&key) {
-                st.shapes
-                    .entry(key)
-                    .or_default()
-                    .observe(&q.start, &q.stop, hit.is_some());
+                st.shapes.entry(key).or_default().observe(&q.start, &q.stop, hit.is_some());
             }
         }
         hit
@@ -350,25 +316,14 @@ impl Cache {
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
     /// query by the adaptive statistics).
-    pub fn lookup_continuation(
-        &mut self,
-        table: &[u8],
-        q: &QueryKey,
-        rows_max: usize,
-    ) -> Option<Hit> {
+    pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
         if !self.each_row_for(table, q) {
             return None;
         }
         self.lookup_at(table, q, rows_max, false)
     }
 
-    fn lookup_at(
-        &mut self,
-        table: &[u8],
-        q: &QueryKey,
-        rows_max: usize,
-        first: bool,
-    ) -> Option<Hit> {
+    fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
         let each = self.each_row_for(table, q);
         let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
@@ -401,16 +356,12 @@ impl Cache {
     /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
     pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
         let each_row = self.each_row_for(table, q);
-        FillTicket {
-            version: self.table(table).version,
-            each_row,
-        }
+        FillTicket { version: self.table(table).version, each_row }
     }
 
     fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
         let st = self.table(table);
-        let ok =
-            st.version == t.version && st.writes_in_flight == 0 && st.notices_in_flight.is_empty();
+        let ok = st.version == t.version && st.writes_in_flight == 0 && st.notices_in_flight.is_empty();
         if ok {
             st.stats.fills += 1;
         } else {
@@ -442,10 +393,7 @@ impl Cache {
     ) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
         if self.strategy == Strategy::Adaptive && !is_get(q) {
-            let key = ShapeKey {
-                get: false,
-                spec: q.spec.clone(),
-            };
+            let key = ShapeKey { get: false, spec: q.spec.clone() };
             if let Some(s) = self.table(table).shapes.get_mut(&key) {
                 s.observe_result(rows.len());
             }
@@ -466,15 +414,7 @@ impl Cache {
                 self.lru.remove(&old.tick);
             }
             let st = self.table(table);
-            st.queries.insert(
-                q.clone(),
-                QueryEntry {
-                    rows: Arc::new(rows),
-                    continue_at,
-                    bytes,
-                    tick,
-                },
-            );
+            st.queries.insert(q.clone(), QueryEntry { rows: Arc::new(rows), continue_at, bytes, tick });
             st.bytes += bytes;
             self.bytes += bytes;
             self.lru.insert(tick, EntryRef::Query(name, q.clone()));
@@ -491,14 +431,7 @@ impl Cache {
             let st = self.table(table);
             let name = st.name.clone().expect("named table");
             let key = r.row.clone();
-            if let Some(old) = st.rows.insert(
-                key.clone(),
-                RowEntry {
-                    row: Arc::new(r),
-                    bytes,
-                    tick,
-                },
-            ) {
+            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: Arc::new(r), bytes, tick }) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
                 self.lru.remove(&old.tick);
@@ -542,12 +475,7 @@ impl Cache {
         let Some(st) = self.tables.get_mut(table) else {
             return;
         };
-        let hit: Vec<QueryKey> = st
-            .queries
-            .keys()
-            .filter(|k| k.contains(row))
-            .cloned()
-            .collect();
+        let hit: Vec<QueryKey> = st.queries.keys().filter(|k| k.contains(row)).cloned().collect();
         let mut freed = 0;
         for k in hit {
             if let Some(e) = st.queries.remove(&k) {
@@ -658,11 +586,7 @@ impl Cache {
 
     /// Per-table stats, by table name.
     pub fn table_stats(&self) -> Vec<(Vec<u8>, Stats, usize)> {
-        let mut v: Vec<_> = self
-            .tables
-            .iter()
-            .map(|(n, s)| (n.to_vec(), s.stats, s.bytes))
-            .collect();
+        let mut v: Vec<_> = self.tables.iter().map(|(n, s)| (n.to_vec(), s.stats, s.bytes)).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -685,17 +609,10 @@ fn each_row_lookup(
         (false, false) if q.stop <= iv_end => (q.stop.clone(), None),
         (false, false) => (iv_end.clone(), Some(iv_end)),
     };
-    let upper = if end.is_empty() {
-        Bound::Unbounded
-    } else {
-        Bound::Excluded(end.as_slice())
-    };
+    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
     let mut out = Vec::new();
     let mut next = next;
-    for (k, e) in st
-        .rows
-        .range::<[u8], _>((Bound::Included(q.start.as_slice()), upper))
-    {
+    for (k, e) in st.rows.range::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
         if out.len() >= rows_max.max(1) {
             next = Some(k.clone());
             break;
@@ -720,19 +637,14 @@ fn each_row_lookup(
 
 /// The end of the complete interval holding `key` (empty = end of table), if any.
 fn covering_end(iv: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<Vec<u8>> {
-    let (_, e) = iv
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
-        .next_back()?;
+    let (_, e) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
     (e.is_empty() || key < e.as_slice()).then(|| e.clone())
 }
 
 /// Is [start, stop) inside one complete interval? (Test helper: lookups need only the start.)
 #[cfg(test)]
 fn covered(iv: &BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], stop: &[u8]) -> bool {
-    let Some((_, s)) = iv
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(start)))
-        .next_back()
-    else {
+    let Some((_, s)) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(start))).next_back() else {
         return false;
     };
     if s.is_empty() {
@@ -744,10 +656,7 @@ fn covered(iv: &BTreeMap<Vec<u8>, Vec<u8>>, start: &[u8], stop: &[u8]) -> bool {
 /// Adds [start, stop) to the disjoint interval set, merging overlapping or touching ones.
 fn add_interval(iv: &mut BTreeMap<Vec<u8>, Vec<u8>>, mut start: Vec<u8>, mut stop: Vec<u8>) {
     // Merge with a predecessor that reaches start.
-    if let Some((s, e)) = iv
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(start.as_slice())))
-        .next_back()
-    {
+    if let Some((s, e)) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(start.as_slice()))).next_back() {
         if e.is_empty() || e.as_slice() >= start.as_slice() {
             start = s.clone();
             if !e.is_empty() && !stop.is_empty() && e.as_slice() > stop.as_slice() {
@@ -779,10 +688,8 @@ fn add_interval(iv: &mut BTreeMap<Vec<u8>, Vec<u8>>, mut start: Vec<u8>, mut sto
 
 /// Removes `row` from the interval containing it: [a, b) becomes [a, row) and [row\0, b).
 fn split_interval(iv: &mut BTreeMap<Vec<u8>, Vec<u8>>, row: &[u8]) {
-    let Some((a, b)) = iv
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(row)))
-        .next_back()
-        .map(|(a, b)| (a.clone(), b.clone()))
+    let Some((a, b)) =
+        iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(row))).next_back().map(|(a, b)| (a.clone(), b.clone()))
     else {
         return;
     };
@@ -808,57 +715,28 @@ mod tests {
         Row {
             row: k.as_bytes().to_vec(),
             cells: vec![
-                Cell {
-                    family: b"f".to_vec(),
-                    qualifier: b"a".to_vec(),
-                    timestamp: 1,
-                    value: v.as_bytes().to_vec(),
-                },
-                Cell {
-                    family: b"g".to_vec(),
-                    qualifier: b"b".to_vec(),
-                    timestamp: 1,
-                    value: v.as_bytes().to_vec(),
-                },
+                Cell { family: b"f".to_vec(), qualifier: b"a".to_vec(), timestamp: 1, value: v.as_bytes().to_vec() },
+                Cell { family: b"g".to_vec(), qualifier: b"b".to_vec(), timestamp: 1, value: v.as_bytes().to_vec() },
             ],
         }
     }
 
     fn q(start: &str, stop: &str) -> QueryKey {
-        QueryKey {
-            start: start.into(),
-            stop: stop.into(),
-            spec: ReadSpec::latest(),
-            filter: Vec::new(),
-        }
+        QueryKey { start: start.into(), stop: stop.into(), spec: ReadSpec::latest(), filter: Vec::new() }
     }
 
     #[test]
     fn all_row_hit_then_invalidated_by_write_in_range_only() {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
         let t = c.fill_ticket(b"t", &q("", ""));
-        assert!(c.fill(
-            b"t",
-            &q("a", "c"),
-            vec![row("a", "1"), row("b", "1")],
-            None,
-            t
-        ));
-        assert!(
-            matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2)
-        );
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1"), row("b", "1")], None, t));
+        assert!(matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2));
         c.begin_write(b"t", Some(&[b"x".to_vec()]));
         c.end_write(b"t");
-        assert!(
-            c.lookup(b"t", &q("a", "c"), 100).is_some(),
-            "write outside the range keeps the entry"
-        );
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_some(), "write outside the range keeps the entry");
         c.begin_write(b"t", Some(&[b"b".to_vec()]));
         c.end_write(b"t");
-        assert!(
-            c.lookup(b"t", &q("a", "c"), 100).is_none(),
-            "write inside the range drops it"
-        );
+        assert!(c.lookup(b"t", &q("a", "c"), 100).is_none(), "write inside the range drops it");
         assert_eq!(c.bytes(), 0);
     }
 
@@ -881,16 +759,8 @@ mod tests {
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
         let t = c.fill_ticket(b"t", &q("", ""));
-        assert!(c.fill(
-            b"t",
-            &q("a", "z"),
-            vec![row("b", "1"), row("d", "1"), row("f", "1")],
-            None,
-            t
-        ));
-        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else {
-            panic!("sub-range not served")
-        };
+        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
+        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row, b"d");
         // A Get of an absent row inside the interval is served as absent.
@@ -901,21 +771,13 @@ mod tests {
         // Column projection.
         let mut pq = q("a", "z");
         pq.spec.columns = vec![b"g".to_vec()];
-        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else {
-            panic!()
-        };
-        assert!(r
-            .iter()
-            .all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
+        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else { panic!() };
+        assert!(r.iter().all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
         // Past the interval: its part is served, with where to continue.
-        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else {
-            panic!("partial")
-        };
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else { panic!("partial") };
         assert_eq!((r.len(), next.as_slice()), (2, &b"z"[..]));
         // A page limit: two rows at most, continue at the next cached row.
-        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("a", "z"), 2) else {
-            panic!("paged")
-        };
+        let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("a", "z"), 2) else { panic!("paged") };
         assert_eq!((r.len(), next.as_slice()), (2, &b"f"[..]));
         // Start outside every interval: miss.
         assert!(c.lookup(b"t", &q("zz", ""), 100).is_none());
@@ -924,10 +786,7 @@ mod tests {
         c.end_write(b"t");
         assert!(c.lookup(b"t", &q("d", "f"), 100).is_none());
         assert!(
-            matches!(
-                c.lookup(b"t", &q("c", "f"), 100),
-                Some(Hit::Assembled(_, Some(_)))
-            ),
+            matches!(c.lookup(b"t", &q("c", "f"), 100), Some(Hit::Assembled(_, Some(_)))),
             "served up to the write"
         );
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_some());
@@ -968,17 +827,11 @@ mod tests {
         for i in 0..WINDOW as usize {
             scan_fill(&mut c, i % 3 * 100, i % 3 * 100 + 50);
         }
-        assert!(
-            !c.each_row_for(b"t", &q(&k(0), &k(50))),
-            "exact repeats stay all-row"
-        );
+        assert!(!c.each_row_for(b"t", &q(&k(0), &k(50))), "exact repeats stay all-row");
         for i in 0..WINDOW as usize {
             scan_fill(&mut c, i * 3, i * 3 + 50);
         }
-        assert!(
-            c.each_row_for(b"t", &q(&k(0), &k(50))),
-            "sliding ranges move to each-row"
-        );
+        assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
         // Now a sliding range inside what was filled is served from each-row entries.
         scan_fill(&mut c, 10, 60);
         assert!(matches!(
@@ -1029,14 +882,8 @@ mod tests {
         assert_eq!(project(&r, &[b"f:a".to_vec()]).cells.len(), 1);
         assert_eq!(project(&r, &[b"f".to_vec(), b"g".to_vec()]).cells.len(), 2);
         // family then a column of it: narrowed to the column (HBase's addColumn replaces the family).
-        assert_eq!(
-            project(&r, &[b"f".to_vec(), b"f:zz".to_vec()]).cells.len(),
-            0
-        );
+        assert_eq!(project(&r, &[b"f".to_vec(), b"f:zz".to_vec()]).cells.len(), 0);
         // column then family: widened.
-        assert_eq!(
-            project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(),
-            1
-        );
+        assert_eq!(project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(), 1);
     }
 }

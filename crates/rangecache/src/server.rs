@@ -71,13 +71,9 @@ pub struct Settings {
 
 impl HbaseConfig {
     pub fn validate(&self) -> Result<Settings, String> {
-        let thrift_addr: SocketAddr = format!("{}:{}", self.listen, self.thrift_port)
-            .parse()
-            .map_err(|e| format!("listen/thrift_port: {e}"))?;
-        let sidecar_addr: SocketAddr = self
-            .sidecar
-            .parse()
-            .map_err(|e| format!("sidecar {:?}: {e}", self.sidecar))?;
+        let thrift_addr: SocketAddr =
+            format!("{}:{}", self.listen, self.thrift_port).parse().map_err(|e| format!("listen/thrift_port: {e}"))?;
+        let sidecar_addr: SocketAddr = self.sidecar.parse().map_err(|e| format!("sidecar {:?}: {e}", self.sidecar))?;
         let strategy = Strategy::parse(&self.strategy)?;
         if self.memory_mb == 0 {
             return Err("memory_mb must be at least 1".into());
@@ -120,8 +116,7 @@ impl HbaseService {
         // The one rule every Slipstream port is opened by (exclusive to this process); this
         // service accepts with blocking calls on its own thread.
         let kind = slipstream_bind::Kind::Tcp { backlog: 1024 };
-        let socket = slipstream_bind::bind_one(kind, settings.thrift_addr, &|_| Ok(()))
-            .map_err(|e| e.source)?;
+        let socket = slipstream_bind::bind_one(kind, settings.thrift_addr, &|_| Ok(())).map_err(|e| e.source)?;
         socket.set_nonblocking(false)?;
         let listener: TcpListener = socket.into();
         let local_addr = listener.local_addr()?;
@@ -130,21 +125,12 @@ impl HbaseService {
         let state = Arc::new(RangeCache::new(sidecar, cache, settings.scanners_max));
         state.attach()?;
         let connections = Arc::new(AtomicUsize::new(0));
-        let (st, conns, max, msg_max) = (
-            state.clone(),
-            connections.clone(),
-            settings.connections_max,
-            settings.message_bytes_max,
-        );
+        let (st, conns, max, msg_max) =
+            (state.clone(), connections.clone(), settings.connections_max, settings.message_bytes_max);
         std::thread::Builder::new()
             .name("hbase-accept".into())
             .spawn(move || accept_loop(listener, st, conns, max, msg_max))?;
-        Ok(HbaseService {
-            local_addr,
-            settings,
-            state,
-            connections,
-        })
+        Ok(HbaseService { local_addr, settings, state, connections })
     }
 
     /// One line for the daemon's start-up banner.
@@ -164,13 +150,7 @@ impl HbaseService {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    state: Arc<RangeCache>,
-    conns: Arc<AtomicUsize>,
-    max: usize,
-    msg_max: usize,
-) {
+fn accept_loop(listener: TcpListener, state: Arc<RangeCache>, conns: Arc<AtomicUsize>, max: usize, msg_max: usize) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
         if conns.fetch_add(1, Ordering::SeqCst) >= max {
@@ -179,14 +159,12 @@ fn accept_loop(
             continue;
         }
         let (st, c) = (state.clone(), conns.clone());
-        let spawned = std::thread::Builder::new()
-            .name("hbase-conn".into())
-            .spawn(move || {
-                let processor = HbaseSyncProcessor::new(Handler(st));
-                // A protocol error closes this connection only; nothing else is affected.
-                let _ = serve_connection(stream, &processor, msg_max);
-                c.fetch_sub(1, Ordering::SeqCst);
-            });
+        let spawned = std::thread::Builder::new().name("hbase-conn".into()).spawn(move || {
+            let processor = HbaseSyncProcessor::new(Handler(st));
+            // A protocol error closes this connection only; nothing else is affected.
+            let _ = serve_connection(stream, &processor, msg_max);
+            c.fetch_sub(1, Ordering::SeqCst);
+        });
         if spawned.is_err() {
             conns.fetch_sub(1, Ordering::SeqCst);
         }
@@ -194,43 +172,24 @@ fn accept_loop(
 }
 
 fn metric(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(
-        out,
-        "# HELP slipstream_hbase_{name} {help}\n# TYPE slipstream_hbase_{name} {kind}"
-    );
+    let _ = writeln!(out, "# HELP slipstream_hbase_{name} {help}\n# TYPE slipstream_hbase_{name} {kind}");
 }
 
 fn label(table: &[u8]) -> String {
-    String::from_utf8_lossy(table)
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    String::from_utf8_lossy(table).replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[allow(clippy::too_many_lines)] // a table of metric series
 fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     let s = &state.stats;
     for (name, help, v) in [
-        (
-            "scanners_opened_total",
-            "Scanners opened through the Thrift API",
-            s.scanners_opened.load(Ordering::Relaxed),
-        ),
-        (
-            "sidecar_calls_total",
-            "Requests sent to the HBase sidecar",
-            s.sidecar_calls.load(Ordering::Relaxed),
-        ),
+        ("scanners_opened_total", "Scanners opened through the Thrift API", s.scanners_opened.load(Ordering::Relaxed)),
+        ("sidecar_calls_total", "Requests sent to the HBase sidecar", s.sidecar_calls.load(Ordering::Relaxed)),
     ] {
         metric(out, name, "counter", help);
         let _ = writeln!(out, "slipstream_hbase_{name} {v}");
     }
-    metric(
-        out,
-        "connections",
-        "gauge",
-        "Open Thrift client connections",
-    );
+    metric(out, "connections", "gauge", "Open Thrift client connections");
     let _ = writeln!(out, "slipstream_hbase_connections {connections}");
     let (lease, observer) = state.channel();
     metric(
@@ -250,57 +209,27 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     let c = state.cache();
     metric(out, "cache_bytes", "gauge", "Bytes held by the range cache");
     let _ = writeln!(out, "slipstream_hbase_cache_bytes {}", c.bytes());
-    let _ = writeln!(out, "# HELP slipstream_hbase_strategy Strategy serving scans (1 = chosen)\n# TYPE slipstream_hbase_strategy gauge");
     let _ = writeln!(
         out,
-        "slipstream_hbase_strategy{{strategy=\"{}\"}} 1",
-        c.strategy().name()
+        "# HELP slipstream_hbase_strategy Strategy serving scans (1 = chosen)\n# TYPE slipstream_hbase_strategy gauge"
     );
+    let _ = writeln!(out, "slipstream_hbase_strategy{{strategy=\"{}\"}} 1", c.strategy().name());
     let tables = c.table_stats();
     type Pick = fn(&crate::cache::Stats) -> u64;
     let per_table: [(&str, &str, Pick); 8] = [
-        (
-            "all_row_hits_total",
-            "Queries answered from all-row entries",
-            |s| s.hits_all_row,
-        ),
-        (
-            "each_row_hits_total",
-            "Queries answered from each-row entries",
-            |s| s.hits_each_row,
-        ),
+        ("all_row_hits_total", "Queries answered from all-row entries", |s| s.hits_all_row),
+        ("each_row_hits_total", "Queries answered from each-row entries", |s| s.hits_each_row),
         ("misses_total", "Queries that went to HBase", |s| s.misses),
         ("fills_total", "Results stored in the cache", |s| s.fills),
-        (
-            "fills_discarded_total",
-            "Results dropped because a write raced them (version check)",
-            |s| s.fills_discarded,
-        ),
-        (
-            "invalidations_total",
-            "Entries dropped by writes or table changes",
-            |s| s.invalidations,
-        ),
-        (
-            "evictions_total",
-            "Entries evicted by the memory limit",
-            |s| s.evictions,
-        ),
-        (
-            "notices_total",
-            "Write notices from the RegionObserver (writes by any HBase client)",
-            |s| s.notices,
-        ),
+        ("fills_discarded_total", "Results dropped because a write raced them (version check)", |s| s.fills_discarded),
+        ("invalidations_total", "Entries dropped by writes or table changes", |s| s.invalidations),
+        ("evictions_total", "Entries evicted by the memory limit", |s| s.evictions),
+        ("notices_total", "Write notices from the RegionObserver (writes by any HBase client)", |s| s.notices),
     ];
     for (name, help, pick) in per_table {
         metric(out, name, "counter", help);
         for (t, st, _) in &tables {
-            let _ = writeln!(
-                out,
-                "slipstream_hbase_{name}{{table=\"{}\"}} {}",
-                label(t),
-                pick(st)
-            );
+            let _ = writeln!(out, "slipstream_hbase_{name}{{table=\"{}\"}} {}", label(t), pick(st));
         }
     }
     metric(
@@ -310,10 +239,7 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
         "Gets and scans (first pages) decided for all-row or each-row entries, per table",
     );
     for (t, st, _) in &tables {
-        for (name, v) in [
-            ("all-row", st.chosen_all_row),
-            ("each-row", st.chosen_each_row),
-        ] {
+        for (name, v) in [("all-row", st.chosen_all_row), ("each-row", st.chosen_each_row)] {
             let _ = writeln!(
                 out,
                 "slipstream_hbase_strategy_chosen_total{{table=\"{}\",strategy=\"{name}\"}} {v}",
@@ -323,11 +249,7 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     }
     metric(out, "table_cache_bytes", "gauge", "Bytes cached per table");
     for (t, _, bytes) in &tables {
-        let _ = writeln!(
-            out,
-            "slipstream_hbase_table_cache_bytes{{table=\"{}\"}} {bytes}",
-            label(t)
-        );
+        let _ = writeln!(out, "slipstream_hbase_table_cache_bytes{{table=\"{}\"}} {bytes}", label(t));
     }
 }
 
@@ -340,32 +262,19 @@ mod tests {
         let d = HbaseConfig::default().validate().unwrap();
         assert_eq!(d.thrift_addr.port(), 9090);
         assert_eq!(d.strategy, Strategy::AllRow);
-        let a = HbaseConfig {
-            strategy: "adaptive".into(),
-            ..Default::default()
-        };
+        let a = HbaseConfig { strategy: "adaptive".into(), ..Default::default() };
         assert_eq!(a.validate().unwrap().strategy, Strategy::Adaptive);
-        let bad = HbaseConfig {
-            strategy: "sometimes".into(),
-            ..Default::default()
-        };
+        let bad = HbaseConfig { strategy: "sometimes".into(), ..Default::default() };
         assert!(bad.validate().unwrap_err().contains("unknown strategy"));
-        let bad = HbaseConfig {
-            sidecar: "nope".into(),
-            ..Default::default()
-        };
+        let bad = HbaseConfig { sidecar: "nope".into(), ..Default::default() };
         assert!(bad.validate().is_err());
     }
 
     #[test]
     fn config_table_parses_and_rejects_unknown_keys() {
-        let c: HbaseConfig =
-            toml::from_str("thrift_port = 9999\nstrategy = \"each-row\"\n").unwrap();
+        let c: HbaseConfig = toml::from_str("thrift_port = 9999\nstrategy = \"each-row\"\n").unwrap();
         let s = c.validate().unwrap();
-        assert_eq!(
-            (s.thrift_addr.port(), s.strategy, s.memory_bytes_max),
-            (9999, Strategy::EachRow, 256 << 20)
-        );
+        assert_eq!((s.thrift_addr.port(), s.strategy, s.memory_bytes_max), (9999, Strategy::EachRow, 256 << 20));
         assert!(toml::from_str::<HbaseConfig>("thrift_prot = 1\n").is_err());
     }
 }

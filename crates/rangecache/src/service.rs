@@ -6,13 +6,12 @@
 
 use crate::cache::{next_key, Cache, Hit, QueryKey};
 use crate::gen::hbase1::{
-    AlreadyExists, BatchMutation, ColumnDescriptor, HbaseSyncHandler, IOError, IllegalArgument,
-    Mutation, ScannerID, TCell, TColumn, TIncrement, TRowResult, TScan, Text,
+    AlreadyExists, BatchMutation, ColumnDescriptor, HbaseSyncHandler, IOError, IllegalArgument, Mutation, ScannerID,
+    TCell, TColumn, TIncrement, TRowResult, TScan, Text,
 };
 use crate::sidecar::client::SidecarClient;
 use crate::sidecar::codec::{
-    self, op, Family, MutateOrder, Notice, NoticeKind, ReadSpec, Row, RowMutations, SidecarError,
-    TS_LATEST,
+    self, op, Family, MutateOrder, Notice, NoticeKind, ReadSpec, Row, RowMutations, SidecarError, TS_LATEST,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -135,12 +134,7 @@ fn to_result(row: &Row, cells: &[codec::Cell], sort_columns: bool) -> TRowResult
 }
 
 fn spec(columns: Vec<Vec<u8>>, ts_max: i64, max_versions: i32) -> ReadSpec {
-    ReadSpec {
-        columns,
-        ts_min: 0,
-        ts_max,
-        max_versions,
-    }
+    ReadSpec { columns, ts_min: 0, ts_max, max_versions }
 }
 
 /// The first key after every key starting with `prefix` (empty = end of table).
@@ -201,10 +195,7 @@ impl RangeCache {
         c
     }
 
-    fn side<T>(
-        &self,
-        f: impl FnOnce(&SidecarClient) -> Result<T, SidecarError>,
-    ) -> Result<T, SidecarError> {
+    fn side<T>(&self, f: impl FnOnce(&SidecarClient) -> Result<T, SidecarError>) -> Result<T, SidecarError> {
         self.stats.sidecar_calls.fetch_add(1, Ordering::Relaxed);
         f(&self.sidecar)
     }
@@ -253,12 +244,7 @@ impl RangeCache {
     }
 
     /// Reads rows (Get semantics), from the cache where possible; one Row per requested row.
-    pub fn read_rows(
-        &self,
-        table: &[u8],
-        rows: &[Vec<u8>],
-        spec: &ReadSpec,
-    ) -> Result<Vec<Row>, SidecarError> {
+    pub fn read_rows(&self, table: &[u8], rows: &[Vec<u8>], spec: &ReadSpec) -> Result<Vec<Row>, SidecarError> {
         if !self.cache_usable(table, spec, &[]) {
             return self.side(|s| s.get(table, rows, spec));
         }
@@ -266,23 +252,14 @@ impl RangeCache {
         let mut missing = Vec::new();
         let keys: Vec<QueryKey> = rows
             .iter()
-            .map(|r| QueryKey {
-                start: r.clone(),
-                stop: next_key(r),
-                spec: spec.clone(),
-                filter: Vec::new(),
-            })
+            .map(|r| QueryKey { start: r.clone(), stop: next_key(r), spec: spec.clone(), filter: Vec::new() })
             .collect();
         {
             let mut c = self.cache();
             for (i, k) in keys.iter().enumerate() {
                 match c.lookup(table, k, 1) {
-                    Some(Hit::Rows(v, _)) => {
-                        out[i] = Some(v.first().cloned().unwrap_or_else(|| empty(&rows[i])))
-                    }
-                    Some(Hit::Assembled(mut v, _)) => {
-                        out[i] = Some(v.pop().unwrap_or_else(|| empty(&rows[i])))
-                    }
+                    Some(Hit::Rows(v, _)) => out[i] = Some(v.first().cloned().unwrap_or_else(|| empty(&rows[i]))),
+                    Some(Hit::Assembled(mut v, _)) => out[i] = Some(v.pop().unwrap_or_else(|| empty(&rows[i]))),
                     None => missing.push(i),
                 }
             }
@@ -290,33 +267,17 @@ impl RangeCache {
         if !missing.is_empty() {
             let ticket = self.cache().fill_ticket(table, &keys[missing[0]]);
             let whole = ticket.whole_rows();
-            let fetch_spec = if whole {
-                ReadSpec::latest()
-            } else {
-                spec.clone()
-            };
+            let fetch_spec = if whole { ReadSpec::latest() } else { spec.clone() };
             let want: Vec<Vec<u8>> = missing.iter().map(|&i| rows[i].clone()).collect();
             let got = self.side(|s| s.get(table, &want, &fetch_spec))?;
             let mut c = self.cache();
             for (&i, r) in missing.iter().zip(got) {
-                let cached = if r.cells.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![r.clone()]
-                };
+                let cached = if r.cells.is_empty() { Vec::new() } else { vec![r.clone()] };
                 c.fill(table, &keys[i], cached, None, ticket);
-                out[i] = Some(if whole {
-                    crate::cache::project(&r, &spec.columns)
-                } else {
-                    r
-                });
+                out[i] = Some(if whole { crate::cache::project(&r, &spec.columns) } else { r });
             }
         }
-        Ok(out
-            .into_iter()
-            .enumerate()
-            .map(|(i, r)| r.unwrap_or_else(|| empty(&rows[i])))
-            .collect())
+        Ok(out.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| empty(&rows[i]))).collect())
     }
 
     /// Opens a scanner and reads its first page (from the cache or HBase), so a bad table or
@@ -355,10 +316,7 @@ impl RangeCache {
         page_rows: usize,
         first: bool,
     ) -> Result<Source, SidecarError> {
-        let at = QueryKey {
-            start: start.to_vec(),
-            ..key.clone()
-        };
+        let at = QueryKey { start: start.to_vec(), ..key.clone() };
         let usable = self.cache_usable(table, &key.spec, &key.filter);
         let hit = {
             let mut c = self.cache();
@@ -372,13 +330,7 @@ impl RangeCache {
         };
         match hit {
             Some(Hit::Rows(rows, rest)) => return Ok(Source { rows, pos: 0, rest }),
-            Some(Hit::Assembled(rows, rest)) => {
-                return Ok(Source {
-                    rows: Arc::new(rows),
-                    pos: 0,
-                    rest,
-                })
-            }
+            Some(Hit::Assembled(rows, rest)) => return Ok(Source { rows: Arc::new(rows), pos: 0, rest }),
             None => {}
         }
         let (ticket, bytes_max) = {
@@ -386,11 +338,7 @@ impl RangeCache {
             (c.fill_ticket(table, &at), c.result_bytes_max())
         };
         let whole = usable && ticket.whole_rows();
-        let fetch_spec = if whole {
-            ReadSpec::latest()
-        } else {
-            key.spec.clone()
-        };
+        let fetch_spec = if whole { ReadSpec::latest() } else { key.spec.clone() };
         let rows_max = match (first, key.stop.is_empty()) {
             (true, false) => CACHED_SCAN_ROWS_MAX,
             (true, true) => page_rows.min(OPEN_SCAN_FIRST_PAGE_ROWS),
@@ -402,17 +350,8 @@ impl RangeCache {
         let mut rest = None;
         loop {
             let want = (rows_max - rows.len()).min(SCAN_PAGE_ROWS as usize) as i32;
-            let (got, more) = self.side(|s| {
-                s.scan(
-                    table,
-                    &next,
-                    &key.stop,
-                    &fetch_spec,
-                    &key.filter,
-                    want,
-                    SCAN_PAGE_BYTES,
-                )
-            })?;
+            let (got, more) =
+                self.side(|s| s.scan(table, &next, &key.stop, &fetch_spec, &key.filter, want, SCAN_PAGE_BYTES))?;
             if let Some(last) = got.last() {
                 next = next_key(&last.row);
             }
@@ -430,11 +369,7 @@ impl RangeCache {
         if usable && (first || whole) {
             self.cache().fill(table, &at, rows, rest.clone(), ticket);
         }
-        Ok(Source {
-            rows: Arc::new(served),
-            pos: 0,
-            rest,
-        })
+        Ok(Source { rows: Arc::new(served), pos: 0, rest })
     }
 
     fn add_scanner(&self, sc: Scanner) -> Result<ScannerID, SidecarError> {
@@ -513,10 +448,7 @@ impl RangeCache {
             };
             sc.source = self.page(&sc.table, &sc.key, &start, sc.page_rows, false)?;
         }
-        Err(SidecarError::Io {
-            message: "scanner made no progress".into(),
-            can_retry: true,
-        })
+        Err(SidecarError::Io { message: "scanner made no progress".into(), can_retry: true })
     }
 
     fn get_rows(
@@ -528,11 +460,7 @@ impl RangeCache {
     ) -> thrift::Result<Vec<TRowResult>> {
         let s = spec(columns, ts, 1);
         let got = self.read_rows(table, &rows, &s).map_err(io)?;
-        Ok(got
-            .iter()
-            .filter(|r| !r.cells.is_empty())
-            .map(|r| to_result(r, &r.cells, false))
-            .collect())
+        Ok(got.iter().filter(|r| !r.cells.is_empty()).map(|r| to_result(r, &r.cells, false)).collect())
     }
 
     fn get_cells(
@@ -548,36 +476,21 @@ impl RangeCache {
         }
         let s = spec(vec![column], ts, versions);
         let got = self.read_rows(table, &[row], &s).map_err(io)?;
-        Ok(got
-            .iter()
-            .flat_map(|r| r.cells.iter())
-            .map(|c| TCell::new(c.value.clone(), c.timestamp))
-            .collect())
+        Ok(got.iter().flat_map(|r| r.cells.iter()).map(|c| TCell::new(c.value.clone(), c.timestamp)).collect())
     }
 
-    fn mutate(
-        &self,
-        table: &[u8],
-        batches: Vec<RowMutations>,
-        ts: i64,
-        order: MutateOrder,
-    ) -> thrift::Result<()> {
+    fn mutate(&self, table: &[u8], batches: Vec<RowMutations>, ts: i64, order: MutateOrder) -> thrift::Result<()> {
         let rows: Vec<Vec<u8>> = batches.iter().map(|b| b.row.clone()).collect();
-        self.write(table, Some(&rows), |s| s.mutate(table, &batches, ts, order))
-            .map_err(io_ia)
+        self.write(table, Some(&rows), |s| s.mutate(table, &batches, ts, order)).map_err(io_ia)
     }
 
     fn delete(&self, table: &[u8], row: Vec<u8>, column: Vec<u8>, ts: i64) -> thrift::Result<()> {
         let rows = [row];
-        self.write(table, Some(&rows), |s| {
-            s.delete(table, &rows[0], &column, ts)
-        })
-        .map_err(io)
+        self.write(table, Some(&rows), |s| s.delete(table, &rows[0], &column, ts)).map_err(io)
     }
 
     fn admin(&self, opcode: u8, table: &[u8]) -> thrift::Result<()> {
-        self.write(table, None, |s| s.table_admin(opcode, table))
-            .map_err(io)
+        self.write(table, None, |s| s.table_admin(opcode, table)).map_err(io)
     }
 
     fn scan_open(
@@ -588,32 +501,20 @@ impl RangeCache {
         columns: Vec<Vec<u8>>,
         ts: i64,
     ) -> thrift::Result<ScannerID> {
-        let key = QueryKey {
-            start,
-            stop,
-            spec: spec(columns, ts, 1),
-            filter: Vec::new(),
-        };
-        self.open_scan(&table, key, 0, false, SCAN_PAGE_ROWS_DEFAULT)
-            .map_err(io)
+        let key = QueryKey { start, stop, spec: spec(columns, ts, 1), filter: Vec::new() };
+        self.open_scan(&table, key, 0, false, SCAN_PAGE_ROWS_DEFAULT).map_err(io)
     }
 }
 
 fn empty(row: &[u8]) -> Row {
-    Row {
-        row: row.to_vec(),
-        cells: Vec::new(),
-    }
+    Row { row: row.to_vec(), cells: Vec::new() }
 }
 
 fn project_all(rows: Vec<Row>, whole: bool, columns: &[Vec<u8>]) -> Vec<Row> {
     if !whole || columns.is_empty() {
         return rows;
     }
-    rows.iter()
-        .map(|r| crate::cache::project(r, columns))
-        .filter(|r| !r.cells.is_empty())
-        .collect()
+    rows.iter().map(|r| crate::cache::project(r, columns)).filter(|r| !r.cells.is_empty()).collect()
 }
 
 fn mutations(ms: Vec<Mutation>) -> Vec<codec::Mutation> {
@@ -629,10 +530,7 @@ fn mutations(ms: Vec<Mutation>) -> Vec<codec::Mutation> {
 
 fn batches(bs: Vec<BatchMutation>) -> Vec<RowMutations> {
     bs.into_iter()
-        .map(|b| RowMutations {
-            row: b.row.unwrap_or_default(),
-            mutations: mutations(b.mutations.unwrap_or_default()),
-        })
+        .map(|b| RowMutations { row: b.row.unwrap_or_default(), mutations: mutations(b.mutations.unwrap_or_default()) })
         .collect()
 }
 
@@ -657,24 +555,15 @@ impl HbaseSyncHandler for Handler {
         self.0.side(|s| s.is_enabled(&t)).map_err(io)
     }
     fn handle_compact(&self, _t: Vec<u8>) -> thrift::Result<()> {
-        Err(io_error(
-            "compact is not supported by Slipstream's HBase front end".into(),
-            false,
-        ))
+        Err(io_error("compact is not supported by Slipstream's HBase front end".into(), false))
     }
     fn handle_major_compact(&self, _t: Vec<u8>) -> thrift::Result<()> {
-        Err(io_error(
-            "majorCompact is not supported by Slipstream's HBase front end".into(),
-            false,
-        ))
+        Err(io_error("majorCompact is not supported by Slipstream's HBase front end".into(), false))
     }
     fn handle_get_table_names(&self) -> thrift::Result<Vec<Text>> {
         self.0.side(|s| s.list_tables()).map_err(io)
     }
-    fn handle_get_column_descriptors(
-        &self,
-        t: Text,
-    ) -> thrift::Result<BTreeMap<Text, ColumnDescriptor>> {
+    fn handle_get_column_descriptors(&self, t: Text) -> thrift::Result<BTreeMap<Text, ColumnDescriptor>> {
         let fams = self.0.side(|s| s.describe(&t)).map_err(io)?;
         Ok(fams
             .into_iter()
@@ -708,35 +597,18 @@ impl HbaseSyncHandler for Handler {
                 bloom_filter: c.bloom_filter_type.unwrap_or_else(|| "NONE".into()),
             })
             .collect();
-        self.0
-            .write(&t, None, |s| s.create_table(&t, &fams))
-            .map_err(|e| match e {
-                SidecarError::AlreadyExists(m) => {
-                    thrift::Error::User(Box::new(AlreadyExists::new(m)))
-                }
-                other => io_ia(other),
-            })
+        self.0.write(&t, None, |s| s.create_table(&t, &fams)).map_err(|e| match e {
+            SidecarError::AlreadyExists(m) => thrift::Error::User(Box::new(AlreadyExists::new(m))),
+            other => io_ia(other),
+        })
     }
     fn handle_delete_table(&self, t: Text) -> thrift::Result<()> {
         self.0.admin(op::DELETE_TABLE, &t)
     }
-    fn handle_get(
-        &self,
-        t: Text,
-        row: Text,
-        column: Text,
-        _a: Attrs,
-    ) -> thrift::Result<Vec<TCell>> {
+    fn handle_get(&self, t: Text, row: Text, column: Text, _a: Attrs) -> thrift::Result<Vec<TCell>> {
         self.0.get_cells(&t, row, column, TS_LATEST, 1)
     }
-    fn handle_get_ver(
-        &self,
-        t: Text,
-        row: Text,
-        column: Text,
-        n: i32,
-        _a: Attrs,
-    ) -> thrift::Result<Vec<TCell>> {
+    fn handle_get_ver(&self, t: Text, row: Text, column: Text, n: i32, _a: Attrs) -> thrift::Result<Vec<TCell>> {
         self.0.get_cells(&t, row, column, TS_LATEST, n)
     }
     fn handle_get_ver_ts(
@@ -762,13 +634,7 @@ impl HbaseSyncHandler for Handler {
     ) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, vec![row], cols, TS_LATEST)
     }
-    fn handle_get_row_ts(
-        &self,
-        t: Text,
-        row: Text,
-        ts: i64,
-        _a: Attrs,
-    ) -> thrift::Result<Vec<TRowResult>> {
+    fn handle_get_row_ts(&self, t: Text, row: Text, ts: i64, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, vec![row], Vec::new(), ts)
     }
     fn handle_get_row_with_columns_ts(
@@ -781,12 +647,7 @@ impl HbaseSyncHandler for Handler {
     ) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, vec![row], cols, ts)
     }
-    fn handle_get_rows(
-        &self,
-        t: Text,
-        rows: Vec<Text>,
-        _a: Attrs,
-    ) -> thrift::Result<Vec<TRowResult>> {
+    fn handle_get_rows(&self, t: Text, rows: Vec<Text>, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, rows, Vec::new(), TS_LATEST)
     }
     fn handle_get_rows_with_columns(
@@ -798,13 +659,7 @@ impl HbaseSyncHandler for Handler {
     ) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, rows, cols, TS_LATEST)
     }
-    fn handle_get_rows_ts(
-        &self,
-        t: Text,
-        rows: Vec<Text>,
-        ts: i64,
-        _a: Attrs,
-    ) -> thrift::Result<Vec<TRowResult>> {
+    fn handle_get_rows_ts(&self, t: Text, rows: Vec<Text>, ts: i64, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, rows, Vec::new(), ts)
     }
     fn handle_get_rows_with_columns_ts(
@@ -817,83 +672,34 @@ impl HbaseSyncHandler for Handler {
     ) -> thrift::Result<Vec<TRowResult>> {
         self.0.get_rows(&t, rows, cols, ts)
     }
-    fn handle_mutate_row(
-        &self,
-        t: Text,
-        row: Text,
-        ms: Vec<Mutation>,
-        _a: Attrs,
-    ) -> thrift::Result<()> {
-        let b = vec![RowMutations {
-            row,
-            mutations: mutations(ms),
-        }];
+    fn handle_mutate_row(&self, t: Text, row: Text, ms: Vec<Mutation>, _a: Attrs) -> thrift::Result<()> {
+        let b = vec![RowMutations { row, mutations: mutations(ms) }];
         self.0.mutate(&t, b, TS_LATEST, MutateOrder::DeletesFirst)
     }
-    fn handle_mutate_row_ts(
-        &self,
-        t: Text,
-        row: Text,
-        ms: Vec<Mutation>,
-        ts: i64,
-        _a: Attrs,
-    ) -> thrift::Result<()> {
-        let b = vec![RowMutations {
-            row,
-            mutations: mutations(ms),
-        }];
+    fn handle_mutate_row_ts(&self, t: Text, row: Text, ms: Vec<Mutation>, ts: i64, _a: Attrs) -> thrift::Result<()> {
+        let b = vec![RowMutations { row, mutations: mutations(ms) }];
         self.0.mutate(&t, b, ts, MutateOrder::DeletesFirst)
     }
     fn handle_mutate_rows(&self, t: Text, bs: Vec<BatchMutation>, _a: Attrs) -> thrift::Result<()> {
-        self.0
-            .mutate(&t, batches(bs), TS_LATEST, MutateOrder::PutsFirst)
+        self.0.mutate(&t, batches(bs), TS_LATEST, MutateOrder::PutsFirst)
     }
-    fn handle_mutate_rows_ts(
-        &self,
-        t: Text,
-        bs: Vec<BatchMutation>,
-        ts: i64,
-        _a: Attrs,
-    ) -> thrift::Result<()> {
+    fn handle_mutate_rows_ts(&self, t: Text, bs: Vec<BatchMutation>, ts: i64, _a: Attrs) -> thrift::Result<()> {
         self.0.mutate(&t, batches(bs), ts, MutateOrder::PutsFirst)
     }
-    fn handle_atomic_increment(
-        &self,
-        t: Text,
-        row: Text,
-        column: Text,
-        value: i64,
-    ) -> thrift::Result<i64> {
+    fn handle_atomic_increment(&self, t: Text, row: Text, column: Text, value: i64) -> thrift::Result<i64> {
         let rows = [row];
-        self.0
-            .write(&t, Some(&rows), |s| {
-                s.increment(&t, &rows[0], &column, value)
-            })
-            .map_err(io_ia)
+        self.0.write(&t, Some(&rows), |s| s.increment(&t, &rows[0], &column, value)).map_err(io_ia)
     }
     fn handle_delete_all(&self, t: Text, row: Text, column: Text, _a: Attrs) -> thrift::Result<()> {
         self.0.delete(&t, row, column, TS_LATEST)
     }
-    fn handle_delete_all_ts(
-        &self,
-        t: Text,
-        row: Text,
-        column: Text,
-        ts: i64,
-        _a: Attrs,
-    ) -> thrift::Result<()> {
+    fn handle_delete_all_ts(&self, t: Text, row: Text, column: Text, ts: i64, _a: Attrs) -> thrift::Result<()> {
         self.0.delete(&t, row, column, ts)
     }
     fn handle_delete_all_row(&self, t: Text, row: Text, _a: Attrs) -> thrift::Result<()> {
         self.0.delete(&t, row, Vec::new(), TS_LATEST)
     }
-    fn handle_delete_all_row_ts(
-        &self,
-        t: Text,
-        row: Text,
-        ts: i64,
-        _a: Attrs,
-    ) -> thrift::Result<()> {
+    fn handle_delete_all_row_ts(&self, t: Text, row: Text, ts: i64, _a: Attrs) -> thrift::Result<()> {
         self.0.delete(&t, row, Vec::new(), ts)
     }
     fn handle_increment(&self, inc: TIncrement) -> thrift::Result<()> {
@@ -901,22 +707,11 @@ impl HbaseSyncHandler for Handler {
         let rows = [inc.row.unwrap_or_default()];
         let col = inc.column.unwrap_or_default();
         let amount = inc.ammount.unwrap_or(0);
-        self.0
-            .write(&t, Some(&rows), |s| s.increment(&t, &rows[0], &col, amount))
-            .map(|_| ())
-            .map_err(io)
+        self.0.write(&t, Some(&rows), |s| s.increment(&t, &rows[0], &col, amount)).map(|_| ()).map_err(io)
     }
-    fn handle_scanner_open_with_scan(
-        &self,
-        t: Text,
-        scan: TScan,
-        _a: Attrs,
-    ) -> thrift::Result<ScannerID> {
+    fn handle_scanner_open_with_scan(&self, t: Text, scan: TScan, _a: Attrs) -> thrift::Result<ScannerID> {
         if scan.reversed == Some(true) {
-            return Err(io_error(
-                "reversed scans are not supported by Slipstream's HBase front end yet".into(),
-                false,
-            ));
+            return Err(io_error("reversed scans are not supported by Slipstream's HBase front end yet".into(), false));
         }
         let batch = scan.batch_size.unwrap_or(0);
         if batch < 0 {
@@ -925,11 +720,7 @@ impl HbaseSyncHandler for Handler {
         let key = QueryKey {
             start: scan.start_row.unwrap_or_default(),
             stop: scan.stop_row.unwrap_or_default(),
-            spec: spec(
-                scan.columns.unwrap_or_default(),
-                scan.timestamp.unwrap_or(TS_LATEST),
-                1,
-            ),
+            spec: spec(scan.columns.unwrap_or_default(), scan.timestamp.unwrap_or(TS_LATEST), 1),
             filter: scan.filter_string.unwrap_or_default(),
         };
         let sort = scan.sort_columns.unwrap_or(false);
@@ -938,17 +729,9 @@ impl HbaseSyncHandler for Handler {
             Some(c) if c > 0 => (c as usize).min(SCAN_PAGE_ROWS as usize),
             _ => SCAN_PAGE_ROWS_DEFAULT,
         };
-        self.0
-            .open_scan(&t, key, batch as usize, sort, page_rows)
-            .map_err(io)
+        self.0.open_scan(&t, key, batch as usize, sort, page_rows).map_err(io)
     }
-    fn handle_scanner_open(
-        &self,
-        t: Text,
-        start: Text,
-        cols: Vec<Text>,
-        _a: Attrs,
-    ) -> thrift::Result<ScannerID> {
+    fn handle_scanner_open(&self, t: Text, start: Text, cols: Vec<Text>, _a: Attrs) -> thrift::Result<ScannerID> {
         self.0.scan_open(t, start, Vec::new(), cols, TS_LATEST)
     }
     fn handle_scanner_open_with_stop(
@@ -1027,15 +810,9 @@ mod tests {
             timestamp: ts,
             value: v.into(),
         };
-        let r = Row {
-            row: b"r".to_vec(),
-            cells: vec![c(2, "new"), c(1, "old")],
-        };
+        let r = Row { row: b"r".to_vec(), cells: vec![c(2, "new"), c(1, "old")] };
         let t = to_result(&r, &r.cells, false);
-        assert_eq!(
-            t.columns.unwrap()[&b"f:q".to_vec()].value.as_deref(),
-            Some(&b"old"[..])
-        );
+        assert_eq!(t.columns.unwrap()[&b"f:q".to_vec()].value.as_deref(), Some(&b"old"[..]));
         let s = to_result(&r, &r.cells, true);
         assert_eq!(s.sorted_columns.unwrap().len(), 2);
     }

@@ -9,8 +9,8 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::TcpStream;
 use std::rc::Rc;
 use thrift::protocol::{
-    TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TInputProtocol, TListIdentifier,
-    TMapIdentifier, TMessageIdentifier, TMessageType, TSetIdentifier, TStructIdentifier, TType,
+    TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TInputProtocol, TListIdentifier, TMapIdentifier,
+    TMessageIdentifier, TMessageType, TSetIdentifier, TStructIdentifier, TType,
 };
 use thrift::server::TProcessor;
 use thrift::{ProtocolError, ProtocolErrorKind};
@@ -25,10 +25,7 @@ impl<R: Read> Read for Budgeted<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let left = self.left.get();
         if left == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "thrift message exceeds size limit",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "thrift message exceeds size limit"));
         }
         let n = buf.len().min(left);
         let got = self.inner.read(&mut buf[..n])?;
@@ -58,16 +55,8 @@ pub struct BoundedInput<R: Read> {
 impl<R: Read> BoundedInput<R> {
     pub fn new(r: R) -> BoundedInput<R> {
         let left = Rc::new(Cell::new(0));
-        let b = Budgeted {
-            inner: r,
-            left: left.clone(),
-        };
-        BoundedInput {
-            inner: TBinaryInputProtocol::new(b, true),
-            left,
-            read_after_begin: false,
-            failed: false,
-        }
+        let b = Budgeted { inner: r, left: left.clone() };
+        BoundedInput { inner: TBinaryInputProtocol::new(b, true), left, read_after_begin: false, failed: false }
     }
 
     /// Starts a new message that may use at most `bytes_max` bytes.
@@ -153,12 +142,8 @@ impl<R: Read> TInputProtocol for BoundedInput<R> {
     }
     fn read_string(&mut self) -> thrift::Result<String> {
         let b = self.read_bytes()?;
-        String::from_utf8(b).map_err(|e| {
-            thrift::Error::Protocol(ProtocolError::new(
-                ProtocolErrorKind::InvalidData,
-                e.to_string(),
-            ))
-        })
+        String::from_utf8(b)
+            .map_err(|e| thrift::Error::Protocol(ProtocolError::new(ProtocolErrorKind::InvalidData, e.to_string())))
     }
     fn read_list_begin(&mut self) -> thrift::Result<TListIdentifier> {
         let id = self.inner.read_list_begin()?;
@@ -239,16 +224,10 @@ fn one_message<R: Read, W: Write>(
     output: &mut TBinaryOutputProtocol<W>,
 ) -> thrift::Result<()> {
     let header = input.read_message_begin()?;
-    let mut replay = Replay {
-        inner: input,
-        header: Some(header),
-    };
+    let mut replay = Replay { inner: input, header: Some(header) };
     processor.process(&mut replay, output)?;
     if input.failed {
-        return Err(thrift::Error::Protocol(ProtocolError::new(
-            ProtocolErrorKind::InvalidData,
-            "malformed arguments",
-        )));
+        return Err(thrift::Error::Protocol(ProtocolError::new(ProtocolErrorKind::InvalidData, "malformed arguments")));
     }
     if !input.read_after_begin {
         input.skip(TType::Struct)?;
@@ -258,27 +237,18 @@ fn one_message<R: Read, W: Write>(
 }
 
 /// Serves one client connection until it closes or breaks the protocol (then it is closed).
-pub fn serve_connection(
-    stream: TcpStream,
-    processor: &dyn TProcessor,
-    message_bytes_max: usize,
-) -> io::Result<()> {
+pub fn serve_connection(stream: TcpStream, processor: &dyn TProcessor, message_bytes_max: usize) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut peek = [0u8; 1];
     if stream.peek(&mut peek)? == 0 {
         return Ok(());
     }
-    let transport = if peek[0] == 0x80 {
-        Transport::Buffered
-    } else {
-        Transport::Framed
-    };
+    let transport = if peek[0] == 0x80 { Transport::Buffered } else { Transport::Framed };
     let read_half = stream.try_clone()?;
     match transport {
         Transport::Buffered => {
             let mut input = BoundedInput::new(BufReader::with_capacity(1 << 16, read_half));
-            let mut output =
-                TBinaryOutputProtocol::new(BufWriter::with_capacity(1 << 16, stream), true);
+            let mut output = TBinaryOutputProtocol::new(BufWriter::with_capacity(1 << 16, stream), true);
             loop {
                 input.reset(message_bytes_max);
                 if let Err(e) = one_message(processor, &mut input, &mut output) {
@@ -292,18 +262,11 @@ pub fn serve_connection(
             loop {
                 let mut len = [0u8; 4];
                 if let Err(e) = r.read_exact(&mut len) {
-                    return if e.kind() == io::ErrorKind::UnexpectedEof {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    };
+                    return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) };
                 }
                 let n = i32::from_be_bytes(len);
                 if n <= 0 || n as usize > message_bytes_max {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("bad frame size {n}"),
-                    ));
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad frame size {n}")));
                 }
                 let mut frame = vec![0u8; n as usize];
                 r.read_exact(&mut frame)?;
@@ -329,10 +292,7 @@ pub fn serve_connection(
 fn end_of(e: thrift::Error) -> io::Result<()> {
     match e {
         thrift::Error::Transport(t) if t.kind == thrift::TransportErrorKind::EndOfFile => Ok(()),
-        other => Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            other.to_string(),
-        )),
+        other => Err(io::Error::new(io::ErrorKind::InvalidData, other.to_string())),
     }
 }
 

@@ -38,7 +38,8 @@ impl ClusterSpec {
             if id == 0 {
                 return Err(format!("peers: {p:?}: node ids start at 1"));
             }
-            let addr: SocketAddr = addr.trim().parse().map_err(|_| format!("peers: {p:?}: bad address (want ip:port)"))?;
+            let addr: SocketAddr =
+                addr.trim().parse().map_err(|_| format!("peers: {p:?}: bad address (want ip:port)"))?;
             if addr.port() == 0 {
                 return Err(format!("peers: {p:?}: port 0"));
             }
@@ -55,13 +56,18 @@ impl ClusterSpec {
         if data_dir.is_empty() {
             return Err("data_dir must be set".into());
         }
-        let fsync = FsyncMode::parse(fsync).ok_or_else(|| format!("fsync {fsync:?}: expected always, batch or never"))?;
+        let fsync =
+            FsyncMode::parse(fsync).ok_or_else(|| format!("fsync {fsync:?}: expected always, batch or never"))?;
         Ok(ClusterSpec { node_id, peers: map, data_dir: PathBuf::from(data_dir), fsync })
     }
 
     /// Check a tenant's `replicas` (1 = unreplicated) and `preferred_leader` against this
     /// cluster (`None` = no `[cluster]` section).
-    pub fn check_tenant(cluster: Option<&ClusterSpec>, replicas: u64, preferred_leader: Option<u64>) -> Result<(), String> {
+    pub fn check_tenant(
+        cluster: Option<&ClusterSpec>,
+        replicas: u64,
+        preferred_leader: Option<u64>,
+    ) -> Result<(), String> {
         let nodes = cluster.map_or(1, |c| c.peers.len());
         if replicas == 0 || replicas as usize > nodes {
             let hint = if cluster.is_none() { " (more than 1 needs a [cluster] section)" } else { "" };

@@ -17,9 +17,7 @@
 
 use crate::mutation::{DecodeError, Mutation};
 use slipstream_proto::rules::KEY_BYTES_MAX;
-use slipstream_store::{
-    ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemExport, Store, StoreOpts, StoreResult,
-};
+use slipstream_store::{ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemExport, Store, StoreOpts, StoreResult};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -56,7 +54,18 @@ impl TenantMachine {
         let s = &*self.store;
         s.set_cas_last(s.cas_last().max(index.saturating_sub(1)));
         match m {
-            Mutation::Store { mode, key, value, flags, exptime, cas, explicit_cas, invalidate, vivify_exptime, key_binary } => {
+            Mutation::Store {
+                mode,
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+                explicit_cas,
+                invalidate,
+                vivify_exptime,
+                key_binary,
+            } => {
                 let opts = StoreOpts {
                     cas: *cas,
                     explicit_cas: *explicit_cas,
@@ -178,7 +187,15 @@ fn parse_snapshot(data: &[u8]) -> Result<(u64, Vec<ItemExport<'_>>), DecodeError
         let cas = u64_of(take(8)?);
         let exptime_unix_s = u64_of(take(8)?) as i64;
         let bits = take(1)?[0];
-        items.push(ItemExport { key, value, flags, cas, exptime_unix_s, stale: bits & 1 != 0, key_binary: bits & 2 != 0 });
+        items.push(ItemExport {
+            key,
+            value,
+            flags,
+            cas,
+            exptime_unix_s,
+            stale: bits & 1 != 0,
+            key_binary: bits & 2 != 0,
+        });
     }
     if at != data.len() {
         return Err(DecodeError::TrailingBytes(data.len() - at));
@@ -225,19 +242,32 @@ mod tests {
         let log: Vec<(u64, Mutation)> = vec![
             (3, set("a", "1", absolute_exptime(100, leader_now))),
             (4, set("b", "x", 0)),
-            (6, Mutation::Arith { key: "a".into(), incr: true, delta: 41, vivify: None, cas: None, touch_exptime: None }),
-            (7, Mutation::Store {
-                mode: SetMode::Append,
-                key: "b".into(),
-                value: "y".into(),
-                flags: 0,
-                exptime: 0,
-                cas: None,
-                explicit_cas: None,
-                invalidate: false,
-                vivify_exptime: None,
-                key_binary: false,
-            }),
+            (
+                6,
+                Mutation::Arith {
+                    key: "a".into(),
+                    incr: true,
+                    delta: 41,
+                    vivify: None,
+                    cas: None,
+                    touch_exptime: None,
+                },
+            ),
+            (
+                7,
+                Mutation::Store {
+                    mode: SetMode::Append,
+                    key: "b".into(),
+                    value: "y".into(),
+                    flags: 0,
+                    exptime: 0,
+                    cas: None,
+                    explicit_cas: None,
+                    invalidate: false,
+                    vivify_exptime: None,
+                    key_binary: false,
+                },
+            ),
             (8, Mutation::Delete { key: "zz".into(), cas: None, invalidate: false, invalidate_exptime: None }),
             (9, Mutation::Touch { key: "b".into(), exptime: absolute_exptime(50, leader_now) }),
         ];

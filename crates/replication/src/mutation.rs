@@ -143,7 +143,18 @@ impl Mutation {
         let mut b = Vec::with_capacity(32 + self.key().map_or(0, |k| k.len()));
         b.push(VERSION);
         match self {
-            Mutation::Store { mode, key, value, flags, exptime, cas, explicit_cas, invalidate, vivify_exptime, key_binary } => {
+            Mutation::Store {
+                mode,
+                key,
+                value,
+                flags,
+                exptime,
+                cas,
+                explicit_cas,
+                invalidate,
+                vivify_exptime,
+                key_binary,
+            } => {
                 b.push(OP_STORE);
                 b.push(mode_byte(*mode));
                 let bits = bit(cas.is_some(), 1)
@@ -170,7 +181,9 @@ impl Mutation {
             }
             Mutation::Arith { key, incr, delta, vivify, cas, touch_exptime } => {
                 b.push(OP_ARITH);
-                b.push(bit(*incr, 1) | bit(vivify.is_some(), 2) | bit(cas.is_some(), 4) | bit(touch_exptime.is_some(), 8));
+                b.push(
+                    bit(*incr, 1) | bit(vivify.is_some(), 2) | bit(cas.is_some(), 4) | bit(touch_exptime.is_some(), 8),
+                );
                 b.extend_from_slice(&delta.to_le_bytes());
                 if let Some((initial, exp)) = vivify {
                     b.extend_from_slice(&initial.to_le_bytes());
@@ -354,7 +367,14 @@ mod tests {
             },
             Mutation::Delete { key: k.clone(), cas: Some(3), invalidate: true, invalidate_exptime: Some(5) },
             Mutation::Delete { key: k.clone(), cas: None, invalidate: false, invalidate_exptime: None },
-            Mutation::Arith { key: k.clone(), incr: true, delta: u64::MAX, vivify: Some((10, 0)), cas: Some(1), touch_exptime: Some(-1) },
+            Mutation::Arith {
+                key: k.clone(),
+                incr: true,
+                delta: u64::MAX,
+                vivify: Some((10, 0)),
+                cas: Some(1),
+                touch_exptime: Some(-1),
+            },
             Mutation::Arith { key: k.clone(), incr: false, delta: 1, vivify: None, cas: None, touch_exptime: None },
             Mutation::Touch { key: k, exptime: 0 },
             Mutation::FlushAll { delay: 1_800_000_000 },

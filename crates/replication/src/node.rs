@@ -252,7 +252,8 @@ impl ReplicationNode {
         let deliver: Deliver = Arc::new(move |m| deliver_tx.send(Event::Raft(m)).is_ok());
         let transport = Arc::new(Transport::start(cfg.node_id, listen, &cfg.peers, deliver).map_err(NodeError::Io)?);
         let status = Arc::new(Mutex::new(HashMap::new()));
-        let mut lp = Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id: cfg.node_id << 48 };
+        let mut lp =
+            Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id: cfg.node_id << 48 };
         lp.publish();
         let tick = Duration::from_millis(cfg.tick_ms.max(1));
         let thread = std::thread::Builder::new()
@@ -325,7 +326,9 @@ impl Loop {
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             let mut handled = 0;
-            while let Some(ev) = first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv().ok() } else { None }) {
+            while let Some(ev) =
+                first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv().ok() } else { None })
+            {
                 handled += 1;
                 if !self.handle(ev) {
                     self.fail_all_pending();

@@ -496,7 +496,10 @@ mod tests {
         assert_eq!((s.hard_state().term, s.hard_state().vote, s.hard_state().commit), (2, 3, 3));
         let got = s.entries(1, 5, None, GetEntriesContext::empty(false)).unwrap();
         let got: Vec<(u64, u64, Vec<u8>)> = got.iter().map(|e| (e.index, e.term, e.data.to_vec())).collect();
-        assert_eq!(got, vec![(1, 1, b"a".to_vec()), (2, 1, b"b".to_vec()), (3, 2, b"C".to_vec()), (4, 2, b"d".to_vec())]);
+        assert_eq!(
+            got,
+            vec![(1, 1, b"a".to_vec()), (2, 1, b"b".to_vec()), (3, 2, b"C".to_vec()), (4, 2, b"d".to_vec())]
+        );
         assert_eq!(s.torn_bytes_dropped, 0);
         fs::remove_dir_all(&d).unwrap();
     }
@@ -550,7 +553,10 @@ mod tests {
             s.append(&ents).unwrap();
             s.compact_to(snapshot(6, 1, &[1, 2], b"state@6")).unwrap();
             assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (7, 10));
-            assert!(matches!(s.entries(5, 7, None, GetEntriesContext::empty(false)), Err(raft::Error::Store(StorageError::Compacted))));
+            assert!(matches!(
+                s.entries(5, 7, None, GetEntriesContext::empty(false)),
+                Err(raft::Error::Store(StorageError::Compacted))
+            ));
             s.append(&[entry(11, 2, b"e11")]).unwrap();
         }
         {

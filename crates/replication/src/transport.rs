@@ -100,7 +100,13 @@ impl Transport {
             .filter(|&&p| p != node_id)
             .map(|&p| (p, Mutex::new(Link { generation: 0, out: None, stream: None })))
             .collect();
-        let shared = Arc::new(Shared { node_id, links, stopped: AtomicBool::new(false), deliver, stats: TransportStats::default() });
+        let shared = Arc::new(Shared {
+            node_id,
+            links,
+            stopped: AtomicBool::new(false),
+            deliver,
+            stats: TransportStats::default(),
+        });
         let mut threads = Vec::new();
         let s = shared.clone();
         threads.push(spawn("raft-accept", move || accept_loop(s, listener))?);

@@ -6,9 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use slipstream_replication::storage::FsyncMode;
-use slipstream_replication::{
-    Applied, GroupSpec, Mutation, NodeConfig, ProposeError, ReplicationNode, StateRole,
-};
+use slipstream_replication::{Applied, GroupSpec, Mutation, NodeConfig, ProposeError, ReplicationNode, StateRole};
 use slipstream_store::{ArithResult, DeleteResult, GetOpts, SetMode, Store, StoreConfig, StoreResult};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -69,7 +67,6 @@ impl Cluster {
         }
         c
     }
-
 
     fn start(&mut self, id: u64) {
         let mut cfg = NodeConfig::new(id, self.peers.clone(), self.dir.join(format!("node-{id}")));
@@ -139,7 +136,9 @@ impl Cluster {
             };
             match self.nodes[&l].propose(group, m).wait(Duration::from_secs(2)) {
                 Some(Ok(a)) => return a,
-                Some(Err(ProposeError::NotLeader(_) | ProposeError::Dropped | ProposeError::Busy | ProposeError::Stopped))
+                Some(Err(
+                    ProposeError::NotLeader(_) | ProposeError::Dropped | ProposeError::Busy | ProposeError::Stopped,
+                ))
                 | None => std::thread::sleep(Duration::from_millis(10)),
                 Some(Err(e)) => panic!("write failed: {e:?}"),
             }
@@ -152,7 +151,8 @@ impl Cluster {
         loop {
             let l = self.leader(group);
             let commit = l.and_then(|l| self.nodes[&l].status(group)).map(|s| s.commit_index);
-            let applied: Vec<u64> = self.nodes.values().filter_map(|n| n.status(group)).map(|s| s.applied_index).collect();
+            let applied: Vec<u64> =
+                self.nodes.values().filter_map(|n| n.status(group)).map(|s| s.applied_index).collect();
             if let Some(c) = commit {
                 if applied.len() == self.nodes.len() && applied.iter().all(|&a| a == c) {
                     return c;
@@ -169,14 +169,26 @@ impl Cluster {
             for (id, n) in &self.nodes {
                 let mut items = Vec::new();
                 n.machine(group).unwrap().store().export(|i| {
-                    items.push(format!("{}={:?} f{} c{} e{} s{}", String::from_utf8_lossy(i.key), String::from_utf8_lossy(i.value), i.flags, i.cas, i.exptime_unix_s, i.stale))
+                    items.push(format!(
+                        "{}={:?} f{} c{} e{} s{}",
+                        String::from_utf8_lossy(i.key),
+                        String::from_utf8_lossy(i.value),
+                        i.flags,
+                        i.cas,
+                        i.exptime_unix_s,
+                        i.stale
+                    ))
                 });
                 items.sort();
                 eprintln!("node {id} group {group} status {:?}: {items:?}", n.status(group));
             }
             std::thread::sleep(Duration::from_millis(500));
             for (id, n) in &self.nodes {
-                eprintln!("later: node {id} status {:?} hash {}", n.status(group), n.machine(group).unwrap().content_hash());
+                eprintln!(
+                    "later: node {id} status {:?} hash {}",
+                    n.status(group),
+                    n.machine(group).unwrap().content_hash()
+                );
             }
         }
         h
@@ -234,7 +246,14 @@ fn random_write(c: &Cluster, rng: &mut Rng, group: u64, model: &mut BTreeMap<Str
             model.insert(key, v);
         }
         6..=7 => {
-            let m = Mutation::Arith { key: key.clone().into(), incr: true, delta: 3, vivify: Some((7, 0)), cas: None, touch_exptime: None };
+            let m = Mutation::Arith {
+                key: key.clone().into(),
+                incr: true,
+                delta: 3,
+                vivify: Some((7, 0)),
+                cas: None,
+                touch_exptime: None,
+            };
             match c.write(group, &m, w) {
                 Applied::Arith(ArithResult::Ok { value, .. }) => {
                     model.insert(key, value.to_string());
@@ -244,9 +263,12 @@ fn random_write(c: &Cluster, rng: &mut Rng, group: u64, model: &mut BTreeMap<Str
             }
         }
         _ => {
-            let m = Mutation::Delete { key: key.clone().into(), cas: None, invalidate: false, invalidate_exptime: None };
+            let m =
+                Mutation::Delete { key: key.clone().into(), cas: None, invalidate: false, invalidate_exptime: None };
             match c.write(group, &m, w) {
-                Applied::Delete(DeleteResult::Deleted) => assert!(model.remove(&key).is_some(), "deleted {key} unknown to model"),
+                Applied::Delete(DeleteResult::Deleted) => {
+                    assert!(model.remove(&key).is_some(), "deleted {key} unknown to model")
+                }
                 Applied::Delete(DeleteResult::NotFound) => assert!(!model.contains_key(&key), "{key} lost"),
                 other => panic!("delete: {other:?}"),
             }
@@ -309,7 +331,11 @@ fn three_nodes_fail_over_and_restarted_node_catches_up_by_snapshot() {
     }
     for &n in c.nodes.keys() {
         for &i in &acked {
-            assert_eq!(c.value_on(n, victim_group, &format!("inflight{i}")), Some(format!("w{i}")), "node {n}: acknowledged inflight{i} lost");
+            assert_eq!(
+                c.value_on(n, victim_group, &format!("inflight{i}")),
+                Some(format!("w{i}")),
+                "node {n}: acknowledged inflight{i} lost"
+            );
         }
     }
     // Keep writing while the node is down: the leaders compact their logs past it.
@@ -385,7 +411,10 @@ fn replicated_writes_per_second() {
             }
         }
         let s = t.elapsed().as_secs_f64();
-        eprintln!("fsync {fsync:?}: {ok}/{n} acknowledged in {s:.2} s = {:.0} replicated writes/s (64 B values)", ok as f64 / s);
+        eprintln!(
+            "fsync {fsync:?}: {ok}/{n} acknowledged in {s:.2} s = {:.0} replicated writes/s (64 B values)",
+            ok as f64 / s
+        );
     }
 }
 
@@ -448,5 +477,9 @@ fn preferred_leaders_spread_and_are_restored_after_a_failover() {
         c.write(g, &set("k2", "after"), Duration::from_secs(10));
         c.wait_converged(g, Duration::from_secs(10));
     }
-    assert_eq!(c.value_on(1, 1, "k").as_deref(), Some("during"), "node 1 caught up with the write made while it was down");
+    assert_eq!(
+        c.value_on(1, 1, "k").as_deref(),
+        Some("during"),
+        "node 1 caught up with the write made while it was down"
+    );
 }

@@ -81,7 +81,9 @@ impl std::fmt::Display for CredError {
         match self {
             CredError::TooLarge => write!(f, "larger than {FILE_BYTES_MAX} bytes"),
             CredError::TooManyEntries => write!(f, "more than {ENTRIES_MAX} entries"),
-            CredError::Malformed(n) => write!(f, "line {n} is malformed (should be 'user:password', at most {ENTRY_BYTES_MAX} bytes)"),
+            CredError::Malformed(n) => {
+                write!(f, "line {n} is malformed (should be 'user:password', at most {ENTRY_BYTES_MAX} bytes)")
+            }
         }
     }
 }

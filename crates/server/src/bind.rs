@@ -14,7 +14,8 @@ pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 
 /// One socket per worker on each address given: TCP listeners, UDP sockets, and the addresses
 /// they are bound to (port 0 resolved).
-pub(crate) type Bound = (Vec<Option<std::net::TcpListener>>, Vec<Option<std::net::UdpSocket>>, Option<SocketAddr>, Option<SocketAddr>);
+pub(crate) type Bound =
+    (Vec<Option<std::net::TcpListener>>, Vec<Option<std::net::UdpSocket>>, Option<SocketAddr>, Option<SocketAddr>);
 
 fn udp_buffers(s: &socket2::Socket) -> io::Result<()> {
     // Best effort: a smaller buffer still works.
@@ -25,7 +26,12 @@ fn udp_buffers(s: &socket2::Socket) -> io::Result<()> {
 
 /// Bind `threads` sockets on each address given; nothing stays bound on failure.
 /// `backlog` is each TCP listener's accept backlog (memcached `-b`).
-pub(crate) fn bind_all(tcp_addr: Option<SocketAddr>, udp_addr: Option<SocketAddr>, threads: usize, backlog: i32) -> Result<Bound, BindError> {
+pub(crate) fn bind_all(
+    tcp_addr: Option<SocketAddr>,
+    udp_addr: Option<SocketAddr>,
+    threads: usize,
+    backlog: i32,
+) -> Result<Bound, BindError> {
     let threads = threads.max(1);
     // UDP first: clients (and tests) take an accepting TCP listener as "ready", and the
     // kernel completes TCP handshakes as soon as a listener exists, so once TCP answers the

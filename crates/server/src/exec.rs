@@ -65,7 +65,19 @@ pub struct ConnState {
 
 impl ConnState {
     pub fn new(transport: Transport) -> ConnState {
-        ConnState { protocol: Protocol::Undecided, transport, swallow_bytes: 0, quiet_pending: false, udp_marks: Vec::new(), conn_id: -1, reply_charged_bytes: 0, shared: SharedQueue::default(), authenticated: false, auth_body_bytes: None, sasl_continue: false }
+        ConnState {
+            protocol: Protocol::Undecided,
+            transport,
+            swallow_bytes: 0,
+            quiet_pending: false,
+            udp_marks: Vec::new(),
+            conn_id: -1,
+            reply_charged_bytes: 0,
+            shared: SharedQueue::default(),
+            authenticated: false,
+            auth_body_bytes: None,
+            sasl_continue: false,
+        }
     }
 }
 

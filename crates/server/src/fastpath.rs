@@ -166,7 +166,15 @@ impl KernelFastPath {
         !self.broken.load(Ordering::SeqCst) && self.fp.read().map(|g| g.is_some()).unwrap_or(false)
     }
 
-    fn fill_slot(&self, slot: u32, key: &[u8], flags: u32, cas: u64, value: &[u8], expires_at: Option<Instant>) -> KernelFill {
+    fn fill_slot(
+        &self,
+        slot: u32,
+        key: &[u8],
+        flags: u32,
+        cas: u64,
+        value: &[u8],
+        expires_at: Option<Instant>,
+    ) -> KernelFill {
         if self.broken.load(Ordering::Relaxed) {
             return KernelFill::Skipped;
         }

@@ -26,8 +26,8 @@ pub mod stats;
 pub mod stats_prefix;
 pub mod stats_report;
 pub mod tenants;
-pub mod tunables;
 pub mod transport;
+pub mod tunables;
 mod udp_batch;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.

@@ -15,9 +15,7 @@ use crate::stats::ThreadStats;
 use crate::stats_report::{self, StatsList, StatsView};
 use slipstream_proto::binary::{self, opcode, status, BinaryError, Command, Header, Request, StoreKind};
 use slipstream_proto::Parsed;
-use slipstream_store::{
-    ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
-};
+use slipstream_store::{ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult};
 
 /// memcached's texts for out-of-memory replies (its `SERVER_ERROR` text minus the prefix).
 const NO_MEMORY_STORE_TEXT: &[u8] = b"Out of memory allocating item";
@@ -203,9 +201,7 @@ fn arith(ctx: &mut Ctx<'_>, h: &Header, a: ArithArgs<'_>, quiet: bool, out: &mut
         }
         ArithResult::NonNumeric => binary::compose_error(out, h, status::DELTA_BADVAL),
         ArithResult::Exists => binary::compose_error(out, h, status::KEY_EEXISTS),
-        ArithResult::NoMemory => {
-            binary::compose_error_text(out, h, status::ENOMEM, NO_MEMORY_ARITH_TEXT)
-        }
+        ArithResult::NoMemory => binary::compose_error_text(out, h, status::ENOMEM, NO_MEMORY_ARITH_TEXT),
     }
 }
 
@@ -270,7 +266,16 @@ fn get_reply(
             let reply_key = if with_key { key } else { &[][..] };
             let extras = item.flags.to_be_bytes();
             let body_bytes = extras.len() + reply_key.len() + item.value.len();
-            binary::compose_header(out, h.opcode, status::NO_ERROR, h.opaque, item.cas, extras.len() as u8, reply_key.len() as u16, body_bytes as u32);
+            binary::compose_header(
+                out,
+                h.opcode,
+                status::NO_ERROR,
+                h.opaque,
+                item.cas,
+                extras.len() as u8,
+                reply_key.len() as u16,
+                body_bytes as u32,
+            );
             out.extend_from_slice(&extras);
             out.extend_from_slice(reply_key);
             ctx.put_value(out, share, item.data, item.value);
@@ -653,10 +658,7 @@ mod tests {
         assert!(out.is_empty());
         r.run(&set(opcode::SET, b"t", b"abc", 0, 0, 6));
         let (out, _) = r.run(&arith(opcode::DECREMENTQ, b"t", 1, 0, 0, 7));
-        assert_eq!(
-            out,
-            resp(opcode::DECREMENTQ, 6, 7, 0, b"", b"", b"Non-numeric server-side value for incr or decr")
-        );
+        assert_eq!(out, resp(opcode::DECREMENTQ, 6, 7, 0, b"", b"", b"Non-numeric server-side value for incr or decr"));
     }
 
     #[test]

@@ -11,9 +11,7 @@ use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
 use slipstream_proto::meta::{self, Code, MetaCommand, MetaRequest};
 use slipstream_proto::{rules, Parsed};
-use slipstream_store::{
-    ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
-};
+use slipstream_store::{ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult};
 
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache";
 const NO_MEMORY_STORE: &[u8] = b"SERVER_ERROR out of memory storing object";
@@ -78,9 +76,7 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let touch_later = match flag_pos(req, b'T') {
         Some(touch) => {
             let (t, r) = (flag_pos(req, b't'), flag_pos(req, b'R'));
-            (t.is_some() || r.is_some())
-                && !matches!(t, Some(p) if p > touch)
-                && !matches!(r, Some(p) if p > touch)
+            (t.is_some() || r.is_some()) && !matches!(t, Some(p) if p > touch) && !matches!(r, Some(p) if p > touch)
         }
         None => false,
     };
@@ -109,11 +105,8 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             }
             // The store does not say "created"; a fresh vivified item is the only kind that
             // wins while empty, unfetched and not stale.
-            let created = f.vivify.is_some()
-                && outcome.won
-                && !outcome.stale
-                && !item.fetched_before
-                && item.value.is_empty();
+            let created =
+                f.vivify.is_some() && outcome.won && !outcome.stale && !item.fetched_before && item.value.is_empty();
             let hit = meta::GetHit {
                 value: item.value,
                 client_flags: item.flags,
@@ -310,8 +303,7 @@ fn meta_arith(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 hide = f.quiet;
             }
             // As in mg: a created item has no exptime until memcached reaches N.
-            let t_before_n =
-                matches!((flag_pos(req, b't'), flag_pos(req, b'N')), (Some(t), Some(n)) if t < n);
+            let t_before_n = matches!((flag_pos(req, b't'), flag_pos(req, b'N')), (Some(t), Some(n)) if t < n);
             let ttl = if created && t_before_n { -1 } else { ttl_remaining_s };
             meta::compose_arith_ok(out, req, value, cas, ttl);
         }
@@ -642,8 +634,7 @@ mod tests {
         let mut h = Harness::new();
         let huge = [b"ms foo 2000000 T0\r\n".as_slice(), &vec![b'x'; 2_000_002], b"mn\r\n"].concat();
         let over =
-            [b"ms foo 1\r\na\r\nms foo 1048515 k\r\n".as_slice(), &vec![b'x'; 1_048_517], b"mg foo v\r\n"]
-                .concat();
+            [b"ms foo 1\r\na\r\nms foo 1048515 k\r\n".as_slice(), &vec![b'x'; 1_048_517], b"mg foo v\r\n"].concat();
         h.expect(&[
             (&huge, b"SERVER_ERROR object too large for cache\r\nMN\r\n"),
             (b"ms foo 3\r\nbarXYmn\r\n", b"CLIENT_ERROR bad data chunk\r\nMN\r\n"),

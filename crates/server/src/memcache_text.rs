@@ -20,15 +20,13 @@ use crate::exec::{Ctx, Step};
 use crate::stats::ThreadStats;
 use crate::stats_prefix;
 use crate::stats_report::{self, StatsList, StatsView};
-use slipstream_proto::text::{
-    self, compose_end, compose_number, compose_stat, compose_value_line, Keys, Limits,
-    Request, ShutdownMode, StatsCmd, StoreCmd, TextErrorKind,
-};
 use slipstream_proto::rules::KEY_BYTES_MAX;
-use slipstream_proto::Parsed;
-use slipstream_store::{
-    ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult,
+use slipstream_proto::text::{
+    self, compose_end, compose_number, compose_stat, compose_value_line, Keys, Limits, Request, ShutdownMode, StatsCmd,
+    StoreCmd, TextErrorKind,
 };
+use slipstream_proto::Parsed;
+use slipstream_store::{ArithOpts, ArithResult, DeleteOpts, DeleteResult, GetOpts, SetMode, StoreOpts, StoreResult};
 
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 /// Most reply bytes one get/gets/gat/gats request may produce, values sent by reference
@@ -127,48 +125,18 @@ fn reply(out: &mut Vec<u8>, noreply: bool, line: &[u8]) {
     }
 }
 
-fn run(
-    ctx: &mut Ctx<'_>,
-    request: Request<'_>,
-    consumed: usize,
-    input: &[u8],
-    out: &mut Vec<u8>,
-) -> Step {
+fn run(ctx: &mut Ctx<'_>, request: Request<'_>, consumed: usize, input: &[u8], out: &mut Vec<u8>) -> Step {
     match request {
-        Request::Get {
-            with_cas,
-            touch_exptime,
-            keys,
-        } => get(ctx, with_cas, touch_exptime, keys, out),
-        Request::Store {
-            cmd,
-            key,
-            flags,
-            exptime,
-            cas_unique,
-            data,
-            noreply,
-        } => store(
-            ctx, cmd, key, flags, exptime, cas_unique, data, noreply, out,
-        ),
-        Request::StoreTooLarge {
-            cmd,
-            key,
-            noreply,
-            swallow_bytes,
-        } => store_too_large(ctx, cmd, key, noreply, swallow_bytes, out),
+        Request::Get { with_cas, touch_exptime, keys } => get(ctx, with_cas, touch_exptime, keys, out),
+        Request::Store { cmd, key, flags, exptime, cas_unique, data, noreply } => {
+            store(ctx, cmd, key, flags, exptime, cas_unique, data, noreply, out)
+        }
+        Request::StoreTooLarge { cmd, key, noreply, swallow_bytes } => {
+            store_too_large(ctx, cmd, key, noreply, swallow_bytes, out)
+        }
         Request::Delete { key, noreply } => delete(ctx, key, noreply, out),
-        Request::Arith {
-            incr,
-            key,
-            delta,
-            noreply,
-        } => arith(ctx, incr, key, delta, noreply, out),
-        Request::Touch {
-            key,
-            exptime,
-            noreply,
-        } => touch(ctx, key, exptime, noreply, out),
+        Request::Arith { incr, key, delta, noreply } => arith(ctx, incr, key, delta, noreply, out),
+        Request::Touch { key, exptime, noreply } => touch(ctx, key, exptime, noreply, out),
         Request::Stats(cmd) => stats(ctx, cmd, out),
         Request::Quit => return Step::Close,
         Request::Shutdown(mode) => return shutdown(ctx, mode, consumed, out),
@@ -218,29 +186,19 @@ fn delete(ctx: &mut Ctx<'_>, key: &[u8], noreply: bool, out: &mut Vec<u8>) {
 fn arith(ctx: &mut Ctx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
     match ctx.store.arith(key, incr, delta, ArithOpts::default()) {
         ArithResult::Ok { value, .. } => {
-            ThreadStats::incr(if incr {
-                &ctx.stats.incr_hits
-            } else {
-                &ctx.stats.decr_hits
-            });
+            ThreadStats::incr(if incr { &ctx.stats.incr_hits } else { &ctx.stats.decr_hits });
             if !noreply {
                 compose_number(out, value);
             }
         }
         // Exists needs a CAS, which text incr/decr never sends; treat it as a miss.
         ArithResult::NotFound | ArithResult::Exists => {
-            ThreadStats::incr(if incr {
-                &ctx.stats.incr_misses
-            } else {
-                &ctx.stats.decr_misses
-            });
+            ThreadStats::incr(if incr { &ctx.stats.incr_misses } else { &ctx.stats.decr_misses });
             reply(out, noreply, b"NOT_FOUND\r\n");
         }
-        ArithResult::NonNumeric => reply(
-            out,
-            noreply,
-            b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-        ),
+        ArithResult::NonNumeric => {
+            reply(out, noreply, b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")
+        }
         ArithResult::NoMemory => reply(out, noreply, b"SERVER_ERROR out of memory\r\n"),
     }
 }
@@ -331,13 +289,7 @@ fn flush_all(ctx: &mut Ctx<'_>, delay_s: Option<i64>, noreply: bool, out: &mut V
     }
 }
 
-fn get(
-    ctx: &mut Ctx<'_>,
-    with_cas: bool,
-    touch_exptime: Option<i64>,
-    keys: Keys<'_>,
-    out: &mut Vec<u8>,
-) {
+fn get(ctx: &mut Ctx<'_>, with_cas: bool, touch_exptime: Option<i64>, keys: Keys<'_>, out: &mut Vec<u8>) {
     let opts = GetOpts {
         touch_exptime,
         bump: true,
@@ -396,18 +348,10 @@ fn get(
         if touch_exptime.is_some() {
             // gat/gats count as touches, not gets (memcached's process_get_command).
             ThreadStats::incr(&stats.cmd_touch);
-            ThreadStats::incr(if hit {
-                &stats.touch_hits
-            } else {
-                &stats.touch_misses
-            });
+            ThreadStats::incr(if hit { &stats.touch_hits } else { &stats.touch_misses });
         } else {
             ThreadStats::incr(&stats.cmd_get);
-            ThreadStats::incr(if hit {
-                &stats.get_hits
-            } else {
-                &stats.get_misses
-            });
+            ThreadStats::incr(if hit { &stats.get_hits } else { &stats.get_misses });
         }
     }
     compose_end(out);
@@ -433,10 +377,7 @@ fn store(
         StoreCmd::Prepend => SetMode::Prepend,
         StoreCmd::Cas => SetMode::Cas,
     };
-    let opts = StoreOpts {
-        cas: (cmd == StoreCmd::Cas).then_some(cas_unique),
-        ..StoreOpts::default()
-    };
+    let opts = StoreOpts { cas: (cmd == StoreCmd::Cas).then_some(cas_unique), ..StoreOpts::default() };
     let stats = ctx.stats;
     stats_prefix::record_set(ctx, key);
     let result = ctx.store.store(mode, key, data, flags, exptime, opts);
@@ -539,8 +480,11 @@ mod tests {
     #[test]
     fn cache_memlimit_sets_the_store_limit_unless_refused() {
         let mut h = h();
-        check(&mut h, b"cache_memlimit 16\r\ncache_memlimit 7\r\n",
-            b"OK\r\nMEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n");
+        check(
+            &mut h,
+            b"cache_memlimit 16\r\ncache_memlimit 7\r\n",
+            b"OK\r\nMEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n",
+        );
         assert_eq!(h.store.memory_bytes_max(), 16 << 20);
         check(&mut h, b"cache_memlimit 9 noreply\r\n", b"");
         assert_eq!(h.store.memory_bytes_max(), 9 << 20);
@@ -554,8 +498,11 @@ mod tests {
     fn stats_detail_counts_with_the_configured_delimiter() {
         let mut h = h();
         h.settings.prefix_delimiter = b'|';
-        check(&mut h, b"stats detail on\r\nset a|1 0 0 1\r\nx\r\nset a:1 0 0 1\r\nx\r\nget a|1 a|2\r\n",
-            b"OK\r\nSTORED\r\nSTORED\r\nVALUE a|1 0 1\r\nx\r\nEND\r\n");
+        check(
+            &mut h,
+            b"stats detail on\r\nset a|1 0 0 1\r\nx\r\nset a:1 0 0 1\r\nx\r\nget a|1 a|2\r\n",
+            b"OK\r\nSTORED\r\nSTORED\r\nVALUE a|1 0 1\r\nx\r\nEND\r\n",
+        );
         check(&mut h, b"stats detail dump\r\n", b"PREFIX a get 2 hit 1 set 1 del 0\r\nEND\r\n");
         let settings = String::from_utf8(h.feed(b"stats settings\r\n")).unwrap();
         assert!(settings.contains("STAT stat_key_prefix |\r\nSTAT detail_enabled yes\r\n"), "{settings}");
@@ -592,17 +539,18 @@ mod tests {
         let set = [&b"set big 5 0 50000\r\n"[..], &value, b"\r\n"].concat();
         check(&mut h, &set, b"STORED\r\n");
         let out = h.feed(b"get big\r\nmg big s v f\r\nmg big s\r\n");
-        let want = [
-            &b"VALUE big 5 50000\r\n"[..],
-            &value,
-            b"\r\nEND\r\nVA 50000 s50000 f5\r\n",
-            &value,
-            b"\r\nHD s50000\r\n",
-        ]
-        .concat();
+        let want =
+            [&b"VALUE big 5 50000\r\n"[..], &value, b"\r\nEND\r\nVA 50000 s50000 f5\r\n", &value, b"\r\nHD s50000\r\n"]
+                .concat();
         assert!(out == want, "reply differs from the copied form");
         // Queue a get, then replace the value in place-sized form before the reply is written.
-        let mut ctx = crate::exec::Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
+        let mut ctx = crate::exec::Ctx {
+            store: &h.store,
+            stats: &h.stats,
+            settings: &h.settings,
+            server: &h.info,
+            conn: &mut h.conn,
+        };
         let mut out = Vec::new();
         assert!(matches!(super::execute(&mut ctx, b"get big\r\n", &mut out), crate::exec::Step::Consumed(_)));
         let other = vec![b'z'; 50_000];
@@ -656,7 +604,7 @@ mod tests {
         small.settings.conn_buf = budget.clone();
         check(&mut small, b"set s 0 0 1\r\nx\r\nget s\r\n", b"STORED\r\nVALUE s 0 1\r\nx\r\nEND\r\n");
         assert_eq!(budget.used_bytes(), used);
-        assert!(REPLY_BYTES_FREE < 300_000);
+        const { assert!(REPLY_BYTES_FREE < 300_000) };
     }
 
     #[test]
@@ -667,7 +615,8 @@ mod tests {
         let mut out = Vec::new();
         let input = b"set k 0 0 10\r\nabc";
         let step = {
-            let mut ctx = Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
+            let mut ctx =
+                Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
             super::refuse_unbufferable(&mut ctx, input, &mut out)
         };
         assert_eq!(step, crate::exec::Step::Consumed(input.len()));
@@ -678,7 +627,8 @@ mod tests {
         // Anything else: memcached's "out of memory reading request", then close.
         let mut out = Vec::new();
         let step = {
-            let mut ctx = Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
+            let mut ctx =
+                Ctx { store: &h.store, stats: &h.stats, settings: &h.settings, server: &h.info, conn: &mut h.conn };
             super::refuse_unbufferable(&mut ctx, b"get aaaa bbbb", &mut out)
         };
         assert_eq!(step, crate::exec::Step::Close);
@@ -702,53 +652,21 @@ mod tests {
         let mut h = h();
         check(&mut h, b"set a 5 0 3\r\nabc\r\n", b"STORED\r\n");
         check(&mut h, b"get a\r\n", b"VALUE a 5 3\r\nabc\r\nEND\r\n");
-        check(
-            &mut h,
-            b"get a b a\r\n",
-            b"VALUE a 5 3\r\nabc\r\nVALUE a 5 3\r\nabc\r\nEND\r\n",
-        );
+        check(&mut h, b"get a b a\r\n", b"VALUE a 5 3\r\nabc\r\nVALUE a 5 3\r\nabc\r\nEND\r\n");
         check(&mut h, b"get zz\r\n", b"END\r\n");
         let out = h.feed(b"gets a\r\n");
         let s = String::from_utf8(out).unwrap();
-        let cas: u64 = s
-            .lines()
-            .next()
-            .unwrap()
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        check(
-            &mut h,
-            format!("cas a 0 0 1 {}\r\nx\r\n", cas + 1000).as_bytes(),
-            b"EXISTS\r\n",
-        );
-        check(
-            &mut h,
-            format!("cas a 0 0 1 {cas}\r\nx\r\n").as_bytes(),
-            b"STORED\r\n",
-        );
+        let cas: u64 = s.lines().next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+        check(&mut h, format!("cas a 0 0 1 {}\r\nx\r\n", cas + 1000).as_bytes(), b"EXISTS\r\n");
+        check(&mut h, format!("cas a 0 0 1 {cas}\r\nx\r\n").as_bytes(), b"STORED\r\n");
         check(&mut h, b"cas zz 0 0 1 5\r\nx\r\n", b"NOT_FOUND\r\n");
         check(&mut h, b"add a 0 0 1\r\ny\r\n", b"NOT_STORED\r\n");
         check(&mut h, b"replace zz 0 0 1\r\ny\r\n", b"NOT_STORED\r\n");
         check(&mut h, b"append zz 0 0 1\r\ny\r\n", b"NOT_STORED\r\n");
-        check(
-            &mut h,
-            b"prepend a 0 0 1\r\nP\r\nappend a 0 0 1\r\nA\r\n",
-            b"STORED\r\nSTORED\r\n",
-        );
+        check(&mut h, b"prepend a 0 0 1\r\nP\r\nappend a 0 0 1\r\nA\r\n", b"STORED\r\nSTORED\r\n");
         check(&mut h, b"get a\r\n", b"VALUE a 0 3\r\nPxA\r\nEND\r\n");
-        check(
-            &mut h,
-            b"set e 0 0 0\r\n\r\nget e\r\n",
-            b"STORED\r\nVALUE e 0 0\r\n\r\nEND\r\n",
-        );
-        check(
-            &mut h,
-            b"set f 4294967296 0 1\r\nx\r\nget f\r\n",
-            b"STORED\r\nVALUE f 0 1\r\nx\r\nEND\r\n",
-        );
+        check(&mut h, b"set e 0 0 0\r\n\r\nget e\r\n", b"STORED\r\nVALUE e 0 0\r\n\r\nEND\r\n");
+        check(&mut h, b"set f 4294967296 0 1\r\nx\r\nget f\r\n", b"STORED\r\nVALUE f 0 1\r\nx\r\nEND\r\n");
         assert_eq!(stat(&mut h, "cas_badval"), 1);
         assert_eq!(stat(&mut h, "cas_hits"), 1);
         assert_eq!(stat(&mut h, "cas_misses"), 1);
@@ -761,37 +679,13 @@ mod tests {
     #[test]
     fn noreply_suppresses_everything() {
         let mut h = h();
-        check(
-            &mut h,
-            b"set a 0 0 1 noreply\r\nx\r\nget a\r\n",
-            b"VALUE a 0 1\r\nx\r\nEND\r\n",
-        );
-        check(
-            &mut h,
-            b"add a 0 0 1 noreply\r\nx\r\ndelete a noreply\r\ndelete a 0 noreply\r\n",
-            b"",
-        );
-        check(
-            &mut h,
-            b"delete a 1 noreply\r\nincr a abc noreply\r\ntouch a abc noreply\r\n",
-            b"",
-        );
-        check(
-            &mut h,
-            b"set a 0 abc 1 noreply\r\nx\r\nversion\r\n",
-            b"ERROR\r\nVERSION 1.6.18-slipstream-0.1.0\r\n",
-        );
-        check(
-            &mut h,
-            b"set a 0 0 1 noreply\r\nxyz\r\nget a\r\n",
-            b"ERROR\r\nEND\r\n",
-        );
+        check(&mut h, b"set a 0 0 1 noreply\r\nx\r\nget a\r\n", b"VALUE a 0 1\r\nx\r\nEND\r\n");
+        check(&mut h, b"add a 0 0 1 noreply\r\nx\r\ndelete a noreply\r\ndelete a 0 noreply\r\n", b"");
+        check(&mut h, b"delete a 1 noreply\r\nincr a abc noreply\r\ntouch a abc noreply\r\n", b"");
+        check(&mut h, b"set a 0 abc 1 noreply\r\nx\r\nversion\r\n", b"ERROR\r\nVERSION 1.6.18-slipstream-0.1.0\r\n");
+        check(&mut h, b"set a 0 0 1 noreply\r\nxyz\r\nget a\r\n", b"ERROR\r\nEND\r\n");
         check(&mut h, b"flush_all noreply\r\nflush_all 0 noreply\r\nverbosity 1 noreply\r\nverbosity noreply\r\n", b"");
-        check(
-            &mut h,
-            b"set n 0 0 1\r\n5\r\nincr n 1 noreply\r\nget n\r\n",
-            b"STORED\r\nVALUE n 0 1\r\n6\r\nEND\r\n",
-        );
+        check(&mut h, b"set n 0 0 1\r\n5\r\nincr n 1 noreply\r\nget n\r\n", b"STORED\r\nVALUE n 0 1\r\n6\r\nEND\r\n");
     }
 
     #[test]
@@ -804,19 +698,11 @@ mod tests {
             b"set a 0 0 -1\r\nget a\r\n",
             b"CLIENT_ERROR bad command line format\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
         );
-        check(
-            &mut h,
-            b"set a -1 0 1\r\nx\r\n",
-            b"CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        );
+        check(&mut h, b"set a -1 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\n");
         check(&mut h, b"set a 0 0\r\nx\r\n", b"ERROR\r\nERROR\r\n");
         check(&mut h, b"cas a 0 0 1\r\nx\r\n", b"ERROR\r\nERROR\r\n");
         let long = [b"set ".as_slice(), &[b'k'; 251], b" 0 0 1\r\nx\r\n"].concat();
-        check(
-            &mut h,
-            &long,
-            b"CLIENT_ERROR bad command line format\r\nERROR\r\n",
-        );
+        check(&mut h, &long, b"CLIENT_ERROR bad command line format\r\nERROR\r\n");
         // Bad data chunk: exactly vlen+2 bytes go, the rest is the next command; old value kept.
         check(
             &mut h,
@@ -833,11 +719,7 @@ mod tests {
             b"set a 0 0 1\r\nx\r\r\nget a\r\n",
             b"CLIENT_ERROR bad data chunk\r\nERROR\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
         );
-        check(
-            &mut h,
-            b"\r\n\nx\r\nGET a\r\nmisbehave\r\n",
-            b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n",
-        );
+        check(&mut h, b"\r\n\nx\r\nGET a\r\nmisbehave\r\n", b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n");
     }
 
     #[test]
@@ -846,30 +728,15 @@ mod tests {
         check(&mut h, b"set b 0 0 1\r\ny\r\n", b"STORED\r\n");
         let big = vec![b'x'; 2_000_000];
         let req = [b"add b 0 0 2000000\r\n".as_slice(), &big, b"\r\nget b\r\n"].concat();
-        check(
-            &mut h,
-            &req,
-            b"SERVER_ERROR object too large for cache\r\nVALUE b 0 1\r\ny\r\nEND\r\n",
-        );
+        check(&mut h, &req, b"SERVER_ERROR object too large for cache\r\nVALUE b 0 1\r\ny\r\nEND\r\n");
         // The data may arrive in pieces after the refusal.
-        assert_eq!(
-            h.feed(b"set b 0 0 2000000\r\n"),
-            b"SERVER_ERROR object too large for cache\r\n"
-        );
+        assert_eq!(h.feed(b"set b 0 0 2000000\r\n"), b"SERVER_ERROR object too large for cache\r\n");
         for chunk in big.chunks(300_000) {
             assert_eq!(h.feed(chunk), b"");
         }
         check(&mut h, b"\r\nget b\r\n", b"END\r\n");
-        check(
-            &mut h,
-            b"set b 0 0 1\r\ny\r\nset b 0 0 2000000 noreply\r\n",
-            b"STORED\r\n",
-        );
-        check(
-            &mut h,
-            &[big.as_slice(), b"\r\nget b\r\n"].concat(),
-            b"END\r\n",
-        );
+        check(&mut h, b"set b 0 0 1\r\ny\r\nset b 0 0 2000000 noreply\r\n", b"STORED\r\n");
+        check(&mut h, &[big.as_slice(), b"\r\nget b\r\n"].concat(), b"END\r\n");
         assert_eq!(stat(&mut h, "store_too_large"), 3);
     }
 
@@ -882,8 +749,11 @@ mod tests {
         check(&mut h, b"incr n 1\r\nset n 0 0 2\r\n10\r\nincr n 5\r\ndecr n 100\r\nincr n -1\r\nincr n abc\r\nincr n\r\nincr n 18446744073709551615\r\nincr n 18446744073709551616\r\n",
             b"NOT_FOUND\r\nSTORED\r\n15\r\n0\r\nCLIENT_ERROR invalid numeric delta argument\r\nCLIENT_ERROR invalid numeric delta argument\r\nERROR\r\n18446744073709551615\r\nCLIENT_ERROR invalid numeric delta argument\r\n");
         check(&mut h, b"incr n 1\r\n", b"0\r\n");
-        check(&mut h, b"set t 0 0 2\r\nab\r\nincr t 1\r\ndecr zz 1\r\n",
-            b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\nNOT_FOUND\r\n");
+        check(
+            &mut h,
+            b"set t 0 0 2\r\nab\r\nincr t 1\r\ndecr zz 1\r\n",
+            b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\nNOT_FOUND\r\n",
+        );
         check(
             &mut h,
             b"touch t 10\r\ntouch zz 10\r\ntouch t abc\r\ntouch t\r\n",
@@ -891,15 +761,8 @@ mod tests {
         );
         check(&mut h, b"gat 100 t zz\r\n", b"VALUE t 0 2\r\nab\r\nEND\r\n");
         let out = String::from_utf8(h.feed(b"gats 100 t\r\n")).unwrap();
-        assert!(
-            out.starts_with("VALUE t 0 2 ") && out.ends_with("\r\nab\r\nEND\r\n"),
-            "{out}"
-        );
-        check(
-            &mut h,
-            b"gat abc t\r\ngat 10\r\n",
-            b"CLIENT_ERROR invalid exptime argument\r\nEND\r\n",
-        );
+        assert!(out.starts_with("VALUE t 0 2 ") && out.ends_with("\r\nab\r\nEND\r\n"), "{out}");
+        check(&mut h, b"gat abc t\r\ngat 10\r\n", b"CLIENT_ERROR invalid exptime argument\r\nEND\r\n");
         assert_eq!(stat(&mut h, "delete_hits"), 1);
         assert_eq!(stat(&mut h, "delete_misses"), 1);
         assert_eq!(stat(&mut h, "incr_hits"), 3);
@@ -917,21 +780,10 @@ mod tests {
         let mut h = h();
         check(&mut h, b"set t 3 0 2\r\nab\r\n", b"STORED\r\n");
         let out = String::from_utf8(h.feed(b"gats 100 t zz\r\n")).unwrap();
-        assert!(
-            out.starts_with("VALUE t 3 2 ") && out.ends_with("\r\nab\r\nEND\r\n"),
-            "{out}"
-        );
-        check(
-            &mut h,
-            b"gat abc t\r\ngat 10\r\n",
-            b"CLIENT_ERROR invalid exptime argument\r\nEND\r\n",
-        );
+        assert!(out.starts_with("VALUE t 3 2 ") && out.ends_with("\r\nab\r\nEND\r\n"), "{out}");
+        check(&mut h, b"gat abc t\r\ngat 10\r\n", b"CLIENT_ERROR invalid exptime argument\r\nEND\r\n");
         // gat -1 returns the item, which then expires.
-        check(
-            &mut h,
-            b"gat -1 t\r\nget t\r\n",
-            b"VALUE t 3 2\r\nab\r\nEND\r\nEND\r\n",
-        );
+        check(&mut h, b"gat -1 t\r\nget t\r\n", b"VALUE t 3 2\r\nab\r\nEND\r\nEND\r\n");
     }
 
     #[test]
@@ -939,19 +791,8 @@ mod tests {
         let mut h = h();
         check(&mut h, b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
         let keys: Vec<u8> = (0..40).flat_map(|_| b" a".to_vec()).collect();
-        let req = [
-            b"get".as_slice(),
-            &keys,
-            b" ",
-            &[b'k'; 251],
-            b"\r\nget a\r\n",
-        ]
-        .concat();
-        check(
-            &mut h,
-            &req,
-            b"CLIENT_ERROR bad command line format\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
-        );
+        let req = [b"get".as_slice(), &keys, b" ", &[b'k'; 251], b"\r\nget a\r\n"].concat();
+        check(&mut h, &req, b"CLIENT_ERROR bad command line format\r\nVALUE a 0 1\r\nx\r\nEND\r\n");
         let ok250 = [b"get ".as_slice(), &[b'k'; 250], b"\r\n"].concat();
         check(&mut h, &ok250, b"END\r\n");
         // Many keys (memcached works in 24-token chunks; replies are identical).
@@ -959,28 +800,15 @@ mod tests {
         check(
             &mut h,
             &many,
-            &b"VALUE a 0 1\r\nx\r\n"
-                .repeat(40)
-                .into_iter()
-                .chain(b"END\r\n".iter().copied())
-                .collect::<Vec<u8>>(),
+            &b"VALUE a 0 1\r\nx\r\n".repeat(40).into_iter().chain(b"END\r\n".iter().copied()).collect::<Vec<u8>>(),
         );
     }
 
     #[test]
     fn unsent_replies_are_culled_like_memcached() {
         let mut h = h();
-        let req = [
-            b"version\r\nget ".as_slice(),
-            &[b'k'; 251],
-            b"\r\nversion\r\n",
-        ]
-        .concat();
-        check(
-            &mut h,
-            &req,
-            b"CLIENT_ERROR bad command line format\r\nVERSION 1.6.18-slipstream-0.1.0\r\n",
-        );
+        let req = [b"version\r\nget ".as_slice(), &[b'k'; 251], b"\r\nversion\r\n"].concat();
+        check(&mut h, &req, b"CLIENT_ERROR bad command line format\r\nVERSION 1.6.18-slipstream-0.1.0\r\n");
         check(&mut h, b"version\r\nGET / HTTP/1.0\r\n", b"");
         assert!(h.closed);
         let mut h = self::h();
@@ -992,29 +820,27 @@ mod tests {
     #[test]
     fn flush_version_verbosity_quit_shutdown() {
         let mut h = h();
-        check(
-            &mut h,
-            b"set a 0 0 1\r\nx\r\nflush_all\r\nget a\r\n",
-            b"STORED\r\nOK\r\nEND\r\n",
-        );
+        check(&mut h, b"set a 0 0 1\r\nx\r\nflush_all\r\nget a\r\n", b"STORED\r\nOK\r\nEND\r\n");
         check(
             &mut h,
             b"flush_all 0\r\nflush_all abc\r\nflush_all 1 2 3\r\nflush_all -1\r\n",
             b"OK\r\nCLIENT_ERROR invalid exptime argument\r\nERROR\r\nOK\r\n",
         );
-        check(&mut h, b"version\r\nverbosity 1\r\nverbosity\r\nverbosity abc\r\n",
-            b"VERSION 1.6.18-slipstream-0.1.0\r\nOK\r\nERROR\r\nCLIENT_ERROR bad command line format\r\n");
-        check(&mut h, b"shutdown\r\nshutdown graceful\r\nshutdown foo\r\n",
-            b"ERROR: shutdown not enabled\r\nERROR: shutdown not enabled\r\nERROR: shutdown not enabled\r\n");
+        check(
+            &mut h,
+            b"version\r\nverbosity 1\r\nverbosity\r\nverbosity abc\r\n",
+            b"VERSION 1.6.18-slipstream-0.1.0\r\nOK\r\nERROR\r\nCLIENT_ERROR bad command line format\r\n",
+        );
+        check(
+            &mut h,
+            b"shutdown\r\nshutdown graceful\r\nshutdown foo\r\n",
+            b"ERROR: shutdown not enabled\r\nERROR: shutdown not enabled\r\nERROR: shutdown not enabled\r\n",
+        );
         assert_eq!(stat(&mut h, "cmd_flush"), 4);
         check(&mut h, b"quit\r\nget a\r\n", b"");
         assert!(h.closed);
 
-        let mut h2 = h2_with(Settings {
-            shutdown_enabled: true,
-            flush_enabled: false,
-            ..Settings::default()
-        });
+        let mut h2 = h2_with(Settings { shutdown_enabled: true, flush_enabled: false, ..Settings::default() });
         check(
             &mut h2,
             b"flush_all\r\nflush_all noreply\r\nshutdown foo\r\n",
@@ -1051,27 +877,10 @@ mod tests {
     fn stats_family() {
         let mut h = h();
         let out = String::from_utf8(h.feed(b"stats\r\n")).unwrap();
-        let names: Vec<&str> = out
-            .lines()
-            .filter_map(|l| l.strip_prefix("STAT "))
-            .map(|l| l.split(' ').next().unwrap())
-            .collect();
-        assert_eq!(
-            &names[..6],
-            &[
-                "pid",
-                "uptime",
-                "time",
-                "version",
-                "libevent",
-                "pointer_size"
-            ]
-        );
-        assert!(
-            names.contains(&"curr_items")
-                && names.contains(&"evictions")
-                && names.contains(&"rusage_user")
-        );
+        let names: Vec<&str> =
+            out.lines().filter_map(|l| l.strip_prefix("STAT ")).map(|l| l.split(' ').next().unwrap()).collect();
+        assert_eq!(&names[..6], &["pid", "uptime", "time", "version", "libevent", "pointer_size"]);
+        assert!(names.contains(&"curr_items") && names.contains(&"evictions") && names.contains(&"rusage_user"));
         // memcached's 92; Slipstream's `fastpath_*` only while the kernel fast path is attached.
         assert_eq!(names.len(), 92);
         assert_eq!(names[91], "lru_bumps_dropped");
@@ -1079,8 +888,7 @@ mod tests {
         assert!(out.contains("STAT version 1.6.18-slipstream-0.1.0\r\n"));
         let settings = String::from_utf8(h.feed(b"stats settings\r\n")).unwrap();
         assert!(
-            settings.starts_with("STAT maxbytes 8388608\r\n")
-                && settings.contains("STAT item_size_max 1048576\r\n")
+            settings.starts_with("STAT maxbytes 8388608\r\n") && settings.contains("STAT item_size_max 1048576\r\n")
         );
         check(&mut h, b"stats items\r\n", b"END\r\n");
         check(&mut h, b"set a 0 0 1\r\nx\r\n", b"STORED\r\n");
@@ -1088,13 +896,12 @@ mod tests {
         assert!(items.starts_with("STAT items:1:number 1\r\n") && items.ends_with("END\r\n"));
         let slabs = String::from_utf8(h.feed(b"stats slabs\r\n")).unwrap();
         assert!(slabs.contains("STAT active_slabs 1\r\n") && slabs.ends_with("END\r\n"));
+        check(&mut h, b"stats sizes\r\n", b"STAT sizes_status disabled\r\nEND\r\n");
         check(
             &mut h,
-            b"stats sizes\r\n",
-            b"STAT sizes_status disabled\r\nEND\r\n",
+            b"stats foo\r\nstats detail\r\nstats detail on\r\nstats detail dump\r\nstats detail off\r\n",
+            b"ERROR\r\nCLIENT_ERROR usage: stats detail on|off|dump\r\nOK\r\nEND\r\nOK\r\n",
         );
-        check(&mut h, b"stats foo\r\nstats detail\r\nstats detail on\r\nstats detail dump\r\nstats detail off\r\n",
-            b"ERROR\r\nCLIENT_ERROR usage: stats detail on|off|dump\r\nOK\r\nEND\r\nOK\r\n");
         check(&mut h, b"get a\r\n", b"VALUE a 0 1\r\nx\r\nEND\r\n");
         assert_eq!(stat(&mut h, "get_hits"), 1);
         check(&mut h, b"stats reset\r\n", b"RESET\r\n");
@@ -1115,11 +922,7 @@ mod tests {
             let mut h = h();
             let mut got = h.feed(&script[..cut]);
             got.extend(h.feed(&script[cut..]));
-            assert_eq!(
-                String::from_utf8_lossy(&got),
-                String::from_utf8_lossy(&want),
-                "split at {cut}"
-            );
+            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&want), "split at {cut}");
         }
         // And byte by byte.
         let mut h = h();
@@ -1127,10 +930,7 @@ mod tests {
         for b in script {
             got.extend(h.feed(std::slice::from_ref(b)));
         }
-        assert_eq!(
-            String::from_utf8_lossy(&got),
-            String::from_utf8_lossy(&want)
-        );
+        assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&want));
     }
 
     #[test]
@@ -1139,11 +939,7 @@ mod tests {
         h.conn.swallow_bytes = 5;
         check(&mut h, b"abc", b"");
         assert_eq!(h.conn.swallow_bytes, 2);
-        check(
-            &mut h,
-            b"de\r\nversion\r\n",
-            b"ERROR\r\nVERSION 1.6.18-slipstream-0.1.0\r\n",
-        );
+        check(&mut h, b"de\r\nversion\r\n", b"ERROR\r\nVERSION 1.6.18-slipstream-0.1.0\r\n");
         assert_eq!(h.conn.swallow_bytes, 0);
     }
 }
@@ -1161,8 +957,7 @@ mod bench {
         let mut h = Harness::small();
         h.feed(b"set key:000001 0 0 32\r\n01234567890123456789012345678901\r\n");
         let batch_gets = b"get key:000001\r\n".repeat(1000);
-        let batch_sets =
-            b"set key:000002 0 0 32\r\n01234567890123456789012345678901\r\n".repeat(1000);
+        let batch_sets = b"set key:000002 0 0 32\r\n01234567890123456789012345678901\r\n".repeat(1000);
         for (name, batch) in [("get", &batch_gets), ("set", &batch_sets)] {
             let start = Instant::now();
             let rounds = 200;

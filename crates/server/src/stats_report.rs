@@ -31,7 +31,9 @@ pub enum StatsList {
     Slabs,
     Sizes,
     /// `stats conns`; the connection asking (`ConnState::conn_id`) reads `conn_parse_cmd`.
-    Conns { asking_conn_id: i32 },
+    Conns {
+        asking_conn_id: i32,
+    },
 }
 
 /// What the lists are made from (no executor context: a stats list needs none of a
@@ -147,27 +149,30 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     put(v, "hash_power_level", 16);
     put(v, "hash_bytes", 524288);
     put(v, "hash_is_expanding", 0);
-    zeros(v, &[
-        "slab_reassign_rescues",
-        "slab_reassign_chunk_rescues",
-        "slab_reassign_evictions_nomem",
-        "slab_reassign_inline_reclaim",
-        "slab_reassign_busy_items",
-        "slab_reassign_busy_deletes",
-        "slab_reassign_running",
-        "slabs_moved",
-        "lru_crawler_running",
-        "lru_crawler_starts",
-        "lru_maintainer_juggles",
-        "malloc_fails",
-        "log_worker_dropped",
-        "log_worker_written",
-        "log_watcher_skipped",
-        "log_watcher_sent",
-        "log_watchers",
-        "unexpected_napi_ids",
-        "round_robin_fallback",
-    ]);
+    zeros(
+        v,
+        &[
+            "slab_reassign_rescues",
+            "slab_reassign_chunk_rescues",
+            "slab_reassign_evictions_nomem",
+            "slab_reassign_inline_reclaim",
+            "slab_reassign_busy_items",
+            "slab_reassign_busy_deletes",
+            "slab_reassign_running",
+            "slabs_moved",
+            "lru_crawler_running",
+            "lru_crawler_starts",
+            "lru_maintainer_juggles",
+            "malloc_fails",
+            "log_worker_dropped",
+            "log_worker_written",
+            "log_watcher_skipped",
+            "log_watcher_sent",
+            "log_watchers",
+            "unexpected_napi_ids",
+            "round_robin_fallback",
+        ],
+    );
     put(v, "bytes", st.bytes);
     put(v, "curr_items", st.curr_items);
     put(v, "total_items", st.total_items);
@@ -177,16 +182,19 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     put(v, "evicted_active", 0);
     put(v, "evictions", st.evictions);
     put(v, "reclaimed", st.reclaimed);
-    zeros(v, &[
-        "crawler_reclaimed",
-        "crawler_items_checked",
-        "lrutail_reflocked",
-        "moves_to_cold",
-        "moves_to_warm",
-        "moves_within_lru",
-        "direct_reclaims",
-        "lru_bumps_dropped",
-    ]);
+    zeros(
+        v,
+        &[
+            "crawler_reclaimed",
+            "crawler_items_checked",
+            "lrutail_reflocked",
+            "moves_to_cold",
+            "moves_to_warm",
+            "moves_within_lru",
+            "direct_reclaims",
+            "lru_bumps_dropped",
+        ],
+    );
     // Slipstream's own, only while the kernel fast path is attached (memcached has no such keys).
     if let Some(fp) = server.fastpath_attached() {
         put(v, "fastpath_hits", fp.hits);
@@ -250,7 +258,10 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("reqs_per_event", n(u64::from(tu.reqs_per_event))),
         ("cas_enabled", s(yes_no(cfg.cas_enabled))),
         ("tcp_backlog", s(&tu.tcp_backlog.to_string())),
-        ("binding_protocol", s(if st.auth.is_some() { binding_protocol(st.auth.as_deref()) } else { tu.binding_protocol.stats_name() })),
+        (
+            "binding_protocol",
+            s(if st.auth.is_some() { binding_protocol(st.auth.as_deref()) } else { tu.binding_protocol.stats_name() }),
+        ),
         ("auth_enabled_sasl", s(yes_no(matches!(st.auth.as_deref(), Some(Auth::Sasl { .. }))))),
         ("auth_enabled_ascii", s(auth_enabled_ascii(st.auth.as_deref()))),
         ("item_size_max", n(cfg.item_bytes_max as u64)),
@@ -448,13 +459,18 @@ mod tests {
     fn general_is_memcacheds_92_names_and_fastpath_only_when_attached() {
         let (store, mut server, settings) = rig();
         let names = |server: &ServerInfo| -> Vec<String> {
-            rows(StatsView { server, store: &store, settings: &settings }, StatsList::General).into_iter().map(|(n, _)| n.into_owned()).collect()
+            rows(StatsView { server, store: &store, settings: &settings }, StatsList::General)
+                .into_iter()
+                .map(|(n, _)| n.into_owned())
+                .collect()
         };
         let n = names(&server);
         assert_eq!(n.len(), 92);
         assert_eq!((n[0].as_str(), n[91].as_str()), ("pid", "lru_bumps_dropped"));
         assert!(!n.iter().any(|x| x.starts_with("fastpath_")));
-        server.fastpath = Some(crate::stats::FastPathSource(Arc::new(|| Some(crate::stats::FastPathTotals { hits: 3, misses: 1, invalidations: 0 }))));
+        server.fastpath = Some(crate::stats::FastPathSource(Arc::new(|| {
+            Some(crate::stats::FastPathTotals { hits: 3, misses: 1, invalidations: 0 })
+        })));
         let n = names(&server);
         assert_eq!(&n[92..], &["fastpath_hits", "fastpath_misses", "fastpath_invalidations"]);
         // A source that reports nothing attached (a tenant before the fast path is on).

@@ -20,7 +20,9 @@ use mio::Waker;
 use slipstream_store::{KernelCache, Store, StoreConfig};
 use slipstream_tenancy::shaper::Member;
 use slipstream_tenancy::spec::{validate_all, SpecError, TENANTS_MAX};
-use slipstream_tenancy::{ControlError, ShapingSpec, Shaper, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView};
+use slipstream_tenancy::{
+    ControlError, Shaper, ShapingSpec, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -125,7 +127,15 @@ impl std::fmt::Debug for TenantTable {
     }
 }
 
-fn tenant_info(started: Instant, threads: usize, conn_limit: usize, item_bytes_max: usize, listen_interface: Option<String>, tcp: Option<SocketAddr>, udp: Option<SocketAddr>) -> ServerInfo {
+fn tenant_info(
+    started: Instant,
+    threads: usize,
+    conn_limit: usize,
+    item_bytes_max: usize,
+    listen_interface: Option<String>,
+    tcp: Option<SocketAddr>,
+    udp: Option<SocketAddr>,
+) -> ServerInfo {
     ServerInfo {
         started,
         pid: std::process::id(),
@@ -150,7 +160,14 @@ impl TenantTable {
     /// Single-tenant mode: one implicit tenant serving `store` on the given sockets. Each
     /// further address (memcached `-l a,b`) is one more slot sharing the same store, counters
     /// and settings, so it serves exactly like the first.
-    pub(crate) fn single(threads: usize, conn_limit: usize, settings: Arc<Settings>, store: Arc<Store>, info: Arc<ServerInfo>, bound: Vec<Bound>) -> TenantTable {
+    pub(crate) fn single(
+        threads: usize,
+        conn_limit: usize,
+        settings: Arc<Settings>,
+        store: Arc<Store>,
+        info: Arc<ServerInfo>,
+        bound: Vec<Bound>,
+    ) -> TenantTable {
         let list = bound
             .into_iter()
             .enumerate()
@@ -189,10 +206,17 @@ impl TenantTable {
 
     /// Tenant mode: validate all specs, bind every tenant's ports and build their stores. Nothing
     /// is served until the workers start.
-    pub fn multi(threads: usize, settings: Arc<Settings>, shaping: ShapingSpec, specs: &[TenantSpec], defaults: TenantDefaults) -> Result<TenantTable, ControlError> {
+    pub fn multi(
+        threads: usize,
+        settings: Arc<Settings>,
+        shaping: ShapingSpec,
+        specs: &[TenantSpec],
+        defaults: TenantDefaults,
+    ) -> Result<TenantTable, ControlError> {
         shaping.validate().map_err(ControlError::Invalid)?;
         validate_all(&shaping, specs, &defaults.reserved_ports).map_err(ControlError::Invalid)?;
-        let shaper = Arc::new(Shaper::new(shaping.ingress_bytes_per_s, shaping.egress_bytes_per_s, shaping.work_conserving));
+        let shaper =
+            Arc::new(Shaper::new(shaping.ingress_bytes_per_s, shaping.egress_bytes_per_s, shaping.work_conserving));
         let table = TenantTable {
             list: RwLock::new(Vec::new()),
             generation: AtomicU64::new(1),
@@ -223,7 +247,8 @@ impl TenantTable {
         let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
         let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
         let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
-        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads, self.settings.tunables.tcp_backlog).map_err(|e| {
+        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads, self.settings.tunables.tcp_backlog)
+            .map_err(|e| {
             // Taken by another process (or a port this one may not share): 409.
             if e.in_use() {
                 ControlError::Conflict(format!("tenant {:?}: {e}", spec.name))
@@ -233,8 +258,17 @@ impl TenantTable {
         })?;
         // Lock shards as the single-tenant daemon picks them, for the tenant's own memory.
         let shards = StoreConfig::shards_for(spec.memory_bytes(), d.store.item_bytes_max);
-        let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
-        let mut info = tenant_info(self.started, self.threads, d.conn_limit, d.item_bytes_max, d.listen_interface.clone(), tcp_local, udp_local);
+        let store =
+            Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
+        let mut info = tenant_info(
+            self.started,
+            self.threads,
+            d.conn_limit,
+            d.item_bytes_max,
+            d.listen_interface.clone(),
+            tcp_local,
+            udp_local,
+        );
         info.prefix_stats.set_enabled(self.settings.detail_enabled);
         // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.
         let kernel = self.kernel.clone();
@@ -242,7 +276,14 @@ impl TenantTable {
         let info = Arc::new(info);
         let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let (rin, rout) = spec.rates(&shaping);
-        let shaper = Arc::new(TenantShaper::new(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share, slipstream_tenancy::since_start_ns()));
+        let shaper = Arc::new(TenantShaper::new(
+            rin,
+            rout,
+            spec.burst_bytes,
+            spec.max_outstanding,
+            spec.share,
+            slipstream_tenancy::since_start_ns(),
+        ));
         let t = Arc::new(Tenant {
             name: spec.name.clone(),
             slot,
@@ -320,7 +361,12 @@ impl TenantTable {
 
     /// The first tenant's sockets' addresses (single-tenant mode: the -p/-U sockets).
     pub fn first_locals(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
-        self.list.read().unwrap_or_else(PoisonError::into_inner).first().map(|t| (t.tcp_local, t.udp_local)).unwrap_or((None, None))
+        self.list
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .first()
+            .map(|t| (t.tcp_local, t.udp_local))
+            .unwrap_or((None, None))
     }
 
     /// The control tick: settle the kernel's spending and re-divide capacity.
@@ -416,7 +462,8 @@ impl TenantControl for TenantTable {
         let old = t.spec().ok_or_else(|| ControlError::NotFound(name.to_string()))?;
         let new = old.patched(&patch);
         new.validate().map_err(ControlError::Invalid)?;
-        let specs: Vec<TenantSpec> = self.specs().into_iter().map(|s| if s.name == name { new.clone() } else { s }).collect();
+        let specs: Vec<TenantSpec> =
+            self.specs().into_iter().map(|s| if s.name == name { new.clone() } else { s }).collect();
         let shaping = self.shaping.lock().unwrap_or_else(PoisonError::into_inner).clone();
         validate_all(&shaping, &specs, &self.reserved()).map_err(|e| match e {
             SpecError::Conflict(m) => ControlError::Conflict(m),
@@ -458,13 +505,21 @@ impl TenantControl for TenantTable {
             ("slipstream_tenant_requests_total", "counter", "Requests executed in user space for the tenant."),
             ("slipstream_tenant_bytes_in_total", "counter", "Request bytes received for the tenant (user space)."),
             ("slipstream_tenant_bytes_out_total", "counter", "Reply bytes sent for the tenant (user space)."),
-            ("slipstream_tenant_throttled_total", "counter", "Times the tenant's reads or batches were held back by its buckets or max_outstanding."),
+            (
+                "slipstream_tenant_throttled_total",
+                "counter",
+                "Times the tenant's reads or batches were held back by its buckets or max_outstanding.",
+            ),
             ("slipstream_tenant_dropped_total", "counter", "UDP requests dropped because the tenant's queue was full."),
             ("slipstream_tenant_memory_bytes", "gauge", "Bytes charged for the tenant's items."),
             ("slipstream_tenant_memory_limit_bytes", "gauge", "The tenant's memory limit."),
             ("slipstream_tenant_items", "gauge", "Items in the tenant's store."),
             ("slipstream_tenant_evictions_total", "counter", "Items evicted from the tenant's store to make room."),
-            ("slipstream_tenant_kernel_requests_total", "counter", "Requests the kernel fast path answered for the tenant."),
+            (
+                "slipstream_tenant_kernel_requests_total",
+                "counter",
+                "Requests the kernel fast path answered for the tenant.",
+            ),
             ("slipstream_tenant_ingress_rate_bytes_per_s", "gauge", "Ingress bucket refill rate in force."),
             ("slipstream_tenant_egress_rate_bytes_per_s", "gauge", "Egress bucket refill rate in force."),
         ];

@@ -25,7 +25,10 @@ fn to_socket_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: the family says the storage holds a sockaddr_in, which it is large
             // enough and aligned for.
             let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: as above, for sockaddr_in6.
@@ -88,11 +91,8 @@ impl RecvBatch {
 
     /// Receive up to RECV_BATCH datagrams without blocking; returns how many (0 = none queued).
     pub(crate) fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let mut iovs: Vec<libc::iovec> = self
-            .bufs
-            .iter_mut()
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
-            .collect();
+        let mut iovs: Vec<libc::iovec> =
+            self.bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }).collect();
         // SAFETY: zeroed mmsghdr values are valid; every pointer set below points into
         // self.bufs / self.addrs / iovs, which outlive the call and are not moved during it.
         let mut msgs: Vec<libc::mmsghdr> = (0..RECV_BATCH).map(|_| unsafe { zeroed() }).collect();

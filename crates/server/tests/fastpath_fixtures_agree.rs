@@ -21,7 +21,7 @@
 use slipstream_fastpath::abi::Item;
 use slipstream_fastpath::fixtures::{self, Expiry, Fixture};
 use slipstream_fastpath::model::{self, ModelState, ModelTenant};
-use slipstream_fastpath::{item, clock_monotonic_ns, FastPathConfig, Filled, Kernel, Verdict};
+use slipstream_fastpath::{clock_monotonic_ns, item, FastPathConfig, Filled, Kernel, Verdict};
 use slipstream_server::exec::{ConnState, Transport};
 use slipstream_server::harness::Harness;
 use slipstream_store::{KernelCache, KernelFill, SetMode, StoreOpts, StoreResult};
@@ -114,8 +114,11 @@ fn fixtures_agree_with_the_user_space_path() {
     let mut compared_kernel = 0;
     let mut compared_hits = 0;
     let mut failures = Vec::new();
-    let shared = kernel_available
-        .then(|| Arc::new(Kernel::load(FastPathConfig { udp_port: fixtures::PORT, entries_max: 1024 }).expect("load XDP program")));
+    let shared = kernel_available.then(|| {
+        Arc::new(
+            Kernel::load(FastPathConfig { udp_port: fixtures::PORT, entries_max: 1024 }).expect("load XDP program"),
+        )
+    });
     let mut multi = 0;
     for f in fixtures::all() {
         let Some(request) = f.request.clone() else { continue };

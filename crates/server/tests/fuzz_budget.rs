@@ -84,9 +84,21 @@ fn corpus() -> Vec<Vec<u8>> {
         slipstream_proto::binary::compose_request(&mut v, op, key, extras, value, 0, 7);
         v
     };
-    c.push([bin(0x01, &[0, 0, 0, 1, 0, 0, 0, 0], b"k", b"val"), bin(0x00, &[], b"k", b""), bin(0x0a, &[], b"", b"")].concat());
-    c.push([bin(0x05, &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0], b"n", b""), bin(0x0c, &[], b"n", b"")].concat());
-    c.push([bin(0x11, &[0, 0, 0, 0, 0, 0, 0, 0], b"q", b"x"), bin(0x09, &[], b"q", b""), bin(0x10, &[], b"", b"")].concat());
+    c.push(
+        [bin(0x01, &[0, 0, 0, 1, 0, 0, 0, 0], b"k", b"val"), bin(0x00, &[], b"k", b""), bin(0x0a, &[], b"", b"")]
+            .concat(),
+    );
+    c.push(
+        [
+            bin(0x05, &[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0], b"n", b""),
+            bin(0x0c, &[], b"n", b""),
+        ]
+        .concat(),
+    );
+    c.push(
+        [bin(0x11, &[0, 0, 0, 0, 0, 0, 0, 0], b"q", b"x"), bin(0x09, &[], b"q", b""), bin(0x10, &[], b"", b"")]
+            .concat(),
+    );
     c
 }
 
@@ -127,11 +139,9 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn executors_survive_mutated_input_and_splits() {
-    let seed: u64 = std::env::var("SLIPSTREAM_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1))
-        | 1;
+    let seed: u64 = std::env::var("SLIPSTREAM_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    }) | 1;
     let iters: usize = std::env::var("SLIPSTREAM_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(200_000);
     println!("fuzz_budget seed={seed} iters={iters} (rerun: SLIPSTREAM_FUZZ_SEED={seed})");
     let corpus = corpus();

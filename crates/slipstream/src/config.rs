@@ -4,16 +4,33 @@
 //! Not for: validating protocol input; only start-up settings live here.
 
 use serde::Deserialize;
+use slipstream_replication::cluster::ClusterSpec;
 use slipstream_stream::config::ResultsConfig;
 use slipstream_stream::StreamConfig;
-use slipstream_replication::cluster::ClusterSpec;
 use slipstream_tenancy::{ShapingSpec, TenantSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// memcached's flags that take a value, beyond the common ones listed in `from_args`.
 const MC_VALUE_FLAGS: &[&str] = &[
-    "R", "max-reqs-per-event", "B", "protocol", "b", "listen-backlog", "P", "pidfile", "D", "o", "extended",
-    "f", "slab-growth-factor", "n", "slab-min-size", "e", "memory-file", "N", "napi-ids",
+    "R",
+    "max-reqs-per-event",
+    "B",
+    "protocol",
+    "b",
+    "listen-backlog",
+    "P",
+    "pidfile",
+    "D",
+    "o",
+    "extended",
+    "f",
+    "slab-growth-factor",
+    "n",
+    "slab-min-size",
+    "e",
+    "memory-file",
+    "N",
+    "napi-ids",
 ];
 
 /// Upper bounds that keep a typo from asking for absurd resources.
@@ -208,7 +225,9 @@ fn default_fsync() -> String {
 /// and serving such a tenant unreplicated would be a silent loss of the promise.
 fn check_cluster(cluster: Option<FileCluster>, tenants: &[TenantSpec]) -> Result<Option<ClusterSpec>, String> {
     let spec = match cluster {
-        Some(c) => Some(ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync).map_err(|e| format!("[cluster]: {e}"))?),
+        Some(c) => Some(
+            ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync).map_err(|e| format!("[cluster]: {e}"))?,
+        ),
         None => None,
     };
     for t in tenants {
@@ -282,7 +301,9 @@ impl FileStream {
             word_bytes_max: self.word_bytes_max.unwrap_or(d.word_bytes_max),
             records_per_datagram_max: self.records_per_datagram_max.unwrap_or(d.records_per_datagram_max),
             values_per_window_max: self.values_per_window_max.unwrap_or(d.values_per_window_max),
-            distinct_words_per_window_max: self.distinct_words_per_window_max.unwrap_or(d.distinct_words_per_window_max),
+            distinct_words_per_window_max: self
+                .distinct_words_per_window_max
+                .unwrap_or(d.distinct_words_per_window_max),
             engine: self.engine.unwrap_or(d.engine),
         }
     }
@@ -370,6 +391,7 @@ fn parse_sockaddr(name: &'static str, v: &str) -> Result<SocketAddr, ConfigError
 }
 
 impl Config {
+    #[allow(clippy::too_many_lines)] // one arm per command-line flag
     pub fn from_args(args: &[String]) -> Result<Config, ConfigError> {
         let mut cfg = Config::default();
         // The config file first, wherever --config appears, so flags override it.
@@ -404,10 +426,28 @@ impl Config {
             };
             let takes_value = matches!(
                 flag,
-                "p" | "port" | "U" | "udp-port" | "l" | "listen" | "t" | "threads" | "m" | "memory-limit" | "c"
-                    | "conn-limit" | "I" | "max-item-size" | "u" | "user" | "config" | "admin" | "xdp"
-                    | "xdp-entries" | "worker-sched"
-            ) || MC_VALUE_FLAGS.contains(&flag) || crate::security::SecurityConfig::takes_value(flag);
+                "p" | "port"
+                    | "U"
+                    | "udp-port"
+                    | "l"
+                    | "listen"
+                    | "t"
+                    | "threads"
+                    | "m"
+                    | "memory-limit"
+                    | "c"
+                    | "conn-limit"
+                    | "I"
+                    | "max-item-size"
+                    | "u"
+                    | "user"
+                    | "config"
+                    | "admin"
+                    | "xdp"
+                    | "xdp-entries"
+                    | "worker-sched"
+            ) || MC_VALUE_FLAGS.contains(&flag)
+                || crate::security::SecurityConfig::takes_value(flag);
             let value = if takes_value {
                 match inline {
                     Some(v) => v.to_string(),
@@ -524,16 +564,20 @@ impl Config {
             }
         }
         if let Some(sh) = file.shaping {
-            sh.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[shaping]: {e}") })?;
+            sh.validate()
+                .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[shaping]: {e}") })?;
             self.shaping = sh;
         }
         if let Some(r) = file.results {
             let r = ResultsConfig { tcp_port: r.tcp_port };
-            r.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[results]: {e}") })?;
+            r.validate()
+                .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[results]: {e}") })?;
             self.results = r;
         }
         if let Some(h) = file.hbase {
-            let h = h.validate().map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[hbase]: {e}") })?;
+            let h = h
+                .validate()
+                .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[hbase]: {e}") })?;
             self.hbase = Some(h);
         }
         if !file.stream.is_empty() {
@@ -552,7 +596,10 @@ impl Config {
         self.cluster = check_cluster(file.cluster, &self.tenants)
             .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
         if self.hbase.is_some() && !self.tenants.is_empty() {
-            return Err(ConfigError::File { path: path.to_string(), message: "[hbase] does not run with [[tenant]] yet".into() });
+            return Err(ConfigError::File {
+                path: path.to_string(),
+                message: "[hbase] does not run with [[tenant]] yet".into(),
+            });
         }
         Ok(())
     }
@@ -571,7 +618,11 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.security.validate(self.port, self.udp_port, !self.tenants.is_empty()).map_err(ConfigError::Usage)?;
         if let Some(s) = self.streams.iter().find(|s| self.udp_port != 0 && s.udp_port == self.udp_port) {
-            return Err(bad("--udp-port", &self.udp_port.to_string(), &format!("is also the udp_port of stream {:?}", s.name)));
+            return Err(bad(
+                "--udp-port",
+                &self.udp_port.to_string(),
+                &format!("is also the udp_port of stream {:?}", s.name),
+            ));
         }
         if self.xdp_entries == 0 || self.xdp_entries > XDP_ENTRIES_MAX {
             return Err(bad("--xdp-entries", &self.xdp_entries.to_string(), &format!("must be 1..={XDP_ENTRIES_MAX}")));
@@ -600,11 +651,13 @@ impl Config {
 
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         // memcached with -s serves only the unix socket.
-        ((self.port != 0 || self.tcp_ephemeral) && self.security.unix_socket.is_none()).then(|| SocketAddr::new(self.listen, self.port))
+        ((self.port != 0 || self.tcp_ephemeral) && self.security.unix_socket.is_none())
+            .then(|| SocketAddr::new(self.listen, self.port))
     }
 
     pub fn udp_addr(&self) -> Option<SocketAddr> {
-        ((self.udp_port != 0 || self.udp_ephemeral) && self.security.unix_socket.is_none()).then(|| SocketAddr::new(self.listen, self.udp_port))
+        ((self.udp_port != 0 || self.udp_ephemeral) && self.security.unix_socket.is_none())
+            .then(|| SocketAddr::new(self.listen, self.udp_port))
     }
 
     /// Record a memcached flag accepted with no effect here (for the start-up notice).
@@ -632,7 +685,9 @@ impl Config {
                 if let Some(p) = port {
                     self.port = p;
                 }
-            } else if (ip, port.unwrap_or(self.port)) != (self.listen, self.port) && !self.listen_more.contains(&(ip, port)) {
+            } else if (ip, port.unwrap_or(self.port)) != (self.listen, self.port)
+                && !self.listen_more.contains(&(ip, port))
+            {
                 // The same address twice would only be the same sockets again.
                 self.listen_more.push((ip, port));
             }
@@ -649,8 +704,10 @@ impl Config {
         self.listen_more
             .iter()
             .map(|&(ip, port)| {
-                let tcp = (self.port != 0 || self.tcp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.port)));
-                let udp = (self.udp_port != 0 || self.udp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.udp_port)));
+                let tcp =
+                    (self.port != 0 || self.tcp_ephemeral).then(|| SocketAddr::new(ip, port.unwrap_or(self.port)));
+                let udp = (self.udp_port != 0 || self.udp_ephemeral)
+                    .then(|| SocketAddr::new(ip, port.unwrap_or(self.udp_port)));
                 (tcp, udp)
             })
             .collect()
@@ -747,12 +804,16 @@ mod tests {
     #[test]
     fn defaults_are_memcacheds() {
         let c = Config::from_args(&[]).unwrap();
-        assert_eq!((c.port, c.udp_port, c.threads, c.memory_mb, c.conn_limit, c.item_bytes_max), (11211, 0, 4, 64, 1024, 1 << 20));
+        assert_eq!(
+            (c.port, c.udp_port, c.threads, c.memory_mb, c.conn_limit, c.item_bytes_max),
+            (11211, 0, 4, 64, 1024, 1 << 20)
+        );
     }
 
     #[test]
     fn short_long_and_inline_flags() {
-        let c = Config::from_args(&args("-p 1234 -U5678 --threads=2 -m 128 -c 10 -I 2m -l 127.0.0.1 -A -C -vv")).unwrap();
+        let c =
+            Config::from_args(&args("-p 1234 -U5678 --threads=2 -m 128 -c 10 -I 2m -l 127.0.0.1 -A -C -vv")).unwrap();
         assert_eq!((c.port, c.udp_port, c.threads, c.memory_mb, c.conn_limit), (1234, 5678, 2, 128, 10));
         assert_eq!(c.item_bytes_max, 2 << 20);
         assert!(c.shutdown_enabled && !c.cas_enabled);
@@ -792,7 +853,10 @@ mod tests {
         let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
         assert_eq!(c.user.as_deref(), Some("nobody"));
         std::fs::write(&f, "[server]\nprot = 2000\n").unwrap();
-        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        assert!(matches!(
+            Config::from_args(&args(&format!("--config {}", f.display()))),
+            Err(ConfigError::File { .. })
+        ));
         // A stream port may be neither the memcached UDP port nor a tenant's port.
         std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\n").unwrap();
         let e = Config::from_args(&args(&format!("-U 7001 --config {}", f.display()))).unwrap_err().to_string();
@@ -802,7 +866,10 @@ mod tests {
             "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\n[[tenant]]\nname = \"t\"\ntcp_port = 7000\nudp_port = 7001\nshare = 0.5\n",
         )
         .unwrap();
-        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        assert!(matches!(
+            Config::from_args(&args(&format!("--config {}", f.display()))),
+            Err(ConfigError::File { .. })
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -832,7 +899,10 @@ mod tests {
         let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
         assert!(e.contains("7"), "{e}");
         std::fs::write(&f, "[[tenant]]\nname = \"a\"\ntcp_port = 7\nshare = 0.5\nshaer = 1\n").unwrap();
-        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        assert!(matches!(
+            Config::from_args(&args(&format!("--config {}", f.display()))),
+            Err(ConfigError::File { .. })
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -854,8 +924,12 @@ mod tests {
         std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"median\"\n").unwrap();
         let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
         assert!(e.contains("operator"), "{e}");
-        std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\nwindw_ms = 5\n").unwrap();
-        assert!(matches!(Config::from_args(&args(&format!("--config {}", f.display()))), Err(ConfigError::File { .. })));
+        std::fs::write(&f, "[[stream]]\nname = \"a\"\nudp_port = 7001\noperator = \"wordcount\"\nwindw_ms = 5\n")
+            .unwrap();
+        assert!(matches!(
+            Config::from_args(&args(&format!("--config {}", f.display()))),
+            Err(ConfigError::File { .. })
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -897,7 +971,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("slipstream-cfg-cluster-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("node.toml");
-        std::fs::write(&f, "[cluster]\nnode_id = 2\npeers = [\"1=127.0.0.1:1\", \"2=127.0.0.1:2\"]\ndata_dir = \"/d\"\n").unwrap();
+        std::fs::write(
+            &f,
+            "[cluster]\nnode_id = 2\npeers = [\"1=127.0.0.1:1\", \"2=127.0.0.1:2\"]\ndata_dir = \"/d\"\n",
+        )
+        .unwrap();
         let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
         assert_eq!(c.cluster.map(|c| (c.node_id, c.fsync)), Some((2, slipstream_replication::FsyncMode::Always)));
         std::fs::write(&f, "[cluster]\nnode_id = 2\npeers = [\"1=127.0.0.1:1\"]\ndata_dir = \"/d\"\n").unwrap();

@@ -110,7 +110,8 @@ pub fn write_port_file(tcp: &[SocketAddr], udp: &[SocketAddr]) {
         }
     }
     let tmp = format!("{path}.lck");
-    let written = std::fs::OpenOptions::new().append(true).create(true).open(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
+    let written =
+        std::fs::OpenOptions::new().append(true).create(true).open(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
     match written {
         Ok(()) => {
             let _ = std::fs::rename(&tmp, &path);

@@ -36,17 +36,17 @@ static JEMALLOC_CONF: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use config::{Config, ConfigError, WorkerSchedChoice};
+use slipstream_server::admin::{AdminState, MetricsFn};
 use slipstream_server::bufbudget::BufBudget;
 use slipstream_server::exec::Settings;
 use slipstream_server::fastpath::KernelFastPath;
-use slipstream_server::admin::{AdminState, MetricsFn};
-use slipstream_streamsvc::{ServiceConfig, StreamService};
 use slipstream_server::net::{NetConfig, Server, StopHandle, WorkerSched};
-use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
-use slipstream_tenancy::TenantControl;
 use slipstream_server::stats::ServerInfo;
 use slipstream_server::stats_prefix::PrefixStats;
+use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
 use slipstream_store::{Store, StoreConfig};
+use slipstream_streamsvc::{ServiceConfig, StreamService};
+use slipstream_tenancy::TenantControl;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
@@ -212,12 +212,8 @@ fn start_streams(cfg: &Config) -> Result<(Option<Arc<StreamService>>, String), M
         ..ServiceConfig::default()
     })
     .map_err(|e| MainError::Start(format!("stream offload: {e}")))?;
-    let names: Vec<String> = svc
-        .stream_addrs()
-        .iter()
-        .zip(svc.engines())
-        .map(|((n, a), e)| format!("{n} udp {a} engine {e}"))
-        .collect();
+    let names: Vec<String> =
+        svc.stream_addrs().iter().zip(svc.engines()).map(|((n, a), e)| format!("{n} udp {a} engine {e}")).collect();
     let xdp_streams = svc.engines().iter().filter(|e| e.starts_with("xdp")).count();
     let engine = match (xdp_streams, svc.engines().len()) {
         (0, _) => "user-space engine",
@@ -268,7 +264,13 @@ fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), M
 
 /// Tenant mode: every `[[tenant]]` on its own ports with its own store, shaped by `[shaping]`;
 /// the admin endpoint (if configured) edits tenants at run time.
-fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>, daemon: Option<daemon::Daemon>) -> Result<(), MainError> {
+#[allow(clippy::too_many_lines)] // the start-up order (bind, attach, drop privileges, announce) is the point
+fn serve_tenants(
+    cfg: Config,
+    sigset: libc::sigset_t,
+    target: Option<privs::Target>,
+    daemon: Option<daemon::Daemon>,
+) -> Result<(), MainError> {
     let settings = Arc::new(Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
@@ -320,7 +322,15 @@ fn serve_tenants(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Targ
     let admin_line = match cfg.admin_addr {
         Some(addr) => {
             let control: Arc<dyn TenantControl> = table.clone();
-            match slipstream_server::admin::start(addr, AdminState { node: None, tenants: Some(control), token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) }) {
+            match slipstream_server::admin::start(
+                addr,
+                AdminState {
+                    node: None,
+                    tenants: Some(control),
+                    token: cfg.admin_token.clone(),
+                    extra_metrics: stream_metrics(&streams),
+                },
+            ) {
                 Ok(local) => format!(
                     ", admin http://{local}/ ({})",
                     if cfg.admin_token.is_some() { "token required" } else { "read-only: no admin_token" }
@@ -382,7 +392,10 @@ fn attach_tenant_fast_path(cfg: &Config, table: &TenantTable) -> (Option<Arc<Ker
     };
     if !cfg.tenants.iter().any(|t| t.udp_port.is_some()) {
         table.connect(None);
-        return (None, format!("kernel fast path off: --xdp {iface} needs a tenant with a udp_port; serving from user space"));
+        return (
+            None,
+            format!("kernel fast path off: --xdp {iface} needs a tenant with a udp_port; serving from user space"),
+        );
     }
     match KernelFastPath::attach_multi(iface, cfg.xdp_entries) {
         Ok(k) => {
@@ -390,7 +403,11 @@ fn attach_tenant_fast_path(cfg: &Config, table: &TenantTable) -> (Option<Arc<Ker
             for p in &problems {
                 eprintln!("slipstream: {p}");
             }
-            let line = format!("kernel fast path on {iface} for tenants' UDP ports (up to {} items, shaped per tenant): {}", cfg.xdp_entries, k.mode());
+            let line = format!(
+                "kernel fast path on {iface} for tenants' UDP ports (up to {} items, shaped per tenant): {}",
+                cfg.xdp_entries,
+                k.mode()
+            );
             (Some(k), line)
         }
         Err(e) => {
@@ -413,7 +430,10 @@ fn xdp_streams(streams: &Option<Arc<StreamService>>) -> bool {
 
 /// `-u`: become the user now (every port bound, every XDP program attached); returns what was
 /// dropped and the status line's last part.
-fn drop_privileges(target: &Option<privs::Target>, xdp_attached: bool) -> Result<(Option<privs::Dropped>, String), MainError> {
+fn drop_privileges(
+    target: &Option<privs::Target>,
+    xdp_attached: bool,
+) -> Result<(Option<privs::Dropped>, String), MainError> {
     match target {
         Some(t) => {
             let d = privs::drop_to(t, xdp_attached && privs::xdp_detach_needs_net_admin()).map_err(MainError::Start)?;
@@ -428,12 +448,22 @@ fn drop_privileges(target: &Option<privs::Target>, xdp_attached: bool) -> Result
 }
 
 /// Streams (and their results port) only, no KV port: `-p 0` with `[[stream]]`s.
-fn serve_streams_only(cfg: Config, sigset: libc::sigset_t, target: Option<privs::Target>, daemon: Option<daemon::Daemon>) -> Result<(), MainError> {
+fn serve_streams_only(
+    cfg: Config,
+    sigset: libc::sigset_t,
+    target: Option<privs::Target>,
+    daemon: Option<daemon::Daemon>,
+) -> Result<(), MainError> {
     let (streams, stream_line) = start_streams(&cfg)?;
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
             addr,
-            AdminState { node: None, tenants: None, token: cfg.admin_token.clone(), extra_metrics: stream_metrics(&streams) },
+            AdminState {
+                node: None,
+                tenants: None,
+                token: cfg.admin_token.clone(),
+                extra_metrics: stream_metrics(&streams),
+            },
         ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
             Err(e) => return Err(admin_bind_error(addr, e)),
@@ -520,7 +550,8 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() && cfg.security.unix_socket.is_none() {
         if cfg.streams.is_empty() {
             return Err(MainError::Start(
-                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve".into(),
+                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve"
+                    .into(),
             ));
         }
         return serve_streams_only(cfg, sigset, target, daemon);
@@ -585,7 +616,9 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     let mut extra_metrics = stream_metrics(&streams);
     if let Some(h) = cfg.hbase.clone() {
         // The HBase Thrift front end (crates/rangecache): its own port, metrics on the same endpoint.
-        let svc = Arc::new(slipstream_rangecache::HbaseService::start(h).map_err(|e| MainError::Start(format!("[hbase]: {e}")))?);
+        let svc = Arc::new(
+            slipstream_rangecache::HbaseService::start(h).map_err(|e| MainError::Start(format!("[hbase]: {e}")))?,
+        );
         stream_line.push_str(&svc.describe());
         extra_metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
     }
@@ -593,7 +626,12 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
             addr,
-            AdminState { node: Some((server.info.clone(), store.clone())), tenants: None, token: cfg.admin_token.clone(), extra_metrics },
+            AdminState {
+                node: Some((server.info.clone(), store.clone())),
+                tenants: None,
+                token: cfg.admin_token.clone(),
+                extra_metrics,
+            },
         ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
             Err(e) => return Err(admin_bind_error(addr, e)),
@@ -665,7 +703,14 @@ impl SecurityStart {
     fn load(cfg: &Config) -> Result<SecurityStart, MainError> {
         let s = &cfg.security;
         let auth = s.load_auth().map_err(MainError::Start)?;
-        let tls = if s.tls { Some(slipstream_server::transport::tls::server_config(&s.tls_opts).map_err(|e| MainError::Start(format!("TLS: {e}")))?) } else { None };
+        let tls = if s.tls {
+            Some(
+                slipstream_server::transport::tls::server_config(&s.tls_opts)
+                    .map_err(|e| MainError::Start(format!("TLS: {e}")))?,
+            )
+        } else {
+            None
+        };
         let unix = s.unix_socket.as_ref().map(|p| slipstream_server::transport::unix::UnixSpec {
             path: p.clone(),
             mode: s.unix_mode(),
@@ -683,8 +728,12 @@ impl SecurityStart {
             }
         }
         match auth.as_deref() {
-            Some(slipstream_server::auth::Auth::Ascii { creds, .. }) => line.push_str(&format!(", ascii auth ({} users)", creds.len())),
-            Some(slipstream_server::auth::Auth::Sasl { creds }) => line.push_str(&format!(", sasl auth ({} users)", creds.len())),
+            Some(slipstream_server::auth::Auth::Ascii { creds, .. }) => {
+                line.push_str(&format!(", ascii auth ({} users)", creds.len()))
+            }
+            Some(slipstream_server::auth::Auth::Sasl { creds }) => {
+                line.push_str(&format!(", sasl auth ({} users)", creds.len()))
+            }
             None => {}
         }
         Ok(SecurityStart { auth, unix, tls, line, notices })

@@ -93,7 +93,10 @@ fn apply_one(cfg: &mut Config, name: &str, value: Option<&str>) -> Result<(), Co
         "read_buf_mem_limit" => {
             // memcached's unit is megabytes; 0 = unlimited.
             let mb: u64 = num(name, value)?;
-            let bytes = mb.checked_mul(1024 * 1024).filter(|b| *b <= u64::from(u32::MAX)).ok_or_else(|| bad(name, "too large (memcached keeps it in 32 bits)"))?;
+            let bytes = mb
+                .checked_mul(1024 * 1024)
+                .filter(|b| *b <= u64::from(u32::MAX))
+                .ok_or_else(|| bad(name, "too large (memcached keeps it in 32 bits)"))?;
             t.read_buf_mem_limit_bytes = bytes;
             cfg.conn_buf_bytes_max = if bytes == 0 { usize::MAX } else { bytes as usize };
         }

@@ -118,7 +118,8 @@ pub fn root_note() -> &'static str {
 /// once every socket is bound and every XDP program attached; `keep_net_admin` when one is and
 /// its detach needs the capability ([`xdp_detach_needs_net_admin`]).
 pub fn drop_to(t: &Target, keep_net_admin: bool) -> Result<Dropped, String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("failed to assume identity of user {}: {what}: {e}", t.name);
+    let fail =
+        |what: &str, e: &dyn std::fmt::Display| format!("failed to assume identity of user {}: {what}: {e}", t.name);
     // Keep the permitted set of this thread across the uid change (the others lose theirs).
     caps::securebits::set_keepcaps(true).map_err(|e| fail("keepcaps", &e))?;
     nix::unistd::setgroups(&[]).map_err(|e| fail("setgroups", &e))?;

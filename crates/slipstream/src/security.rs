@@ -147,9 +147,12 @@ impl SecurityConfig {
         if self.sasl {
             // memcached with libsasl2 falls back to the sasldb when the variable is unset; there is
             // no libsasl2 here, so the file is required.
-            let path = std::env::var("MEMCACHED_SASL_PWDB")
-                .map_err(|_| "-S needs MEMCACHED_SASL_PWDB=<file of user:password lines> (libsasl2's sasldb is not supported)".to_string())?;
-            let creds = read_creds(&path, Credentials::parse_sasl_pwdb).map_err(|e| format!("SASL password file [{path}]: {e}"))?;
+            let path = std::env::var("MEMCACHED_SASL_PWDB").map_err(|_| {
+                "-S needs MEMCACHED_SASL_PWDB=<file of user:password lines> (libsasl2's sasldb is not supported)"
+                    .to_string()
+            })?;
+            let creds = read_creds(&path, Credentials::parse_sasl_pwdb)
+                .map_err(|e| format!("SASL password file [{path}]: {e}"))?;
             return Ok(Some(Arc::new(Auth::Sasl { creds })));
         }
         Ok(None)
@@ -161,7 +164,10 @@ impl SecurityConfig {
     }
 }
 
-fn read_creds(path: &str, parse: fn(&[u8]) -> Result<Credentials, slipstream_server::auth::CredError>) -> Result<Credentials, String> {
+fn read_creds(
+    path: &str,
+    parse: fn(&[u8]) -> Result<Credentials, slipstream_server::auth::CredError>,
+) -> Result<Credentials, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot open: {e}"))?;
     if meta.len() > slipstream_server::auth::FILE_BYTES_MAX as u64 {
         return Err(format!("larger than {} bytes", slipstream_server::auth::FILE_BYTES_MAX));

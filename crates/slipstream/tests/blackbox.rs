@@ -125,7 +125,9 @@ fn thousand_pipelined_requests_in_one_write_all_answered_in_order() {
     let mut want = Vec::new();
     for i in 0..1000 {
         req.extend_from_slice(format!("set key{i} 0 0 {}\r\n{i}\r\nget key{i}\r\n", i.to_string().len()).as_bytes());
-        want.extend_from_slice(format!("STORED\r\nVALUE key{i} 0 {}\r\n{i}\r\nEND\r\n", i.to_string().len()).as_bytes());
+        want.extend_from_slice(
+            format!("STORED\r\nVALUE key{i} 0 {}\r\n{i}\r\nEND\r\n", i.to_string().len()).as_bytes(),
+        );
     }
     s.write_all(&req).unwrap();
     let got = read_n(&mut s, want.len());

@@ -65,7 +65,13 @@ fn free_port() -> u16 {
 }
 
 fn spawn(args: &[&str]) -> Child {
-    Command::new(bin()).arg("serve").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn slipstream")
+    Command::new(bin())
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn slipstream")
 }
 
 /// Start a daemon and wait for its status line.
@@ -119,7 +125,6 @@ fn connect(port: u16) -> TcpStream {
     s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     s
 }
-
 
 /// The first daemon still has its item, on fresh connections (a second process in its
 /// SO_REUSEPORT group would take some of them and answer misses).
@@ -248,14 +253,21 @@ fn admin_api_answers_409_for_a_tenant_on_another_process_port() {
     let (status, body) = http(a, "PUT", "/tenants/t1", "tok", &format!("{{\"tcp_port\": {p}, \"share\": 0.25}}"));
     assert_eq!(status, 409, "{body}");
     assert!(body.contains(&in_use(p, "TCP")), "{body}");
-    let (status, body) = http(a, "PUT", "/tenants/t2", "tok", &format!("{{\"tcp_port\": {}, \"udp_port\": {q}, \"share\": 0.25}}", free_port()));
+    let (status, body) = http(
+        a,
+        "PUT",
+        "/tenants/t2",
+        "tok",
+        &format!("{{\"tcp_port\": {}, \"udp_port\": {q}, \"share\": 0.25}}", free_port()),
+    );
     assert_eq!(status, 409, "{body}");
     assert!(body.contains(&in_use(q, "UDP")), "{body}");
     // Nothing half-added; a free port still works.
     let (status, body) = http(a, "GET", "/tenants", "tok", "");
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains("\"t1\"") && !body.contains("\"t2\""), "{body}");
-    let (status, body) = http(a, "PUT", "/tenants/t3", "tok", &format!("{{\"tcp_port\": {}, \"share\": 0.25}}", free_port()));
+    let (status, body) =
+        http(a, "PUT", "/tenants/t3", "tok", &format!("{{\"tcp_port\": {}, \"share\": 0.25}}", free_port()));
     assert_eq!(status, 201, "{body}");
     assert_item_everywhere(p);
 }

@@ -141,8 +141,24 @@ fn as_root_u_nobody_drops_everything_and_serves() {
     let (uid, gid) = nobody();
     let p = free_port();
     let ps = p.to_string();
-    let mut d = start(Command::new(env!("CARGO_BIN_EXE_slipstream")).args(["serve", "-l", "127.0.0.1", "-p", &ps, "-U", &ps, "-t", "2", "-u", "nobody"]));
-    assert!(d.status_line.contains("running as user nobody") && d.status_line.contains("no capabilities"), "{}", d.status_line);
+    let mut d = start(Command::new(env!("CARGO_BIN_EXE_slipstream")).args([
+        "serve",
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &ps,
+        "-U",
+        &ps,
+        "-t",
+        "2",
+        "-u",
+        "nobody",
+    ]));
+    assert!(
+        d.status_line.contains("running as user nobody") && d.status_line.contains("no capabilities"),
+        "{}",
+        d.status_line
+    );
     assert_dropped(&d, uid, gid, false);
     let mut s = connect(SocketAddr::from(([127, 0, 0, 1], p)));
     assert_eq!(ask(&mut s, b"set a 0 0 1\r\nx\r\nget a\r\n", b"END\r\n"), "STORED\r\nVALUE a 0 1\r\nx\r\nEND\r\n");
@@ -150,17 +166,20 @@ fn as_root_u_nobody_drops_everything_and_serves() {
 
     // Root without -u: served, and said.
     let p = free_port().to_string();
-    let d = start(Command::new(env!("CARGO_BIN_EXE_slipstream")).args(["serve", "-l", "127.0.0.1", "-p", &p, "-t", "1"]));
+    let d =
+        start(Command::new(env!("CARGO_BIN_EXE_slipstream")).args(["serve", "-l", "127.0.0.1", "-p", &p, "-t", "1"]));
     assert!(d.status_line.contains("running as root (-u USER drops privileges after start-up)"), "{}", d.status_line);
     assert_eq!(d.status("Uid"), "0\t0\t0\t0");
 
     // An unknown user: memcached's line, before anything is bound.
-    let out = Command::new(env!("CARGO_BIN_EXE_slipstream")).args(["serve", "-l", "127.0.0.1", "-p", &free_port().to_string(), "-u", "no-such-user-x"]).output().expect("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_slipstream"))
+        .args(["serve", "-l", "127.0.0.1", "-p", &free_port().to_string(), "-u", "no-such-user-x"])
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("can't find the user no-such-user-x to switch to"), "{err}");
 }
-
 
 /// One memcached UDP get; the reply's text (None after 500 ms).
 fn udp_get(sock: &UdpSocket, rid: u16, key: &str) -> Option<String> {
@@ -182,7 +201,10 @@ fn udp_get(sock: &UdpSocket, rid: u16, key: &str) -> Option<String> {
 
 fn stat(s: &mut TcpStream, name: &str) -> u64 {
     let text = ask(s, b"stats\r\n", b"END\r\n");
-    text.lines().find_map(|l| l.strip_prefix(&format!("STAT {name} "))).and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("no {name} in {text}"))
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 #[test]
@@ -194,7 +216,25 @@ fn xdp_fast_path_works_after_dropping_to_nobody_and_detaches_on_sigterm() {
     let (uid, gid) = nobody();
     let topo = common::Pair::new("p", V4S, V4C);
     let port = XDP_PORT.to_string();
-    let mut d = start(Command::new("ip").args(["netns", "exec", &topo.srv, env!("CARGO_BIN_EXE_slipstream"), "serve", "-l", V4S, "-p", &port, "-U", &port, "-t", "2", "--xdp", &topo.srv_dev, "-u", "nobody"]));
+    let mut d = start(Command::new("ip").args([
+        "netns",
+        "exec",
+        &topo.srv,
+        env!("CARGO_BIN_EXE_slipstream"),
+        "serve",
+        "-l",
+        V4S,
+        "-p",
+        &port,
+        "-U",
+        &port,
+        "-t",
+        "2",
+        "--xdp",
+        &topo.srv_dev,
+        "-u",
+        "nobody",
+    ]));
     assert!(d.status_line.contains("kernel fast path on"), "{}", d.status_line);
     assert!(d.status_line.contains("running as user nobody"), "{}", d.status_line);
     // `ip netns exec` execs the daemon: the child's pid is the daemon's. On kernels with XDP

@@ -137,8 +137,7 @@ fn normal_work(c: &memcache::Client, ascii: bool) {
 
     // cas: a fresh token wins once, then the stale token loses
     c.set("caskey", "v1", 0).expect("set casflag");
-    let (val, _flags, cas): (String, u32, Option<u64>) =
-        c.get("caskey").expect("gets").expect("casflag present");
+    let (val, _flags, cas): (String, u32, Option<u64>) = c.get("caskey").expect("gets").expect("casflag present");
     assert_eq!(val, "v1");
     let cas = cas.expect("server returned a CAS token");
     assert!(c.cas("caskey", "v2", 0, cas).expect("cas fresh"));

@@ -36,7 +36,6 @@ const UDP_TIMEOUT: Duration = Duration::from_millis(500);
 /// The two tests are heavy on the two CPUs and time-sensitive (TTLs): run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-
 fn skip_reason() -> Option<String> {
     if !root() {
         return Some("not root: network namespaces and XDP need root".into());
@@ -46,8 +45,6 @@ fn skip_reason() -> Option<String> {
     }
     None
 }
-
-
 
 /// Namespaces + veth pair + the daemon; all removed on drop.
 struct Topology {
@@ -167,7 +164,12 @@ impl Tcp {
         let mut buf = [0u8; 65536];
         let deadline = Instant::now() + IO_TIMEOUT * 2;
         while !got.ends_with(b"MN\r\n") {
-            assert!(Instant::now() < deadline, "no MN after {:?}: got {:?}", String::from_utf8_lossy(req), String::from_utf8_lossy(&got));
+            assert!(
+                Instant::now() < deadline,
+                "no MN after {:?}: got {:?}",
+                String::from_utf8_lossy(req),
+                String::from_utf8_lossy(&got)
+            );
             match self.s.read(&mut buf) {
                 Ok(0) => panic!("server closed the connection"),
                 Ok(n) => got.extend_from_slice(&buf[..n]),
@@ -286,10 +288,7 @@ fn xdp_fast_path_end_to_end() {
         assert_eq!(u.get(true, "get foo\r\n").as_deref(), Some(&*want), "IPv6 get (XDP)");
         let c2 = t.fastpath();
         assert_eq!((c2.0 - c1.0, c2.1 - c1.1), (2, 0), "second get and IPv6 get answered by XDP");
-        assert_eq!(
-            u.get(false, "gets foo\r\n").as_deref().map(|s| s.starts_with("VALUE foo 5 3 ")),
-            Some(true)
-        );
+        assert_eq!(u.get(false, "gets foo\r\n").as_deref().map(|s| s.starts_with("VALUE foo 5 3 ")), Some(true));
         let mg = u.query(false, "mg foo v f\r\n", |s| s.ends_with("bar\r\n"));
         assert_eq!(mg.as_deref(), Some("VA 3 f5\r\nbar\r\n"));
         let c3 = t.fastpath();
@@ -590,13 +589,9 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let seed = std::env::var("STALE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
-        })
-        | 1;
+    let seed = std::env::var("STALE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
+    }) | 1;
     println!("stale-read checker seed {seed} (rerun with STALE_SEED={seed})");
     let mut topo = Topology::new("s");
     let line = topo.start_server(&["--xdp", &topo.vs.clone(), "-t", "2"]);
@@ -674,11 +669,15 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
                     let floors: Vec<u64> = ks.iter().map(|&k| acked[k].load(Ordering::SeqCst)).collect();
                     let names: Vec<String> = ks.iter().map(|&k| ckey(k)).collect();
                     let reply = if mg {
-                        u.query(v6, &format!("mg {} v\r\n", names[0]), |s| s.ends_with("\r\n") && s.matches("\r\n").count() >= 2)
-                            .map(|s| match s.strip_prefix("VA 12\r\n").and_then(|v| v.strip_suffix("\r\n")) {
+                        u.query(v6, &format!("mg {} v\r\n", names[0]), |s| {
+                            s.ends_with("\r\n") && s.matches("\r\n").count() >= 2
+                        })
+                        .map(|s| {
+                            match s.strip_prefix("VA 12\r\n").and_then(|v| v.strip_suffix("\r\n")) {
                                 Some(v) => format!("VALUE {} 0 12\r\n{v}\r\nEND\r\n", names[0]),
                                 None => s,
-                            })
+                            }
+                        })
                     } else {
                         u.get(v6, &format!("get {}\r\n", names.join(" ")))
                     };
@@ -701,7 +700,10 @@ fn xdp_no_stale_reads_under_concurrent_writes() {
                         if key != &names[i] {
                             tally.malformed.fetch_add(1, Ordering::Relaxed);
                         } else if *ver < floors[i] {
-                            eprintln!("STALE: {key} returned version {ver}, acknowledged {} before the read", floors[i]);
+                            eprintln!(
+                                "STALE: {key} returned version {ver}, acknowledged {} before the read",
+                                floors[i]
+                            );
                             tally.stale.fetch_add(1, Ordering::Relaxed);
                         }
                     }

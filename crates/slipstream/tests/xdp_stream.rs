@@ -175,8 +175,11 @@ fn send_all(cli: &str, packets: Vec<(u16, Vec<u8>)>, gap: Duration) {
 
 fn metrics(cli: &str) -> String {
     in_ns(cli, || {
-        let mut s = TcpStream::connect_timeout(&format!("{V4S}:{ADMIN}").parse().unwrap_or_else(|_| unreachable!()), Duration::from_secs(2))
-            .expect("admin");
+        let mut s = TcpStream::connect_timeout(
+            &format!("{V4S}:{ADMIN}").parse().unwrap_or_else(|_| unreachable!()),
+            Duration::from_secs(2),
+        )
+        .expect("admin");
         s.set_read_timeout(Some(Duration::from_secs(2))).ok();
         let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
         let mut out = String::new();
@@ -243,7 +246,8 @@ type Packets = Vec<(u16, Vec<u8>)>;
 fn packets(seed: u64) -> (Packets, BTreeMap<String, u64>) {
     let mut rng = Rng(fastrand::Rng::with_seed(seed));
     let long = "L".repeat(40); // over the kernel's 32-byte key: passed to user space
-    let vocab: Vec<String> = (0..50).map(|i| format!("w{i}")).chain(["\"q\"".into(), "a\\b".into(), "caf\u{e9}".into(), long]).collect();
+    let vocab: Vec<String> =
+        (0..50).map(|i| format!("w{i}")).chain(["\"q\"".into(), "a\\b".into(), "caf\u{e9}".into(), long]).collect();
     let mut want: BTreeMap<String, u64> = BTreeMap::new();
     let mut out = Vec::new();
     let seps: [&[u8]; 5] = [b" ", b"\t", b"\n", b"\r\n", b"  "];
@@ -296,7 +300,8 @@ struct Outcome {
 
 fn run(t: &mut Topo, xdp: bool, seed: u64) -> Outcome {
     let iface = t.vs.clone();
-    let status = if xdp { t.start(CONFIG, &["-p", "11390", "--xdp", &iface]) } else { t.start(CONFIG, &["-p", "11390"]) };
+    let status =
+        if xdp { t.start(CONFIG, &["-p", "11390", "--xdp", &iface]) } else { t.start(CONFIG, &["-p", "11390"]) };
     eprintln!("{status}");
     let sub = subscribe(&t.cli);
     // The subscription settles, and the client resolves the server's MAC address (a UDP
@@ -392,7 +397,11 @@ fn kv_and_streams_share_one_program() {
     assert!(status.contains("kernel fast path on") && status.contains("shared with the KV fast path"), "{status}");
     // Fill through TCP, then a UDP get from the client: the first get fills the kernel cache.
     in_ns(&t.cli, || {
-        let mut c = TcpStream::connect_timeout(&format!("{V4S}:11391").parse().unwrap_or_else(|_| unreachable!()), Duration::from_secs(2)).expect("tcp");
+        let mut c = TcpStream::connect_timeout(
+            &format!("{V4S}:11391").parse().unwrap_or_else(|_| unreachable!()),
+            Duration::from_secs(2),
+        )
+        .expect("tcp");
         c.set_read_timeout(Some(Duration::from_secs(2))).ok();
         c.write_all(b"set k 0 0 2\r\nhi\r\n").expect("set");
         let mut b = [0u8; 64];
@@ -409,10 +418,18 @@ fn kv_and_streams_share_one_program() {
             assert!(String::from_utf8_lossy(&r[..n]).contains("VALUE k 0 2"), "get {i}");
         }
     });
-    send_all(&t.cli, (0..200).map(|i| (7301u16, format!("a b c{i}").into_bytes())).collect(), Duration::from_micros(200));
+    send_all(
+        &t.cli,
+        (0..200).map(|i| (7301u16, format!("a b c{i}").into_bytes())).collect(),
+        Duration::from_micros(200),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let m = metrics(&t.cli);
-    let hits: u64 = m.lines().find_map(|l| l.strip_prefix("slipstream_fastpath_hits_total ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let hits: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("slipstream_fastpath_hits_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
     assert!(hits >= 1, "a UDP get answered by XDP: {hits}");
     assert_eq!(metric(&m, "slipstream_stream_xdp_datagrams_total", "w"), 200, "stream counted by XDP");
 }

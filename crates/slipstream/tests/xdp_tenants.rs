@@ -27,10 +27,6 @@ const PORT_B: u16 = 22312;
 const V4S: &str = "10.204.0.1";
 const V4C: &str = "10.204.0.2";
 
-
-
-
-
 /// The user-space side: answers every memcached UDP request on the tenants' ports with
 /// "USER <port>\r\n" (so the client can tell it from a kernel answer). Stops with `stop`.
 fn start_responder(ports: &[u16], stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {

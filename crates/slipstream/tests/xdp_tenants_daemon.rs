@@ -59,9 +59,6 @@ const BLAST_REQUESTS_MAX: u64 = BLAST_REQUESTS_PER_S * 3;
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 const UDP_REPLY_TIMEOUT: Duration = Duration::from_millis(500);
 
-
-
-
 /// Namespaces, veth pair, config file and the daemon; all removed on drop.
 struct Topology {
     srv: String,
@@ -156,7 +153,11 @@ fn tcp_cmd(port: u16, req: &str) -> String {
     let mut buf = [0u8; 8192];
     let deadline = Instant::now() + IO_TIMEOUT * 2;
     while !got.ends_with(b"MN\r\n") {
-        assert!(Instant::now() < deadline, "no MN after {req:?} on port {port}: got {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            Instant::now() < deadline,
+            "no MN after {req:?} on port {port}: got {:?}",
+            String::from_utf8_lossy(&got)
+        );
         match s.read(&mut buf) {
             Ok(0) => panic!("port {port} closed the connection after {req:?}"),
             Ok(n) => got.extend_from_slice(&buf[..n]),
@@ -206,7 +207,8 @@ fn http(method: &str, path: &str, body: &str) -> (u16, String) {
         }
     }
     let text = String::from_utf8_lossy(&reply).into_owned();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad HTTP reply: {text:?}"));
+    let status =
+        text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad HTTP reply: {text:?}"));
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (status, body)
 }
@@ -227,7 +229,8 @@ fn metrics() -> HashMap<(String, String), u64> {
 }
 
 fn metric(m: &HashMap<(String, String), u64>, name: &str, tenant: &str) -> u64 {
-    *m.get(&(name.to_string(), tenant.to_string())).unwrap_or_else(|| panic!("no {name}{{tenant=\"{tenant}\"}} in /metrics"))
+    *m.get(&(name.to_string(), tenant.to_string()))
+        .unwrap_or_else(|| panic!("no {name}{{tenant=\"{tenant}\"}} in /metrics"))
 }
 
 fn kernel_requests(tenant: &str) -> u64 {
@@ -355,7 +358,10 @@ fn xdp_tenants_obey_their_shares_in_the_daemon() {
         topo.stderr_text()
     );
     let stderr = topo.stderr_text();
-    assert!(!stderr.contains("kernel fast path off for it"), "a tenant was left out of the kernel fast path:\n{stderr}");
+    assert!(
+        !stderr.contains("kernel fast path off for it"),
+        "a tenant was left out of the kernel fast path:\n{stderr}"
+    );
 
     topo.in_client(|| {
         // ---- 1. Isolation through XDP.

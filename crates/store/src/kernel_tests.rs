@@ -131,7 +131,14 @@ fn every_change_invalidates_first() {
             s.store(SetMode::Cas, b"k", b"c", 0, 0, StoreOpts { cas: Some(cas), ..StoreOpts::default() });
         }),
         ("ms I (stale cas)", |s| {
-            s.store(SetMode::Set, b"k", b"i", 0, 0, StoreOpts { cas: Some(1), invalidate: true, ..StoreOpts::default() });
+            s.store(
+                SetMode::Set,
+                b"k",
+                b"i",
+                0,
+                0,
+                StoreOpts { cas: Some(1), invalidate: true, ..StoreOpts::default() },
+            );
         }),
         ("set already expired", |s| set(s, "k", "x", -1)),
         ("delete", |s| {
@@ -248,13 +255,12 @@ impl Rng {
 
 /// Random operations on a few keys; after each, every copy the mock would serve (not past its
 /// expiry) must equal the store's visible item exactly.
+#[allow(clippy::too_many_lines)] // one test scenario, read top to bottom
 #[test]
 fn randomized_copies_always_match_the_store() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1)
-        | 1;
+    let seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+            | 1;
     println!("randomized_copies_always_match_the_store seed {seed}");
     let mut rng = Rng(seed);
     let (s, m) = store_with_mock(48 * 1024, 300);
@@ -330,10 +336,14 @@ fn randomized_copies_always_match_the_store() {
             if matches!(exp_rel, Some(e) if e <= now) {
                 continue; // the kernel itself would not serve it
             }
-            let in_store =
-                s.get(&key, GetOpts::default(), |o| o.item.map(|i| (i.value.to_vec(), i.flags, i.cas, i.ttl_remaining_s)));
+            let in_store = s.get(&key, GetOpts::default(), |o| {
+                o.item.map(|i| (i.value.to_vec(), i.flags, i.cas, i.ttl_remaining_s))
+            });
             let Some((sv, sf, sc, ttl)) = in_store else {
-                panic!("seed {seed} step {step}: copy of {:?} served but the store has no item", String::from_utf8_lossy(&key));
+                panic!(
+                    "seed {seed} step {step}: copy of {:?} served but the store has no item",
+                    String::from_utf8_lossy(&key)
+                );
             };
             assert!(
                 sv == value && sf == flags && sc == cas,
@@ -341,7 +351,10 @@ fn randomized_copies_always_match_the_store() {
                 String::from_utf8_lossy(&key)
             );
             if let Some(e) = exp_rel {
-                assert!(ttl >= 0 && i64::from(e) <= i64::from(now) + ttl, "seed {seed} step {step}: copy outlives the item");
+                assert!(
+                    ttl >= 0 && i64::from(e) <= i64::from(now) + ttl,
+                    "seed {seed} step {step}: copy outlives the item"
+                );
             } else {
                 assert_eq!(ttl, -1, "seed {seed} step {step}: copy never expires but the item does");
             }

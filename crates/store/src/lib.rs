@@ -72,9 +72,9 @@ mod shard;
 pub use clock::Clock;
 pub use hash::hash_key;
 
-use slipstream_proto::rules::{self, ItemLimits, KEY_BYTES_MAX};
 use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
+use slipstream_proto::rules::{self, ItemLimits, KEY_BYTES_MAX};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::Instant;
@@ -132,12 +132,7 @@ impl StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig {
-            memory_bytes_max: 64 * 1024 * 1024,
-            item_bytes_max: 1024 * 1024,
-            shards: 64,
-            cas_enabled: true,
-        }
+        StoreConfig { memory_bytes_max: 64 * 1024 * 1024, item_bytes_max: 1024 * 1024, shards: 64, cas_enabled: true }
     }
 }
 
@@ -300,7 +295,11 @@ pub struct ArithOpts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArithResult {
     /// New value and new CAS.
-    Ok { value: u64, cas: u64, ttl_remaining_s: i64 },
+    Ok {
+        value: u64,
+        cas: u64,
+        ttl_remaining_s: i64,
+    },
     NotFound,
     /// Current value is not a decimal number that fits u64
     /// (memcached: `CLIENT_ERROR cannot increment or decrement non-numeric value`).
@@ -912,8 +911,7 @@ impl Store {
         let t = self.now();
         let cas_in = opts.cas.unwrap_or(0);
         let key_bit = if opts.key_binary { KEY_BINARY } else { 0 };
-        let cas_mode =
-            mode == SetMode::Cas || (opts.cas.is_some() && matches!(mode, SetMode::Set | SetMode::Replace));
+        let cas_mode = mode == SetMode::Cas || (opts.cas.is_some() && matches!(mode, SetMode::Set | SetMode::Replace));
         let Some(idx) = sh.lookup_live(key, tag, &t, &self.used_bytes.0) else {
             let exp_raw = match mode {
                 _ if cas_mode => return StoreResult::NotFound,

@@ -24,9 +24,7 @@ fn bump() -> GetOpts {
 
 /// (value, flags, cas) of a visible item.
 fn get(s: &Store, k: &str) -> Option<(String, u32, u64)> {
-    s.get(k.as_bytes(), bump(), |o| {
-        o.item.map(|i| (String::from_utf8_lossy(i.value).into_owned(), i.flags, i.cas))
-    })
+    s.get(k.as_bytes(), bump(), |o| o.item.map(|i| (String::from_utf8_lossy(i.value).into_owned(), i.flags, i.cas)))
 }
 
 fn val(s: &Store, k: &str) -> Option<String> {
@@ -364,7 +362,10 @@ fn too_large_matches_memcached_boundary() {
     assert!(matches!(s.store(SetMode::Set, b"foo", &v(1_048_510), 1, 0, StoreOpts::default()), StoreResult::Stored(_)));
     assert_eq!(s.store(SetMode::Set, b"foo", &v(1_048_511), 1, 0, StoreOpts::default()), StoreResult::TooLarge);
     let nocas = store_with(|c| c.cas_enabled = false);
-    assert!(matches!(nocas.store(SetMode::Set, b"foo", &v(1_048_522), 0, 0, StoreOpts::default()), StoreResult::Stored(_)));
+    assert!(matches!(
+        nocas.store(SetMode::Set, b"foo", &v(1_048_522), 0, 0, StoreOpts::default()),
+        StoreResult::Stored(_)
+    ));
     assert_eq!(nocas.store(SetMode::Set, b"foo", &v(1_048_523), 0, 0, StoreOpts::default()), StoreResult::TooLarge);
     // Keys over 250 bytes are refused too.
     assert_eq!(s.store(SetMode::Set, &[b'k'; 251], b"v", 0, 0, StoreOpts::default()), StoreResult::TooLarge);
@@ -712,7 +713,13 @@ fn meta_vivify_gives_win_once_then_z_until_replaced() {
     stored_cas(set(&s, "k", "real", 0));
     assert_eq!(mg(&s, "k", viv), Some((b"real".to_vec(), false, false, false)), "set clears tokens");
     // T applies to a just-vivified item as well.
-    let viv_t = GetOpts { win_tokens: true, vivify_exptime: Some(30), touch_exptime: Some(60), bump: true, ..GetOpts::default() };
+    let viv_t = GetOpts {
+        win_tokens: true,
+        vivify_exptime: Some(30),
+        touch_exptime: Some(60),
+        bump: true,
+        ..GetOpts::default()
+    };
     let ttl = s.get(b"k2", viv_t, |o| (o.won, o.item.map(|i| i.ttl_remaining_s)));
     assert_eq!(ttl, (true, Some(60)));
     assert!(s.get(b"miss", bump(), |o| o.item.is_none() && !o.won));
@@ -852,7 +859,9 @@ fn concurrent_stores_under_memory_pressure_stay_within_budget() {
                     let len = (r >> 32) as usize % v.len();
                     let res = s.store(SetMode::Set, k.as_bytes(), &v[..len], 0, 0, StoreOpts::default());
                     assert!(!matches!(res, StoreResult::TooLarge));
-                    s.get(k.as_bytes(), GetOpts { bump: true, ..GetOpts::default() }, |o| o.item.map(|i| i.value.len()));
+                    s.get(k.as_bytes(), GetOpts { bump: true, ..GetOpts::default() }, |o| {
+                        o.item.map(|i| i.value.len())
+                    });
                     assert!(s.used_bytes.0.load(Ordering::Relaxed) <= max);
                 }
             })
@@ -1152,7 +1161,14 @@ fn concurrent_stores_and_reads_keep_every_lru_sorted_and_published() {
                     let r = rng.next();
                     let k = format!("k{}", r % 3000);
                     if r >> 62 == 0 {
-                        let r = s.store(SetMode::Set, k.as_bytes(), &v[..(r >> 40) as usize % 900], 0, 0, StoreOpts::default());
+                        let r = s.store(
+                            SetMode::Set,
+                            k.as_bytes(),
+                            &v[..(r >> 40) as usize % 900],
+                            0,
+                            0,
+                            StoreOpts::default(),
+                        );
                         assert!(matches!(r, StoreResult::Stored(_)), "seed={seed}: {r:?}");
                     } else {
                         s.get(k.as_bytes(), bump(), |o| o.item.is_some());

@@ -353,8 +353,17 @@ mod tests {
             b.advance(t);
             b.push(t, *v, &mut |_| {});
         }
-        let mut c = ChangePoint::restore(WINDOW_NS, 4, det, 8, b.current, b.cur_sum, b.cur_count,
-            &b.means.iter().copied().collect::<Vec<_>>(), &b.history.iter().copied().collect::<Vec<_>>());
+        let mut c = ChangePoint::restore(
+            WINDOW_NS,
+            4,
+            det,
+            8,
+            b.current,
+            b.cur_sum,
+            b.cur_count,
+            &b.means.iter().copied().collect::<Vec<_>>(),
+            &b.history.iter().copied().collect::<Vec<_>>(),
+        );
         let mut alerts_c = Vec::new();
         for (i, v) in vals.iter().enumerate().skip(1_550) {
             let t = i as u64 * MS;

@@ -151,14 +151,20 @@ impl fmt::Display for ConfigError {
             UnknownOperator(s) => write!(f, "operator {s:?}: expected changepoint, wordcount, aggregate or filter"),
             WindowMs { value } => write!(f, "window_ms = {value}: expected 1..={WINDOW_MS_MAX}"),
             SlideMs { value } => write!(f, "slide_ms = {value}: expected 1..=window_ms"),
-            TooManyPanes { panes } => write!(f, "window_ms / gcd(window_ms, slide_ms) = {panes}, at most {PANES_PER_WINDOW_MAX}"),
-            ReferenceWindows { value } => write!(f, "reference_windows = {value}: expected 1..={REFERENCE_WINDOWS_MAX}"),
+            TooManyPanes { panes } => {
+                write!(f, "window_ms / gcd(window_ms, slide_ms) = {panes}, at most {PANES_PER_WINDOW_MAX}")
+            }
+            ReferenceWindows { value } => {
+                write!(f, "reference_windows = {value}: expected 1..={REFERENCE_WINDOWS_MAX}")
+            }
             Threshold { value } => write!(f, "threshold = {value}: expected a finite number > 0"),
             History { value } => write!(f, "history = {value}: at most {HISTORY_MAX}"),
             UnknownMethod(s) => write!(f, "method {s:?}: expected reference or cusum"),
             Drift { value } => write!(f, "drift = {value}: expected a finite number >= 0"),
             MissingFilter => write!(f, "operator filter needs `filter`"),
-            UnknownFilter(s) => write!(f, "filter {s:?}: expected lt, le, gt, ge, eq, between, equals, prefix or contains"),
+            UnknownFilter(s) => {
+                write!(f, "filter {s:?}: expected lt, le, gt, ge, eq, between, equals, prefix or contains")
+            }
             MissingFilterKey { key } => write!(f, "this filter needs `{key}`"),
             FilterValueNotFinite { key } => write!(f, "{key} must be finite"),
             FilterBoundsReversed => write!(f, "between: filter_value must be <= filter_upper"),
@@ -276,10 +282,12 @@ impl StreamConfig {
         if slide_ms == 0 || slide_ms > self.window_ms {
             return Err(ConfigError::SlideMs { value: slide_ms });
         }
-        Windows::new(self.window_ns(), slide_ms.saturating_mul(NS_PER_MS), self.values_per_window_max).map_err(|e| match e {
-            WindowError::TooManyPanes { panes } => ConfigError::TooManyPanes { panes },
-            WindowError::ZeroSize => ConfigError::WindowMs { value: self.window_ms },
-            WindowError::ZeroSlide | WindowError::SlideLargerThanSize => ConfigError::SlideMs { value: slide_ms },
+        Windows::new(self.window_ns(), slide_ms.saturating_mul(NS_PER_MS), self.values_per_window_max).map_err(|e| {
+            match e {
+                WindowError::TooManyPanes { panes } => ConfigError::TooManyPanes { panes },
+                WindowError::ZeroSize => ConfigError::WindowMs { value: self.window_ms },
+                WindowError::ZeroSlide | WindowError::SlideLargerThanSize => ConfigError::SlideMs { value: slide_ms },
+            }
         })
     }
 
@@ -308,7 +316,8 @@ impl StreamConfig {
         let kind = self.filter.as_deref().ok_or(ConfigError::MissingFilter)?;
         let word = || -> Result<String, ConfigError> {
             let w = self.filter_word.as_deref().ok_or(ConfigError::MissingFilterKey { key: "filter_word" })?;
-            if w.is_empty() || w.len() > self.word_bytes_max || w.bytes().any(|b| b.is_ascii_whitespace() || b == 0x0b) {
+            if w.is_empty() || w.len() > self.word_bytes_max || w.bytes().any(|b| b.is_ascii_whitespace() || b == 0x0b)
+            {
                 return Err(ConfigError::FilterWord);
             }
             Ok(w.to_string())
@@ -388,7 +397,12 @@ mod tests {
         bin.extend_from_slice(&31.2f64.to_le_bytes());
         feed_datagram(&mut *op, &bin, Encoding::Auto, &c.limits(), 900 * ms, &mut out);
         let line = String::from_utf8(out).unwrap();
-        assert!(line.starts_with("{\"stream\":\"sensor\",\"type\":\"changepoint\",\"value\":31.2,\"reference\":10.0,\"t_ns\":900000000,"), "{line}");
+        assert!(
+            line.starts_with(
+                "{\"stream\":\"sensor\",\"type\":\"changepoint\",\"value\":31.2,\"reference\":10.0,\"t_ns\":900000000,"
+            ),
+            "{line}"
+        );
         assert!(line.ends_with("]}\n") && line.matches('\n').count() == 1);
     }
 
@@ -398,9 +412,19 @@ mod tests {
         assert_eq!(mk("wordcount").build().unwrap().input(), Input::Words);
         assert_eq!(StreamConfig { slide_ms: Some(25), ..mk("aggregate") }.build().unwrap().input(), Input::Numbers);
         assert!(StreamConfig { method: "cusum".into(), ..mk("changepoint") }.build().is_ok());
-        let f = StreamConfig { filter: Some("between".into()), filter_value: Some(1.0), filter_upper: Some(2.0), ..mk("filter") };
+        let f = StreamConfig {
+            filter: Some("between".into()),
+            filter_value: Some(1.0),
+            filter_upper: Some(2.0),
+            ..mk("filter")
+        };
         assert_eq!(f.build().unwrap().input(), Input::Numbers);
-        let f = StreamConfig { filter: Some("prefix".into()), filter_word: Some("ab".into()), filter_action: "drop".into(), ..mk("filter") };
+        let f = StreamConfig {
+            filter: Some("prefix".into()),
+            filter_word: Some("ab".into()),
+            filter_action: "drop".into(),
+            ..mk("filter")
+        };
         assert_eq!(f.build().unwrap().input(), Input::Words);
     }
 
@@ -410,24 +434,62 @@ mod tests {
         assert_eq!(e(StreamConfig { name: "".into(), ..sensor() }), Some(ConfigError::EmptyName));
         assert_eq!(e(StreamConfig { name: "a\nb".into(), ..sensor() }), Some(ConfigError::NameHasControlChar));
         assert_eq!(e(StreamConfig { udp_port: 0, ..sensor() }), Some(ConfigError::ZeroPort { key: "udp_port" }));
-        assert_eq!(e(StreamConfig { operator: "join".into(), ..sensor() }), Some(ConfigError::UnknownOperator("join".into())));
+        assert_eq!(
+            e(StreamConfig { operator: "join".into(), ..sensor() }),
+            Some(ConfigError::UnknownOperator("join".into()))
+        );
         assert_eq!(e(StreamConfig { window_ms: 0, ..sensor() }), Some(ConfigError::WindowMs { value: 0 }));
-        assert_eq!(e(StreamConfig { reference_windows: 0, ..sensor() }), Some(ConfigError::ReferenceWindows { value: 0 }));
-        assert_eq!(e(StreamConfig { threshold: f64::NAN, ..sensor() }).map(|x| matches!(x, ConfigError::Threshold { .. })), Some(true));
+        assert_eq!(
+            e(StreamConfig { reference_windows: 0, ..sensor() }),
+            Some(ConfigError::ReferenceWindows { value: 0 })
+        );
+        assert_eq!(
+            e(StreamConfig { threshold: f64::NAN, ..sensor() }).map(|x| matches!(x, ConfigError::Threshold { .. })),
+            Some(true)
+        );
         assert_eq!(e(StreamConfig { history: 1 << 20, ..sensor() }), Some(ConfigError::History { value: 1 << 20 }));
         assert_eq!(e(StreamConfig { method: "ph".into(), ..sensor() }), Some(ConfigError::UnknownMethod("ph".into())));
-        assert_eq!(e(StreamConfig { method: "cusum".into(), drift: -1.0, ..sensor() }), Some(ConfigError::Drift { value: -1.0 }));
-        assert_eq!(e(StreamConfig { format: "xml".into(), ..sensor() }), Some(ConfigError::UnknownFormat("xml".into())));
-        assert_eq!(e(StreamConfig { word_bytes_max: 0, ..sensor() }), Some(ConfigError::Limit { key: "word_bytes_max", value: 0, max: WORD_BYTES_MAX }));
+        assert_eq!(
+            e(StreamConfig { method: "cusum".into(), drift: -1.0, ..sensor() }),
+            Some(ConfigError::Drift { value: -1.0 })
+        );
+        assert_eq!(
+            e(StreamConfig { format: "xml".into(), ..sensor() }),
+            Some(ConfigError::UnknownFormat("xml".into()))
+        );
+        assert_eq!(
+            e(StreamConfig { word_bytes_max: 0, ..sensor() }),
+            Some(ConfigError::Limit { key: "word_bytes_max", value: 0, max: WORD_BYTES_MAX })
+        );
         let agg = StreamConfig { operator: "aggregate".into(), ..sensor() };
         assert_eq!(e(StreamConfig { slide_ms: Some(200), ..agg.clone() }), Some(ConfigError::SlideMs { value: 200 }));
-        assert_eq!(e(StreamConfig { window_ms: 100_000, slide_ms: Some(99_999), ..agg }), Some(ConfigError::TooManyPanes { panes: 100_000 }));
+        assert_eq!(
+            e(StreamConfig { window_ms: 100_000, slide_ms: Some(99_999), ..agg }),
+            Some(ConfigError::TooManyPanes { panes: 100_000 })
+        );
         let f = StreamConfig { operator: "filter".into(), ..sensor() };
         assert_eq!(e(f.clone()), Some(ConfigError::MissingFilter));
-        assert_eq!(e(StreamConfig { filter: Some("gt".into()), ..f.clone() }), Some(ConfigError::MissingFilterKey { key: "filter_value" }));
-        assert_eq!(e(StreamConfig { filter: Some("between".into()), filter_value: Some(3.0), filter_upper: Some(1.0), ..f.clone() }), Some(ConfigError::FilterBoundsReversed));
-        assert_eq!(e(StreamConfig { filter: Some("equals".into()), filter_word: Some("a b".into()), ..f.clone() }), Some(ConfigError::FilterWord));
-        assert_eq!(e(StreamConfig { filter: Some("gt".into()), filter_value: Some(1.0), filter_action: "keep".into(), ..f }), Some(ConfigError::UnknownFilterAction("keep".into())));
+        assert_eq!(
+            e(StreamConfig { filter: Some("gt".into()), ..f.clone() }),
+            Some(ConfigError::MissingFilterKey { key: "filter_value" })
+        );
+        assert_eq!(
+            e(StreamConfig {
+                filter: Some("between".into()),
+                filter_value: Some(3.0),
+                filter_upper: Some(1.0),
+                ..f.clone()
+            }),
+            Some(ConfigError::FilterBoundsReversed)
+        );
+        assert_eq!(
+            e(StreamConfig { filter: Some("equals".into()), filter_word: Some("a b".into()), ..f.clone() }),
+            Some(ConfigError::FilterWord)
+        );
+        assert_eq!(
+            e(StreamConfig { filter: Some("gt".into()), filter_value: Some(1.0), filter_action: "keep".into(), ..f }),
+            Some(ConfigError::UnknownFilterAction("keep".into()))
+        );
         let two = [sensor(), StreamConfig { name: "b".into(), ..sensor() }];
         assert_eq!(validate_streams(&two), Err(ConfigError::DuplicatePort(7001)));
         let two = [sensor(), StreamConfig { udp_port: 7002, ..sensor() }];

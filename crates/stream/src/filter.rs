@@ -35,9 +35,7 @@ pub enum Action {
 impl Predicate {
     pub fn input(&self) -> Input {
         match self {
-            Predicate::WordEquals(_) | Predicate::WordPrefix(_) | Predicate::WordContains(_) => {
-                Input::Words
-            }
+            Predicate::WordEquals(_) | Predicate::WordPrefix(_) | Predicate::WordContains(_) => Input::Words,
             _ => Input::Numbers,
         }
     }

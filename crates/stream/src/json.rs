@@ -155,8 +155,20 @@ pub(crate) mod tests {
     #[test]
     fn numbers_are_json_and_round_trip() {
         let cases = [
-            0.0, -0.0, 1.0, -2.5, 0.1, 31.2, 1e16, 1e-7, 1.5e300, -1.5e-300, f64::MAX,
-            f64::MIN_POSITIVE, 5e-324, 123456789.125,
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            0.1,
+            31.2,
+            1e16,
+            1e-7,
+            1.5e300,
+            -1.5e-300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            5e-324,
+            123456789.125,
         ];
         for v in cases {
             let mut o = Vec::new();

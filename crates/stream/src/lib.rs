@@ -19,10 +19,10 @@ pub mod filter;
 pub mod json;
 pub mod record;
 pub mod result;
-pub mod window;
-pub mod wordcount;
 #[cfg(test)]
 mod testutil;
+pub mod window;
+pub mod wordcount;
 
 pub use config::{ConfigError, StreamConfig};
 pub use record::{Encoding, Limits, ParseStats, Record};
@@ -73,12 +73,10 @@ pub fn feed_datagram(
     out: &mut Vec<u8>,
 ) -> ParseStats {
     match op.input() {
-        Input::Numbers => record::parse_numbers(payload, encoding, limits, |v| {
-            op.on_record(Record::Value(v), t_ns, out)
-        }),
-        Input::Words => {
-            record::parse_words(payload, limits, |w| op.on_record(Record::Word(w), t_ns, out))
+        Input::Numbers => {
+            record::parse_numbers(payload, encoding, limits, |v| op.on_record(Record::Value(v), t_ns, out))
         }
+        Input::Words => record::parse_words(payload, limits, |w| op.on_record(Record::Word(w), t_ns, out)),
     }
 }
 

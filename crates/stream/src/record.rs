@@ -151,12 +151,7 @@ pub fn parse_number(s: &[u8]) -> Option<f64> {
 }
 
 /// Parses a numeric payload, calling `emit` for each good value in order.
-pub fn parse_numbers(
-    payload: &[u8],
-    encoding: Encoding,
-    limits: &Limits,
-    mut emit: impl FnMut(f64),
-) -> ParseStats {
+pub fn parse_numbers(payload: &[u8], encoding: Encoding, limits: &Limits, mut emit: impl FnMut(f64)) -> ParseStats {
     let binary = match encoding {
         Encoding::Text => false,
         Encoding::Binary => true,
@@ -199,11 +194,7 @@ pub fn parse_numbers(
 }
 
 /// Parses a word payload, calling `emit` for each good word in order.
-pub fn parse_words<'a>(
-    payload: &'a [u8],
-    limits: &Limits,
-    mut emit: impl FnMut(&'a str),
-) -> ParseStats {
+pub fn parse_words<'a>(payload: &'a [u8], limits: &Limits, mut emit: impl FnMut(&'a str)) -> ParseStats {
     let mut st = ParseStats::default();
     // One UTF-8 validation for the whole datagram (the common case: it is valid) instead of
     // one per word; separators are ASCII, so every word of a valid payload is a slice of it

@@ -162,10 +162,13 @@ pub fn changepoint(out: &mut Vec<u8>, stream: &str, a: &Alert) {
     push_key(out, "t_ns");
     push_u64(out, a.t_ns);
     push_key(out, "method");
-    push_str(out, match a.method {
-        Method::Reference => "reference",
-        Method::Cusum => "cusum",
-    });
+    push_str(
+        out,
+        match a.method {
+            Method::Reference => "reference",
+            Method::Cusum => "cusum",
+        },
+    );
     push_key(out, "deviation");
     push_f64(out, a.deviation);
     push_key(out, "threshold");
@@ -211,10 +214,20 @@ mod tests {
     #[test]
     fn lines_are_exact() {
         let mut o = Vec::new();
-        changepoint(&mut o, "sensor", &Alert {
-            t_ns: 42, value: 31.2, reference: 10.1, method: Method::Reference,
-            deviation: 21.1, threshold: 5.0, cusum: None, history: vec![10.0, 31.2],
-        });
+        changepoint(
+            &mut o,
+            "sensor",
+            &Alert {
+                t_ns: 42,
+                value: 31.2,
+                reference: 10.1,
+                method: Method::Reference,
+                deviation: 21.1,
+                threshold: 5.0,
+                cusum: None,
+                history: vec![10.0, 31.2],
+            },
+        );
         assert_eq!(text(o), "{\"stream\":\"sensor\",\"type\":\"changepoint\",\"value\":31.2,\"reference\":10.1,\"t_ns\":42,\"method\":\"reference\",\"deviation\":21.1,\"threshold\":5.0,\"history\":[10.0,31.2]}\n");
 
         let mut o = Vec::new();
@@ -222,10 +235,22 @@ mod tests {
         assert_eq!(text(o), "{\"stream\":\"w\\\"x\",\"type\":\"wordcount\",\"window_start_ns\":0,\"window_end_ns\":100,\"total\":4,\"distinct\":2,\"overflow\":1,\"counts\":{\"a\\\\\":2,\"b\\n\":1}}\n");
 
         let mut o = Vec::new();
-        window(&mut o, "s", &Aggregate {
-            window_start_ns: 0, window_end_ns: 10, count: 2, sum: 3.0, avg: 1.5, min: 1.0,
-            max: 2.0, median: Some(1.5), variance: 0.25, truncated: false,
-        });
+        window(
+            &mut o,
+            "s",
+            &Aggregate {
+                window_start_ns: 0,
+                window_end_ns: 10,
+                count: 2,
+                sum: 3.0,
+                avg: 1.5,
+                min: 1.0,
+                max: 2.0,
+                median: Some(1.5),
+                variance: 0.25,
+                truncated: false,
+            },
+        );
         assert_eq!(text(o), "{\"stream\":\"s\",\"type\":\"window\",\"window_start_ns\":0,\"window_end_ns\":10,\"count\":2,\"sum\":3.0,\"avg\":1.5,\"min\":1.0,\"max\":2.0,\"median\":1.5,\"variance\":0.25,\"truncated\":false}\n");
 
         let mut o = Vec::new();

@@ -392,9 +392,16 @@ mod tests {
             assert_eq!(got.len(), want.len(), "seed {seed} size {size} slide {slide}");
             assert!(want.len() > 20, "the data spans many windows: {}", want.len());
             for (g, e) in got.iter().zip(&want) {
-                assert_eq!((g.window_start_ns, g.window_end_ns, g.count), (e.window_start_ns, e.window_end_ns, e.count), "seed {seed}");
+                assert_eq!(
+                    (g.window_start_ns, g.window_end_ns, g.count),
+                    (e.window_start_ns, e.window_end_ns, e.count),
+                    "seed {seed}"
+                );
                 assert_eq!((g.min, g.max, g.median, g.truncated), (e.min, e.max, e.median, false), "seed {seed}");
-                assert!(close(g.sum, e.sum) && close(g.avg, e.avg) && close(g.variance, e.variance), "seed {seed} {g:?} {e:?}");
+                assert!(
+                    close(g.sum, e.sum) && close(g.avg, e.avg) && close(g.variance, e.variance),
+                    "seed {seed} {g:?} {e:?}"
+                );
             }
         }
     }
@@ -422,7 +429,10 @@ mod tests {
         op.on_time(10, &mut out);
         let line = String::from_utf8(out).unwrap();
         assert!(line.contains("\"sum\":null,\"avg\":null,"), "{line}");
-        assert!(line.contains("\"max\":1.7976931348623157e308,\"median\":1.7976931348623157e308,\"variance\":0.0"), "{line}");
+        assert!(
+            line.contains("\"max\":1.7976931348623157e308,\"median\":1.7976931348623157e308,\"variance\":0.0"),
+            "{line}"
+        );
     }
 
     #[test]

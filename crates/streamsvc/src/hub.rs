@@ -191,7 +191,11 @@ impl Ring {
 enum State {
     /// No request yet. `from_seqs[i]`: stream i's next seq when the connection was accepted,
     /// where a live subscription starts (so nothing produced while pending is lost).
-    Pending { deadline_ns: u64, line: Vec<u8>, from_seqs: Vec<u64> },
+    Pending {
+        deadline_ns: u64,
+        line: Vec<u8>,
+        from_seqs: Vec<u64>,
+    },
     Active,
     /// Write what is queued, then close (after `INFO`, an error, or the end of a range).
     Closing,
@@ -388,18 +392,23 @@ impl Hub {
         let Some(s) = self.shared.streams.get(idx) else { return };
         let c = &s.counters;
         let f = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        result::stats(out, &s.name, now, &[
-            ("datagrams", f(&c.datagrams)),
-            ("records", f(&c.records)),
-            ("malformed", f(&c.malformed)),
-            ("over_limit", f(&c.over_limit)),
-            ("socket_drops", f(&c.socket_drops)),
-            ("lines", f(&c.lines)),
-            ("subscriber_drops", f(&c.subscriber_drops)),
-            ("xdp_datagrams", f(&c.xdp_datagrams)),
-            ("xdp_passed", f(&c.xdp_passed)),
-            ("xdp_events_lost", f(&c.xdp_events_lost)),
-        ]);
+        result::stats(
+            out,
+            &s.name,
+            now,
+            &[
+                ("datagrams", f(&c.datagrams)),
+                ("records", f(&c.records)),
+                ("malformed", f(&c.malformed)),
+                ("over_limit", f(&c.over_limit)),
+                ("socket_drops", f(&c.socket_drops)),
+                ("lines", f(&c.lines)),
+                ("subscriber_drops", f(&c.subscriber_drops)),
+                ("xdp_datagrams", f(&c.xdp_datagrams)),
+                ("xdp_passed", f(&c.xdp_passed)),
+                ("xdp_events_lost", f(&c.xdp_events_lost)),
+            ],
+        );
     }
 
     /// The `info` / `hello` line body.
@@ -533,12 +542,7 @@ impl Hub {
                     subs.len() - 1
                 }
             };
-            if self
-                .poll
-                .registry()
-                .register(&mut sock, Token(slot), Interest::READABLE | Interest::WRITABLE)
-                .is_err()
-            {
+            if self.poll.registry().register(&mut sock, Token(slot), Interest::READABLE | Interest::WRITABLE).is_err() {
                 continue;
             }
             if let Some(e) = subs.get_mut(slot) {
@@ -776,9 +780,10 @@ pub(crate) fn parse_request(line: &[u8], names: &[&str]) -> Result<Request, Refu
     }
     // `FROM` turns the request into a replay of one stream; names may contain spaces, so the
     // keyword is found as a whole word.
-    let pos = text.match_indices(" FROM").map(|(i, _)| i).find(|&i| {
-        text.get(i + 5..).is_some_and(|r| r.is_empty() || r.starts_with([' ', '\t']))
-    });
+    let pos = text
+        .match_indices(" FROM")
+        .map(|(i, _)| i)
+        .find(|&i| text.get(i + 5..).is_some_and(|r| r.is_empty() || r.starts_with([' ', '\t'])));
     let Some(pos) = pos else {
         return parse_subscribe(line, names).map(Request::Live).map_err(|msg| {
             let code = if msg.starts_with("unknown stream") { "unknown_stream" } else { "bad_request" };

@@ -94,9 +94,19 @@ impl Default for ServiceConfig {
 #[derive(Debug)]
 pub enum ServiceError {
     /// A stream's configuration is invalid.
-    Config { stream: String, error: ConfigError },
-    Limit { key: &'static str, value: u64, max: u64 },
-    BindUdp { stream: String, error: slipstream_bind::BindError },
+    Config {
+        stream: String,
+        error: ConfigError,
+    },
+    Limit {
+        key: &'static str,
+        value: u64,
+        max: u64,
+    },
+    BindUdp {
+        stream: String,
+        error: slipstream_bind::BindError,
+    },
     BindTcp(slipstream_bind::BindError),
     Poll(io::Error),
     Thread(io::Error),
@@ -204,7 +214,11 @@ pub(crate) fn bind_udp(addr: SocketAddr, rcvbuf_bytes: usize) -> Result<UdpSocke
     };
     let sock = slipstream_bind::bind_one(slipstream_bind::Kind::Udp, addr, &prepare)?;
     // The ingest thread blocks in recvmmsg with SO_RCVTIMEO as its tick.
-    sock.set_nonblocking(false).map_err(|source| slipstream_bind::BindError { kind: slipstream_bind::Kind::Udp, addr, source })?;
+    sock.set_nonblocking(false).map_err(|source| slipstream_bind::BindError {
+        kind: slipstream_bind::Kind::Udp,
+        addr,
+        source,
+    })?;
     Ok(sock.into())
 }
 
@@ -253,9 +267,17 @@ impl StreamService {
     #[allow(clippy::too_many_lines)] // start-up: validate, bind, spawn — one sequence read top to bottom
     pub fn start(cfg: ServiceConfig) -> Result<StreamService, ServiceError> {
         if cfg.streams.len() > STREAMS_MAX {
-            return Err(ServiceError::Limit { key: "streams", value: cfg.streams.len() as u64, max: STREAMS_MAX as u64 });
+            return Err(ServiceError::Limit {
+                key: "streams",
+                value: cfg.streams.len() as u64,
+                max: STREAMS_MAX as u64,
+            });
         }
-        check_limit("subscriber_buffer_bytes_max", cfg.subscriber_buffer_bytes_max as u64, SUBSCRIBER_BUFFER_BYTES_MAX as u64)?;
+        check_limit(
+            "subscriber_buffer_bytes_max",
+            cfg.subscriber_buffer_bytes_max as u64,
+            SUBSCRIBER_BUFFER_BYTES_MAX as u64,
+        )?;
         check_limit("stats_interval_ms", cfg.stats_interval_ms, STATS_INTERVAL_MS_MAX)?;
         check_limit("udp_rcvbuf_bytes", cfg.udp_rcvbuf_bytes as u64, UDP_RCVBUF_BYTES_MAX as u64)?;
         // Port 0 (kernel-chosen) is allowed here: each stream is validated as a copy with a
@@ -285,7 +307,12 @@ impl StreamService {
         for s in &placeholder {
             let op = s.build().map_err(|error| ServiceError::Config { stream: s.name.clone(), error })?;
             let enc = s.encoding().map_err(|error| ServiceError::Config { stream: s.name.clone(), error })?;
-            ops.push((Arc::new(Mutex::new(op)) as xdp::SharedOp, enc, s.limits(), ingest::tick_ns(s.window_ms.saturating_mul(1_000_000))));
+            ops.push((
+                Arc::new(Mutex::new(op)) as xdp::SharedOp,
+                enc,
+                s.limits(),
+                ingest::tick_ns(s.window_ms.saturating_mul(1_000_000)),
+            ));
         }
         let mut socks = Vec::new();
         let mut stream_addrs = Vec::new();
@@ -328,7 +355,14 @@ impl StreamService {
             wake_pending: AtomicBool::new(false),
             waker,
         });
-        let mut svc = StreamService { shared: shared.clone(), threads: Vec::new(), results_addr, stream_addrs, engines, _xdp: engine };
+        let mut svc = StreamService {
+            shared: shared.clone(),
+            threads: Vec::new(),
+            results_addr,
+            stream_addrs,
+            engines,
+            _xdp: engine,
+        };
         let hub = hub::Hub {
             poll,
             listener,
@@ -399,13 +433,19 @@ impl StreamService {
             ("records", "counter", "records parsed and fed to the operator", |c| &c.records),
             ("malformed", "counter", "malformed records skipped", |c| &c.malformed),
             ("over_limit", "counter", "records skipped over records_per_datagram_max", |c| &c.over_limit),
-            ("socket_drops", "counter", "datagrams dropped by the kernel socket queue (SO_RXQ_OVFL)", |c| &c.socket_drops),
+            ("socket_drops", "counter", "datagrams dropped by the kernel socket queue (SO_RXQ_OVFL)", |c| {
+                &c.socket_drops
+            }),
             ("lines", "counter", "result lines produced by the operator", |c| &c.lines),
             ("subscriber_drops", "counter", "result lines dropped for slow subscribers", |c| &c.subscriber_drops),
             ("subscribers", "gauge", "subscribers receiving this stream", |c| &c.subscribers),
-            ("xdp_datagrams", "counter", "datagrams consumed by the XDP engine (included in datagrams)", |c| &c.xdp_datagrams),
+            ("xdp_datagrams", "counter", "datagrams consumed by the XDP engine (included in datagrams)", |c| {
+                &c.xdp_datagrams
+            }),
             ("xdp_passed", "counter", "datagrams the XDP engine passed to the user-space socket", |c| &c.xdp_passed),
-            ("xdp_events_lost", "counter", "XDP engine ring-buffer records lost to a full ring", |c| &c.xdp_events_lost),
+            ("xdp_events_lost", "counter", "XDP engine ring-buffer records lost to a full ring", |c| {
+                &c.xdp_events_lost
+            }),
         ];
         for (name, kind, help, get) in metrics {
             let full = if kind == "counter" {

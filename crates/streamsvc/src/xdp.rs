@@ -98,7 +98,12 @@ pub(crate) fn kernel_cfg(s: &StreamConfig) -> Result<(ks::StreamCfg, Kind), Stri
             c.reference_windows = s.reference_windows;
             c.history = s.history;
             c.threshold_n = t;
-            Kind::ChangePoint { window_ns, reference_windows: s.reference_windows, threshold: s.threshold, history: s.history }
+            Kind::ChangePoint {
+                window_ns,
+                reference_windows: s.reference_windows,
+                threshold: s.threshold,
+                history: s.history,
+            }
         }
         "aggregate" => {
             c.op = ks::OP_VALUES;
@@ -125,7 +130,8 @@ pub(crate) struct ReaderSlot {
 
 fn ring_reference(windows: &[(i64, u64)]) -> f64 {
     // As ChangePoint does: the plain mean of the window means (each sum / count in f64).
-    let means: Vec<f64> = windows.iter().filter(|(_, n)| *n > 0).map(|(s, n)| ks::micro_to_f64(*s) / *n as f64).collect();
+    let means: Vec<f64> =
+        windows.iter().filter(|(_, n)| *n > 0).map(|(s, n)| ks::micro_to_f64(*s) / *n as f64).collect();
     if means.is_empty() {
         return 0.0;
     }
@@ -133,7 +139,11 @@ fn ring_reference(windows: &[(i64, u64)]) -> f64 {
 }
 
 /// Runs until `shared.stop`: takes every ring-buffer record and writes its lines.
-pub(crate) fn run_reader(mut ring: aya::maps::RingBuf<aya::maps::MapData>, slots: Vec<Option<ReaderSlot>>, shared: Arc<Shared>) {
+pub(crate) fn run_reader(
+    mut ring: aya::maps::RingBuf<aya::maps::MapData>,
+    slots: Vec<Option<ReaderSlot>>,
+    shared: Arc<Shared>,
+) {
     use std::os::fd::AsRawFd;
     let fd = ring.as_raw_fd();
     let mut out = Vec::with_capacity(64 * 1024);
@@ -213,7 +223,15 @@ impl WcMerge {
 
     /// Drains every window that ended before `now_ns - grace` from the kernel, merges, and
     /// appends one `wordcount` line per non-empty window, oldest first.
-    pub(crate) fn flush(&mut self, x: &XdpStream, name: &str, window_ns: u64, distinct_max: usize, now_ns: u64, out: &mut Vec<u8>) {
+    pub(crate) fn flush(
+        &mut self,
+        x: &XdpStream,
+        name: &str,
+        window_ns: u64,
+        distinct_max: usize,
+        now_ns: u64,
+        out: &mut Vec<u8>,
+    ) {
         let window_ns = window_ns.max(1);
         let before = now_ns.saturating_sub(WC_GRACE_NS) / window_ns;
         if before <= self.drained_before {
@@ -253,7 +271,8 @@ impl WcMerge {
             if total == 0 {
                 continue;
             }
-            let mut sorted: Vec<(&str, u64)> = m.iter().map(|(w, n)| (w.as_str(), *n)).filter(|(_, n)| *n > 0).collect();
+            let mut sorted: Vec<(&str, u64)> =
+                m.iter().map(|(w, n)| (w.as_str(), *n)).filter(|(_, n)| *n > 0).collect();
             sorted.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             let mut overflow = extra;
             if sorted.len() > distinct_max {
@@ -335,7 +354,13 @@ pub(crate) fn setup<T>(
     let mut plans = plan(&cfg.streams, cfg.xdp_iface.is_some());
     let none = || (0..n).map(|_| None).collect::<Vec<_>>();
     let describe = |plans: &[Result<(ks::StreamCfg, Kind), String>]| -> Vec<String> {
-        plans.iter().map(|p| match p { Ok(_) => "xdp".to_string(), Err(why) => format!("user ({why})") }).collect()
+        plans
+            .iter()
+            .map(|p| match p {
+                Ok(_) => "xdp".to_string(),
+                Err(why) => format!("user ({why})"),
+            })
+            .collect()
     };
     let (Some(iface), true) = (&cfg.xdp_iface, plans.iter().any(|p| p.is_ok())) else {
         return (None, none(), describe(&plans), None);

@@ -191,7 +191,13 @@ fn exact_word_counts_over_a_known_multiset() {
 #[test]
 fn changepoint_alerts_on_steps_only() {
     let mut rng = Rng::new(seed(0x5eed_0002));
-    let cfg = StreamConfig { window_ms: 20, reference_windows: 4, threshold: 5.0, history: 32, ..stream("sensor", "changepoint") };
+    let cfg = StreamConfig {
+        window_ms: 20,
+        reference_windows: 4,
+        threshold: 5.0,
+        history: 32,
+        ..stream("sensor", "changepoint")
+    };
     let svc = start(vec![cfg], 4 << 20, 50);
     let to = addr_of(&svc, "sensor");
     let mut c = Client::connect(&svc, Some("SUBSCRIBE sensor\n"));
@@ -272,7 +278,11 @@ fn malformed_records_are_counted_and_skipped() {
         sum += v["sum"].as_f64().unwrap();
     }
     let st = lines.last().unwrap();
-    assert_eq!((st["datagrams"].as_u64(), st["records"].as_u64(), st["malformed"].as_u64()), (Some(4), Some(5), Some(4)), "{st}");
+    assert_eq!(
+        (st["datagrams"].as_u64(), st["records"].as_u64(), st["malformed"].as_u64()),
+        (Some(4), Some(5), Some(4)),
+        "{st}"
+    );
     // The stats line can overtake the last window's close; wait for it if needed.
     if count < 5 {
         for v in c.until(Duration::from_secs(2), |v| v["type"] == "window").iter().filter(|v| v["type"] == "window") {
@@ -359,7 +369,14 @@ fn slow_subscriber_does_not_stall_ingest_or_others() {
 
 #[test]
 fn subscribe_filters_by_stream() {
-    let svc = start(vec![StreamConfig { window_ms: 10, ..stream("a", "aggregate") }, StreamConfig { window_ms: 10, ..stream("b", "aggregate") }], 1 << 20, 3_600_000);
+    let svc = start(
+        vec![
+            StreamConfig { window_ms: 10, ..stream("a", "aggregate") },
+            StreamConfig { window_ms: 10, ..stream("b", "aggregate") },
+        ],
+        1 << 20,
+        3_600_000,
+    );
     let mut only_a = Client::connect(&svc, Some("SUBSCRIBE a\n"));
     let mut all = Client::connect(&svc, None);
     let mut star = Client::connect(&svc, Some("SUBSCRIBE *\n"));

@@ -112,7 +112,8 @@ fn seqs_ranges_epochs_and_errors() {
     let got = request(&svc, &format!("SUBSCRIBE f FROM 10 UNTIL 20 EPOCH {epoch}\n"), None);
     assert_eq!(got[0]["type"], "hello");
     assert_eq!(got[0]["epoch"], epoch.as_str());
-    let body: Vec<(u64, f64)> = got[1..].iter().map(|v| (v["seq"].as_u64().unwrap(), v["value"].as_f64().unwrap())).collect();
+    let body: Vec<(u64, f64)> =
+        got[1..].iter().map(|v| (v["seq"].as_u64().unwrap(), v["value"].as_f64().unwrap())).collect();
     assert_eq!(body, (10..20).map(|i| (i, i as f64)).collect::<Vec<_>>());
 
     // FROM then live: the retained tail, then a new line as it is produced.

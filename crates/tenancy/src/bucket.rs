@@ -90,7 +90,8 @@ impl TokenBucket {
             return; // another thread credited this stretch
         }
         let add = add as i64;
-        let _ = self.tokens.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| Some(t.saturating_add(add).min(burst)));
+        let _ =
+            self.tokens.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| Some(t.saturating_add(add).min(burst)));
     }
 
     /// Balance after refilling to `now_ns` (may be negative: debt).
@@ -105,7 +106,9 @@ impl TokenBucket {
             return;
         }
         let b = bytes.min(DEBT_BYTES_MAX as u64) as i64;
-        let _ = self.tokens.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| Some(t.saturating_sub(b).max(-DEBT_BYTES_MAX)));
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| Some(t.saturating_sub(b).max(-DEBT_BYTES_MAX)));
         self.charged_bytes_total.fetch_add(bytes, Ordering::Relaxed);
     }
 

@@ -36,4 +36,3 @@ pub fn since_start_ns() -> u64 {
     // u64 nanoseconds last 584 years of uptime.
     start.elapsed().as_nanos() as u64
 }
-

@@ -15,8 +15,8 @@
 //! Not for: I/O, timers or queues (the loops own those).
 
 use crate::bucket::TokenBucket;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// What a batch may do now.
@@ -62,7 +62,14 @@ pub struct TenantShaper {
 }
 
 impl TenantShaper {
-    pub fn new(ingress_bytes_per_s: u64, egress_bytes_per_s: u64, burst_bytes: u64, max_outstanding: u32, weight: f64, now_ns: u64) -> TenantShaper {
+    pub fn new(
+        ingress_bytes_per_s: u64,
+        egress_bytes_per_s: u64,
+        burst_bytes: u64,
+        max_outstanding: u32,
+        weight: f64,
+        now_ns: u64,
+    ) -> TenantShaper {
         TenantShaper {
             ingress: TokenBucket::new(ingress_bytes_per_s, burst_bytes, now_ns),
             egress: TokenBucket::new(egress_bytes_per_s, burst_bytes, now_ns),
@@ -77,7 +84,14 @@ impl TenantShaper {
     }
 
     /// Apply new allocations (admin edits). Buckets change within one refill grain.
-    pub fn reconfigure(&self, ingress_bytes_per_s: u64, egress_bytes_per_s: u64, burst_bytes: u64, max_outstanding: u32, weight: f64) {
+    pub fn reconfigure(
+        &self,
+        ingress_bytes_per_s: u64,
+        egress_bytes_per_s: u64,
+        burst_bytes: u64,
+        max_outstanding: u32,
+        weight: f64,
+    ) {
         self.base_ingress_bytes_per_s.store(ingress_bytes_per_s, Ordering::Relaxed);
         self.base_egress_bytes_per_s.store(egress_bytes_per_s, Ordering::Relaxed);
         self.weight_ppm.store(weight_to_ppm(weight), Ordering::Relaxed);
@@ -152,7 +166,9 @@ impl TenantShaper {
     /// Replies of `requests` requests were handed to the socket (or their connection closed).
     pub fn complete(&self, requests: u32) {
         if requests > 0 {
-            let _ = self.outstanding.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |o| Some(o.saturating_sub(requests)));
+            let _ = self
+                .outstanding
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |o| Some(o.saturating_sub(requests)));
         }
     }
 
@@ -256,7 +272,10 @@ impl Shaper {
     }
 
     pub fn capacities(&self) -> (u64, u64) {
-        (self.capacity_ingress_bytes_per_s.load(Ordering::Relaxed), self.capacity_egress_bytes_per_s.load(Ordering::Relaxed))
+        (
+            self.capacity_ingress_bytes_per_s.load(Ordering::Relaxed),
+            self.capacity_egress_bytes_per_s.load(Ordering::Relaxed),
+        )
     }
 
     pub fn work_conserving(&self) -> bool {

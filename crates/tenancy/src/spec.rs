@@ -160,7 +160,10 @@ impl TenantSpec {
     /// (ingress, egress) rates in bytes/s under `shaping`.
     pub fn rates(&self, shaping: &ShapingSpec) -> (u64, u64) {
         let (i, e) = self.shares();
-        ((shaping.ingress_bytes_per_s as f64 * i).round() as u64, (shaping.egress_bytes_per_s as f64 * e).round() as u64)
+        (
+            (shaping.ingress_bytes_per_s as f64 * i).round() as u64,
+            (shaping.egress_bytes_per_s as f64 * e).round() as u64,
+        )
     }
 
     /// This spec with `patch` applied (not yet validated). Each field the patch sets replaces
@@ -297,12 +300,18 @@ pub fn validate_all(shaping: &ShapingSpec, tenants: &[TenantSpec], reserved_port
         for &(what, port) in own {
             let Some(port) = port else { continue };
             if reserved_ports.contains(&port) {
-                return Err(SpecError::Conflict(format!("{what} {port} of tenant {:?} is reserved (e.g. the admin port)", t.name)));
+                return Err(SpecError::Conflict(format!(
+                    "{what} {port} of tenant {:?} is reserved (e.g. the admin port)",
+                    t.name
+                )));
             }
             match ports.get(&port) {
                 Some(&j) if j != i => {
                     let other = tenants.get(j).map(|o| o.name.as_str()).unwrap_or("?");
-                    return Err(SpecError::Conflict(format!("{what} {port} of tenant {:?} is already used by tenant {other:?}", t.name)));
+                    return Err(SpecError::Conflict(format!(
+                        "{what} {port} of tenant {:?} is already used by tenant {other:?}",
+                        t.name
+                    )));
                 }
                 _ => {
                     ports.insert(port, i);

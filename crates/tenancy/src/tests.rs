@@ -535,7 +535,10 @@ fn spec_field_rules() {
     let sh = ShapingSpec::default();
     assert_eq!(sh.validate(), Ok(()));
     assert_eq!(field_of(ShapingSpec { ingress_bytes_per_s: 0, ..sh.clone() }.validate()), "ingress_bytes_per_s");
-    assert_eq!(field_of(ShapingSpec { egress_bytes_per_s: CAPACITY_BYTES_PER_S_MAX + 1, ..sh }.validate()), "egress_bytes_per_s");
+    assert_eq!(
+        field_of(ShapingSpec { egress_bytes_per_s: CAPACITY_BYTES_PER_S_MAX + 1, ..sh }.validate()),
+        "egress_bytes_per_s"
+    );
 }
 
 #[test]
@@ -564,7 +567,10 @@ fn patch_rules_and_application() {
     let s = base.patched(&p);
     assert_eq!(s.shares(), (0.1, 0.25));
     assert_eq!((s.burst_bytes, s.memory_mb, s.max_outstanding), (65_536, 64, 64));
-    let p = TenantPatch::from_json(br#"{"share":0.1,"egress_share":0.2,"ingress_share":0.3,"burst_bytes":1000,"memory_mb":8,"max_outstanding":4}"#).unwrap();
+    let p = TenantPatch::from_json(
+        br#"{"share":0.1,"egress_share":0.2,"ingress_share":0.3,"burst_bytes":1000,"memory_mb":8,"max_outstanding":4}"#,
+    )
+    .unwrap();
     let s = base.patched(&p);
     assert_eq!(s.shares(), (0.3, 0.2));
     assert_eq!((s.share, s.burst_bytes, s.memory_mb, s.max_outstanding), (0.1, 1000, 8, 4));
@@ -602,7 +608,10 @@ fn validate_all_conflicts() {
     // Directional shares: ingress fits, egress does not.
     let mut x = spec("x", 1, None, 0.6);
     x.ingress_share = Some(0.4);
-    assert_eq!(conflict_text(validate_all(&sh, &[x, spec("y", 2, None, 0.6)], &[])), "egress shares add up to 1.2, more than 1");
+    assert_eq!(
+        conflict_text(validate_all(&sh, &[x, spec("y", 2, None, 0.6)], &[])),
+        "egress shares add up to 1.2, more than 1"
+    );
     // Eight tenants at 0.125 add up to exactly 1.
     let eight: Vec<_> = (0..8).map(|i| spec(&format!("t{i}"), 12000 + i, None, 0.125)).collect();
     assert_eq!(validate_all(&sh, &eight, &[]), Ok(()));

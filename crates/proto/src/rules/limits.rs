@@ -41,10 +41,7 @@ pub struct ItemLimits {
 
 impl Default for ItemLimits {
     fn default() -> Self {
-        ItemLimits {
-            item_bytes_max: ITEM_BYTES_MAX_DEFAULT,
-            cas_enabled: true,
-        }
+        ItemLimits { item_bytes_max: ITEM_BYTES_MAX_DEFAULT, cas_enabled: true }
     }
 }
 
@@ -81,10 +78,7 @@ mod tests {
         // Checked against memcached 1.6.18 with key "k" (tests/test_differential.py
         // item_size_edges*): 1048516 value bytes fit with CAS, 1048524 without.
         let on = ItemLimits::default();
-        let off = ItemLimits {
-            cas_enabled: false,
-            ..on
-        };
+        let off = ItemLimits { cas_enabled: false, ..on };
         assert!(!on.too_large(1, 0, 1_048_516));
         assert!(on.too_large(1, 0, 1_048_517));
         assert!(!off.too_large(1, 0, 1_048_524));

@@ -54,10 +54,7 @@ fn scan(s: &[u8]) -> Option<Scan> {
         if !b.is_ascii_digit() {
             break;
         }
-        match magnitude
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u64::from(b - b'0')))
-        {
+        match magnitude.checked_mul(10).and_then(|m| m.checked_add(u64::from(b - b'0'))) {
             Some(m) => magnitude = m,
             None => overflow = true,
         }
@@ -71,11 +68,7 @@ fn scan(s: &[u8]) -> Option<Scan> {
         Some(&b) if is_c_space(b) => {}
         Some(_) => return None,
     }
-    Some(Scan {
-        negative,
-        magnitude,
-        overflow,
-    })
+    Some(Scan { negative, magnitude, overflow })
 }
 
 /// memcached's `strchr(str, '-')`: a `-` anywhere before the string's end (its first NUL).
@@ -91,11 +84,7 @@ pub fn safe_strtoull(s: &[u8]) -> Option<u64> {
     if c.overflow {
         return None;
     }
-    let v = if c.negative {
-        c.magnitude.wrapping_neg()
-    } else {
-        c.magnitude
-    };
+    let v = if c.negative { c.magnitude.wrapping_neg() } else { c.magnitude };
     if (v as i64) < 0 && has_minus(s) {
         return None;
     }

@@ -121,14 +121,8 @@ mod tests {
         assert_eq!(request_line(b"get a\nx"), Some((b"get a".as_slice(), 6)));
         // A lone "\r" is kept (the line has one byte); NUL cuts.
         assert_eq!(request_line(b"\r\n"), Some((b"\r".as_slice(), 2)));
-        assert_eq!(
-            request_line(b"get a\0b\r\n"),
-            Some((b"get a".as_slice(), 9))
-        );
-        assert_eq!(
-            request_line(b"get a\rb\r\n"),
-            Some((b"get a\rb".as_slice(), 9))
-        );
+        assert_eq!(request_line(b"get a\0b\r\n"), Some((b"get a".as_slice(), 9)));
+        assert_eq!(request_line(b"get a\rb\r\n"), Some((b"get a\rb".as_slice(), 9)));
     }
 
     #[test]
@@ -136,9 +130,7 @@ mod tests {
         let t = Tokens::split(b"  set  a\tb 0  ");
         assert_eq!(t.as_slice(), [b"set".as_slice(), b"a\tb", b"0"]);
         assert_eq!(t.get(9), b"");
-        let many: Vec<u8> = (0..40)
-            .flat_map(|i| format!("t{i} ").into_bytes())
-            .collect();
+        let many: Vec<u8> = (0..40).flat_map(|i| format!("t{i} ").into_bytes()).collect();
         let t = Tokens::split(&many);
         assert_eq!(t.count(), TOKENS_MAX);
         assert_eq!(t.get(TOKENS_MAX - 1), b"t22");

@@ -12,8 +12,8 @@
 //! a write is acknowledged either Slipstream has invalidated or its lease has run out.
 
 use super::codec::{
-    op, parse_notice, parse_response, status, status_error, Decoder, Encoder, Family, MutateOrder,
-    Notice, NoticeKind, ReadSpec, Row, RowMutations, SidecarError, FRAME_BYTES_MAX, HEADER_BYTES,
+    op, parse_notice, parse_response, status, status_error, Decoder, Encoder, Family, MutateOrder, Notice, NoticeKind,
+    ReadSpec, Row, RowMutations, SidecarError, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
@@ -45,8 +45,7 @@ impl Lease {
     }
     /// A request sent at `sent_ns` was answered on a subscribed connection.
     fn extend_from(&self, sent_ns: u64) {
-        self.until_ns
-            .fetch_max(sent_ns + self.length.as_nanos() as u64, Ordering::SeqCst);
+        self.until_ns.fetch_max(sent_ns + self.length.as_nanos() as u64, Ordering::SeqCst);
     }
     fn end(&self) {
         self.until_ns.store(0, Ordering::SeqCst);
@@ -163,11 +162,7 @@ impl SidecarClient {
             timeout,
             conn: Mutex::new(None),
             generation: Arc::new(AtomicU64::new(0)),
-            lease: Arc::new(Lease {
-                base: Instant::now(),
-                length: lease,
-                until_ns: AtomicU64::new(0),
-            }),
+            lease: Arc::new(Lease { base: Instant::now(), length: lease, until_ns: AtomicU64::new(0) }),
             listener: Arc::new(OnceLock::new()),
             observer: AtomicBool::new(false),
         }
@@ -214,8 +209,7 @@ impl SidecarClient {
                 return Ok(c.clone());
             }
         }
-        let unavailable =
-            |e: std::io::Error| SidecarError::Unavailable(format!("{}: {e}", self.addr));
+        let unavailable = |e: std::io::Error| SidecarError::Unavailable(format!("{}: {e}", self.addr));
         let stream = TcpStream::connect_timeout(&self.addr, self.timeout).map_err(unavailable)?;
         stream.set_nodelay(true).map_err(unavailable)?;
         let read_half = stream.try_clone().map_err(unavailable)?;
@@ -269,8 +263,7 @@ impl SidecarClient {
         let conn = self.connection()?;
         match self.call_on(&conn, opcode, &build) {
             Err(SidecarError::Unavailable(m))
-                if conn.dead.load(Ordering::SeqCst)
-                    && (m.starts_with(NOT_SENT) || op::is_read(opcode)) =>
+                if conn.dead.load(Ordering::SeqCst) && (m.starts_with(NOT_SENT) || op::is_read(opcode)) =>
             {
                 let conn = self.connection()?;
                 self.call_on(&conn, opcode, &build)
@@ -279,12 +272,7 @@ impl SidecarClient {
         }
     }
 
-    fn call_on(
-        &self,
-        conn: &Arc<Conn>,
-        opcode: u8,
-        build: impl Fn(&mut Encoder),
-    ) -> Result<Vec<u8>, SidecarError> {
+    fn call_on(&self, conn: &Arc<Conn>, opcode: u8, build: impl Fn(&mut Encoder)) -> Result<Vec<u8>, SidecarError> {
         let sent_ns = self.lease.now_ns();
         let mut id = conn.next_id.fetch_add(1, Ordering::Relaxed);
         if id == 0 {
@@ -316,14 +304,9 @@ impl SidecarClient {
             Ok(Err(e)) => Err(e),
             Err(RecvTimeoutError::Timeout) => {
                 lock(&conn.pending).remove(&id);
-                Err(SidecarError::Unavailable(format!(
-                    "no answer within {} ms",
-                    self.timeout.as_millis()
-                )))
+                Err(SidecarError::Unavailable(format!("no answer within {} ms", self.timeout.as_millis())))
             }
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(SidecarError::Unavailable("connection lost".into()))
-            }
+            Err(RecvTimeoutError::Disconnected) => Err(SidecarError::Unavailable("connection lost".into())),
         }
     }
 
@@ -386,12 +369,7 @@ impl SidecarClient {
             |d| d.bool(),
         )
     }
-    pub fn get(
-        &self,
-        table: &[u8],
-        rows: &[Vec<u8>],
-        spec: &ReadSpec,
-    ) -> Result<Vec<Row>, SidecarError> {
+    pub fn get(&self, table: &[u8], rows: &[Vec<u8>], spec: &ReadSpec) -> Result<Vec<Row>, SidecarError> {
         self.call_decode(
             op::GET,
             |e| {
@@ -415,23 +393,13 @@ impl SidecarClient {
         self.call_decode(
             op::SCAN,
             |e| {
-                e.bytes(table)
-                    .bytes(start)
-                    .bytes(stop)
-                    .read_spec(spec)
-                    .bytes(filter);
+                e.bytes(table).bytes(start).bytes(stop).read_spec(spec).bytes(filter);
                 e.i32(rows_max).i32(bytes_max);
             },
             |d| Ok((d.rows()?, d.bool()?)),
         )
     }
-    pub fn mutate(
-        &self,
-        table: &[u8],
-        rows: &[RowMutations],
-        ts: i64,
-        order: MutateOrder,
-    ) -> Result<(), SidecarError> {
+    pub fn mutate(&self, table: &[u8], rows: &[RowMutations], ts: i64, order: MutateOrder) -> Result<(), SidecarError> {
         self.call_decode(
             op::MUTATE,
             |e| {
@@ -440,13 +408,7 @@ impl SidecarClient {
             |_| Ok(()),
         )
     }
-    pub fn delete(
-        &self,
-        table: &[u8],
-        row: &[u8],
-        column: &[u8],
-        ts: i64,
-    ) -> Result<(), SidecarError> {
+    pub fn delete(&self, table: &[u8], row: &[u8], column: &[u8], ts: i64) -> Result<(), SidecarError> {
         self.call_decode(
             op::DELETE,
             |e| {
@@ -455,13 +417,7 @@ impl SidecarClient {
             |_| Ok(()),
         )
     }
-    pub fn increment(
-        &self,
-        table: &[u8],
-        row: &[u8],
-        column: &[u8],
-        amount: i64,
-    ) -> Result<i64, SidecarError> {
+    pub fn increment(&self, table: &[u8], row: &[u8], column: &[u8], amount: i64) -> Result<i64, SidecarError> {
         self.call_decode(
             op::INCREMENT,
             |e| {
@@ -542,21 +498,14 @@ mod tests {
             let mut s = accept_subscribed(&l);
             let body = read_frame(&mut s);
             let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            s.write_all(&Encoder::new(id, status::OK).finish().unwrap())
-                .unwrap();
+            s.write_all(&Encoder::new(id, status::OK).finish().unwrap()).unwrap();
             std::thread::sleep(Duration::from_millis(200));
         });
         let c = SidecarClient::new(addr, Duration::from_secs(5), LEASE);
         let t0 = std::time::Instant::now();
         // A write that reached the sidecar is not repeated (it may have been applied).
-        assert!(matches!(
-            c.increment(b"t", b"r", b"f:q", 1),
-            Err(SidecarError::Unavailable(_))
-        ));
-        assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "failed fast, not at the deadline"
-        );
+        assert!(matches!(c.increment(b"t", b"r", b"f:q", 1), Err(SidecarError::Unavailable(_))));
+        assert!(t0.elapsed() < Duration::from_secs(2), "failed fast, not at the deadline");
         c.ping().unwrap();
     }
 
@@ -597,8 +546,7 @@ mod tests {
             let id = u32::from_be_bytes([ack[0], ack[1], ack[2], ack[3]]);
             done_tx.send((id, ack[4])).unwrap();
             let pid = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            s.write_all(&Encoder::new(pid, status::OK).finish().unwrap())
-                .unwrap();
+            s.write_all(&Encoder::new(pid, status::OK).finish().unwrap()).unwrap();
             std::thread::sleep(Duration::from_millis(100));
         });
         let c = SidecarClient::new(addr, Duration::from_secs(5), LEASE);
@@ -611,10 +559,7 @@ mod tests {
         assert_eq!(done_rx.recv().unwrap(), (77, op::NOTICE_ACK));
         let got = lock(&seen).clone();
         assert_eq!(got.len(), 1);
-        assert_eq!(
-            (got[0].kind, got[0].rows.clone()),
-            (NoticeKind::Begin, vec![b"r".to_vec()])
-        );
+        assert_eq!((got[0].kind, got[0].rows.clone()), (NoticeKind::Begin, vec![b"r".to_vec()]));
         // The fake sidecar closes: the lease ends at once.
         for _ in 0..100 {
             if !c.lease_valid() {

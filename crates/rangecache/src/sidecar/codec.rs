@@ -74,12 +74,7 @@ pub fn parse_notice(id: u32, payload: &[u8]) -> Result<Notice, SidecarError> {
     let table = d.bytes()?;
     let rows = d.bytes_list()?;
     d.end()?;
-    Ok(Notice {
-        id,
-        kind,
-        table,
-        rows,
-    })
+    Ok(Notice { id, kind, table, rows })
 }
 
 /// "No timestamp given": HBase's LATEST_TIMESTAMP.
@@ -126,12 +121,7 @@ pub struct ReadSpec {
 impl ReadSpec {
     /// Every column, newest version, any time: what getRow and a plain scan read.
     pub fn latest() -> ReadSpec {
-        ReadSpec {
-            columns: Vec::new(),
-            ts_min: 0,
-            ts_max: TS_LATEST,
-            max_versions: 1,
-        }
+        ReadSpec { columns: Vec::new(), ts_min: 0, ts_max: TS_LATEST, max_versions: 1 }
     }
 }
 
@@ -245,29 +235,18 @@ impl Encoder {
         self
     }
     pub fn read_spec(&mut self, s: &ReadSpec) -> &mut Self {
-        self.bytes_list(&s.columns)
-            .i64(s.ts_min)
-            .i64(s.ts_max)
-            .i32(s.max_versions)
+        self.bytes_list(&s.columns).i64(s.ts_min).i64(s.ts_max).i32(s.max_versions)
     }
     pub fn family(&mut self, f: &Family) -> &mut Self {
-        self.bytes(&f.name)
-            .i32(f.max_versions)
-            .i32(f.ttl_seconds)
-            .bool(f.in_memory);
-        self.bool(f.block_cache)
-            .bytes(f.compression.as_bytes())
-            .bytes(f.bloom_filter.as_bytes())
+        self.bytes(&f.name).i32(f.max_versions).i32(f.ttl_seconds).bool(f.in_memory);
+        self.bool(f.block_cache).bytes(f.compression.as_bytes()).bytes(f.bloom_filter.as_bytes())
     }
     pub fn row_mutations(&mut self, rows: &[RowMutations]) -> &mut Self {
         self.len(rows.len());
         for r in rows {
             self.bytes(&r.row).len(r.mutations.len());
             for m in &r.mutations {
-                self.u8(m.is_delete as u8)
-                    .bytes(&m.column)
-                    .bytes(&m.value)
-                    .bool(m.write_to_wal);
+                self.u8(m.is_delete as u8).bytes(&m.column).bytes(&m.value).bool(m.write_to_wal);
             }
         }
         self
@@ -345,12 +324,7 @@ impl<'a> Decoder<'a> {
         (0..n).map(|_| self.bytes()).collect()
     }
     pub fn cell(&mut self) -> Result<Cell, SidecarError> {
-        Ok(Cell {
-            family: self.bytes()?,
-            qualifier: self.bytes()?,
-            timestamp: self.i64()?,
-            value: self.bytes()?,
-        })
+        Ok(Cell { family: self.bytes()?, qualifier: self.bytes()?, timestamp: self.i64()?, value: self.bytes()? })
     }
     pub fn row(&mut self) -> Result<Row, SidecarError> {
         let row = self.bytes()?;
@@ -381,9 +355,7 @@ impl<'a> Decoder<'a> {
         if self.b.is_empty() {
             Ok(())
         } else {
-            Err(SidecarError::Protocol(
-                "trailing bytes in sidecar payload".into(),
-            ))
+            Err(SidecarError::Protocol("trailing bytes in sidecar payload".into()))
         }
     }
 }
@@ -401,11 +373,7 @@ pub fn parse_response(body: &[u8]) -> Result<Response<'_>, SidecarError> {
         return Err(SidecarError::Protocol("short sidecar frame".into()));
     }
     let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-    Ok(Response {
-        id,
-        status: body[4],
-        payload: &body[HEADER_BYTES..],
-    })
+    Ok(Response { id, status: body[4], payload: &body[HEADER_BYTES..] })
 }
 
 /// Turns a non-OK status and its payload into the typed error.
@@ -413,10 +381,7 @@ pub fn status_error(status: u8, payload: &[u8]) -> SidecarError {
     let mut d = Decoder::new(payload);
     let msg = d.string().unwrap_or_else(|_| "(no message)".into());
     match status {
-        status::IO_ERROR => SidecarError::Io {
-            message: msg,
-            can_retry: d.bool().unwrap_or(false),
-        },
+        status::IO_ERROR => SidecarError::Io { message: msg, can_retry: d.bool().unwrap_or(false) },
         status::ILLEGAL_ARGUMENT => SidecarError::IllegalArgument(msg),
         status::ALREADY_EXISTS => SidecarError::AlreadyExists(msg),
         status::PROTOCOL => SidecarError::Protocol(msg),
@@ -431,9 +396,7 @@ mod tests {
     #[test]
     fn notices_decode_and_reject_unknown_kinds() {
         let mut e = Encoder::new(9, status::NOTICE);
-        e.u8(1)
-            .bytes(b"t")
-            .bytes_list(&[b"r1".to_vec(), b"r2".to_vec()]);
+        e.u8(1).bytes(b"t").bytes_list(&[b"r1".to_vec(), b"r2".to_vec()]);
         let f = e.finish().unwrap();
         let resp = parse_response(&f[4..]).unwrap();
         assert_eq!(resp.status, status::NOTICE);
@@ -448,9 +411,7 @@ mod tests {
     #[test]
     fn frame_header_and_length() {
         let mut e = Encoder::new(7, op::GET);
-        e.bytes(b"t")
-            .bytes_list(&[b"r1".to_vec()])
-            .read_spec(&ReadSpec::latest());
+        e.bytes(b"t").bytes_list(&[b"r1".to_vec()]).read_spec(&ReadSpec::latest());
         let f = e.finish().unwrap();
         let len = u32::from_be_bytes([f[0], f[1], f[2], f[3]]) as usize;
         assert_eq!(len, f.len() - 4);
@@ -463,20 +424,12 @@ mod tests {
         // Encode rows the way the sidecar does, decode them back.
         let rows = vec![Row {
             row: b"r".to_vec(),
-            cells: vec![Cell {
-                family: b"f".to_vec(),
-                qualifier: b"q".to_vec(),
-                timestamp: 5,
-                value: b"v".to_vec(),
-            }],
+            cells: vec![Cell { family: b"f".to_vec(), qualifier: b"q".to_vec(), timestamp: 5, value: b"v".to_vec() }],
         }];
         let mut e = Encoder::new(1, 0);
         e.i32(1).bytes(&rows[0].row).i32(1);
         let c = &rows[0].cells[0];
-        e.bytes(&c.family)
-            .bytes(&c.qualifier)
-            .i64(c.timestamp)
-            .bytes(&c.value);
+        e.bytes(&c.family).bytes(&c.qualifier).i64(c.timestamp).bytes(&c.value);
         let f = e.finish().unwrap();
         let r = parse_response(&f[4..]).unwrap();
         let mut d = Decoder::new(r.payload);
@@ -488,18 +441,9 @@ mod tests {
     fn hostile_counts_are_protocol_errors() {
         // A count or length larger than what remains must fail without allocating it.
         let huge = [0xffu8, 0xff, 0xff, 0xff];
-        assert!(matches!(
-            Decoder::new(&huge).rows(),
-            Err(SidecarError::Protocol(_))
-        ));
-        assert!(matches!(
-            Decoder::new(&huge).bytes(),
-            Err(SidecarError::Protocol(_))
-        ));
-        assert!(matches!(
-            Decoder::new(&[0, 0]).i32(),
-            Err(SidecarError::Protocol(_))
-        ));
+        assert!(matches!(Decoder::new(&huge).rows(), Err(SidecarError::Protocol(_))));
+        assert!(matches!(Decoder::new(&huge).bytes(), Err(SidecarError::Protocol(_))));
+        assert!(matches!(Decoder::new(&[0, 0]).i32(), Err(SidecarError::Protocol(_))));
         assert!(parse_response(&[0, 0, 0]).is_err());
     }
 
@@ -509,20 +453,8 @@ mod tests {
         e.bytes(b"boom").bool(true);
         let f = e.finish().unwrap();
         let p = &f[4 + HEADER_BYTES..];
-        assert_eq!(
-            status_error(status::IO_ERROR, p),
-            SidecarError::Io {
-                message: "boom".into(),
-                can_retry: true
-            }
-        );
-        assert_eq!(
-            status_error(status::ILLEGAL_ARGUMENT, p),
-            SidecarError::IllegalArgument("boom".into())
-        );
-        assert_eq!(
-            status_error(status::ALREADY_EXISTS, p),
-            SidecarError::AlreadyExists("boom".into())
-        );
+        assert_eq!(status_error(status::IO_ERROR, p), SidecarError::Io { message: "boom".into(), can_retry: true });
+        assert_eq!(status_error(status::ILLEGAL_ARGUMENT, p), SidecarError::IllegalArgument("boom".into()));
+        assert_eq!(status_error(status::ALREADY_EXISTS, p), SidecarError::AlreadyExists("boom".into()));
     }
 }

@@ -353,9 +353,10 @@ fn put_tenant(t: &dyn TenantControl, name: &str, body: &[u8]) -> Reply {
                     }
                 }
             }
-            let patch = match serde_json::to_vec(&doc).map_err(|e| e.to_string()).and_then(|b| {
-                TenantPatch::from_json(&b).map_err(|e| e.to_string())
-            }) {
+            let patch = match serde_json::to_vec(&doc)
+                .map_err(|e| e.to_string())
+                .and_then(|b| TenantPatch::from_json(&b).map_err(|e| e.to_string()))
+            {
                 Ok(p) => p,
                 Err(msg) => return Reply::error(400, &msg),
             };
@@ -372,9 +373,10 @@ fn put_tenant(t: &dyn TenantControl, name: &str, body: &[u8]) -> Reply {
                 Some(Value::String(n)) if n == name => {}
                 Some(_) => return Reply::error(400, "name in the body must match the path"),
             }
-            let spec = match serde_json::to_vec(&doc).map_err(|e| e.to_string()).and_then(|b| {
-                TenantSpec::from_json(&b).map_err(|e| e.to_string())
-            }) {
+            let spec = match serde_json::to_vec(&doc)
+                .map_err(|e| e.to_string())
+                .and_then(|b| TenantSpec::from_json(&b).map_err(|e| e.to_string()))
+            {
                 Ok(s) => s,
                 Err(msg) => return Reply::error(400, &msg),
             };
@@ -490,7 +492,8 @@ mod tests {
     fn serve(token: Option<&str>, tenants: bool) -> (SocketAddr, Arc<Mock>) {
         let mock = Arc::new(Mock::default());
         let control: Option<Arc<dyn TenantControl>> = if tenants { Some(mock.clone()) } else { None };
-        let state = AdminState { node: None, tenants: control, token: token.map(str::to_string), extra_metrics: Vec::new() };
+        let state =
+            AdminState { node: None, tenants: control, token: token.map(str::to_string), extra_metrics: Vec::new() };
         let addr = start("127.0.0.1:0".parse().expect("literal address"), state).expect("bind admin");
         (addr, mock)
     }
@@ -666,8 +669,16 @@ mod tests {
                 .as_bytes(),
         );
         assert_eq!(r.status, 411);
-        for cl in ["Content-Length: 1x", "Content-Length: -1", "Content-Length: 1, 1", "Content-Length: 99999999999999999999999"] {
-            let r = raw(addr, format!("PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n{cl}\r\n\r\n{{}}").as_bytes());
+        for cl in [
+            "Content-Length: 1x",
+            "Content-Length: -1",
+            "Content-Length: 1, 1",
+            "Content-Length: 99999999999999999999999",
+        ] {
+            let r = raw(
+                addr,
+                format!("PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n{cl}\r\n\r\n{{}}").as_bytes(),
+            );
             assert_eq!(r.status, 400, "{cl}");
         }
         let r = raw(
@@ -678,16 +689,25 @@ mod tests {
         assert_eq!(r.status, 400);
         // A body announced but cut short: the client closing its side is a 400, not a hang.
         let mut s = TcpStream::connect(addr).expect("connect");
-        s.write_all(format!("PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 50\r\n\r\n{{").as_bytes())
-            .expect("send");
+        s.write_all(
+            format!("PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 50\r\n\r\n{{")
+                .as_bytes(),
+        )
+        .expect("send");
         s.shutdown(Shutdown::Write).expect("half-close");
         assert_eq!(read_resp(&mut s).status, 400);
         assert!(mock.calls().is_empty());
         // The body may arrive in pieces after the head.
         let body = r#"{"tcp_port":12000,"share":0.5}"#;
         let mut s = TcpStream::connect(addr).expect("connect");
-        s.write_all(format!("PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes())
-            .expect("send");
+        s.write_all(
+            format!(
+                "PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("send");
         std::thread::sleep(Duration::from_millis(50));
         let (a, b) = body.split_at(10);
         s.write_all(a.as_bytes()).expect("send");
@@ -699,7 +719,16 @@ mod tests {
     #[test]
     fn routes_and_methods() {
         let (addr, _) = serve(Some(TOKEN), true);
-        for path in ["/", "/nope", "/tenants/", "/tenants/a/b", "/tenants/bad%20name", "/tenants/caf%C3%A9", "/metricsx", "/healthz/"] {
+        for path in [
+            "/",
+            "/nope",
+            "/tenants/",
+            "/tenants/a/b",
+            "/tenants/bad%20name",
+            "/tenants/caf%C3%A9",
+            "/metricsx",
+            "/healthz/",
+        ] {
             let r = req(addr, "GET", path, Some(TOKEN), None);
             assert_eq!(r.status, 404, "{path}");
         }
@@ -802,7 +831,12 @@ mod tests {
 
     /// A server with a small connection cap, to reach it cheaply.
     fn serve_capped(connections_max: usize) -> SocketAddr {
-        let state = AdminState { node: None, tenants: Some(Arc::new(Mock::default())), token: Some(TOKEN.into()), extra_metrics: Vec::new() };
+        let state = AdminState {
+            node: None,
+            tenants: Some(Arc::new(Mock::default())),
+            token: Some(TOKEN.into()),
+            extra_metrics: Vec::new(),
+        };
         let limits = server::Limits { connections_max, ..server::Limits::default() };
         server::start("127.0.0.1:0".parse().expect("literal address"), shared(state), limits).expect("bind admin")
     }
@@ -822,7 +856,11 @@ mod tests {
         let mut first = idle.into_iter().next().expect("one");
         assert_eq!(read_resp(&mut first).status, 0);
         let m = req(addr, "GET", "/metrics", Some(TOKEN), None);
-        let evicted = m.body.lines().find_map(|l| l.strip_prefix("slipstream_admin_evicted_total ")).and_then(|v| v.parse::<u64>().ok());
+        let evicted = m
+            .body
+            .lines()
+            .find_map(|l| l.strip_prefix("slipstream_admin_evicted_total "))
+            .and_then(|v| v.parse::<u64>().ok());
         assert!(evicted.is_some_and(|n| n >= 4), "{}", m.body);
     }
 
@@ -833,7 +871,9 @@ mod tests {
         let busy: Vec<TcpStream> = (0..2)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).expect("connect");
-                let head = format!("PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 50\r\n\r\n{{");
+                let head = format!(
+                    "PUT /tenants/t1 HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 50\r\n\r\n{{"
+                );
                 s.write_all(head.as_bytes()).expect("send");
                 s
             })

@@ -94,7 +94,14 @@ impl Conn {
     /// socket had no more; the edge-triggered poll reports any later arrival, so the extra read
     /// that would only return EAGAIN is skipped — unless the peer has closed (`peer_closed`),
     /// then it reads on to the end-of-file.
-    pub fn read_round(&mut self, budget: usize, read_buf_bytes_max: usize, conn_buf: &BufBudget, peer_closed: bool, stats: &ThreadStats) -> ReadEnd {
+    pub fn read_round(
+        &mut self,
+        budget: usize,
+        read_buf_bytes_max: usize,
+        conn_buf: &BufBudget,
+        peer_closed: bool,
+        stats: &ThreadStats,
+    ) -> ReadEnd {
         let mut end = ReadEnd::default();
         loop {
             if self.rend == self.rbuf.len() && !self.make_room(read_buf_bytes_max, conn_buf) {

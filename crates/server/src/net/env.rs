@@ -33,4 +33,3 @@ pub(super) fn thread_stats(tenant: &Tenant, index: usize) -> &ThreadStats {
 }
 
 static FALLBACK_STATS: ThreadStats = ThreadStats::new_const();
-

@@ -211,7 +211,10 @@ mod tests {
     #[test]
     fn open_buckets_read_their_balance_and_run_their_limits() {
         let p = plan(&Fixed { admit: GO, ingress: Ok(50_000) }, 1, false, true);
-        assert_eq!(p, RoundPlan { read: true, read_budget: 50_000, execute: true, limits: Some((100, 1 << 20)), wait_ns: 0 });
+        assert_eq!(
+            p,
+            RoundPlan { read: true, read_budget: 50_000, execute: true, limits: Some((100, 1 << 20)), wait_ns: 0 }
+        );
     }
 
     #[test]

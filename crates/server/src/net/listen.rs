@@ -76,7 +76,14 @@ impl WorkerTenant {
                 udp_sock = None;
             }
         }
-        WorkerTenant { tenant: t, listener, udp: udp_sock, udp_queue: VecDeque::new(), udp_queue_bytes: 0, udp_wait_until_ns: 0 }
+        WorkerTenant {
+            tenant: t,
+            listener,
+            udp: udp_sock,
+            udp_queue: VecDeque::new(),
+            udp_queue_bytes: 0,
+            udp_wait_until_ns: 0,
+        }
     }
 
     /// Stop watching the tenant's sockets (it was removed).
@@ -147,10 +154,20 @@ impl Acceptor<'_> {
         loop {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string())).unwrap_or_default();
+                    let path = listener
+                        .local_addr()
+                        .ok()
+                        .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+                        .unwrap_or_default();
                     // memcached 1.6.18 shows a unix client's address as `?:<AF 0>` (it keeps no
                     // peer address for them).
-                    self.admit_conn(conns, tenant.clone(), Stream::Unix(stream), "?:<AF 0>".to_string(), Some(format!("unix:{path}")));
+                    self.admit_conn(
+                        conns,
+                        tenant.clone(),
+                        Stream::Unix(stream),
+                        "?:<AF 0>".to_string(),
+                        Some(format!("unix:{path}")),
+                    );
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -164,7 +181,14 @@ impl Acceptor<'_> {
 
     /// Take an accepted connection in: within the connection limit (memcached's refusal
     /// otherwise), watched by the poll, listed in `stats conns` as `addr`, counted.
-    fn admit_conn(&self, conns: &mut Conns, tenant: Arc<Tenant>, mut stream: Stream, addr: String, listen_addr: Option<String>) {
+    fn admit_conn(
+        &self,
+        conns: &mut Conns,
+        tenant: Arc<Tenant>,
+        mut stream: Stream,
+        addr: String,
+        listen_addr: Option<String>,
+    ) {
         let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
         let stats = thread_stats(&tenant, self.index);
         if curr as usize > self.table.conn_limit {

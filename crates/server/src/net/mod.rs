@@ -192,13 +192,17 @@ impl Server {
                 // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
                 // thread has one, and the first stands for them all.
                 let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
-                reg.insert(l.as_raw_fd(), ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+                reg.insert(
+                    l.as_raw_fd(),
+                    ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) },
+                );
             }
         }
         let unix = bind_unix(net.unix.as_ref(), &info)?;
         let mut all = vec![bound];
         all.extend(more);
-        let table = Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), all));
+        let table =
+            Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), all));
         Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched, Listeners { unix, tls: net.tls })
     }
 
@@ -243,7 +247,9 @@ impl Server {
                 .name(format!("slipstream-w{i}"))
                 .spawn(move || {
                     if let Err(e) = worker_sched.apply() {
-                        eprintln!("slipstream: worker {i}: cannot set {worker_sched:?} scheduling ({e}); keeping the default");
+                        eprintln!(
+                            "slipstream: worker {i}: cannot set {worker_sched:?} scheduling ({e}); keeping the default"
+                        );
                     }
                     worker.run()
                 })
@@ -276,7 +282,11 @@ impl Listeners {
     /// A worker's own handle of the unix listener, watched by its `poll`: every worker watches
     /// the one listener; the last takes the original (its fd is the one `stats conns` lists).
     fn unix_for_worker(&mut self, last: bool, poll: &Poll) -> Result<Option<UnixListener>, NetError> {
-        let std_unix = if last { self.unix.take() } else { self.unix.as_ref().map(|l| l.try_clone()).transpose().map_err(NetError::Poll)? };
+        let std_unix = if last {
+            self.unix.take()
+        } else {
+            self.unix.as_ref().map(|l| l.try_clone()).transpose().map_err(NetError::Poll)?
+        };
         let mut unix = std_unix.map(UnixListener::from_std);
         if let Some(l) = unix.as_mut() {
             poll.registry().register(l, UNIX_LISTENER, Interest::READABLE).map_err(NetError::Poll)?;
@@ -290,7 +300,14 @@ fn bind_unix(spec: Option<&UnixSpec>, info: &ServerInfo) -> Result<Option<std::o
     let Some(spec) = spec else { return Ok(None) };
     let l = crate::transport::unix::bind(spec).map_err(|e| NetError::BindUnix(spec.path.clone(), e))?;
     if let Ok(mut reg) = info.conns.lock() {
-        reg.insert(l.as_raw_fd(), ConnEntry { addr: format!("unix:{}", spec.path), listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) });
+        reg.insert(
+            l.as_raw_fd(),
+            ConnEntry {
+                addr: format!("unix:{}", spec.path),
+                listen_addr: None,
+                last_cmd_s: Arc::new(AtomicU64::new(0)),
+            },
+        );
     }
     Ok(Some(l))
 }

@@ -11,8 +11,8 @@
 //! (gate.rs) or protocol rules (the executors).
 
 use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
-use super::gate::{self, RoundPlan};
 use super::env::{thread_stats, Env, Slot};
+use super::gate::{self, RoundPlan};
 use crate::dispatch::{execute_authenticating, execute_one};
 use crate::exec::{Ctx, Settings, Step};
 use crate::memcache_text;
@@ -43,7 +43,15 @@ struct BatchEnd {
 /// An event on connection `idx` (in `slot`). `peer_closed`: the event says the peer shut its
 /// side (EPOLLRDHUP) or the socket failed; then we read to the end, so data and end-of-file
 /// that arrive together are both seen.
-pub(super) fn conn_event(slot: &mut Slot, idx: usize, registry: &Registry, env: &Env<'_>, readable: bool, writable: bool, peer_closed: bool) -> After {
+pub(super) fn conn_event(
+    slot: &mut Slot,
+    idx: usize,
+    registry: &Registry,
+    env: &Env<'_>,
+    readable: bool,
+    writable: bool,
+    peer_closed: bool,
+) -> After {
     let Slot { tenant, conn } = slot;
     {
         if writable && conn.blocked_on_write {
@@ -82,7 +90,15 @@ pub(super) fn conn_event(slot: &mut Slot, idx: usize, registry: &Registry, env: 
 
 /// Rounds of plan → read → execute → charge → flush while the socket may hold more and the
 /// event's round budget lasts. A connection the gate holds back gets `throttle_until_ns`.
-pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Registry, env: &Env<'_>, mut want_read: bool, peer_closed: bool) -> After {
+pub(super) fn serve(
+    conn: &mut Conn,
+    tenant: &Tenant,
+    idx: usize,
+    registry: &Registry,
+    env: &Env<'_>,
+    mut want_read: bool,
+    peer_closed: bool,
+) -> After {
     let stats = thread_stats(tenant, env.index);
     let shaper = tenant.shaper.as_deref();
     for _ in 0..conn.gate.rounds() {
@@ -106,7 +122,8 @@ pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Reg
             conn.last_cmd_s.store(tenant.info.uptime_s(), Ordering::Relaxed);
         }
         // execute
-        let batch = if plan.execute { execute_batch(conn, tenant, stats, env, plan.limits) } else { BatchEnd::default() };
+        let batch =
+            if plan.execute { execute_batch(conn, tenant, stats, env, plan.limits) } else { BatchEnd::default() };
         // charge
         conn.gate.charge(shaper, read.bytes, batch.requests, batch.reply_bytes);
         // flush
@@ -143,7 +160,13 @@ pub(super) fn serve(conn: &mut Conn, tenant: &Tenant, idx: usize, registry: &Reg
 
 /// The execute step: run complete requests from the read buffer, appending replies, up to
 /// `limits` (requests, reply bytes) when the tenant is shaped.
-fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &Env<'_>, limits: Option<(u32, u64)>) -> BatchEnd {
+fn execute_batch(
+    conn: &mut Conn,
+    tenant: &Tenant,
+    stats: &ThreadStats,
+    env: &Env<'_>,
+    limits: Option<(u32, u64)>,
+) -> BatchEnd {
     let (requests_max, reply_bytes_max) = limits.unwrap_or((u32::MAX, u64::MAX));
     let start_len = conn.wbuf.len();
     // Values sent by reference are reply bytes too (the shaper counts them); the queue only
@@ -165,12 +188,14 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
         if input.is_empty() {
             break;
         }
-        let reply_bytes = conn.wbuf.len().saturating_sub(start_len) + conn.state.shared.pinned_bytes().saturating_sub(start_pinned);
+        let reply_bytes =
+            conn.wbuf.len().saturating_sub(start_len) + conn.state.shared.pinned_bytes().saturating_sub(start_pinned);
         if end.requests >= requests_max || reply_bytes as u64 >= reply_bytes_max {
             end.limited = true;
             break;
         }
-        let mut ctx = Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
+        let mut ctx =
+            Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
         // [sec hook] A server with -Y/-S: the auth executor decides (see crate::auth).
         let step = match env.settings.auth.as_deref() {
             Some(auth) => execute_authenticating(auth, &mut ctx, input, &mut conn.wbuf),
@@ -199,7 +224,8 @@ fn execute_batch(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &En
             }
         }
     }
-    end.reply_bytes = (conn.wbuf.len().saturating_sub(start_len) + conn.state.shared.pinned_bytes().saturating_sub(start_pinned)) as u64;
+    end.reply_bytes = (conn.wbuf.len().saturating_sub(start_len)
+        + conn.state.shared.pinned_bytes().saturating_sub(start_pinned)) as u64;
     conn.settle_read_buf(&env.settings.conn_buf);
     end
 }
@@ -214,7 +240,8 @@ fn incomplete(conn: &mut Conn, tenant: &Tenant, stats: &ThreadStats, env: &Env<'
         conn.needs_grow = false;
         // The budget would not let the buffer grow for this request.
         let input = &conn.rbuf[conn.rstart..conn.rend];
-        let mut ctx = Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
+        let mut ctx =
+            Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
         let refused = memcache_text::refuse_unbufferable(&mut ctx, input, &mut conn.wbuf);
         ctx.conn.shared.discard_after(conn.wbuf.len());
         match refused {

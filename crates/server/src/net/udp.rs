@@ -8,13 +8,13 @@
 //! What it is not for: frame parsing (slipstream-proto's `udp`), the batched system calls
 //! (udp_batch.rs) or protocol rules (the executors).
 
+use super::env::{thread_stats, Env};
 use super::gate::{self, THROTTLE_RECHECK_NS_MAX};
 use super::listen::WorkerTenant;
-use super::env::{thread_stats, Env};
-use crate::tenants::Tenant;
 use crate::dispatch::execute_one;
 use crate::exec::{ConnState, Ctx, Protocol, Step, Transport};
 use crate::stats::ThreadStats;
+use crate::tenants::Tenant;
 use crate::udp_batch::{RecvBatch, SendBatch};
 use mio::net::UdpSocket;
 use slipstream_proto::udp;
@@ -87,11 +87,14 @@ pub(super) fn udp_drain(wt: &mut WorkerTenant, rx: &mut RecvBatch, bufs: &mut Ud
                         ThreadStats::incr(&stats.udp_datagrams_in);
                         ThreadStats::add(&stats.bytes_read, datagram.len() as u64);
                         let n = datagram.len();
-                        if wt.udp_queue.len() < sh.max_outstanding() as usize && wt.udp_queue_bytes + n <= UDP_QUEUE_BYTES_MAX {
+                        if wt.udp_queue.len() < sh.max_outstanding() as usize
+                            && wt.udp_queue_bytes + n <= UDP_QUEUE_BYTES_MAX
+                        {
                             wt.udp_queue.push_back((datagram.to_vec(), peer));
                             wt.udp_queue_bytes += n;
                             if wt.udp_wait_until_ns == 0 {
-                                wt.udp_wait_until_ns = since_start_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
+                                wt.udp_wait_until_ns =
+                                    since_start_ns().saturating_add(wait.min(THROTTLE_RECHECK_NS_MAX));
                             }
                         } else {
                             sh.dropped();
@@ -104,7 +107,6 @@ pub(super) fn udp_drain(wt: &mut WorkerTenant, rx: &mut RecvBatch, bufs: &mut Ud
         }
         udp_flush(wt, bufs, env);
     }
-
 }
 
 /// Run queued UDP requests of shaped tenants while their buckets allow.
@@ -137,7 +139,14 @@ pub(super) fn serve_udp_queues(tenants: &mut [WorkerTenant], bufs: &mut UdpBufs,
 
 /// Execute one UDP request datagram for `wt`'s tenant and send the replies. `counted`: its
 /// arrival was already counted (it waited in the queue).
-fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: &mut UdpBufs, env: &Env<'_>, counted: bool) {
+fn udp_datagram(
+    wt: &mut WorkerTenant,
+    datagram: &[u8],
+    peer: SocketAddr,
+    bufs: &mut UdpBufs,
+    env: &Env<'_>,
+    counted: bool,
+) {
     let tenant = &*wt.tenant;
     let stats = thread_stats(tenant, env.index);
     let n = datagram.len();
@@ -161,7 +170,10 @@ fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: 
     let Some(sock) = wt.udp.as_ref() else { return };
     if closed {
         bufs.frame.clear();
-        udp::compose(&mut bufs.frame, udp::FrameHeader { request_id: hdr.request_id, sequence: 0, total: 0, reserved: 0 });
+        udp::compose(
+            &mut bufs.frame,
+            udp::FrameHeader { request_id: hdr.request_id, sequence: 0, total: 0, reserved: 0 },
+        );
         if bufs.tx.push(&bufs.frame, peer) {
             flush_to(sock, stats, &mut bufs.tx);
         }
@@ -172,7 +184,13 @@ fn udp_datagram(wt: &mut WorkerTenant, datagram: &[u8], peer: SocketAddr, bufs: 
 
 /// Run the requests of one datagram's payload into `bufs.out`, marking where each response
 /// message starts. Returns (requests executed, the payload asked to close).
-fn execute_payload(tenant: &Tenant, stats: &ThreadStats, env: &Env<'_>, payload: &[u8], bufs: &mut UdpBufs) -> (u32, bool) {
+fn execute_payload(
+    tenant: &Tenant,
+    stats: &ThreadStats,
+    env: &Env<'_>,
+    payload: &[u8],
+    bufs: &mut UdpBufs,
+) -> (u32, bool) {
     bufs.out.clear();
     let state = &mut bufs.state;
     state.protocol = Protocol::Undecided;
@@ -246,7 +264,15 @@ fn udp_flush(wt: &WorkerTenant, bufs: &mut UdpBufs, env: &Env<'_>) {
 
 /// Send `bufs.out[from..to]` as one memcached UDP message: as many datagrams as it needs,
 /// each with the frame header (same request id, sequence numbers, total).
-fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, request_id: u16, from: usize, to: usize, peer: SocketAddr) {
+fn udp_send_message(
+    sock: &UdpSocket,
+    stats: &ThreadStats,
+    bufs: &mut UdpBufs,
+    request_id: u16,
+    from: usize,
+    to: usize,
+    peer: SocketAddr,
+) {
     let total = udp::datagrams_for(to - from);
     if total > u16::MAX as usize {
         ThreadStats::incr(&stats.udp_bad_datagrams);
@@ -256,7 +282,10 @@ fn udp_send_message(sock: &UdpSocket, stats: &ThreadStats, bufs: &mut UdpBufs, r
         let start = from + seq * udp::REPLY_PAYLOAD_BYTES_MAX;
         let end = (start + udp::REPLY_PAYLOAD_BYTES_MAX).min(to);
         bufs.frame.clear();
-        udp::compose(&mut bufs.frame, udp::FrameHeader { request_id, sequence: seq as u16, total: total as u16, reserved: 0 });
+        udp::compose(
+            &mut bufs.frame,
+            udp::FrameHeader { request_id, sequence: seq as u16, total: total as u16, reserved: 0 },
+        );
         bufs.frame.extend_from_slice(&bufs.out[start..end]);
         if bufs.tx.push(&bufs.frame, peer) {
             flush_to(sock, stats, &mut bufs.tx);

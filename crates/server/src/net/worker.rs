@@ -9,8 +9,8 @@
 //! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs,
 //! the `-s` unix listener included).
 
-use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, UNIX_LISTENER, WAKER};
 use super::env::{thread_stats, Env};
+use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, UNIX_LISTENER, WAKER};
 use super::tcp::{self, After};
 use super::udp;
 use super::udp::{UdpBufs, UDP_DATAGRAM_BYTES_MAX};
@@ -69,7 +69,14 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub(super) fn new(index: usize, poll: Poll, table: Arc<TenantTable>, stop: StopHandle, read_buf_bytes_max: usize, listeners: WorkerListeners) -> Worker {
+    pub(super) fn new(
+        index: usize,
+        poll: Poll,
+        table: Arc<TenantTable>,
+        stop: StopHandle,
+        read_buf_bytes_max: usize,
+        listeners: WorkerListeners,
+    ) -> Worker {
         Worker {
             index,
             unix: listeners.unix,
@@ -121,7 +128,12 @@ impl Worker {
         // Connections with work left from the last round: look at them again without
         // sleeping in epoll.
         for i in std::mem::take(revisit) {
-            let again = self.conns.slots.get_mut(i).and_then(Option::as_mut).map(|s| std::mem::replace(&mut s.conn.needs_revisit, false));
+            let again = self
+                .conns
+                .slots
+                .get_mut(i)
+                .and_then(Option::as_mut)
+                .map(|s| std::mem::replace(&mut s.conn.needs_revisit, false));
             if again == Some(true) {
                 let after = self.conn_event(i, true, false, false);
                 self.after_serve(i, after, revisit);
@@ -171,7 +183,12 @@ impl Worker {
 
     /// One poll's events: listeners accept or drain, connections serve — those of tenants at
     /// their share after the others (`deferred`).
-    fn handle_events(&mut self, events: &Events, deferred: &mut Vec<(usize, bool, bool, bool)>, revisit: &mut Vec<usize>) {
+    fn handle_events(
+        &mut self,
+        events: &Events,
+        deferred: &mut Vec<(usize, bool, bool, bool)>,
+        revisit: &mut Vec<usize>,
+    ) {
         for ev in events.iter() {
             let token = ev.token();
             if token == WAKER {
@@ -191,8 +208,11 @@ impl Worker {
                 continue;
             }
             let i = token.0;
-            let (r, w, closed) = (ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
-            if self.conns.slots.get(i).and_then(Option::as_ref).is_some_and(|s| s.conn.gate.held) && deferred.len() < EVENTS_MAX {
+            let (r, w, closed) =
+                (ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed() || ev.is_error());
+            if self.conns.slots.get(i).and_then(Option::as_ref).is_some_and(|s| s.conn.gate.held)
+                && deferred.len() < EVENTS_MAX
+            {
                 // Its tenant is at its share: serve it after the connections of tenants
                 // within theirs from this same poll (latency isolation).
                 deferred.push((i, r, w, closed));
@@ -262,7 +282,12 @@ impl Worker {
 
     /// Earliest monotonic time something held back may run.
     fn next_deadline(&self) -> Option<u64> {
-        let conns = self.throttled.iter().filter_map(|&i| self.conns.slots.get(i).and_then(Option::as_ref)).map(|s| s.conn.gate.throttle_until_ns).filter(|&t| t != 0);
+        let conns = self
+            .throttled
+            .iter()
+            .filter_map(|&i| self.conns.slots.get(i).and_then(Option::as_ref))
+            .map(|s| s.conn.gate.throttle_until_ns)
+            .filter(|&t| t != 0);
         let udps = self.tenants.iter().map(|w| w.udp_wait_until_ns).filter(|&t| t != 0);
         conns.chain(udps).min()
     }
@@ -277,7 +302,8 @@ impl Worker {
         let list = self.table.snapshot();
         let mut k = 0;
         while k < self.tenants.len() {
-            let gone = self.tenants[k].tenant.is_removed() || !list.iter().any(|t| Arc::ptr_eq(t, &self.tenants[k].tenant));
+            let gone =
+                self.tenants[k].tenant.is_removed() || !list.iter().any(|t| Arc::ptr_eq(t, &self.tenants[k].tenant));
             if !gone {
                 k += 1;
                 continue;
@@ -302,27 +328,43 @@ impl Worker {
     /// An event on connection `idx` (tcp.rs serves it).
     fn conn_event(&mut self, idx: usize, readable: bool, writable: bool, peer_closed: bool) -> After {
         let Some(slot) = self.conns.slots.get_mut(idx).and_then(Option::as_mut) else { return After::Keep };
-        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        let env = Env {
+            settings: &self.settings,
+            stop: &self.stop,
+            index: self.index,
+            read_buf_bytes_max: self.read_buf_bytes_max,
+        };
         tcp::conn_event(slot, idx, self.poll.registry(), &env, readable, writable, peer_closed)
     }
 
     /// Tenant `k`'s UDP socket is readable (udp.rs drains it).
     fn udp_drain(&mut self, k: usize) {
-        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        let env = Env {
+            settings: &self.settings,
+            stop: &self.stop,
+            index: self.index,
+            read_buf_bytes_max: self.read_buf_bytes_max,
+        };
         let Some(wt) = self.tenants.get_mut(k) else { return };
         udp::udp_drain(wt, &mut self.udp_rx, &mut self.udp, &env);
     }
 
     /// Run the UDP queues whose time has come (udp.rs).
     fn serve_udp_queues(&mut self, now: u64) {
-        let env = Env { settings: &self.settings, stop: &self.stop, index: self.index, read_buf_bytes_max: self.read_buf_bytes_max };
+        let env = Env {
+            settings: &self.settings,
+            stop: &self.stop,
+            index: self.index,
+            read_buf_bytes_max: self.read_buf_bytes_max,
+        };
         udp::serve_udp_queues(&mut self.tenants, &mut self.udp, &env, now);
     }
 
     /// Tenant `k`'s listener is readable (listen.rs accepts).
     fn accept_all(&mut self, k: usize) {
         let Some(wt) = self.tenants.get(k) else { return };
-        let acceptor = Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index, tls: self.tls.as_ref() };
+        let acceptor =
+            Acceptor { registry: self.poll.registry(), table: &self.table, index: self.index, tls: self.tls.as_ref() };
         acceptor.accept_all(wt, &mut self.conns);
     }
 

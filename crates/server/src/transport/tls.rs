@@ -54,14 +54,23 @@ pub struct TlsOptions {
 
 impl Default for TlsOptions {
     fn default() -> Self {
-        TlsOptions { chain_cert: None, key: None, ca_cert: None, verify_mode: VerifyMode::None, min_version: 2, min_version_asked: 2, ignored: Vec::new() }
+        TlsOptions {
+            chain_cert: None,
+            key: None,
+            ca_cert: None,
+            verify_mode: VerifyMode::None,
+            min_version: 2,
+            min_version_asked: 2,
+            ignored: Vec::new(),
+        }
     }
 }
 
 impl TlsOptions {
     /// Start-up notices: options that do not do here what they do in memcached.
     pub fn notices(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.ignored.iter().map(|k| format!("-o {k} has no effect (OpenSSL tuning; TLS is rustls here)")).collect();
+        let mut v: Vec<String> =
+            self.ignored.iter().map(|k| format!("-o {k} has no effect (OpenSSL tuning; TLS is rustls here)")).collect();
         if self.min_version_asked < 2 {
             v.push("-o ssl_min_version below 2: TLS 1.0/1.1 are not offered (rustls); the minimum is TLS 1.2".into());
         }
@@ -82,16 +91,23 @@ pub fn server_config(o: &TlsOptions) -> Result<Arc<ServerConfig>, String> {
     let key_path = o.key.as_deref().unwrap_or(chain_path);
     let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| format!("ssl_key {key_path}: {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&rustls::SupportedProtocolVersion] =
-        if o.min_version >= 3 { &[&rustls::version::TLS13] } else { &[&rustls::version::TLS13, &rustls::version::TLS12] };
-    let builder = ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(versions).map_err(|e| e.to_string())?;
+    let versions: &[&rustls::SupportedProtocolVersion] = if o.min_version >= 3 {
+        &[&rustls::version::TLS13]
+    } else {
+        &[&rustls::version::TLS13, &rustls::version::TLS12]
+    };
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)
+        .map_err(|e| e.to_string())?;
     let builder = match o.verify_mode {
         VerifyMode::None => builder.with_no_client_auth(),
         mode => {
             let ca = o.ca_cert.as_deref().ok_or("ssl_verify_mode 1-3 needs -o ssl_ca_cert=<PEM file of client CAs>")?;
             let mut roots = RootCertStore::empty();
             for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("ssl_ca_cert {ca}: {e}"))? {
-                roots.add(c.map_err(|e| format!("ssl_ca_cert {ca}: {e}"))?).map_err(|e| format!("ssl_ca_cert {ca}: {e}"))?;
+                roots
+                    .add(c.map_err(|e| format!("ssl_ca_cert {ca}: {e}"))?)
+                    .map_err(|e| format!("ssl_ca_cert {ca}: {e}"))?;
             }
             let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
             let v = if mode == VerifyMode::Request { v.allow_unauthenticated() } else { v };

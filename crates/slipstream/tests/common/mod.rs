@@ -108,7 +108,11 @@ impl Pair {
     /// Panics with the reason if the set-up fails (after deleting what it made).
     pub fn new(prefix: &str, v4_srv: &str, v4_cli: &str) -> Pair {
         let id = std::process::id() % 100_000;
-        let p = Pair { srv: format!("{prefix}srv{id}"), cli: format!("{prefix}cli{id}"), srv_dev: format!("{prefix}s{id}") };
+        let p = Pair {
+            srv: format!("{prefix}srv{id}"),
+            cli: format!("{prefix}cli{id}"),
+            srv_dev: format!("{prefix}s{id}"),
+        };
         let cli_dev = format!("{prefix}c{id}");
         let srv = End { ns: &p.srv, dev: &p.srv_dev, v4: v4_srv, v6: None };
         let cli = End { ns: &p.cli, dev: &cli_dev, v4: v4_cli, v6: None };
@@ -189,7 +193,13 @@ impl Daemon {
             }
             None => Command::new(bin),
         };
-        let mut child = cmd.arg("serve").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn slipstream");
+        let mut child = cmd
+            .arg("serve")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn slipstream");
         let stderr = Arc::new(Mutex::new(String::new()));
         if let Some(err) = child.stderr.take() {
             let sink = stderr.clone();
@@ -268,7 +278,13 @@ impl UdpClient {
 
     /// Sends `req` to `dst` as one datagram and collects reply messages until `done` says the
     /// reply is complete; None after `timeout`.
-    pub fn query(&mut self, dst: SocketAddr, req: &[u8], done: impl Fn(&str) -> bool, timeout: Duration) -> Option<String> {
+    pub fn query(
+        &mut self,
+        dst: SocketAddr,
+        req: &[u8],
+        done: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Option<String> {
         self.rid = self.rid.wrapping_add(1).max(1);
         self.sock.send_to(&udp_frame(self.rid, req), dst).expect("udp send");
         udp_collect(&self.sock, self.rid, done, timeout)
