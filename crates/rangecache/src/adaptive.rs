@@ -13,7 +13,6 @@
 //!    would miss on the shifted ranges and store their common rows again); all-row when exact
 //!    repeats dominate (its hit is one hash lookup, the fastest).
 
-use crate::cache::Strategy;
 use std::collections::VecDeque;
 
 /// Queries of a shape between two decisions.
@@ -24,6 +23,33 @@ const RECENT_RANGES_MAX: usize = 32;
 pub const HIT_RATE_KEEP: f64 = 0.9;
 /// Mean result rows at or above this choose each-row.
 pub const LARGE_RESULT_ROWS: u64 = 1000;
+
+/// Which strategy serves scans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    AllRow,
+    EachRow,
+    /// Per query shape (crate::adaptive).
+    Adaptive,
+}
+
+impl Strategy {
+    pub fn parse(s: &str) -> Result<Strategy, String> {
+        match s {
+            "all-row" | "allrow" => Ok(Strategy::AllRow),
+            "each-row" | "eachrow" => Ok(Strategy::EachRow),
+            "adaptive" => Ok(Strategy::Adaptive),
+            other => Err(format!("unknown strategy {other:?} (all-row, each-row, adaptive)")),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::AllRow => "all-row",
+            Strategy::EachRow => "each-row",
+            Strategy::Adaptive => "adaptive",
+        }
+    }
+}
 
 /// What one shape's recent queries did, and its current choice.
 #[derive(Debug)]

@@ -36,32 +36,7 @@ const CELL_OVERHEAD_BYTES: usize = 32;
 /// Complete intervals kept per table before they are dropped (they only speed scans up).
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
 
-/// Which strategy serves scans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    AllRow,
-    EachRow,
-    /// Per query shape (crate::adaptive).
-    Adaptive,
-}
-
-impl Strategy {
-    pub fn parse(s: &str) -> Result<Strategy, String> {
-        match s {
-            "all-row" | "allrow" => Ok(Strategy::AllRow),
-            "each-row" | "eachrow" => Ok(Strategy::EachRow),
-            "adaptive" => Ok(Strategy::Adaptive),
-            other => Err(format!("unknown strategy {other:?} (all-row, each-row, adaptive)")),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::AllRow => "all-row",
-            Strategy::EachRow => "each-row",
-            Strategy::Adaptive => "adaptive",
-        }
-    }
-}
+pub use crate::adaptive::Strategy;
 
 /// The identity of one query inside a table (all-row key).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

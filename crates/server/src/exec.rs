@@ -25,6 +25,19 @@ pub enum Protocol {
     Binary,
 }
 
+impl Protocol {
+    /// The protocol a new TCP connection starts in under `-B` (UDP decides per datagram
+    /// whatever `-B` says, as memcached does).
+    pub fn bound_by(b: crate::tunables::BindingProtocol) -> Protocol {
+        use crate::tunables::BindingProtocol;
+        match b {
+            BindingProtocol::Auto => Protocol::Undecided,
+            BindingProtocol::Ascii => Protocol::Text,
+            BindingProtocol::Binary => Protocol::Binary,
+        }
+    }
+}
+
 /// Transport the request arrived on; some replies differ (UDP has no `quit`, and large
 /// replies are split into datagrams by the loop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +115,7 @@ pub struct Settings {
     /// memcached's command-line tunables (`-R`, `-B`, `-b`, `-o idle_timeout`, ...).
     pub tunables: Tunables,
     /// Authentication every connection must pass first (`-Y` / `-S`); None = none.
-    pub auth: Option<Arc<crate::auth::Auth>>,
+    pub auth: Option<Arc<crate::credentials::Auth>>,
     /// `-s <path>`: the unix socket served instead of TCP/UDP (for `stats settings`).
     pub domain_socket: Option<String>,
     /// `-a <mask>`: the unix socket's permission bits (memcached's default 0700).

@@ -12,6 +12,7 @@ pub mod admin;
 pub mod auth;
 mod bind;
 pub mod bufbudget;
+pub mod credentials;
 pub mod dispatch;
 pub mod exec;
 pub mod fastpath;

@@ -12,7 +12,7 @@
 //! Not for: counting (`stats.rs`, `slipstream-store`), per-prefix detail (`stats_prefix.rs`),
 //! framing or the sub-command syntax (the protocol executors).
 
-use crate::auth::Auth;
+use crate::credentials::Auth;
 use crate::exec::Settings;
 use crate::stats::ServerInfo;
 use slipstream_store::Store;

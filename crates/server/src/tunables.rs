@@ -27,16 +27,6 @@ impl BindingProtocol {
         }
     }
 
-    /// The protocol a new TCP connection starts in (UDP decides per datagram whatever `-B`
-    /// says, as memcached does).
-    pub fn initial(self) -> crate::exec::Protocol {
-        match self {
-            BindingProtocol::Auto => crate::exec::Protocol::Undecided,
-            BindingProtocol::Ascii => crate::exec::Protocol::Text,
-            BindingProtocol::Binary => crate::exec::Protocol::Binary,
-        }
-    }
-
     /// `-B NAME` as memcached spells it.
     pub fn parse(name: &str) -> Option<BindingProtocol> {
         match name {

@@ -662,8 +662,16 @@ impl Config {
 
     /// Record a memcached flag accepted with no effect here (for the start-up notice).
     pub fn notice_no_effect(&mut self, what: &str) {
-        if !self.no_effect.iter().any(|w| w == what) {
-            self.no_effect.push(what.to_string());
+        crate::mcopts::notice_no_effect(&mut self.no_effect, what);
+    }
+
+    /// The parts of the configuration `-o` may set (crate::mcopts).
+    pub fn opt_targets(&mut self) -> crate::mcopts::Targets<'_> {
+        crate::mcopts::Targets {
+            tunables: &mut self.tunables,
+            security: &mut self.security,
+            conn_buf_bytes_max: &mut self.conn_buf_bytes_max,
+            no_effect: &mut self.no_effect,
         }
     }
 
@@ -751,7 +759,10 @@ impl Config {
                 self.tunables.watch_enabled = false;
                 self.notice_no_effect("-W (`watch` is not built)");
             }
-            "o" | "extended" => crate::mcopts::apply(self, value)?,
+            "o" | "extended" => crate::mcopts::apply(&mut self.opt_targets(), value).map_err(|e| match e {
+                crate::mcopts::OptError::Value { value, why } => ConfigError::Value { name: "-o", value, why },
+                crate::mcopts::OptError::Usage(m) => ConfigError::Usage(m),
+            })?,
             "f" | "slab-growth-factor" => {
                 let f: f64 = parse_num("-f", value)?;
                 if f <= 1.0 {

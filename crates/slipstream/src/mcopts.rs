@@ -5,7 +5,42 @@
 //! Not for: the single-letter flags (config.rs) or the TLS options (`ssl_*`: security.rs, which
 //! this hands them to).
 
-use crate::config::{Config, ConfigError};
+use crate::security::SecurityConfig;
+use slipstream_server::tunables::Tunables;
+
+/// What `-o` may set: the parts of the configuration it touches (config.rs lends them), so this
+/// module needs nothing of config.rs.
+pub struct Targets<'a> {
+    pub tunables: &'a mut Tunables,
+    pub security: &'a mut SecurityConfig,
+    pub conn_buf_bytes_max: &'a mut usize,
+    /// Flags and options accepted with no effect, for the one start-up notice.
+    pub no_effect: &'a mut Vec<String>,
+}
+
+/// A refused `-o` argument.
+#[derive(Debug)]
+pub enum OptError {
+    /// `value` (the option as given) and why it is refused.
+    Value {
+        value: String,
+        why: String,
+    },
+    Usage(String),
+}
+
+/// Record a flag or option accepted with no effect (once each; the one home of this rule).
+pub fn notice_no_effect(list: &mut Vec<String>, what: &str) {
+    if !list.iter().any(|w| w == what) {
+        list.push(what.to_string());
+    }
+}
+
+impl Targets<'_> {
+    fn notice_no_effect(&mut self, what: &str) {
+        notice_no_effect(self.no_effect, what);
+    }
+}
 
 /// memcached 1.6.18's `-o` names that tune its slab allocator, LRU maintainer, hash table,
 /// logger buffers, extstore or proxy: Slipstream has none of these, so they do nothing here.
@@ -62,17 +97,17 @@ const NO_EFFECT: &[&str] = &[
     "slab_automove_freeratio",
 ];
 
-fn bad(value: &str, why: &str) -> ConfigError {
-    ConfigError::Value { name: "-o", value: value.to_string(), why: why.to_string() }
+fn bad(value: &str, why: &str) -> OptError {
+    OptError::Value { value: value.to_string(), why: why.to_string() }
 }
 
-fn num<T: std::str::FromStr>(name: &str, v: Option<&str>) -> Result<T, ConfigError> {
+fn num<T: std::str::FromStr>(name: &str, v: Option<&str>) -> Result<T, OptError> {
     let v = v.ok_or_else(|| bad(name, "needs a value (name=value)"))?;
     v.trim().parse::<T>().map_err(|_| bad(&format!("{name}={v}"), "not a number in range"))
 }
 
 /// Apply one `-o` argument.
-pub fn apply(cfg: &mut Config, arg: &str) -> Result<(), ConfigError> {
+pub fn apply(cfg: &mut Targets<'_>, arg: &str) -> Result<(), OptError> {
     for item in arg.split(',').filter(|s| !s.is_empty()) {
         let (name, value) = match item.split_once('=') {
             Some((n, v)) => (n, Some(v)),
@@ -83,11 +118,11 @@ pub fn apply(cfg: &mut Config, arg: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn apply_one(cfg: &mut Config, name: &str, value: Option<&str>) -> Result<(), ConfigError> {
+fn apply_one(cfg: &mut Targets<'_>, name: &str, value: Option<&str>) -> Result<(), OptError> {
     if let Some(r) = cfg.security.apply_suboption(name, value) {
-        return r.map_err(ConfigError::Usage);
+        return r.map_err(OptError::Usage);
     }
-    let t = &mut cfg.tunables;
+    let t = &mut *cfg.tunables;
     match name {
         "idle_timeout" => t.idle_timeout_s = num(name, value)?,
         "read_buf_mem_limit" => {
@@ -98,7 +133,7 @@ fn apply_one(cfg: &mut Config, name: &str, value: Option<&str>) -> Result<(), Co
                 .filter(|b| *b <= u64::from(u32::MAX))
                 .ok_or_else(|| bad(name, "too large (memcached keeps it in 32 bits)"))?;
             t.read_buf_mem_limit_bytes = bytes;
-            cfg.conn_buf_bytes_max = if bytes == 0 { usize::MAX } else { bytes as usize };
+            *cfg.conn_buf_bytes_max = if bytes == 0 { usize::MAX } else { bytes as usize };
         }
         "no_lru_crawler" => t.lru_crawler.store(false, std::sync::atomic::Ordering::Relaxed),
         "lru_crawler" => t.lru_crawler.store(true, std::sync::atomic::Ordering::Relaxed),
@@ -157,17 +192,30 @@ mod tests {
 
     #[test]
     fn meaningful_options_set_the_config_and_the_rest_are_noticed() {
-        let mut c = Config::default();
-        apply(&mut c, "modern,idle_timeout=5,read_buf_mem_limit=32,slab_reassign,hashpower=20").unwrap();
-        assert_eq!(c.tunables.idle_timeout_s, 5);
-        assert_eq!(c.conn_buf_bytes_max, 32 << 20);
-        assert_eq!(c.tunables.read_buf_mem_limit_bytes, 32 << 20);
-        assert!(c.tunables.reported.contains(&("hashpower_init", "20".to_string())));
-        assert_eq!(c.no_effect, vec!["-o modern", "-o slab_reassign", "-o hashpower"]);
-        apply(&mut c, "read_buf_mem_limit=0").unwrap();
-        assert_eq!(c.conn_buf_bytes_max, usize::MAX);
-        assert!(apply(&mut c, "idle_timeout").is_err());
-        assert!(apply(&mut c, "bogus").is_err());
-        assert!(apply(&mut c, "proxy_config=x").is_err());
+        let (mut tunables, mut security, mut conn_buf, mut notes) =
+            (Tunables::default(), SecurityConfig::default(), 0usize, Vec::new());
+        let mut t = Targets {
+            tunables: &mut tunables,
+            security: &mut security,
+            conn_buf_bytes_max: &mut conn_buf,
+            no_effect: &mut notes,
+        };
+        apply(&mut t, "modern,idle_timeout=5,read_buf_mem_limit=32,slab_reassign,hashpower=20").unwrap();
+        assert!(apply(&mut t, "idle_timeout").is_err());
+        assert!(apply(&mut t, "bogus").is_err());
+        assert!(apply(&mut t, "proxy_config=x").is_err());
+        assert_eq!(tunables.idle_timeout_s, 5);
+        assert_eq!(conn_buf, 32 << 20);
+        assert_eq!(tunables.read_buf_mem_limit_bytes, 32 << 20);
+        assert!(tunables.reported.contains(&("hashpower_init", "20".to_string())));
+        assert_eq!(notes, vec!["-o modern", "-o slab_reassign", "-o hashpower"]);
+        let mut t = Targets {
+            tunables: &mut tunables,
+            security: &mut security,
+            conn_buf_bytes_max: &mut conn_buf,
+            no_effect: &mut notes,
+        };
+        apply(&mut t, "read_buf_mem_limit=0").unwrap();
+        assert_eq!(conn_buf, usize::MAX);
     }
 }

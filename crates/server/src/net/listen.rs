@@ -9,6 +9,7 @@
 
 use super::conn::Conn;
 use super::env::{thread_stats, Slot};
+use crate::exec::Protocol;
 use crate::stats::{ConnEntry, ThreadStats};
 use crate::tenants::{Tenant, TenantTable};
 use crate::transport::{tls::TlsStream, Stream};
@@ -220,7 +221,7 @@ impl Acceptor<'_> {
         }
         let mut conn = Conn::new(stream, fd, last_cmd_s);
         // -B ascii|binary: the connection speaks only that protocol.
-        conn.state.protocol = self.table.settings.tunables.binding_protocol.initial();
+        conn.state.protocol = Protocol::bound_by(self.table.settings.tunables.binding_protocol);
         conns.slots[idx] = Some(Slot { tenant, conn });
     }
 }
