@@ -33,8 +33,11 @@
 #            restored on exit) — a part of napi, shown, not added again
 #   softirq  /proc/stat softirq on every CPU (and RX_CPU's own), minus the idle baseline
 #   ksoftirqd utime+stime of the ksoftirqd threads (shown; their work is in the softirq column)
-#   host     daemon + jvm + napi + softirq  -> CPU-s per million input records
-#   gen      the generator's own CPU (reported, NOT host work: it stands for the senders)
+#   jvmkids  the JVM's reaped children (cutime+cstime) minus the generator and the sampler:
+#            processes the JVM started for its own work (Hadoop's shell commands)
+#   host     daemon + jvm + jvmkids + napi + softirq  -> CPU-s per million input records
+#   gen      the generator's own CPU, from bash's `times` around it (reported, NOT host work:
+#            it stands for the senders)
 #   machine  every CPU's busy time - gen - idle baseline: a whole-machine cross-check
 # Exactness per run: word count — the Spark job's per-word totals equal the generator's
 # --expect-counts multiset and the daemon's socket_drops did not grow; change point — the plain

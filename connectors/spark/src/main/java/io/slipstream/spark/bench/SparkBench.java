@@ -147,18 +147,19 @@ public final class SparkBench {
         }
     }
 
-    /** cutime+cstime of this JVM in seconds: the CPU of the children it has reaped (generators). */
-    static double childCpuSeconds() {
-        try {
-            String stat = Files.readString(new File("/proc/" + ProcessHandle.current().pid() + "/stat").toPath());
-            String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
-            return (Long.parseLong(f[13]) + Long.parseLong(f[14])) / 100.0;
-        } catch (IOException | RuntimeException e) {
-            return 0;
+    /** Children's user + system seconds from bash's `times` output (its last line); -1 if absent. */
+    static double childrenTimes(String stderr) {
+        String[] lines = stderr.strip().split("\n");
+        java.util.regex.Matcher m = java.util.regex.Pattern.compile("(\\d+)m([0-9.]+)s\\s+(\\d+)m([0-9.]+)s")
+                .matcher(lines[lines.length - 1]);
+        if (!m.find()) {
+            return -1;
         }
+        return Long.parseLong(m.group(1)) * 60 + Double.parseDouble(m.group(2)) + Long.parseLong(m.group(3)) * 60
+                + Double.parseDouble(m.group(4));
     }
 
-    /** CPU of the last generator run (its process, reaped by this JVM), seconds. */
+    /** CPU of the last generator run (its process tree, from bash's `times`), seconds. */
     static volatile double lastSendCpuS;
 
     private double cpuNow() {
@@ -181,9 +182,14 @@ public final class SparkBench {
         }
     }
 
-    /** Runs `slipstream send` with `args`; returns its summary JSON line. */
+    /**
+     * Runs `slipstream send` with `args`; returns its summary JSON line. The generator runs
+     * under bash, whose `times` (to stderr) gives the generator's own CPU (lastSendCpuS): the
+     * JVM's reaped-children total over the same time would also hold any other process the JVM
+     * started meanwhile (the CPU sampler, Hadoop's shell commands), which are not the senders'.
+     */
     private JsonNode send(List<String> args) throws IOException, InterruptedException {
-        List<String> cmd = new ArrayList<>();
+        List<String> cmd = new ArrayList<>(List.of("bash", "-c", "\"$@\"; rc=$?; times >&2; exit $rc", "send"));
         // send_prefix: a command the generator runs under (the XDP column runs it in a client
         // network namespace: "ip netns exec NS"), words separated by spaces.
         for (String w : s("send_prefix", "").trim().split(" ")) {
@@ -194,15 +200,17 @@ public final class SparkBench {
         cmd.add(s("bin", "target/release/slipstream"));
         cmd.add("send");
         cmd.addAll(args);
-        double child0 = childCpuSeconds();
-        Process p = new ProcessBuilder(cmd).redirectErrorStream(false).start();
+        ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(false);
+        pb.environment().put("LC_ALL", "C"); // `times` prints 0m1.230s
+        Process p = pb.start();
         String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
         boolean done = p.waitFor(600, TimeUnit.SECONDS);
-        lastSendCpuS = childCpuSeconds() - child0;
+        String err = done ? new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8) : "";
         if (!done || p.exitValue() != 0) {
             p.destroyForcibly();
-            throw new IOException("slipstream send failed: " + new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8));
+            throw new IOException("slipstream send failed: " + err);
         }
+        lastSendCpuS = childrenTimes(err);
         String[] lines = out.strip().split("\n");
         return JSON.readTree(lines[lines.length - 1]);
     }
