@@ -22,12 +22,16 @@ have settled; the script subtracts the two. Appends one JSON line to out=FILE:
               utime+stime jiffies (where a JVM's CPU goes: JIT, GC, Spark's own threads)
   links       NS:DEV -> {rx_dropped, tx_dropped, rx_packets} of a (namespaced) link (link=NS:DEV):
               a veth whose peer's receive ring is full drops the frame and counts it here
+  self_cpu_s  this sampler's own CPU (itself and its bpftool/ip children), seconds: the JVM
+              that runs it reaps it, so it is in the JVM's cutime/cstime and must be taken off
+              before the JVM's other children count as host work
 
 Not for: computing the differences (bench/stream_cpu.sh's report does that). Takes key=value
 arguments: out=FILE label=L [NAME=PID ...] [thread=PREFIX ...] [metrics=HOST:PORT] [bpf=0].
 """
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -173,6 +177,9 @@ def main(argv):
             "metrics": metrics(a["metrics"]) if a.get("metrics") else {},
             "links": {l: link_stats(l) for l in links},
             "jvm_threads": task_groups(pids["jvm"]) if "jvm" in pids else {}}
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    snap["self_cpu_s"] = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
     with open(a["out"], "a") as f:
         f.write(json.dumps(snap) + "\n")
 

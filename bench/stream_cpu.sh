@@ -33,8 +33,11 @@
 #            restored on exit) — a part of napi, shown, not added again
 #   softirq  /proc/stat softirq on every CPU (and RX_CPU's own), minus the idle baseline
 #   ksoftirqd utime+stime of the ksoftirqd threads (shown; their work is in the softirq column)
-#   host     daemon + jvm + napi + softirq  -> CPU-s per million input records
-#   gen      the generator's own CPU (reported, NOT host work: it stands for the senders)
+#   jvmkids  the JVM's reaped children (cutime+cstime) minus the generator and the sampler:
+#            processes the JVM started for its own work (Hadoop's shell commands)
+#   host     daemon + jvm + jvmkids + napi + softirq  -> CPU-s per million input records
+#   gen      the generator's own CPU, from bash's `times` around it (reported, NOT host work:
+#            it stands for the senders)
 #   machine  every CPU's busy time - gen - idle baseline: a whole-machine cross-check
 # Exactness per run: word count — the Spark job's per-word totals equal the generator's
 # --expect-counts multiset and the daemon's socket_drops did not grow; change point — the plain
@@ -49,13 +52,19 @@
 # snapshots), driver.jsonl (the driver's lines), cpu.json and summary.md (table, ratios).
 # Needs root (namespaces, XDP, bpf stats). About 4 minutes with the defaults.
 #
-# Knobs [defaults]: WC_RATE [30000] datagrams/s of WC_WORDS [16] words; CP_RATE [10000]
+# Knobs [defaults]: WC_RATE [20000] datagrams/s (30000 lost datagrams at the veth ring on the
+#   loaded machine in plain Spark's setup) of WC_WORDS [16] words; CP_RATE [10000]
 #   datagrams/s of CP_VALUES [16] values; STEP_S [10] seconds per run; RUNS [2]; IDLE_S [10];
 #   WC_WINDOW_MS [1000] (the daemon's word-count window) and SLIP_TRIGGER_MS [1000] (the
-#   Slipstream setups' micro-batch trigger): 1 s like plain Spark's batches, so every setup
-#   delivers counts per second; CP_TRIGGER [micro] (or continuous); SLIP_SINK [collect]: the
-#   Slipstream word-count query collects each batch's rows (per-word counts the daemon made) and
-#   sums them in the driver; groupby: Spark sums them per word first (a shuffle per batch);
+#   Slipstream setups' trigger interval): 1 s like plain Spark's batches, so every setup
+#   delivers counts per second; WC_TRIGGER [continuous]: the Slipstream word-count query runs in
+#   Spark's continuous mode (one long-running read task, epochs every SLIP_TRIGGER_MS, rows summed
+#   by a ForeachWriter: no micro-batch to plan per second; at-least-once on failure), or micro:
+#   micro-batches with SLIP_SINK [collect]: each batch's rows (per-word counts the daemon made)
+#   collected and summed in the driver; groupby: Spark sums them per word first (a shuffle per
+#   batch); foreach: a ForeachWriter; CP_TRIGGER [micro] (or continuous);
+#   RX_DEFER_US [0]: receive moderation on the server veth (gro_flush_timeout, with
+#   napi_defer_hard_irqs = RX_DEFER_IRQS [1]): 0 = off, the NAPI thread is woken per frame burst;
 #   SETUPS ["plain user xdp"]; PARTS ["wc cp"]; GEN_CPU [1]; RX_CPU [0]; SKIP_BUILD [0];
 #   SLIPSTREAM_BIN [target/release/slipstream]; RESULTS_DIR.
 set -euo pipefail
@@ -65,7 +74,7 @@ cd "$ROOT"
 BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/bench/results/stream-cpu-$STAMP}"
-WC_RATE="${WC_RATE:-30000}"
+WC_RATE="${WC_RATE:-20000}"
 WC_WORDS="${WC_WORDS:-16}"
 CP_RATE="${CP_RATE:-10000}"
 CP_VALUES="${CP_VALUES:-16}"
@@ -74,12 +83,15 @@ WC_WINDOW_MS="${WC_WINDOW_MS:-1000}"
 SLIP_TRIGGER_MS="${SLIP_TRIGGER_MS:-1000}"
 CP_TRIGGER="${CP_TRIGGER:-micro}"
 SLIP_SINK="${SLIP_SINK:-collect}"
+WC_TRIGGER="${WC_TRIGGER:-continuous}"
 RUNS="${RUNS:-2}"
 IDLE_S="${IDLE_S:-10}"
 SETUPS="${SETUPS:-plain user xdp}"
 PARTS="${PARTS:-wc cp}"
 GEN_CPU="${GEN_CPU:-1}"
 RX_CPU="${RX_CPU:-0}"
+RX_DEFER_US="${RX_DEFER_US:-0}"
+RX_DEFER_IRQS="${RX_DEFER_IRQS:-1}"
 
 if [[ "$(id -u)" != 0 ]]; then
     echo "SKIP: bench/stream_cpu.sh needs root (network namespaces, XDP, bpf stats)"
@@ -154,6 +166,10 @@ EOF
 # veth's 256-slot ring overflows).
 steer_rx() {
     ip netns exec "$SRV" sh -c "echo 1 > /sys/class/net/$VS/threaded"
+    # Receive-side moderation, as a NIC's (ethtool rx-usecs): after a poll that found frames,
+    # the veth does not wake its NAPI thread per frame but polls again RX_DEFER_US later.
+    ip netns exec "$SRV" sh -c "echo $((RX_DEFER_US * 1000)) > /sys/class/net/$VS/gro_flush_timeout; \
+        echo $RX_DEFER_IRQS > /sys/class/net/$VS/napi_defer_hard_irqs"
     local p
     for p in $(ps -eo pid=,comm= | awk -v d="napi/$VS-" 'index($2, d) == 1 {print $1}'); do
         taskset -pc "$RX_CPU" "$p" >/dev/null
@@ -244,7 +260,7 @@ for setup in $SETUPS; do
                 echo "== word count: $label"
                 run_java "$label" wc wc-slip endpoint="$V4S:$RES_PORT" stream=wc udp="$WC_PORT" \
                     rates="$(rates "$WC_RATE")" step_s="$STEP_S" words="$WC_WORDS" daemon_pid="$DAEMON_PID" \
-                    trigger_ms="$SLIP_TRIGGER_MS" stop_on_inexact=false sink="$SLIP_SINK"
+                    trigger_ms="$SLIP_TRIGGER_MS" stop_on_inexact=false sink="$SLIP_SINK" trigger="$WC_TRIGGER"
             fi
             if [[ " $PARTS " == *" cp "* ]]; then
                 echo "== change point: $label ($CP_TRIGGER trigger)"
@@ -262,7 +278,7 @@ done
     echo "date: $(date -u +%FT%TZ)"
     echo "machine: $(nproc) cores, $(uname -r), $(java -version 2>&1 | head -1)"
     echo "load before the report: $(cat /proc/loadavg)"
-    echo "knobs: WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
+    echo "knobs: WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
 } >"$RESULTS_DIR/env.txt"
 python3 bench/stream_cpu_report.py "$RESULTS_DIR" "$RX_CPU"

@@ -111,6 +111,17 @@ public final class SparkBench {
                 .config("spark.sql.shuffle.partitions", "2")
                 .config("spark.driver.host", "127.0.0.1")
                 .config("spark.driver.bindAddress", "127.0.0.1")
+                // Continuous queries: how often the read task asks the driver for the current
+                // epoch (Spark's default, 100 ms, is ten RPCs per 1 s epoch: measured 0.36 CPU-s
+                // of the driver's RPC thread per 10 s run); once per second is once per epoch.
+                .config("spark.sql.streaming.continuous.executorPollIntervalMs", "1000")
+                // Offset and commit logs through Hadoop's FileSystem API: the default FileContext
+                // manager resolves links and sets permissions on the local file system by starting
+                // `readlink` and `chmod` processes (no native Hadoop library here): measured 20
+                // processes per second (~0.07 cores) for a continuous query with 1 s epochs, ~4 per
+                // second with this one.
+                .config("spark.sql.streaming.checkpointFileManagerClass",
+                        "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager")
                 .getOrCreate();
         s.sparkContext().setLogLevel("ERROR");
         return s;
@@ -143,18 +154,19 @@ public final class SparkBench {
         }
     }
 
-    /** cutime+cstime of this JVM in seconds: the CPU of the children it has reaped (generators). */
-    static double childCpuSeconds() {
-        try {
-            String stat = Files.readString(new File("/proc/" + ProcessHandle.current().pid() + "/stat").toPath());
-            String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
-            return (Long.parseLong(f[13]) + Long.parseLong(f[14])) / 100.0;
-        } catch (IOException | RuntimeException e) {
-            return 0;
+    /** Children's user + system seconds from bash's `times` output (its last line); -1 if absent. */
+    static double childrenTimes(String stderr) {
+        String[] lines = stderr.strip().split("\n");
+        java.util.regex.Matcher m = java.util.regex.Pattern.compile("(\\d+)m([0-9.]+)s\\s+(\\d+)m([0-9.]+)s")
+                .matcher(lines[lines.length - 1]);
+        if (!m.find()) {
+            return -1;
         }
+        return Long.parseLong(m.group(1)) * 60 + Double.parseDouble(m.group(2)) + Long.parseLong(m.group(3)) * 60
+                + Double.parseDouble(m.group(4));
     }
 
-    /** CPU of the last generator run (its process, reaped by this JVM), seconds. */
+    /** CPU of the last generator run (its process tree, from bash's `times`), seconds. */
     static volatile double lastSendCpuS;
 
     private double cpuNow() {
@@ -177,9 +189,14 @@ public final class SparkBench {
         }
     }
 
-    /** Runs `slipstream send` with `args`; returns its summary JSON line. */
+    /**
+     * Runs `slipstream send` with `args`; returns its summary JSON line. The generator runs
+     * under bash, whose `times` (to stderr) gives the generator's own CPU (lastSendCpuS): the
+     * JVM's reaped-children total over the same time would also hold any other process the JVM
+     * started meanwhile (the CPU sampler, Hadoop's shell commands), which are not the senders'.
+     */
     private JsonNode send(List<String> args) throws IOException, InterruptedException {
-        List<String> cmd = new ArrayList<>();
+        List<String> cmd = new ArrayList<>(List.of("bash", "-c", "\"$@\"; rc=$?; times >&2; exit $rc", "send"));
         // send_prefix: a command the generator runs under (the XDP column runs it in a client
         // network namespace: "ip netns exec NS"), words separated by spaces.
         for (String w : s("send_prefix", "").trim().split(" ")) {
@@ -190,15 +207,17 @@ public final class SparkBench {
         cmd.add(s("bin", "target/release/slipstream"));
         cmd.add("send");
         cmd.addAll(args);
-        double child0 = childCpuSeconds();
-        Process p = new ProcessBuilder(cmd).redirectErrorStream(false).start();
+        ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(false);
+        pb.environment().put("LC_ALL", "C"); // `times` prints 0m1.230s
+        Process p = pb.start();
         String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
         boolean done = p.waitFor(600, TimeUnit.SECONDS);
-        lastSendCpuS = childCpuSeconds() - child0;
+        String err = done ? new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8) : "";
         if (!done || p.exitValue() != 0) {
             p.destroyForcibly();
-            throw new IOException("slipstream send failed: " + new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8));
+            throw new IOException("slipstream send failed: " + err);
         }
+        lastSendCpuS = childrenTimes(err);
         String[] lines = out.strip().split("\n");
         return JSON.readTree(lines[lines.length - 1]);
     }
@@ -238,22 +257,54 @@ public final class SparkBench {
                 .option("stream", s("stream", "wc")).load();
         // sink=groupby: Spark sums each batch's rows per word (a shuffle per batch); collect: the
         // batch's rows (already counts per word and window: the daemon counted) are collected
-        // and summed here.
-        boolean group = !s("sink", "groupby").equals("collect");
-        VoidFunction2<Dataset<Row>, Long> sink = (ds, id) -> {
-            List<Row> rows = group ? ds.groupBy("word").sum("count").collectAsList()
-                    : ds.select("word", "count").collectAsList();
-            for (Row r : rows) {
-                if (!r.isNullAt(0)) {
-                    TOTALS.merge(r.getString(0), r.getLong(1), Long::sum);
+        // and summed here; foreach: a ForeachWriter sums the rows where the source's task reads
+        // them (no second query to plan per batch). trigger=continuous (foreach only): one
+        // long-running read task, no micro-batch planning at all (epochs every trigger_ms).
+        String sinkKind = s("sink", "groupby");
+        boolean continuous = s("trigger", "micro").equals("continuous");
+        Trigger trigger = continuous ? Trigger.Continuous(l("trigger_ms", 1000)) : Trigger.ProcessingTime(l("trigger_ms", 100));
+        StreamingQuery q;
+        if (sinkKind.equals("foreach") || continuous) {
+            q = df.select("word", "count").writeStream().foreach(new CountWriter()).trigger(trigger).start();
+        } else {
+            boolean group = sinkKind.equals("groupby");
+            VoidFunction2<Dataset<Row>, Long> sink = (ds, id) -> {
+                List<Row> rows = group ? ds.groupBy("word").sum("count").collectAsList()
+                        : ds.select("word", "count").collectAsList();
+                for (Row r : rows) {
+                    if (!r.isNullAt(0)) {
+                        TOTALS.merge(r.getString(0), r.getLong(1), Long::sum);
+                    }
                 }
-            }
-            batchesDone++;
-        };
-        StreamingQuery q = df.writeStream().foreachBatch(sink).trigger(Trigger.ProcessingTime(l("trigger_ms", 100))).start();
-        q.processAllAvailable();
+                batchesDone++;
+            };
+            q = df.writeStream().foreachBatch(sink).trigger(trigger).start();
+        }
+        if (continuous) {
+            Thread.sleep(3000); // the continuous task subscribes
+        } else {
+            q.processAllAvailable();
+        }
         wcSteps(s("setup", "slipstream-spark"), q::stop, 300);
         q.stop();
+    }
+
+    /** sink=foreach: adds each (word, count) row to the totals (same JVM in local mode). */
+    public static final class CountWriter extends ForeachWriter<Row> {
+        @Override
+        public boolean open(long partitionId, long epochId) {
+            return true;
+        }
+
+        @Override
+        public void process(Row r) {
+            if (!r.isNullAt(0)) {
+                TOTALS.merge(r.getString(0), r.getLong(1), Long::sum);
+            }
+        }
+
+        @Override
+        public void close(Throwable error) {}
     }
 
     /** Steps the rate up until counts are not exact. `settleMs`: how long results may lag. */
@@ -268,6 +319,7 @@ public final class SparkBench {
                 TOTALS.clear();
                 sample("run" + run + "-begin");
                 double cpu0 = cpuNow();
+                double jvm0 = cpuSeconds(ProcessHandle.current().pid());
                 long t0 = System.nanoTime();
                 JsonNode sum = send(List.of("--to", s("send_host", "127.0.0.1") + ":" + l("udp", 0), "--kind", "words",
                         "--rate-per-s", Long.toString(rate), "--duration-s", s("step_s", "3"),
@@ -305,6 +357,7 @@ public final class SparkBench {
                 m.put("counted", got);
                 m.put("exact", exact);
                 m.put("cpu_s", cpu);
+                m.put("jvm_cpu_s", cpuSeconds(ProcessHandle.current().pid()) - jvm0);
                 m.put("cpu_s_per_million_records", wantTotal > 0 ? cpu / (wantTotal / 1e6) : 0);
                 m.put("wall_s", (System.nanoTime() - t0) / 1e9);
                 m.put("send_elapsed_s", sum.path("elapsed_s").asDouble());
