@@ -26,22 +26,46 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import hbaselib  # noqa: E402
 
-LOAD = os.path.join(ROOT, "target", "release", "examples", "thrift_load")
+LOAD = os.environ.get("THRIFT_LOAD", os.path.join(ROOT, "target", "release", "examples", "thrift_load"))
 KEYS = int(os.environ.get("KEYS", "20000"))
 CONNS = int(os.environ.get("CONNS", "4"))
 SECS = float(os.environ.get("SECS", "4"))
 SWEEP = [1, 10, 25, 50, 100]
 
 
+def proc_cpu_s(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    if pid is None:
+        return 0.0
+    try:
+        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CPU_PIDS = {}  # name -> pid, sampled around every measured run ("cpu" in the result)
+
+
 def run(addr, *args, secs=SECS):
     cmd = [LOAD, "--addr", addr, "--conns", str(CONNS), "--secs", str(secs), "--keys", str(KEYS)] + list(args)
+    before = {n: proc_cpu_s(p) for n, p in CPU_PIDS.items()}
+    child0 = os.times()
+    t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
+    wall = time.time() - t0
+    child1 = os.times()
     if out.returncode != 0:
         raise RuntimeError("%s: %s" % (" ".join(cmd), out.stderr[-2000:]))
     if secs <= 0:
         return {}
     line = out.stdout.strip().splitlines()[-1]
-    return dict(kv.split("=", 1) for kv in line.split())
+    r = dict(kv.split("=", 1) for kv in line.split())
+    # CPU cores each side used during the run (1.0 = one core busy the whole time).
+    cpu = {n: (proc_cpu_s(p) - before[n]) / wall for n, p in CPU_PIDS.items()}
+    cpu["client"] = (child1.children_user + child1.children_system - child0.children_user - child0.children_system) / wall
+    r["cpu"] = " ".join("%s %.2f" % (n, v) for n, v in sorted(cpu.items()))
+    return r
 
 
 def hit_ratio(d):
@@ -54,7 +78,8 @@ def hit_ratio(d):
 
 
 def fmt(name, r, extra=""):
-    return "| %s | %s | %s | %s | %s | %s |" % (name, r["ops_per_s"], r["rows_per_op"], r["p50_us"], r["p99_us"], extra)
+    return "| %s | %s | %s | %s | %s | %s | %s |" % (
+        name, r["ops_per_s"], r["rows_per_op"], r["p50_us"], r["p99_us"], r["cpu"], extra)
 
 
 def main():
@@ -67,6 +92,8 @@ def main():
     try:
         for s in ("all-row", "each-row", "adaptive"):
             daemons[s] = hbaselib.HbaseDaemon(m.sidecar_port, strategy=s, memory_mb=512).start()
+            CPU_PIDS[s] = daemons[s].proc.pid
+        CPU_PIDS["hbase-jvm"] = m.proc.pid
         side = "127.0.0.1:%d" % m.sidecar_port
         thrift = {s: "127.0.0.1:%d" % d.thrift_port for s, d in daemons.items()}
         t0 = time.time()
@@ -93,8 +120,9 @@ def main():
         for d in daemons.values():
             d.stop()
         m.stop()
-    print("| what | ops/s | rows/op | p50 µs | p99 µs | note |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    print("load average at the end: %s" % open("/proc/loadavg").read().split()[:3])
+    print("| what | ops/s | rows/op | p50 µs | p99 µs | CPU cores used (client = load generator) | note |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | --- |")
     for l in lines:
         print(l)
     print()
@@ -109,7 +137,7 @@ def main():
     except ImportError:
         print("(matplotlib not installed: no plot)")
         return
-    os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
+    os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)  # PLOT_OUT=... writes elsewhere
     plt.figure(figsize=(6, 4))
     for s in ("all-row", "each-row"):
         plt.plot(SWEEP, [sweep[(s, r)] for r in SWEEP], marker="o", label=s)
@@ -118,7 +146,7 @@ def main():
     plt.title("Slipstream HBase cache: throughput vs scan range")
     plt.legend()
     plt.grid(True, alpha=0.3)
-    out = os.path.join(ROOT, "docs", "img", "hbase_scan_range.png")
+    out = os.environ.get("PLOT_OUT", os.path.join(ROOT, "docs", "img", "hbase_scan_range.png"))
     plt.savefig(out, dpi=100, bbox_inches="tight")
     print("plot:", out)
 
