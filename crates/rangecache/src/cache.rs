@@ -596,6 +596,7 @@ fn each_row_lookup(
     };
     let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
     let rows_max = rows_max.max(1);
+    let recent = lru.len() as u64 / 4;
     let mut out = Vec::with_capacity(rows_max.min(1024));
     let mut next = next;
     for (k, e) in st.rows.range_mut::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
@@ -613,7 +614,13 @@ fn each_row_lookup(
             Arc::new(CachedRow::new(r))
         };
         out.push(served);
-        // Refresh the row's recency (each row its own tick: the LRU index is keyed by tick).
+        // Refresh the row's recency (each row its own tick: the LRU index is keyed by tick),
+        // unless it is already among the most recent quarter of entries: eviction takes the
+        // oldest first, so moving it again changes nothing soon, and the two index updates per
+        // row were a large part of an each-row hit (approximate LRU).
+        if tick.saturating_sub(e.tick) <= recent {
+            continue;
+        }
         if let Some(r) = lru.remove(&e.tick) {
             *tick += 1;
             lru.insert(*tick, r);
@@ -891,5 +898,25 @@ mod tests {
         c.memory_bytes_max = used / 2;
         c.evict();
         assert!(c.bytes() <= used / 2, "{} > {}", c.bytes(), used / 2);
+    }
+
+    /// Rows served by each-row hits outlive rows not asked for since (recency is approximate
+    /// only among the most recent quarter).
+    #[test]
+    fn each_row_hits_keep_their_rows_over_unused_ones() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        for p in ["a", "b"] {
+            let t = c.fill_ticket(b"t", &q("", ""));
+            let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
+            assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
+        }
+        for _ in 0..3 {
+            assert!(c.lookup(b"t", &q("a", "a~"), 100).is_some());
+        }
+        c.memory_bytes_max = c.bytes() / 2 + 1;
+        c.evict();
+        let st = &c.tables[&b"t"[..]];
+        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "hit rows kept");
+        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 }
