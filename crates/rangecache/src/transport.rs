@@ -1,6 +1,8 @@
 //! Thrift1 connection handling: detects the transport from the first byte (a strict binary
 //! message starts with 0x80; a framed one with a big-endian length), bounds every message, and
-//! runs the generated processor. The `thrift` crate's binary protocol trusts lengths and counts
+//! answers it: the hot calls through [`HotCalls`] (crate::hot, replies from cached encodings),
+//! everything else through the generated processor. Replies go into one reused buffer per
+//! connection (framed: with their 4-byte length) and out with one write each. The `thrift` crate's binary protocol trusts lengths and counts
 //! from the wire (a negative or huge one would allocate or abort), so [`BoundedInput`] checks
 //! each against the bytes the message may still use before the crate sees it.
 
