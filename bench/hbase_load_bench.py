@@ -13,10 +13,16 @@ Same mini cluster, same data (KEYS rows x 4 columns x 32 B), same Thrift calls a
 is installed, writes docs/img/hbase_scan_range.png. Starts and kills its own mini cluster.
 Usage: SLIPSTREAM_BIN=target/release/slipstream python3 bench/hbase_load_bench.py
 (build first: cargo build --release -p slipstream -p slipstream-rangecache --examples)
+Knobs (environment): KEYS, CONNS (client connections), SECS (per figure), THRIFT_LOAD (the load
+generator binary), PLOT_OUT (where the PNG goes), ONLY_HITS=1 (skip direct and miss runs),
+PERF=1 (`perf stat` on the daemon: context switches per operation). Every row also gives the
+CPU each process used during the run and CPU microseconds per operation (daemon, client, JVM),
+which say which side saturates and stay meaningful on a shared machine.
 """
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -26,22 +32,81 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import hbaselib  # noqa: E402
 
-LOAD = os.path.join(ROOT, "target", "release", "examples", "thrift_load")
+LOAD = os.environ.get("THRIFT_LOAD", os.path.join(ROOT, "target", "release", "examples", "thrift_load"))
 KEYS = int(os.environ.get("KEYS", "20000"))
 CONNS = int(os.environ.get("CONNS", "4"))
 SECS = float(os.environ.get("SECS", "4"))
 SWEEP = [1, 10, 25, 50, 100]
+PERF = os.environ.get("PERF") == "1"
+ONLY_HITS = os.environ.get("ONLY_HITS") == "1"  # skip direct and miss runs (A/B of the hit path)
 
 
-def run(addr, *args, secs=SECS):
+def proc_cpu_s(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    if pid is None:
+        return 0.0
+    try:
+        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CPU_PIDS = {}  # name -> pid, sampled around every measured run ("cpu" in the result)
+
+
+def perf_start(pid):
+    """PERF=1: `perf stat` on the daemon for the run (context switches per operation)."""
+    if not PERF or pid is None:
+        return None
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "task-clock,context-switches,cpu-migrations", "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def perf_end(p):
+    if p is None:
+        return {}
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=30)[1]
+    got = {}
+    for line in err.splitlines():
+        f = line.split(",")
+        if len(f) > 2 and f[2] in ("task-clock", "context-switches", "cpu-migrations"):
+            try:
+                got[f[2]] = float(f[0])
+            except ValueError:
+                pass
+    return got
+
+
+def run(addr, *args, secs=SECS, daemon=None):
     cmd = [LOAD, "--addr", addr, "--conns", str(CONNS), "--secs", str(secs), "--keys", str(KEYS)] + list(args)
+    perf = perf_start(CPU_PIDS.get(daemon)) if secs > 0 else None
+    before = {n: proc_cpu_s(p) for n, p in CPU_PIDS.items()}
+    child0 = os.times()
+    t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
+    wall = time.time() - t0
+    child1 = os.times()
+    perf = perf_end(perf)
     if out.returncode != 0:
         raise RuntimeError("%s: %s" % (" ".join(cmd), out.stderr[-2000:]))
     if secs <= 0:
         return {}
     line = out.stdout.strip().splitlines()[-1]
-    return dict(kv.split("=", 1) for kv in line.split())
+    r = dict(kv.split("=", 1) for kv in line.split())
+    # CPU cores each side used during the run (1.0 = one core busy the whole time).
+    cpu = {n: (proc_cpu_s(p) - before[n]) / wall for n, p in CPU_PIDS.items()}
+    cpu["client"] = (child1.children_user + child1.children_system - child0.children_user - child0.children_system) / wall
+    r["cpu"] = " ".join("%s %.2f" % (n, v) for n, v in sorted(cpu.items()) if v >= 0.005)
+    # CPU microseconds per operation: the daemon serving the run, the client, the HBase JVM.
+    ops = max(1.0, float(r["ops_per_s"]) * wall)
+    per_op = [("daemon", cpu.get(daemon, 0.0))] if daemon else []
+    per_op += [("client", cpu["client"]), ("jvm", cpu.get("hbase-jvm", 0.0))]
+    r["cpu_per_op"] = ", ".join("%s %.0f" % (n, v * wall / ops * 1e6) for n, v in per_op)
+    if perf:
+        r["cpu_per_op"] += "; daemon ctx switches/op %.1f" % (perf.get("context-switches", 0) / ops)
+    return r
 
 
 def hit_ratio(d):
@@ -54,7 +119,8 @@ def hit_ratio(d):
 
 
 def fmt(name, r, extra=""):
-    return "| %s | %s | %s | %s | %s | %s |" % (name, r["ops_per_s"], r["rows_per_op"], r["p50_us"], r["p99_us"], extra)
+    return "| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        name, r["ops_per_s"], r["rows_per_op"], r["p50_us"], r["p99_us"], r["cpu"], r["cpu_per_op"], extra)
 
 
 def main():
@@ -67,6 +133,8 @@ def main():
     try:
         for s in ("all-row", "each-row", "adaptive"):
             daemons[s] = hbaselib.HbaseDaemon(m.sidecar_port, strategy=s, memory_mb=512).start()
+            CPU_PIDS[s] = daemons[s].proc.pid
+        CPU_PIDS["hbase-jvm"] = m.proc.pid
         side = "127.0.0.1:%d" % m.sidecar_port
         thrift = {s: "127.0.0.1:%d" % d.thrift_port for s, d in daemons.items()}
         t0 = time.time()
@@ -74,16 +142,18 @@ def main():
         print("loaded %d rows in %.1f s" % (KEYS, time.time() - t0))
         run(side, "--target", "sidecar", "--op", "scan", "--starts", "64", secs=2)  # warm the JVM
         run(side, "--target", "sidecar", "--op", "get", "--starts", "256", secs=1)
-        lines.append(fmt("scan100 HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "scan", "--starts", "64")))
-        lines.append(fmt("get HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "get", "--starts", "256")))
+        if not ONLY_HITS:
+            lines.append(fmt("scan100 HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "scan", "--starts", "64")))
+            lines.append(fmt("get HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "get", "--starts", "256")))
         for s, addr in thrift.items():
             d = daemons[s]
-            r = run(addr, "--op", "scan", "--starts", "0")
-            lines.append(fmt("scan100 Slipstream miss path (%s, random starts)" % s, r, "hit ratio %.2f" % hit_ratio(d)))
+            if not ONLY_HITS:
+                r = run(addr, "--op", "scan", "--starts", "0", daemon=s)
+                lines.append(fmt("scan100 Slipstream miss path (%s, random starts)" % s, r, "hit ratio %.2f" % hit_ratio(d)))
             run(addr, "--op", "scan", "--starts", "64", secs=1)  # warm
-            lines.append(fmt("scan100 Slipstream hits (%s, 64 starts)" % s, run(addr, "--op", "scan", "--starts", "64"), "hit ratio %.2f" % hit_ratio(d)))
+            lines.append(fmt("scan100 Slipstream hits (%s, 64 starts)" % s, run(addr, "--op", "scan", "--starts", "64", daemon=s), "hit ratio %.2f" % hit_ratio(d)))
             run(addr, "--op", "get", "--starts", "256", secs=1)
-            lines.append(fmt("get Slipstream hits (%s, 256 rows)" % s, run(addr, "--op", "get", "--starts", "256")))
+            lines.append(fmt("get Slipstream hits (%s, 256 rows)" % s, run(addr, "--op", "get", "--starts", "256", daemon=s)))
         for s in ("all-row", "each-row"):
             for rows in SWEEP:
                 run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=0.5)
@@ -93,8 +163,9 @@ def main():
         for d in daemons.values():
             d.stop()
         m.stop()
-    print("| what | ops/s | rows/op | p50 µs | p99 µs | note |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    print("load average at the end: %s" % open("/proc/loadavg").read().split()[:3])
+    print("| what | ops/s | rows/op | p50 µs | p99 µs | CPU cores used (client = load generator) | CPU µs per op | note |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for l in lines:
         print(l)
     print()
@@ -109,7 +180,7 @@ def main():
     except ImportError:
         print("(matplotlib not installed: no plot)")
         return
-    os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
+    os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)  # PLOT_OUT=... writes elsewhere
     plt.figure(figsize=(6, 4))
     for s in ("all-row", "each-row"):
         plt.plot(SWEEP, [sweep[(s, r)] for r in SWEEP], marker="o", label=s)
@@ -118,7 +189,7 @@ def main():
     plt.title("Slipstream HBase cache: throughput vs scan range")
     plt.legend()
     plt.grid(True, alpha=0.3)
-    out = os.path.join(ROOT, "docs", "img", "hbase_scan_range.png")
+    out = os.environ.get("PLOT_OUT", os.path.join(ROOT, "docs", "img", "hbase_scan_range.png"))
     plt.savefig(out, dpi=100, bbox_inches="tight")
     print("plot:", out)
 

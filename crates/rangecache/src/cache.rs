@@ -22,9 +22,13 @@
 //!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
 //!   the same table state and every write invalidates both, so a shape may switch at any time.
 //!
-//! Memory: every entry's bytes count against `memory_bytes_max`; the least recently used entries
-//! are evicted first. This module does no I/O.
+//! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
+//! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
+//!
+//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`; the
+//! least recently used entries are evicted first. This module does no I/O.
 
+use crate::reply::CachedRow;
 use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
@@ -108,9 +112,14 @@ pub fn project(row: &Row, columns: &[Vec<u8>]) -> Row {
     Row { row: row.row.clone(), cells }
 }
 
-fn rows_bytes(rows: &[Row]) -> usize {
-    rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.cells.len() * CELL_OVERHEAD_BYTES).sum()
+fn rows_bytes(rows: &[Arc<CachedRow>]) -> usize {
+    rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.row.cells.len() * CELL_OVERHEAD_BYTES).sum()
 }
+
+/// Rows as a query's answer (shared with the cache: a hit copies no row).
+pub type Rows = Arc<[Arc<CachedRow>]>;
+/// Rows gathered from each-row entries for one answer.
+pub type Assembled = Vec<Arc<CachedRow>>;
 
 /// What the LRU index points at.
 #[derive(Clone, Debug)]
@@ -120,7 +129,7 @@ enum EntryRef {
 }
 
 struct QueryEntry {
-    rows: Arc<Vec<Row>>,
+    rows: Rows,
     /// Where the query continues past the cached rows (None = the result is complete).
     continue_at: Option<Vec<u8>>,
     bytes: usize,
@@ -129,7 +138,7 @@ struct QueryEntry {
 
 /// An each-row entry: the whole row, or `None` cells when HBase has no such row.
 struct RowEntry {
-    row: Arc<Row>,
+    row: Arc<CachedRow>,
     bytes: usize,
     tick: u64,
 }
@@ -211,9 +220,9 @@ pub struct Cache {
 /// A result served from the cache, and where the query continues past it (None = complete).
 pub enum Hit {
     /// An all-row result (shared).
-    Rows(Arc<Vec<Row>>, Option<Vec<u8>>),
-    /// Rows assembled from each-row entries (already projected).
-    Assembled(Vec<Row>, Option<Vec<u8>>),
+    Rows(Rows, Option<Vec<u8>>),
+    /// Rows assembled from each-row entries (shared, or projected copies for a column subset).
+    Assembled(Assembled, Option<Vec<u8>>),
 }
 
 impl Cache {
@@ -302,7 +311,7 @@ impl Cache {
         let each = self.each_row_for(table, q);
         let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
-        let Cache { tables, lru, .. } = self;
+        let Cache { tables, lru, tick: ticks, .. } = self;
         let st = tables.get_mut(table)?;
         if first {
             if each {
@@ -312,7 +321,7 @@ impl Cache {
             }
         }
         if each {
-            if let Some((rows, next)) = each_row_lookup(st, q, rows_max, tick, lru) {
+            if let Some((rows, next)) = each_row_lookup(st, q, rows_max, ticks, lru) {
                 st.stats.hits_each_row += 1;
                 return Some(Hit::Assembled(rows, next));
             }
@@ -362,7 +371,7 @@ impl Cache {
         &mut self,
         table: &[u8],
         q: &QueryKey,
-        rows: Vec<Row>,
+        rows: Vec<Arc<CachedRow>>,
         continue_at: Option<Vec<u8>>,
         ticket: FillTicket,
     ) -> bool {
@@ -389,7 +398,7 @@ impl Cache {
                 self.lru.remove(&old.tick);
             }
             let st = self.table(table);
-            st.queries.insert(q.clone(), QueryEntry { rows: Arc::new(rows), continue_at, bytes, tick });
+            st.queries.insert(q.clone(), QueryEntry { rows: rows.into(), continue_at, bytes, tick });
             st.bytes += bytes;
             self.bytes += bytes;
             self.lru.insert(tick, EntryRef::Query(name, q.clone()));
@@ -399,14 +408,14 @@ impl Cache {
     }
 
     /// Stores whole rows of the complete range [start, stop) (each-row).
-    fn fill_each_row(&mut self, table: &[u8], start: &[u8], stop: &[u8], rows: Vec<Row>) {
-        for r in rows.into_iter().filter(|r| !r.cells.is_empty()) {
+    fn fill_each_row(&mut self, table: &[u8], start: &[u8], stop: &[u8], rows: Vec<Arc<CachedRow>>) {
+        for r in rows.into_iter().filter(|r| !r.row.cells.is_empty()) {
             let tick = self.next_tick();
-            let bytes = rows_bytes(std::slice::from_ref(&r)) + r.row.len();
+            let bytes = rows_bytes(std::slice::from_ref(&r)) + r.row.row.len();
             let st = self.table(table);
             let name = st.name.clone().expect("named table");
-            let key = r.row.clone();
-            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: Arc::new(r), bytes, tick }) {
+            let key = r.row.row.clone();
+            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick }) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
                 self.lru.remove(&old.tick);
@@ -568,14 +577,15 @@ impl Cache {
 }
 
 /// Serves the start of `q` from each-row entries when a complete interval holds `q.start`:
-/// up to `rows_max` rows, and the key to continue from (None = `q` is done).
+/// up to `rows_max` rows, and the key to continue from (None = `q` is done). Rows are shared
+/// with the cache unless `q` names columns (then projected copies, encoded here).
 fn each_row_lookup(
     st: &mut TableState,
     q: &QueryKey,
     rows_max: usize,
-    tick: u64,
+    tick: &mut u64,
     lru: &mut BTreeMap<u64, EntryRef>,
-) -> Option<(Vec<Row>, Option<Vec<u8>>)> {
+) -> Option<(Assembled, Option<Vec<u8>>)> {
     let iv_end = covering_end(&st.complete, &q.start)?;
     // The walk ends at the query's stop or the interval's, whichever comes first.
     let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
@@ -585,26 +595,36 @@ fn each_row_lookup(
         (false, false) => (iv_end.clone(), Some(iv_end)),
     };
     let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
-    let mut out = Vec::new();
+    let rows_max = rows_max.max(1);
+    let recent = lru.len() as u64 / 4;
+    let mut out = Vec::with_capacity(rows_max.min(1024));
     let mut next = next;
-    for (k, e) in st.rows.range::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
-        if out.len() >= rows_max.max(1) {
+    for (k, e) in st.rows.range_mut::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
+        if out.len() >= rows_max {
             next = Some(k.clone());
             break;
         }
-        let r = project(&e.row, &q.spec.columns);
-        if !r.cells.is_empty() {
-            out.push(r);
-        }
-    }
-    // Refresh recency of the rows served (bounded by what was just returned).
-    let keys: Vec<Vec<u8>> = out.iter().map(|r| r.row.clone()).collect();
-    for k in keys {
-        if let Some(e) = st.rows.get_mut(&k) {
-            if let Some(r) = lru.remove(&e.tick) {
-                lru.insert(tick, r);
-                e.tick = tick;
+        let served = if q.spec.columns.is_empty() {
+            e.row.clone()
+        } else {
+            let r = project(&e.row.row, &q.spec.columns);
+            if r.cells.is_empty() {
+                continue;
             }
+            Arc::new(CachedRow::new(r))
+        };
+        out.push(served);
+        // Refresh the row's recency (each row its own tick: the LRU index is keyed by tick),
+        // unless it is already among the most recent quarter of entries: eviction takes the
+        // oldest first, so moving it again changes nothing soon, and the two index updates per
+        // row were a large part of an each-row hit (approximate LRU).
+        if tick.saturating_sub(e.tick) <= recent {
+            continue;
+        }
+        if let Some(r) = lru.remove(&e.tick) {
+            *tick += 1;
+            lru.insert(*tick, r);
+            e.tick = *tick;
         }
     }
     Some((out, next))
@@ -686,14 +706,14 @@ mod tests {
     use super::*;
     use crate::sidecar::codec::Cell;
 
-    fn row(k: &str, v: &str) -> Row {
-        Row {
+    fn row(k: &str, v: &str) -> Arc<CachedRow> {
+        Arc::new(CachedRow::new(Row {
             row: k.as_bytes().to_vec(),
             cells: vec![
                 Cell { family: b"f".to_vec(), qualifier: b"a".to_vec(), timestamp: 1, value: v.as_bytes().to_vec() },
                 Cell { family: b"g".to_vec(), qualifier: b"b".to_vec(), timestamp: 1, value: v.as_bytes().to_vec() },
             ],
-        }
+        }))
     }
 
     fn q(start: &str, stop: &str) -> QueryKey {
@@ -737,7 +757,8 @@ mod tests {
         assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
         let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
-        assert_eq!(r[0].row, b"d");
+        assert_eq!(r[0].row.row, b"d");
+        assert!(Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows[&b"d"[..]].row), "shared with the cache, not copied");
         // A Get of an absent row inside the interval is served as absent.
         let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else {
             panic!("absent row not served")
@@ -747,7 +768,8 @@ mod tests {
         let mut pq = q("a", "z");
         pq.spec.columns = vec![b"g".to_vec()];
         let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else { panic!() };
-        assert!(r.iter().all(|r| r.cells.len() == 1 && r.cells[0].family == b"g"));
+        assert!(r.iter().all(|r| r.row.cells.len() == 1 && r.row.cells[0].family == b"g"));
+        assert_eq!(r[0].encoded(), CachedRow::new(project(&row("b", "1").row, &pq.spec.columns)).encoded());
         // Past the interval: its part is served, with where to continue.
         let Some(Hit::Assembled(r, Some(next))) = c.lookup(b"t", &q("c", "zz"), 100) else { panic!("partial") };
         assert_eq!((r.len(), next.as_slice()), (2, &b"z"[..]));
@@ -787,7 +809,7 @@ mod tests {
     fn adaptive_picks_each_strategy_where_the_policy_says() {
         use crate::adaptive::WINDOW;
         let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
-        let rows: Vec<Row> = (0..400).map(|i| row(&format!("r{i:04}"), "v")).collect();
+        let rows: Vec<Arc<CachedRow>> = (0..400).map(|i| row(&format!("r{i:04}"), "v")).collect();
         let k = |i: usize| format!("r{i:04}");
         let get = q("r0001", "r0001\0");
         assert!(c.each_row_for(b"t", &get), "Gets are each-row");
@@ -795,7 +817,7 @@ mod tests {
             let qq = q(&k(a), &k(b));
             if c.lookup(b"t", &qq, 1000).is_none() {
                 let t = c.fill_ticket(b"t", &qq);
-                let want: Vec<Row> = rows[a..b].to_vec();
+                let want: Vec<Arc<CachedRow>> = rows[a..b].to_vec();
                 c.fill(b"t", &qq, want, None, t);
             }
         };
@@ -853,12 +875,48 @@ mod tests {
 
     #[test]
     fn projection_follows_hbase_add_family_add_column_order() {
-        let r = row("a", "1");
+        let r = row("a", "1").row.clone();
         assert_eq!(project(&r, &[b"f:a".to_vec()]).cells.len(), 1);
         assert_eq!(project(&r, &[b"f".to_vec(), b"g".to_vec()]).cells.len(), 2);
         // family then a column of it: narrowed to the column (HBase's addColumn replaces the family).
         assert_eq!(project(&r, &[b"f".to_vec(), b"f:zz".to_vec()]).cells.len(), 0);
         // column then family: widened.
         assert_eq!(project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(), 1);
+    }
+
+    /// Each-row hits refresh every row served with its own tick, so all rows stay in the LRU
+    /// index and the memory limit keeps holding after hits.
+    #[test]
+    fn each_row_hits_keep_every_row_evictable() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let t = c.fill_ticket(b"t", &q("", ""));
+        let rows: Vec<_> = (0..20).map(|i| row(&format!("k{i:02}"), "v")).collect();
+        assert!(c.fill(b"t", &q("k", "l"), rows, None, t));
+        assert!(matches!(c.lookup(b"t", &q("k", "l"), 100), Some(Hit::Assembled(r, None)) if r.len() == 20));
+        assert_eq!(c.lru.len(), 20, "every row still evictable");
+        let used = c.bytes();
+        c.memory_bytes_max = used / 2;
+        c.evict();
+        assert!(c.bytes() <= used / 2, "{} > {}", c.bytes(), used / 2);
+    }
+
+    /// Rows served by each-row hits outlive rows not asked for since (recency is approximate
+    /// only among the most recent quarter).
+    #[test]
+    fn each_row_hits_keep_their_rows_over_unused_ones() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        for p in ["a", "b"] {
+            let t = c.fill_ticket(b"t", &q("", ""));
+            let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
+            assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
+        }
+        for _ in 0..3 {
+            assert!(c.lookup(b"t", &q("a", "a~"), 100).is_some());
+        }
+        c.memory_bytes_max = c.bytes() / 2 + 1;
+        c.evict();
+        let st = &c.tables[&b"t"[..]];
+        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "hit rows kept");
+        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 }

@@ -13,6 +13,8 @@ pub mod cache;
 #[allow(clippy::all, dead_code, non_camel_case_types, unused_variables)]
 #[rustfmt::skip]
 pub mod gen;
+pub mod hot;
+pub mod reply;
 pub mod server;
 pub mod service;
 pub mod sidecar;

@@ -160,9 +160,10 @@ fn accept_loop(listener: TcpListener, state: Arc<RangeCache>, conns: Arc<AtomicU
         }
         let (st, c) = (state.clone(), conns.clone());
         let spawned = std::thread::Builder::new().name("hbase-conn".into()).spawn(move || {
+            let hot = Handler(st.clone());
             let processor = HbaseSyncProcessor::new(Handler(st));
             // A protocol error closes this connection only; nothing else is affected.
-            let _ = serve_connection(stream, &processor, msg_max);
+            let _ = serve_connection(stream, &processor, &hot, msg_max);
             c.fetch_sub(1, Ordering::SeqCst);
         });
         if spawned.is_err() {

@@ -4,11 +4,12 @@
 //! of a column, scanners are global ids, an unknown scanner id is IllegalArgument, and every HBase
 //! failure is an IOError. Scanner batching splits whole rows into chunks of `batchSize` cells.
 
-use crate::cache::{next_key, Cache, Hit, QueryKey};
+use crate::cache::{next_key, Cache, Hit, QueryKey, Rows};
 use crate::gen::hbase1::{
     AlreadyExists, BatchMutation, ColumnDescriptor, HbaseSyncHandler, IOError, IllegalArgument, Mutation, ScannerID,
-    TCell, TColumn, TIncrement, TRowResult, TScan, Text,
+    TCell, TIncrement, TRowResult, TScan, Text,
 };
+use crate::reply::{to_result, CachedRow, Declared, RowSink};
 use crate::sidecar::client::SidecarClient;
 use crate::sidecar::codec::{
     self, op, Family, MutateOrder, Notice, NoticeKind, ReadSpec, Row, RowMutations, SidecarError, TS_LATEST,
@@ -45,7 +46,7 @@ pub struct FrontStats {
 
 /// A scanner's rows in hand, and where the query continues after them (None = done).
 struct Source {
-    rows: Arc<Vec<Row>>,
+    rows: Rows,
     pos: usize,
     rest: Option<Vec<u8>>,
 }
@@ -58,7 +59,7 @@ struct Scanner {
     batch: usize,
     sort_columns: bool,
     /// A row being handed out in batches, and how many of its cells were already sent.
-    partial: Option<(Row, usize)>,
+    partial: Option<(Arc<CachedRow>, usize)>,
     last_used: Instant,
 }
 
@@ -85,52 +86,32 @@ fn io_error(message: String, can_retry: bool) -> thrift::Error {
 }
 
 /// For calls that declare only IOError: everything becomes IOError (as HBase does).
-fn io(e: SidecarError) -> thrift::Error {
-    match e {
-        SidecarError::Io { message, can_retry } => io_error(message, can_retry),
-        SidecarError::Unavailable(_) => io_error(e.to_string(), true),
-        other => io_error(other.to_string(), false),
-    }
+fn io_declared(e: SidecarError) -> Declared {
+    Declared::Io(match e {
+        SidecarError::Io { message, can_retry } => IOError::new(message, can_retry),
+        SidecarError::Unavailable(_) => IOError::new(e.to_string(), true),
+        other => IOError::new(other.to_string(), false),
+    })
 }
 
 /// For calls that declare IOError and IllegalArgument.
-fn io_ia(e: SidecarError) -> thrift::Error {
+fn io_ia_declared(e: SidecarError) -> Declared {
     match e {
-        SidecarError::IllegalArgument(m) => thrift::Error::User(Box::new(IllegalArgument::new(m))),
-        other => io(other),
+        SidecarError::IllegalArgument(m) => Declared::Ia(IllegalArgument::new(m)),
+        other => io_declared(other),
     }
+}
+
+fn io(e: SidecarError) -> thrift::Error {
+    io_declared(e).into()
+}
+
+fn io_ia(e: SidecarError) -> thrift::Error {
+    io_ia_declared(e).into()
 }
 
 fn illegal(m: &str) -> thrift::Error {
     thrift::Error::User(Box::new(IllegalArgument::new(m.to_string())))
-}
-
-// --- conversions between HBase cells and Thrift1 results ---
-
-fn column_name(c: &codec::Cell) -> Vec<u8> {
-    let mut n = Vec::with_capacity(c.family.len() + 1 + c.qualifier.len());
-    n.extend_from_slice(&c.family);
-    n.push(b':');
-    n.extend_from_slice(&c.qualifier);
-    n
-}
-
-fn to_result(row: &Row, cells: &[codec::Cell], sort_columns: bool) -> TRowResult {
-    if sort_columns {
-        let cols = cells
-            .iter()
-            .map(|c| TColumn::new(column_name(c), TCell::new(c.value.clone(), c.timestamp)))
-            .collect::<Vec<_>>();
-        TRowResult::new(row.row.clone(), None, cols)
-    } else {
-        let mut map = BTreeMap::new();
-        for c in cells {
-            // Later cells of the same column are older versions and replace earlier ones, as
-            // HBase's TreeMap.put does.
-            map.insert(column_name(c), TCell::new(c.value.clone(), c.timestamp));
-        }
-        TRowResult::new(row.row.clone(), map, None)
-    }
 }
 
 fn spec(columns: Vec<Vec<u8>>, ts_max: i64, max_versions: i32) -> ReadSpec {
@@ -243,12 +224,19 @@ impl RangeCache {
         })
     }
 
-    /// Reads rows (Get semantics), from the cache where possible; one Row per requested row.
-    pub fn read_rows(&self, table: &[u8], rows: &[Vec<u8>], spec: &ReadSpec) -> Result<Vec<Row>, SidecarError> {
+    /// Reads rows (Get semantics), from the cache where possible; one entry per requested row
+    /// (None: no such row, or none of the columns asked for).
+    pub fn read_rows(
+        &self,
+        table: &[u8],
+        rows: &[Vec<u8>],
+        spec: &ReadSpec,
+    ) -> Result<Vec<Option<Arc<CachedRow>>>, SidecarError> {
         if !self.cache_usable(table, spec, &[]) {
-            return self.side(|s| s.get(table, rows, spec));
+            let got = self.side(|s| s.get(table, rows, spec))?;
+            return Ok(got.into_iter().map(served).collect());
         }
-        let mut out: Vec<Option<Row>> = vec![None; rows.len()];
+        let mut out: Vec<Option<Arc<CachedRow>>> = vec![None; rows.len()];
         let mut missing = Vec::new();
         let keys: Vec<QueryKey> = rows
             .iter()
@@ -258,8 +246,8 @@ impl RangeCache {
             let mut c = self.cache();
             for (i, k) in keys.iter().enumerate() {
                 match c.lookup(table, k, 1) {
-                    Some(Hit::Rows(v, _)) => out[i] = Some(v.first().cloned().unwrap_or_else(|| empty(&rows[i]))),
-                    Some(Hit::Assembled(mut v, _)) => out[i] = Some(v.pop().unwrap_or_else(|| empty(&rows[i]))),
+                    Some(Hit::Rows(v, _)) => out[i] = v.first().cloned(),
+                    Some(Hit::Assembled(mut v, _)) => out[i] = v.pop(),
                     None => missing.push(i),
                 }
             }
@@ -272,12 +260,19 @@ impl RangeCache {
             let got = self.side(|s| s.get(table, &want, &fetch_spec))?;
             let mut c = self.cache();
             for (&i, r) in missing.iter().zip(got) {
-                let cached = if r.cells.is_empty() { Vec::new() } else { vec![r.clone()] };
-                c.fill(table, &keys[i], cached, None, ticket);
-                out[i] = Some(if whole { crate::cache::project(&r, &spec.columns) } else { r });
+                let Some(r) = served(r) else {
+                    c.fill(table, &keys[i], Vec::new(), None, ticket);
+                    continue;
+                };
+                c.fill(table, &keys[i], vec![r.clone()], None, ticket);
+                out[i] = if whole && !spec.columns.is_empty() {
+                    served(crate::cache::project(&r.row, &spec.columns))
+                } else {
+                    Some(r)
+                };
             }
         }
-        Ok(out.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| empty(&rows[i]))).collect())
+        Ok(out)
     }
 
     /// Opens a scanner and reads its first page (from the cache or HBase), so a bad table or
@@ -330,7 +325,7 @@ impl RangeCache {
         };
         match hit {
             Some(Hit::Rows(rows, rest)) => return Ok(Source { rows, pos: 0, rest }),
-            Some(Hit::Assembled(rows, rest)) => return Ok(Source { rows: Arc::new(rows), pos: 0, rest }),
+            Some(Hit::Assembled(rows, rest)) => return Ok(Source { rows: rows.into(), pos: 0, rest }),
             None => {}
         }
         let (ticket, bytes_max) = {
@@ -365,11 +360,17 @@ impl RangeCache {
                 break;
             }
         }
-        let served = project_all(rows.clone(), whole, &key.spec.columns);
+        // Encoded once here (outside the cache lock), then shared by the answer and the cache.
+        let rows: Vec<Arc<CachedRow>> = rows.into_iter().map(|r| Arc::new(CachedRow::new(r))).collect();
+        let answer: Rows = if whole && !key.spec.columns.is_empty() {
+            rows.iter().filter_map(|r| served(crate::cache::project(&r.row, &key.spec.columns))).collect()
+        } else {
+            rows.iter().cloned().collect()
+        };
         if usable && (first || whole) {
             self.cache().fill(table, &at, rows, rest.clone(), ticket);
         }
-        Ok(Source { rows: Arc::new(served), pos: 0, rest })
+        Ok(Source { rows: answer, pos: 0, rest })
     }
 
     fn add_scanner(&self, sc: Scanner) -> Result<ScannerID, SidecarError> {
@@ -397,29 +398,36 @@ impl RangeCache {
         }
     }
 
-    /// Up to `n` results (rows, or batches of cells) from a scanner.
-    fn scanner_next(&self, id: ScannerID, n: i32) -> thrift::Result<Vec<TRowResult>> {
+    /// Up to `n` results (rows, or batches of cells) from a scanner, into `out`: whole rows of
+    /// an unsorted scanner as their cached encodings, batches and sorted rows built here.
+    pub fn scanner_next(&self, id: ScannerID, n: i32, out: &mut dyn RowSink) -> Result<(), Declared> {
         let Some(mut sc) = lock(&self.scanners).remove(&id) else {
-            return Err(illegal("scanner ID is invalid"));
+            return Err(Declared::Ia(IllegalArgument::new("scanner ID is invalid".to_string())));
         };
-        let mut out = Vec::new();
         let mut err = None;
-        while (out.len() as i64) < n as i64 {
-            if let Some((row, off)) = sc.partial.take() {
-                let end = (off + sc.batch).min(row.cells.len());
-                out.push(to_result(&row, &row.cells[off..end], sc.sort_columns));
-                if end < row.cells.len() {
-                    sc.partial = Some((row, end));
+        let mut sent = 0i64;
+        while sent < n as i64 {
+            if let Some((r, off)) = sc.partial.take() {
+                let end = (off + sc.batch).min(r.row.cells.len());
+                out.built(to_result(&r.row, &r.row.cells[off..end], sc.sort_columns));
+                sent += 1;
+                if end < r.row.cells.len() {
+                    sc.partial = Some((r, end));
                 }
                 continue;
             }
             match self.next_row(&mut sc) {
-                Ok(Some(row)) => {
-                    if sc.batch > 0 && row.cells.len() > sc.batch {
-                        sc.partial = Some((row, 0));
-                    } else {
-                        out.push(to_result(&row, &row.cells, sc.sort_columns));
+                Ok(Some(r)) => {
+                    if sc.batch > 0 && r.row.cells.len() > sc.batch {
+                        sc.partial = Some((r, 0));
+                        continue;
                     }
+                    if sc.sort_columns {
+                        out.built(to_result(&r.row, &r.row.cells, true));
+                    } else {
+                        out.cached(&r);
+                    }
+                    sent += 1;
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -431,12 +439,12 @@ impl RangeCache {
         sc.last_used = Instant::now();
         lock(&self.scanners).insert(id, sc);
         match err {
-            Some(e) => Err(io_ia(e)),
-            None => Ok(out),
+            Some(e) => Err(io_ia_declared(e)),
+            None => Ok(()),
         }
     }
 
-    fn next_row(&self, sc: &mut Scanner) -> Result<Option<Row>, SidecarError> {
+    fn next_row(&self, sc: &mut Scanner) -> Result<Option<Arc<CachedRow>>, SidecarError> {
         // Bounded: each refill either yields rows or moves `rest` forward, and pages are finite.
         for _ in 0..1000 {
             if let Some(r) = sc.source.rows.get(sc.source.pos) {
@@ -451,16 +459,20 @@ impl RangeCache {
         Err(SidecarError::Io { message: "scanner made no progress".into(), can_retry: true })
     }
 
-    fn get_rows(
+    /// getRow* (rows with data only, columns in map form) into `out`.
+    pub fn get_rows(
         &self,
         table: &[u8],
-        rows: Vec<Vec<u8>>,
+        rows: &[Vec<u8>],
         columns: Vec<Vec<u8>>,
         ts: i64,
-    ) -> thrift::Result<Vec<TRowResult>> {
+        out: &mut dyn RowSink,
+    ) -> Result<(), Declared> {
         let s = spec(columns, ts, 1);
-        let got = self.read_rows(table, &rows, &s).map_err(io)?;
-        Ok(got.iter().filter(|r| !r.cells.is_empty()).map(|r| to_result(r, &r.cells, false)).collect())
+        for r in self.read_rows(table, rows, &s).map_err(io_declared)?.iter().flatten() {
+            out.cached(r);
+        }
+        Ok(())
     }
 
     fn get_cells(
@@ -476,7 +488,12 @@ impl RangeCache {
         }
         let s = spec(vec![column], ts, versions);
         let got = self.read_rows(table, &[row], &s).map_err(io)?;
-        Ok(got.iter().flat_map(|r| r.cells.iter()).map(|c| TCell::new(c.value.clone(), c.timestamp)).collect())
+        Ok(got
+            .iter()
+            .flatten()
+            .flat_map(|r| r.row.cells.iter())
+            .map(|c| TCell::new(c.value.clone(), c.timestamp))
+            .collect())
     }
 
     fn mutate(&self, table: &[u8], batches: Vec<RowMutations>, ts: i64, order: MutateOrder) -> thrift::Result<()> {
@@ -493,6 +510,18 @@ impl RangeCache {
         self.write(table, None, |s| s.table_admin(opcode, table)).map_err(io)
     }
 
+    fn get_rows_vec(
+        &self,
+        table: &[u8],
+        rows: &[Vec<u8>],
+        columns: Vec<Vec<u8>>,
+        ts: i64,
+    ) -> thrift::Result<Vec<TRowResult>> {
+        let mut v = Vec::new();
+        self.get_rows(table, rows, columns, ts, &mut v)?;
+        Ok(v)
+    }
+
     fn scan_open(
         &self,
         table: Vec<u8>,
@@ -506,15 +535,9 @@ impl RangeCache {
     }
 }
 
-fn empty(row: &[u8]) -> Row {
-    Row { row: row.to_vec(), cells: Vec::new() }
-}
-
-fn project_all(rows: Vec<Row>, whole: bool, columns: &[Vec<u8>]) -> Vec<Row> {
-    if !whole || columns.is_empty() {
-        return rows;
-    }
-    rows.iter().map(|r| crate::cache::project(r, columns)).filter(|r| !r.cells.is_empty()).collect()
+/// A row as answered: None if it has no cells (HBase leaves empty rows out).
+fn served(r: Row) -> Option<Arc<CachedRow>> {
+    (!r.cells.is_empty()).then(|| Arc::new(CachedRow::new(r)))
 }
 
 fn mutations(ms: Vec<Mutation>) -> Vec<codec::Mutation> {
@@ -623,7 +646,7 @@ impl HbaseSyncHandler for Handler {
         self.0.get_cells(&t, row, column, ts, n)
     }
     fn handle_get_row(&self, t: Text, row: Text, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, vec![row], Vec::new(), TS_LATEST)
+        self.0.get_rows_vec(&t, &[row], Vec::new(), TS_LATEST)
     }
     fn handle_get_row_with_columns(
         &self,
@@ -632,10 +655,10 @@ impl HbaseSyncHandler for Handler {
         cols: Vec<Text>,
         _a: Attrs,
     ) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, vec![row], cols, TS_LATEST)
+        self.0.get_rows_vec(&t, &[row], cols, TS_LATEST)
     }
     fn handle_get_row_ts(&self, t: Text, row: Text, ts: i64, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, vec![row], Vec::new(), ts)
+        self.0.get_rows_vec(&t, &[row], Vec::new(), ts)
     }
     fn handle_get_row_with_columns_ts(
         &self,
@@ -645,10 +668,10 @@ impl HbaseSyncHandler for Handler {
         ts: i64,
         _a: Attrs,
     ) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, vec![row], cols, ts)
+        self.0.get_rows_vec(&t, &[row], cols, ts)
     }
     fn handle_get_rows(&self, t: Text, rows: Vec<Text>, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, rows, Vec::new(), TS_LATEST)
+        self.0.get_rows_vec(&t, &rows, Vec::new(), TS_LATEST)
     }
     fn handle_get_rows_with_columns(
         &self,
@@ -657,10 +680,10 @@ impl HbaseSyncHandler for Handler {
         cols: Vec<Text>,
         _a: Attrs,
     ) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, rows, cols, TS_LATEST)
+        self.0.get_rows_vec(&t, &rows, cols, TS_LATEST)
     }
     fn handle_get_rows_ts(&self, t: Text, rows: Vec<Text>, ts: i64, _a: Attrs) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, rows, Vec::new(), ts)
+        self.0.get_rows_vec(&t, &rows, Vec::new(), ts)
     }
     fn handle_get_rows_with_columns_ts(
         &self,
@@ -670,7 +693,7 @@ impl HbaseSyncHandler for Handler {
         ts: i64,
         _a: Attrs,
     ) -> thrift::Result<Vec<TRowResult>> {
-        self.0.get_rows(&t, rows, cols, ts)
+        self.0.get_rows_vec(&t, &rows, cols, ts)
     }
     fn handle_mutate_row(&self, t: Text, row: Text, ms: Vec<Mutation>, _a: Attrs) -> thrift::Result<()> {
         let b = vec![RowMutations { row, mutations: mutations(ms) }];
@@ -776,11 +799,17 @@ impl HbaseSyncHandler for Handler {
     ) -> thrift::Result<ScannerID> {
         self.0.scan_open(t, start, stop, cols, ts)
     }
+    // scannerGet, scannerGetList and the getRow* calls without a timestamp are answered by
+    // crate::hot before the processor; these are its equivalents (and the tests' reference).
     fn handle_scanner_get(&self, id: ScannerID) -> thrift::Result<Vec<TRowResult>> {
-        self.0.scanner_next(id, 1)
+        let mut v = Vec::new();
+        self.0.scanner_next(id, 1, &mut v)?;
+        Ok(v)
     }
     fn handle_scanner_get_list(&self, id: ScannerID, n: i32) -> thrift::Result<Vec<TRowResult>> {
-        self.0.scanner_next(id, n)
+        let mut v = Vec::new();
+        self.0.scanner_next(id, n, &mut v)?;
+        Ok(v)
     }
     fn handle_scanner_close(&self, id: ScannerID) -> thrift::Result<()> {
         match lock(&self.0.scanners).remove(&id) {
@@ -800,20 +829,5 @@ mod tests {
         assert_eq!(prefix_stop(b"a\xff"), b"b");
         assert_eq!(prefix_stop(b"\xff\xff"), b"");
         assert_eq!(prefix_stop(b""), b"");
-    }
-
-    #[test]
-    fn map_results_keep_the_oldest_of_several_versions() {
-        let c = |ts: i64, v: &str| codec::Cell {
-            family: b"f".to_vec(),
-            qualifier: b"q".to_vec(),
-            timestamp: ts,
-            value: v.into(),
-        };
-        let r = Row { row: b"r".to_vec(), cells: vec![c(2, "new"), c(1, "old")] };
-        let t = to_result(&r, &r.cells, false);
-        assert_eq!(t.columns.unwrap()[&b"f:q".to_vec()].value.as_deref(), Some(&b"old"[..]));
-        let s = to_result(&r, &r.cells, true);
-        assert_eq!(s.sorted_columns.unwrap().len(), 2);
     }
 }

@@ -1,11 +1,13 @@
 //! Thrift1 connection handling: detects the transport from the first byte (a strict binary
 //! message starts with 0x80; a framed one with a big-endian length), bounds every message, and
-//! runs the generated processor. The `thrift` crate's binary protocol trusts lengths and counts
+//! answers it: the hot calls through [`HotCalls`] (crate::hot, replies from cached encodings),
+//! everything else through the generated processor. Replies go into one reused buffer per
+//! connection (framed: with their 4-byte length) and out with one write each. The `thrift` crate's binary protocol trusts lengths and counts
 //! from the wire (a negative or huge one would allocate or abort), so [`BoundedInput`] checks
 //! each against the bytes the message may still use before the crate sees it.
 
 use std::cell::Cell;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::rc::Rc;
 use thrift::protocol::{
@@ -53,6 +55,11 @@ pub struct BoundedInput<R: Read> {
 }
 
 impl<R: Read> BoundedInput<R> {
+    /// The reader under the protocol.
+    fn source(&mut self) -> &mut R {
+        &mut self.inner.transport.inner
+    }
+
     pub fn new(r: R) -> BoundedInput<R> {
         let left = Rc::new(Cell::new(0));
         let b = Budgeted { inner: r, left: left.clone() };
@@ -216,16 +223,112 @@ pub enum Transport {
     Framed,
 }
 
-/// Runs one message through the processor: header, call, and (if the processor did not read
-/// them, e.g. an unknown method) a skip of the arguments so the stream stays in step.
-fn one_message<R: Read, W: Write>(
+/// Calls answered before the generated processor (crate::hot, from cached encodings).
+pub trait HotCalls {
+    /// `Some` if `name` is such a call: its arguments were read from `input` and its reply
+    /// appended to `out`; `None` (nothing read) otherwise.
+    fn answer(
+        &self,
+        name: &str,
+        seq: i32,
+        input: &mut dyn TInputProtocol,
+        out: &mut Vec<u8>,
+    ) -> Option<thrift::Result<()>>;
+}
+
+/// A connection's output buffer is shrunk back to this after a larger reply.
+const OUT_KEEP_BYTES: usize = 1 << 20;
+const OUT_INITIAL_BYTES: usize = 16 << 10;
+const IN_BUFFER_BYTES: usize = 64 << 10;
+
+/// Starts a reply in `out`: a framed one with room for its 4-byte length. Returns where.
+pub fn frame_begin(out: &mut Vec<u8>, framed: bool) -> usize {
+    let at = out.len();
+    if framed {
+        out.extend_from_slice(&[0; 4]);
+    }
+    at
+}
+
+/// Ends a reply started at `at`: a framed one gets its length (or is removed if empty).
+pub fn frame_end(out: &mut Vec<u8>, at: usize, framed: bool) {
+    if !framed {
+        return;
+    }
+    let body = out.len() - at - 4;
+    if body == 0 {
+        out.truncate(at);
+    } else {
+        out[at..at + 4].copy_from_slice(&(body as u32).to_be_bytes());
+    }
+}
+
+/// The connection's input: buffered reads, limited to the current frame for framed transport
+/// (so a frame is parsed straight from the read buffer, without a copy or an allocation).
+pub struct Frames<R> {
+    inner: BufReader<R>,
+    /// Bytes left in the current frame (None: buffered transport, or between frames).
+    left: Option<usize>,
+}
+
+impl<R: Read> Read for Frames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.left {
+            None => self.inner.read(buf),
+            Some(left) => {
+                let n = buf.len().min(left);
+                let got = self.inner.read(&mut buf[..n])?;
+                self.left = Some(left - got);
+                Ok(got)
+            }
+        }
+    }
+}
+
+impl<R: Read> Frames<R> {
+    /// Reads a frame's length; Ok(None) at a clean end of stream.
+    fn next_frame(&mut self, message_bytes_max: usize) -> io::Result<Option<usize>> {
+        self.left = None;
+        let mut len = [0u8; 4];
+        if let Err(e) = self.inner.read_exact(&mut len) {
+            return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+        }
+        let n = i32::from_be_bytes(len);
+        if n <= 0 || n as usize > message_bytes_max {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad frame size {n}")));
+        }
+        self.left = Some(n as usize);
+        Ok(Some(n as usize))
+    }
+
+    /// Skips what the message left unread of its frame (bounded by the frame size).
+    fn skip_rest_of_frame(&mut self) -> io::Result<()> {
+        let mut sink = [0u8; 512];
+        while self.left.is_some_and(|l| l > 0) {
+            if self.read(&mut sink)? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        self.left = None;
+        Ok(())
+    }
+}
+
+/// Runs one message: a hot call answered from cached encodings, or the generated processor
+/// (header replayed; arguments of a call it rejected skipped so the stream stays in step).
+fn one_message<R: Read>(
     processor: &dyn TProcessor,
+    hot: &dyn HotCalls,
     input: &mut BoundedInput<R>,
-    output: &mut TBinaryOutputProtocol<W>,
+    out: &mut Vec<u8>,
 ) -> thrift::Result<()> {
     let header = input.read_message_begin()?;
+    if let Some(r) = hot.answer(&header.name, header.sequence_number, input, out) {
+        return r;
+    }
+    let mut output = TBinaryOutputProtocol::new(&mut *out, true);
     let mut replay = Replay { inner: input, header: Some(header) };
-    processor.process(&mut replay, output)?;
+    processor.process(&mut replay, &mut output)?;
     if input.failed {
         return Err(thrift::Error::Protocol(ProtocolError::new(ProtocolErrorKind::InvalidData, "malformed arguments")));
     }
@@ -237,53 +340,60 @@ fn one_message<R: Read, W: Write>(
 }
 
 /// Serves one client connection until it closes or breaks the protocol (then it is closed).
-pub fn serve_connection(stream: TcpStream, processor: &dyn TProcessor, message_bytes_max: usize) -> io::Result<()> {
+pub fn serve_connection(
+    stream: TcpStream,
+    processor: &dyn TProcessor,
+    hot: &dyn HotCalls,
+    message_bytes_max: usize,
+) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut peek = [0u8; 1];
     if stream.peek(&mut peek)? == 0 {
         return Ok(());
     }
     let transport = if peek[0] == 0x80 { Transport::Buffered } else { Transport::Framed };
-    let read_half = stream.try_clone()?;
-    match transport {
-        Transport::Buffered => {
-            let mut input = BoundedInput::new(BufReader::with_capacity(1 << 16, read_half));
-            let mut output = TBinaryOutputProtocol::new(BufWriter::with_capacity(1 << 16, stream), true);
-            loop {
-                input.reset(message_bytes_max);
-                if let Err(e) = one_message(processor, &mut input, &mut output) {
-                    return end_of(e);
-                }
+    let mut w = stream.try_clone()?;
+    serve(stream, &mut w, transport, processor, hot, message_bytes_max)
+}
+
+/// The message loop: one reply written (one write call) per request; the input is read in
+/// 64 KiB chunks and the output buffer is reused, so a request costs no allocation here.
+pub fn serve<R: Read, W: Write>(
+    r: R,
+    w: &mut W,
+    transport: Transport,
+    processor: &dyn TProcessor,
+    hot: &dyn HotCalls,
+    message_bytes_max: usize,
+) -> io::Result<()> {
+    let framed = transport == Transport::Framed;
+    let mut input = BoundedInput::new(Frames { inner: BufReader::with_capacity(IN_BUFFER_BYTES, r), left: None });
+    let mut out = Vec::with_capacity(OUT_INITIAL_BYTES);
+    loop {
+        let budget = if framed {
+            match input.source().next_frame(message_bytes_max)? {
+                Some(n) => n,
+                None => return Ok(()),
             }
+        } else {
+            message_bytes_max
+        };
+        input.reset(budget);
+        let at = frame_begin(&mut out, framed);
+        let res = one_message(processor, hot, &mut input, &mut out);
+        frame_end(&mut out, at, framed);
+        if let Err(e) = res {
+            // Whatever the failed message produced (an exception reply) goes out before closing.
+            let _ = w.write_all(&out);
+            return end_of(e);
         }
-        Transport::Framed => {
-            let mut r = BufReader::with_capacity(1 << 16, read_half);
-            let mut w = stream;
-            loop {
-                let mut len = [0u8; 4];
-                if let Err(e) = r.read_exact(&mut len) {
-                    return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) };
-                }
-                let n = i32::from_be_bytes(len);
-                if n <= 0 || n as usize > message_bytes_max {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad frame size {n}")));
-                }
-                let mut frame = vec![0u8; n as usize];
-                r.read_exact(&mut frame)?;
-                let mut input = BoundedInput::new(&frame[..]);
-                input.reset(n as usize);
-                let mut out = Vec::with_capacity(256);
-                out.extend_from_slice(&[0, 0, 0, 0]);
-                {
-                    let mut output = TBinaryOutputProtocol::new(&mut out, true);
-                    if let Err(e) = one_message(processor, &mut input, &mut output) {
-                        return end_of(e);
-                    }
-                }
-                let body = (out.len() - 4) as u32;
-                out[..4].copy_from_slice(&body.to_be_bytes());
-                w.write_all(&out)?;
-            }
+        if framed {
+            input.source().skip_rest_of_frame()?;
+        }
+        w.write_all(&out)?;
+        out.clear();
+        if out.capacity() > OUT_KEEP_BYTES {
+            out.shrink_to(OUT_INITIAL_BYTES);
         }
     }
 }
@@ -299,6 +409,100 @@ fn end_of(e: thrift::Error) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gen::hbase1::HbaseSyncProcessor;
+    use crate::service::{Handler, RangeCache};
+    use std::sync::Arc;
+    use std::time::Duration;
+    use thrift::protocol::{TFieldIdentifier, TListIdentifier, TMessageIdentifier, TOutputProtocol, TStructIdentifier};
+
+    /// Sends every call to the generated processor (the reference for the hot path).
+    struct NoHot;
+    impl HotCalls for NoHot {
+        fn answer(&self, _: &str, _: i32, _: &mut dyn TInputProtocol, _: &mut Vec<u8>) -> Option<thrift::Result<()>> {
+            None
+        }
+    }
+
+    /// A call message; `args` writes the argument fields.
+    fn call(name: &str, seq: i32, args: impl FnOnce(&mut dyn TOutputProtocol)) -> Vec<u8> {
+        let mut v = Vec::new();
+        let mut p = TBinaryOutputProtocol::new(&mut v, true);
+        p.write_message_begin(&TMessageIdentifier::new(name, TMessageType::Call, seq)).unwrap();
+        p.write_struct_begin(&TStructIdentifier::new("args")).unwrap();
+        args(&mut p);
+        p.write_field_stop().unwrap();
+        v
+    }
+
+    fn bytes_field(p: &mut dyn TOutputProtocol, id: i16, b: &[u8]) {
+        p.write_field_begin(&TFieldIdentifier::new("f", TType::String, id)).unwrap();
+        p.write_bytes(b).unwrap();
+    }
+
+    fn i32_field(p: &mut dyn TOutputProtocol, id: i16, v: i32) {
+        p.write_field_begin(&TFieldIdentifier::new("f", TType::I32, id)).unwrap();
+        p.write_i32(v).unwrap();
+    }
+
+    /// The hot calls' replies (here: exceptions, the sidecar being unreachable and the
+    /// scanners unknown) are byte for byte the generated processor's, for both transports,
+    /// interleaved with calls only the processor answers.
+    #[test]
+    fn hot_calls_answer_exactly_as_the_generated_processor() {
+        // Nothing listens on port 1: every sidecar call fails at once (IOError).
+        let sidecar = crate::sidecar::client::SidecarClient::new(
+            "127.0.0.1:1".parse().unwrap(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let rc =
+            Arc::new(RangeCache::new(sidecar, crate::cache::Cache::new(crate::cache::Strategy::AllRow, 1 << 20), 10));
+        let processor = HbaseSyncProcessor::new(Handler(rc.clone()));
+        let hot = Handler(rc);
+        let msgs = [
+            call("getRow", 1, |p| {
+                bytes_field(p, 1, b"t");
+                bytes_field(p, 2, b"r");
+            }),
+            call("isTableEnabled", 2, |p| bytes_field(p, 1, b"t")),
+            call("getRowWithColumns", 3, |p| {
+                bytes_field(p, 1, b"t");
+                bytes_field(p, 2, b"r");
+                p.write_field_begin(&TFieldIdentifier::new("c", TType::List, 3)).unwrap();
+                p.write_list_begin(&TListIdentifier::new(TType::String, 1)).unwrap();
+                p.write_bytes(b"cf:a").unwrap();
+            }),
+            call("getRows", 4, |p| bytes_field(p, 1, b"t")),
+            call("scannerGet", 5, |p| i32_field(p, 1, 77)),
+            call("scannerGetList", 6, |p| {
+                i32_field(p, 1, 78);
+                i32_field(p, 2, 100);
+            }),
+            call("getRegionInfo", 7, |p| bytes_field(p, 1, b"x")),
+            // Last: a row claiming 2 GiB (exception reply, then the connection is closed).
+            call("getRow", 8, |p| {
+                bytes_field(p, 1, b"t");
+                p.write_field_begin(&TFieldIdentifier::new("f", TType::String, 2)).unwrap();
+                p.write_i32(i32::MAX).unwrap();
+            }),
+        ];
+        for framed in [false, true] {
+            let mut input = Vec::new();
+            for m in &msgs {
+                if framed {
+                    input.extend_from_slice(&(m.len() as u32).to_be_bytes());
+                }
+                input.extend_from_slice(m);
+            }
+            let t = if framed { Transport::Framed } else { Transport::Buffered };
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            let r1 = serve(&input[..], &mut ours, t, &processor, &hot, 1 << 20);
+            let r2 = serve(&input[..], &mut theirs, t, &processor, &NoHot, 1 << 20);
+            assert!(r1.is_err() && r2.is_err(), "the hostile last message closes the connection");
+            assert!(ours.len() > 200, "framed {framed}: {} bytes", ours.len());
+            assert_eq!(ours, theirs, "framed {framed}");
+        }
+    }
 
     fn msg(body: &[u8]) -> Vec<u8> {
         let mut m = vec![0x80, 0x01, 0x00, 0x01, 0, 0, 0, 3];
