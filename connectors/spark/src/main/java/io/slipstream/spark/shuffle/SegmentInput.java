@@ -1,5 +1,7 @@
 // SegmentInput: an InputStream over one map output's segments of one partition, read in place
 // from the mapped blocks (the deserializer reads the pool's memory; nothing is copied first).
+// The current buffer is kept in a field: Java's serializer reads object headers a byte at a
+// time, so the one-byte path must be short.
 package io.slipstream.spark.shuffle;
 
 import java.io.InputStream;
@@ -8,23 +10,35 @@ import java.util.List;
 
 final class SegmentInput extends InputStream {
     private final List<ByteBuffer> parts;
-    private int i;
+    private int next;
+    private ByteBuffer cur;
 
     SegmentInput(List<ByteBuffer> parts) {
         this.parts = parts;
     }
 
-    private ByteBuffer current() {
-        while (i < parts.size() && !parts.get(i).hasRemaining()) {
-            i++;
+    /** The buffer with bytes left, or null at the end. */
+    private ByteBuffer advance() {
+        while (next < parts.size()) {
+            cur = parts.get(next++);
+            if (cur.hasRemaining()) {
+                return cur;
+            }
         }
-        return i < parts.size() ? parts.get(i) : null;
+        cur = null;
+        return null;
     }
 
     @Override
     public int read() {
-        ByteBuffer b = current();
-        return b == null ? -1 : b.get() & 0xff;
+        ByteBuffer b = cur;
+        if (b == null || !b.hasRemaining()) {
+            b = advance();
+            if (b == null) {
+                return -1;
+            }
+        }
+        return b.get() & 0xff;
     }
 
     @Override
@@ -32,9 +46,12 @@ final class SegmentInput extends InputStream {
         if (len == 0) {
             return 0;
         }
-        ByteBuffer b = current();
-        if (b == null) {
-            return -1;
+        ByteBuffer b = cur;
+        if (b == null || !b.hasRemaining()) {
+            b = advance();
+            if (b == null) {
+                return -1;
+            }
         }
         int n = Math.min(len, b.remaining());
         b.get(dst, off, n);
@@ -43,7 +60,6 @@ final class SegmentInput extends InputStream {
 
     @Override
     public int available() {
-        ByteBuffer b = current();
-        return b == null ? 0 : b.remaining();
+        return cur == null ? 0 : cur.remaining();
     }
 }
