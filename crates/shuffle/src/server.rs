@@ -98,6 +98,8 @@ struct Shared {
     connections_refused: AtomicU64,
     next_conn: AtomicU64,
     dir: String,
+    /// The registry's bound, checked here too before a COMMIT's lines are read.
+    segments_per_commit_max: usize,
 }
 
 impl Shared {
@@ -129,6 +131,7 @@ impl ShuffleService {
             connections_refused: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             dir: settings.dir.display().to_string(),
+            segments_per_commit_max: settings.limits.segments_per_commit_max,
         });
         let (sh, max, idle) = (shared.clone(), settings.connections_max, settings.idle_timeout);
         std::thread::Builder::new()
@@ -295,7 +298,7 @@ fn handle(
             Err(e) => proto::error(out, &e),
         },
         Request::Commit { app, shuffle, map, attempt, segments } => {
-            let limit = Limits::default().segments_per_commit_max;
+            let limit = shared.segments_per_commit_max;
             if segments > limit {
                 proto::error(out, &ShuffleError::Limit { what: "segments in one commit", max: limit });
                 return Ok(false);
