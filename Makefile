@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench hbase-bench bench fuzz clean
+.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench shuffle-bench hbase-bench bench fuzz clean
 
 all: build
 
@@ -77,6 +77,11 @@ spark-changepoint: build
 spark-bench: build
 	bash bench/spark_bench.sh
 
+# Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager (bench/shuffle_bench.sh;
+# about 2 minutes).
+shuffle-bench: build
+	SKIP_BUILD=1 bash bench/shuffle_bench.sh
+
 # HBase range cache with the Rust load generator (bench/hbase_load_bench.py; about 2 minutes).
 hbase-bench: build
 	$(CARGO) build --release -p slipstream-rangecache --example thrift_load
@@ -90,6 +95,7 @@ bench: build
 	bash bench/stream_bench.sh
 	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
+	SKIP_BUILD=1 bash bench/shuffle_bench.sh
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench
 

@@ -143,6 +143,8 @@ pub struct Config {
     pub no_effect: Vec<String>,
     /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
     pub hbase: Option<slipstream_rangecache::Settings>,
+    /// `[shuffle]`: the Spark shuffle service (crates/shuffle); None = off.
+    pub shuffle: Option<slipstream_shuffle::Settings>,
     /// `-s`, `-a`, `-S`, `-Y`, `-Z` and `-o ssl_*` (see crate::security).
     pub security: crate::security::SecurityConfig,
 }
@@ -178,6 +180,7 @@ impl Default for Config {
             streams: Vec::new(),
             user: None,
             hbase: None,
+            shuffle: None,
             tcp_ephemeral: false,
             udp_ephemeral: false,
             evictions_enabled: true,
@@ -202,6 +205,7 @@ struct FileConfig {
     #[serde(default)]
     stream: Vec<FileStream>,
     hbase: Option<slipstream_rangecache::HbaseConfig>,
+    shuffle: Option<slipstream_shuffle::ShuffleConfig>,
     cluster: Option<FileCluster>,
 }
 
@@ -574,12 +578,7 @@ impl Config {
                 .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[results]: {e}") })?;
             self.results = r;
         }
-        if let Some(h) = file.hbase {
-            let h = h
-                .validate()
-                .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[hbase]: {e}") })?;
-            self.hbase = Some(h);
-        }
+        self.apply_services(path, file.hbase, file.shuffle)?;
         if !file.stream.is_empty() {
             let streams: Vec<StreamConfig> = file.stream.into_iter().map(FileStream::into_config).collect();
             slipstream_stream::config::validate_streams(&streams)
@@ -595,11 +594,32 @@ impl Config {
         }
         self.cluster = check_cluster(file.cluster, &self.tenants)
             .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
-        if self.hbase.is_some() && !self.tenants.is_empty() {
-            return Err(ConfigError::File {
-                path: path.to_string(),
-                message: "[hbase] does not run with [[tenant]] yet".into(),
-            });
+        for (on, name) in [(self.hbase.is_some(), "[hbase]"), (self.shuffle.is_some(), "[shuffle]")] {
+            // Neither service charges its memory to a tenant yet (for [shuffle]: issue 17).
+            if on && !self.tenants.is_empty() {
+                return Err(ConfigError::File {
+                    path: path.to_string(),
+                    message: format!("{name} does not run with [[tenant]] yet"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `[hbase]` and `[shuffle]`: the services with their own ports, each checked by its crate.
+    fn apply_services(
+        &mut self,
+        path: &str,
+        hbase: Option<slipstream_rangecache::HbaseConfig>,
+        shuffle: Option<slipstream_shuffle::ShuffleConfig>,
+    ) -> Result<(), ConfigError> {
+        let err =
+            |name: &str, e: String| ConfigError::File { path: path.to_string(), message: format!("[{name}]: {e}") };
+        if let Some(h) = hbase {
+            self.hbase = Some(h.validate().map_err(|e| err("hbase", e))?);
+        }
+        if let Some(sh) = shuffle {
+            self.shuffle = Some(sh.validate().map_err(|e| err("shuffle", e))?);
         }
         Ok(())
     }
@@ -915,6 +935,23 @@ mod tests {
             Err(ConfigError::File { .. })
         ));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn shuffle_table_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("slipstream-cfg-shuffle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("s.toml");
+        std::fs::write(&f, "[shuffle]\ntcp_port = 7301\nmemory_mb = 64\ndir = \"/tmp/x\"\n").unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        let s = c.shuffle.unwrap();
+        assert_eq!((s.addr.port(), s.blocks_max), (7301, 32));
+        std::fs::write(&f, "[shuffle]\nmemory_mb = 1\n").unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("[shuffle]: memory_mb 1 holds no block"), "{e}");
+        std::fs::write(&f, "[shuffle]\n[[tenant]]\nname = \"t\"\ntcp_port = 7000\nshare = 0.5\n").unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("[shuffle] does not run with [[tenant]] yet"), "{e}");
     }
 
     #[test]

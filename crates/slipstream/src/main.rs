@@ -622,6 +622,14 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         stream_line.push_str(&svc.describe());
         extra_metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
     }
+    if let Some(sh) = cfg.shuffle.clone() {
+        // The Spark shuffle service (crates/shuffle): its own port and block directory.
+        let svc = Arc::new(
+            slipstream_shuffle::ShuffleService::start(sh).map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
+        );
+        stream_line.push_str(&svc.describe());
+        extra_metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
+    }
 
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(

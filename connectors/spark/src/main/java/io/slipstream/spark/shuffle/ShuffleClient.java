@@ -1,0 +1,206 @@
+// ShuffleClient: one control connection to the Slipstream daemon's shuffle service (the line
+// protocol of crates/shuffle/src/proto.rs). A Spark task holds one for its life: blocks it
+// allocates but does not commit, and blocks it pinned by LOOKUP, are given back when the
+// connection closes. Not for: mapping blocks (BlockMap) or Spark's interfaces.
+package io.slipstream.spark.shuffle;
+
+import java.io.BufferedInputStream;
+import java.io.BufferedOutputStream;
+import java.io.Closeable;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.net.Socket;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+
+final class ShuffleClient implements Closeable {
+    /** Longest answer line read (a segment line is five numbers). */
+    private static final int LINE_BYTES_MAX = 4096;
+
+    /** One segment: map output `map` (attempt `attempt`) of a partition, in block `block`. */
+    record Segment(int partition, int map, long attempt, int block, int offset, int length) {}
+
+    /** COMMIT's answer: the winning attempt and its segments. */
+    record Committed(long attempt, List<Segment> segments) {}
+
+    /** What HELLO says: the block size and the directory of the block files. */
+    record Hello(int blockBytes, String dir) {}
+
+    private final Socket socket;
+    private final InputStream in;
+    private final OutputStream out;
+    private final String endpoint;
+
+    ShuffleClient(String endpoint, int connectTimeoutMs, int readTimeoutMs) throws IOException {
+        this.endpoint = endpoint;
+        int colon = endpoint.lastIndexOf(':');
+        if (colon <= 0) {
+            throw new IllegalArgumentException("spark.slipstream.shuffle.endpoint must be HOST:PORT, not " + endpoint);
+        }
+        String host = endpoint.substring(0, colon);
+        int port = Integer.parseInt(endpoint.substring(colon + 1));
+        socket = new Socket();
+        try {
+            socket.connect(new InetSocketAddress(host, port), connectTimeoutMs);
+            socket.setSoTimeout(readTimeoutMs);
+            socket.setTcpNoDelay(true);
+            in = new BufferedInputStream(socket.getInputStream(), 64 * 1024);
+            out = new BufferedOutputStream(socket.getOutputStream(), 64 * 1024);
+        } catch (IOException e) {
+            socket.close();
+            throw new IOException("Slipstream shuffle service at " + endpoint + " unreachable (" + e.getMessage()
+                    + "): start the daemon with a [shuffle] table, or drop spark.shuffle.manager", e);
+        }
+    }
+
+    private void send(String line) throws IOException {
+        out.write(line.getBytes(StandardCharsets.US_ASCII));
+        out.write('\r');
+        out.write('\n');
+    }
+
+    private String readLine() throws IOException {
+        StringBuilder b = new StringBuilder(64);
+        while (b.length() < LINE_BYTES_MAX) {
+            int c = in.read();
+            if (c < 0) {
+                throw new IOException("Slipstream shuffle service at " + endpoint + " closed the connection");
+            }
+            if (c == '\n') {
+                int n = b.length();
+                return n > 0 && b.charAt(n - 1) == '\r' ? b.substring(0, n - 1) : b.toString();
+            }
+            b.append((char) c);
+        }
+        throw new IOException("answer line too long from " + endpoint);
+    }
+
+    /** Flushes, reads one line; an error line becomes an IOException with the daemon's words. */
+    private String call() throws IOException {
+        out.flush();
+        String line = readLine();
+        if (line.startsWith("CLIENT_ERROR") || line.startsWith("SERVER_ERROR")) {
+            throw new ShuffleServiceException(line);
+        }
+        return line;
+    }
+
+    private void expectOk() throws IOException {
+        String line = call();
+        if (!line.equals("OK")) {
+            throw new IOException("unexpected answer " + line);
+        }
+    }
+
+    Hello hello() throws IOException {
+        send("HELLO");
+        String[] w = call().split(" ", 4);
+        if (w.length != 4 || !w[0].equals("OK") || !w[1].equals("1")) {
+            throw new IOException("not a Slipstream shuffle service (protocol 1) at " + endpoint + ": " + String.join(" ", w));
+        }
+        return new Hello(Integer.parseInt(w[2]), w[3]);
+    }
+
+    void register(String app, int shuffle, int partitions) throws IOException {
+        send("REGISTER " + app + " " + shuffle + " " + partitions);
+        expectOk();
+    }
+
+    int alloc(String app, int shuffle) throws IOException {
+        send("ALLOC " + app + " " + shuffle);
+        String line = call();
+        if (!line.startsWith("BLOCK ")) {
+            throw new IOException("unexpected answer " + line);
+        }
+        return Integer.parseInt(line.substring(6));
+    }
+
+    /** Segments of one map attempt; `segs` are int[]{partition, block, offset, length}. */
+    Committed commit(String app, int shuffle, int map, long attempt, List<int[]> segs) throws IOException {
+        send("COMMIT " + app + " " + shuffle + " " + map + " " + attempt + " " + segs.size());
+        StringBuilder b = new StringBuilder();
+        for (int[] s : segs) {
+            b.setLength(0);
+            b.append(s[0]).append(' ').append(s[1]).append(' ').append(s[2]).append(' ').append(s[3]);
+            send(b.toString());
+        }
+        String[] head = call().split(" ");
+        if (head.length != 3 || !head[0].equals("COMMITTED")) {
+            throw new IOException("unexpected answer " + String.join(" ", head));
+        }
+        long won = Long.parseLong(head[1]);
+        int n = Integer.parseInt(head[2]);
+        List<Segment> out = new ArrayList<>(n);
+        for (int i = 0; i < n; i++) {
+            String[] w = readLine().split(" ");
+            out.add(new Segment(Integer.parseInt(w[0]), map, won, Integer.parseInt(w[1]), Integer.parseInt(w[2]),
+                    Integer.parseInt(w[3])));
+        }
+        expectEnd();
+        return new Committed(won, out);
+    }
+
+    /** The committed segments of reduce partition `reduce`, in map order (pins their blocks). */
+    List<Segment> lookup(String app, int shuffle, int reduce) throws IOException {
+        send("LOOKUP " + app + " " + shuffle + " " + reduce);
+        String head = call();
+        if (!head.startsWith("SEGMENTS ")) {
+            throw new IOException("unexpected answer " + head);
+        }
+        int n = Integer.parseInt(head.substring(9));
+        List<Segment> out = new ArrayList<>(n);
+        for (int i = 0; i < n; i++) {
+            String[] w = readLine().split(" ");
+            out.add(new Segment(reduce, Integer.parseInt(w[0]), Long.parseLong(w[1]), Integer.parseInt(w[2]),
+                    Integer.parseInt(w[3]), Integer.parseInt(w[4])));
+        }
+        expectEnd();
+        return out;
+    }
+
+    private void expectEnd() throws IOException {
+        String end = readLine();
+        if (!end.equals("END")) {
+            throw new IOException("unexpected answer " + end);
+        }
+    }
+
+    void release(int block) throws IOException {
+        send("RELEASE " + block);
+        expectOk();
+    }
+
+    void lost(String app, int shuffle, int map, long attempt) throws IOException {
+        send("LOST " + app + " " + shuffle + " " + map + " " + attempt);
+        expectOk();
+    }
+
+    void unregister(String app, int shuffle) throws IOException {
+        send("UNREGISTER " + app + " " + shuffle);
+        expectOk();
+    }
+
+    void unregisterApp(String app) throws IOException {
+        send("UNREGISTER_APP " + app);
+        expectOk();
+    }
+
+    @Override
+    public void close() {
+        try {
+            socket.close();
+        } catch (IOException ignored) {
+            // closing: nothing to do
+        }
+    }
+
+    /** The daemon refused a request (its CLIENT_ERROR / SERVER_ERROR line). */
+    static final class ShuffleServiceException extends IOException {
+        ShuffleServiceException(String line) {
+            super("Slipstream shuffle service: " + line);
+        }
+    }
+}

@@ -1,0 +1,127 @@
+// SlipstreamShuffleManager: Spark's ShuffleManager over the Slipstream daemon's shuffle service
+// (crates/shuffle). Enabled with no change to the job:
+//   --conf spark.shuffle.manager=io.slipstream.spark.shuffle.SlipstreamShuffleManager
+//   --conf spark.slipstream.shuffle.endpoint=127.0.0.1:7300
+// Map tasks serialize into the daemon's pool blocks (shared memory files that this JVM maps),
+// reducers deserialize from the same memory in place. This is the local path: executors and the
+// daemon on one host. A daemon that cannot be reached when the manager starts is a clear error
+// (the SparkContext, or the executor, fails to start with the reason); no silent fallback.
+package io.slipstream.spark.shuffle;
+
+import java.io.IOException;
+import java.nio.file.Path;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.shuffle.BaseShuffleHandle;
+import org.apache.spark.shuffle.ShuffleBlockResolver;
+import org.apache.spark.shuffle.ShuffleHandle;
+import org.apache.spark.shuffle.ShuffleManager;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
+import org.apache.spark.shuffle.ShuffleWriter;
+
+public final class SlipstreamShuffleManager implements ShuffleManager {
+    public static final String ENDPOINT = "spark.slipstream.shuffle.endpoint";
+    static final int CONNECT_TIMEOUT_MS = 5_000;
+    static final int READ_TIMEOUT_MS = 120_000;
+
+    private final String endpoint;
+    private final boolean isDriver;
+    private final int blockBytes;
+    private final Path blockDir;
+    private final SlipstreamBlockResolver resolver = new SlipstreamBlockResolver();
+    private volatile String appId;
+
+    public SlipstreamShuffleManager(SparkConf conf, boolean isDriver) {
+        this.endpoint = conf.get(ENDPOINT, "127.0.0.1:7300");
+        this.isDriver = isDriver;
+        try (ShuffleClient c = connect()) {
+            ShuffleClient.Hello h = c.hello();
+            blockBytes = h.blockBytes();
+            blockDir = Path.of(h.dir());
+        } catch (IOException e) {
+            throw new IllegalStateException(e.getMessage(), e);
+        }
+    }
+
+    public SlipstreamShuffleManager(SparkConf conf) {
+        this(conf, false);
+    }
+
+    ShuffleClient connect() throws IOException {
+        return new ShuffleClient(endpoint, CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS);
+    }
+
+    int blockBytes() {
+        return blockBytes;
+    }
+
+    Path blockDir() {
+        return blockDir;
+    }
+
+    /** The daemon's name for this application: spark.app.id in its alphabet. */
+    String appId() {
+        String a = appId;
+        if (a == null) {
+            String raw = SparkEnv.get().conf().get("spark.app.id", "spark-app");
+            a = raw.replaceAll("[^A-Za-z0-9._-]", "_");
+            if (a.length() > 64) {
+                a = a.substring(a.length() - 64);
+            }
+            appId = a;
+        }
+        return a;
+    }
+
+    @Override
+    public <K, V, C> ShuffleHandle registerShuffle(int shuffleId, ShuffleDependency<K, V, C> dependency) {
+        // Writers register with the daemon themselves (idempotent), so a restarted daemon learns
+        // the shuffle again from the recomputed map tasks.
+        return new BaseShuffleHandle<>(shuffleId, dependency);
+    }
+
+    @Override
+    @SuppressWarnings("unchecked")
+    public <K, V> ShuffleWriter<K, V> getWriter(ShuffleHandle handle, long mapId, TaskContext context,
+            ShuffleWriteMetricsReporter metrics) {
+        return new SlipstreamShuffleWriter<>(this, (BaseShuffleHandle<K, V, ?>) handle, mapId, context, metrics);
+    }
+
+    @Override
+    @SuppressWarnings("unchecked")
+    public <K, C> ShuffleReader<K, C> getReader(ShuffleHandle handle, int startMapIndex, int endMapIndex,
+            int startPartition, int endPartition, TaskContext context, ShuffleReadMetricsReporter metrics) {
+        return new SlipstreamShuffleReader<>(this, (BaseShuffleHandle<K, ?, C>) handle, startMapIndex, endMapIndex,
+                startPartition, endPartition, context, metrics);
+    }
+
+    @Override
+    public boolean unregisterShuffle(int shuffleId) {
+        try (ShuffleClient c = connect()) {
+            c.unregister(appId(), shuffleId);
+        } catch (IOException | RuntimeException e) {
+            // Best effort: the blocks go when the application is unregistered.
+        }
+        return true;
+    }
+
+    @Override
+    public ShuffleBlockResolver shuffleBlockResolver() {
+        return resolver;
+    }
+
+    @Override
+    public void stop() {
+        if (isDriver && appId != null) {
+            try (ShuffleClient c = connect()) {
+                c.unregisterApp(appId);
+            } catch (IOException | RuntimeException e) {
+                // The daemon is gone: nothing of ours is left in it.
+            }
+        }
+    }
+}

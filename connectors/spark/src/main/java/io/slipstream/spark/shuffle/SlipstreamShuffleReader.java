@@ -1,0 +1,267 @@
+// SlipstreamShuffleReader: a reduce task's input. Spark's map output tracker says which map
+// outputs (index, attempt) hold data for these partitions; the daemon says where (LOOKUP). A map
+// output the daemon does not have, or has from another attempt, or whose block cannot be
+// mapped, raises Spark's FetchFailedException so Spark recomputes that map task (a block that
+// cannot be mapped is first reported LOST, so the recomputed attempt may commit). Blocks are
+// mapped read-only and deserialized in place; each is unmapped and released (RELEASE) as soon as
+// the last segment this task reads from it is consumed. Aggregation and key ordering are Spark's
+// own (Aggregator, ExternalSorter), as in its BlockStoreShuffleReader.
+package io.slipstream.spark.shuffle;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.MappedByteBuffer;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.InterruptibleIterator;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.serializer.DeserializationStream;
+import org.apache.spark.serializer.SerializerInstance;
+import org.apache.spark.shuffle.BaseShuffleHandle;
+import org.apache.spark.shuffle.FetchFailedException;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.storage.BlockId;
+import org.apache.spark.storage.BlockManagerId;
+import org.apache.spark.storage.ShuffleBlockId;
+import org.apache.spark.util.TaskCompletionListener;
+import org.apache.spark.util.collection.ExternalSorter;
+import scala.Option;
+import scala.Product2;
+import scala.Tuple2;
+import scala.Tuple3;
+import scala.collection.AbstractIterator;
+import scala.collection.Iterator;
+
+final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
+    private final SlipstreamShuffleManager manager;
+    private final BaseShuffleHandle<K, ?, C> handle;
+    private final int startMap;
+    private final int endMap;
+    private final int startPartition;
+    private final int endPartition;
+    private final TaskContext context;
+    private final ShuffleReadMetricsReporter metrics;
+
+    /** What the tracker expects: map output `mapIndex` from attempt `mapId`. */
+    private record Expect(long mapId, int mapIndex, BlockManagerId where) {}
+
+    /** One map output's segments of one partition: one serialization stream. */
+    private record Group(int reduce, Expect expect, List<ShuffleClient.Segment> segments) {}
+
+    SlipstreamShuffleReader(SlipstreamShuffleManager manager, BaseShuffleHandle<K, ?, C> handle, int startMap, int endMap,
+            int startPartition, int endPartition, TaskContext context, ShuffleReadMetricsReporter metrics) {
+        this.manager = manager;
+        this.handle = handle;
+        this.startMap = startMap;
+        this.endMap = endMap;
+        this.startPartition = startPartition;
+        this.endPartition = endPartition;
+        this.context = context;
+        this.metrics = metrics;
+    }
+
+    @Override
+    @SuppressWarnings({"unchecked", "rawtypes"})
+    public Iterator<Product2<K, C>> read() {
+        ShuffleDependency<K, ?, C> dep = handle.dependency();
+        int shuffle = handle.shuffleId();
+        long t0 = System.nanoTime();
+        Map<Integer, List<Expect>> expected = expected(shuffle);
+        ShuffleClient client;
+        List<Group> groups = new ArrayList<>();
+        try {
+            client = manager.connect();
+        } catch (IOException e) {
+            throw sneaky(e);
+        }
+        context.addTaskCompletionListener(new TaskCompletionListener() {
+            @Override
+            public void onTaskCompletion(TaskContext ctx) {
+                client.close(); // the daemon drops this task's pins
+            }
+        });
+        for (int reduce = startPartition; reduce < endPartition; reduce++) {
+            List<Expect> want = expected.get(reduce);
+            if (want == null) {
+                continue;
+            }
+            Map<Integer, List<ShuffleClient.Segment>> byMap = new HashMap<>();
+            try {
+                for (ShuffleClient.Segment s : client.lookup(manager.appId(), shuffle, reduce)) {
+                    byMap.computeIfAbsent(s.map(), k -> new ArrayList<>()).add(s);
+                }
+            } catch (IOException e) {
+                Expect first = want.get(0);
+                throw sneaky(new FetchFailedException(first.where(), shuffle, first.mapId(), first.mapIndex(), reduce,
+                        "Slipstream shuffle lookup failed: " + e.getMessage(), e));
+            }
+            for (Expect e : want) {
+                List<ShuffleClient.Segment> segs = byMap.get(e.mapIndex());
+                if (segs == null || segs.get(0).attempt() != e.mapId()) {
+                    throw sneaky(new FetchFailedException(e.where(), shuffle, e.mapId(), e.mapIndex(), reduce,
+                            "Slipstream shuffle has no segment of map " + e.mapIndex() + " attempt " + e.mapId()
+                                    + " for partition " + reduce + (segs == null ? "" : " (it has attempt " + segs.get(0).attempt() + ")")
+                                    + ": lost or the daemon restarted",
+                            null));
+                }
+                groups.add(new Group(reduce, e, segs));
+            }
+        }
+        metrics.incFetchWaitTime((System.nanoTime() - t0) / 1_000_000);
+        Iterator<Product2<Object, Object>> records = new Records(client, groups, dep.serializer().newInstance(), shuffle);
+        Iterator<Product2<K, C>> it = new InterruptibleIterator(context, records);
+        if (dep.aggregator().isDefined()) {
+            it = dep.mapSideCombine()
+                    ? (Iterator) dep.aggregator().get().combineCombinersByKey((Iterator) it, context)
+                    : (Iterator) dep.aggregator().get().combineValuesByKey((Iterator) it, context);
+        }
+        if (dep.keyOrdering().isDefined()) {
+            ExternalSorter sorter = new ExternalSorter(context, Option.empty(), Option.empty(), dep.keyOrdering(), dep.serializer());
+            it = sorter.insertAllAndUpdateMetrics((Iterator) it);
+        }
+        return it;
+    }
+
+    private Map<Integer, List<Expect>> expected(int shuffle) {
+        Map<Integer, List<Expect>> out = new HashMap<>();
+        Iterator<Tuple2<BlockManagerId, scala.collection.Seq<Tuple3<BlockId, Object, Object>>>> byAddress = SparkEnv.get()
+                .mapOutputTracker().getMapSizesByExecutorId(shuffle, startMap, endMap, startPartition, endPartition);
+        while (byAddress.hasNext()) {
+            Tuple2<BlockManagerId, scala.collection.Seq<Tuple3<BlockId, Object, Object>>> t = byAddress.next();
+            Iterator<Tuple3<BlockId, Object, Object>> blocks = t._2().iterator();
+            while (blocks.hasNext()) {
+                Tuple3<BlockId, Object, Object> b = blocks.next();
+                ShuffleBlockId id = (ShuffleBlockId) b._1();
+                out.computeIfAbsent(id.reduceId(), k -> new ArrayList<>()).add(new Expect(id.mapId(), (Integer) b._3(), t._1()));
+            }
+        }
+        for (List<Expect> l : out.values()) {
+            l.sort((a, b) -> Integer.compare(a.mapIndex(), b.mapIndex()));
+        }
+        return out;
+    }
+
+    /** The records of every group in turn; blocks mapped on first use, released after last. */
+    private final class Records extends AbstractIterator<Product2<Object, Object>> {
+        private final ShuffleClient client;
+        private final List<Group> groups;
+        private final SerializerInstance ser;
+        private final int shuffle;
+        private final Map<Integer, Integer> usesLeft = new HashMap<>();
+        private final Map<Integer, MappedByteBuffer> mapped = new HashMap<>();
+        private int next;
+        private Group group;
+        private DeserializationStream stream;
+        private Iterator<Tuple2<Object, Object>> current;
+
+        Records(ShuffleClient client, List<Group> groups, SerializerInstance ser, int shuffle) {
+            this.client = client;
+            this.groups = groups;
+            this.ser = ser;
+            this.shuffle = shuffle;
+            for (Group g : groups) {
+                for (int b : blocksOf(g)) {
+                    usesLeft.merge(b, 1, Integer::sum);
+                }
+            }
+        }
+
+        private List<Integer> blocksOf(Group g) {
+            List<Integer> out = new ArrayList<>();
+            for (ShuffleClient.Segment s : g.segments()) {
+                if (!out.contains(s.block())) {
+                    out.add(s.block());
+                }
+            }
+            return out;
+        }
+
+        @Override
+        public boolean hasNext() {
+            while (current == null || !current.hasNext()) {
+                if (current != null) {
+                    finishGroup();
+                }
+                if (next >= groups.size()) {
+                    return false;
+                }
+                openGroup(groups.get(next++));
+            }
+            return true;
+        }
+
+        @Override
+        public Product2<Object, Object> next() {
+            if (!hasNext()) {
+                throw new java.util.NoSuchElementException();
+            }
+            metrics.incRecordsRead(1);
+            return current.next();
+        }
+
+        private void openGroup(Group g) {
+            List<ByteBuffer> parts = new ArrayList<>(g.segments().size());
+            long bytes = 0;
+            for (ShuffleClient.Segment s : g.segments()) {
+                MappedByteBuffer m = mapped.get(s.block());
+                if (m == null) {
+                    try {
+                        m = BlockFiles.mapForRead(manager.blockDir(), s.block(), manager.blockBytes());
+                    } catch (IOException e) {
+                        lost(g, e);
+                    }
+                    mapped.put(s.block(), m);
+                }
+                parts.add(m.slice(s.offset(), s.length()));
+                bytes += s.length();
+            }
+            metrics.incLocalBlocksFetched(1);
+            metrics.incLocalBytesRead(bytes);
+            group = g;
+            stream = ser.deserializeStream(new SegmentInput(parts));
+            current = stream.asKeyValueIterator();
+        }
+
+        private void lost(Group g, IOException e) {
+            Expect x = g.expect();
+            try {
+                client.lost(manager.appId(), shuffle, x.mapIndex(), x.mapId());
+            } catch (IOException ignored) {
+                // the FetchFailed below recomputes the map output either way
+            }
+            throw sneaky(new FetchFailedException(x.where(), shuffle, x.mapId(), x.mapIndex(), g.reduce(),
+                    "Slipstream shuffle block unreadable: " + e.getMessage(), e));
+        }
+
+        private void finishGroup() {
+            stream.close();
+            stream = null;
+            current = null;
+            for (int b : blocksOf(group)) {
+                if (usesLeft.merge(b, -1, Integer::sum) == 0) {
+                    usesLeft.remove(b);
+                    MappedByteBuffer m = mapped.remove(b);
+                    if (m != null) {
+                        BlockFiles.unmap(m);
+                    }
+                    try {
+                        client.release(b);
+                    } catch (IOException ignored) {
+                        // the pin goes with the connection at task end anyway
+                    }
+                }
+            }
+            group = null;
+        }
+    }
+
+    @SuppressWarnings("unchecked")
+    static <E extends Throwable> RuntimeException sneaky(Throwable t) throws E {
+        throw (E) t;
+    }
+}

@@ -1,0 +1,143 @@
+//! The block pool: fixed-size block files `blk-<id>` in one directory (tmpfs, so a block is
+//! shared memory the JVM maps), at most `blocks_max` of them. A freed block's file is kept for
+//! reuse (its pages are already faulted in) up to `free_keep` files; beyond that it is deleted
+//! so an idle daemon gives memory back. The directory is locked (flock) so two daemons never
+//! share one.
+//!
+//! Not for: who owns a block (crate::registry).
+
+use crate::ShuffleError;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+pub struct BlockPool {
+    dir: PathBuf,
+    block_bytes: usize,
+    blocks_max: usize,
+    free_keep: usize,
+    /// Ids whose file exists and is free, reused last-freed first (warmest pages).
+    free: Vec<u32>,
+    /// Ids with no file (deleted beyond `free_keep`), taken before minting a new id.
+    unused: Vec<u32>,
+    next_id: u32,
+    in_use: usize,
+    /// Held for the pool's life: the directory's lock.
+    _lock: File,
+}
+
+impl BlockPool {
+    /// Creates (mode 0700) and locks `dir`, removing block files a previous run left.
+    pub fn open(
+        dir: &Path,
+        block_bytes: usize,
+        blocks_max: usize,
+        free_keep: usize,
+    ) -> Result<BlockPool, ShuffleError> {
+        let io = |what: &str, e: std::io::Error| ShuffleError::Io(format!("{what} {}: {e}", dir.display()));
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| io("create", e))?;
+        let lock = File::create(dir.join(".lock")).map_err(|e| io("lock file in", e))?;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(ShuffleError::Io(format!("{} is in use by another slipstream daemon", dir.display())));
+        }
+        for entry in std::fs::read_dir(dir).map_err(|e| io("read", e))?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with("blk-") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(BlockPool {
+            dir: dir.to_path_buf(),
+            block_bytes,
+            blocks_max,
+            free_keep,
+            free: Vec::new(),
+            unused: Vec::new(),
+            next_id: 0,
+            in_use: 0,
+            _lock: lock,
+        })
+    }
+
+    /// The file of block `id` (the JVM computes the same name from the directory).
+    pub fn path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("blk-{id}"))
+    }
+
+    /// A block of `block_bytes` (zero pages when new, stale data when reused: the writer
+    /// records its own lengths), or `PoolFull` at the memory limit.
+    pub fn alloc(&mut self) -> Result<u32, ShuffleError> {
+        if self.in_use >= self.blocks_max {
+            return Err(ShuffleError::PoolFull { blocks_max: self.blocks_max, block_bytes: self.block_bytes });
+        }
+        if let Some(id) = self.free.pop() {
+            self.in_use += 1;
+            return Ok(id);
+        }
+        let id = match self.unused.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.next_id;
+                self.next_id = self
+                    .next_id
+                    .checked_add(1)
+                    .ok_or(ShuffleError::Limit { what: "block ids", max: u32::MAX as usize })?;
+                id
+            }
+        };
+        let made = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(self.path(id))
+            .and_then(|f| f.set_len(self.block_bytes as u64));
+        if let Err(e) = made {
+            self.unused.push(id);
+            return Err(ShuffleError::Io(format!("{}: {e}", self.path(id).display())));
+        }
+        self.in_use += 1;
+        Ok(id)
+    }
+
+    /// Gives block `id` back: kept for reuse, or deleted past `free_keep`.
+    pub fn free(&mut self, id: u32) {
+        self.in_use = self.in_use.saturating_sub(1);
+        if self.free.len() < self.free_keep {
+            self.free.push(id);
+        } else {
+            let _ = std::fs::remove_file(self.path(id));
+            self.unused.push(id);
+        }
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.in_use
+    }
+
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    pub fn blocks_max(&self) -> usize {
+        self.blocks_max
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for BlockPool {
+    fn drop(&mut self) {
+        for id in 0..self.next_id {
+            let _ = std::fs::remove_file(self.path(id));
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The shuffle control protocol: text lines ending in `\r\n` (a bare `\n` is accepted), parsed
+//! and composed here without I/O. Requests:
+//!
+//! ```text
+//! HELLO                                   -> OK <version> <block_bytes> <dir>
+//! REGISTER <app> <shuffle> <partitions>   -> OK
+//! ALLOC <app> <shuffle>                   -> BLOCK <id>            (file <dir>/blk-<id>)
+//! COMMIT <app> <shuffle> <map> <attempt> <n>
+//!   then n lines: <partition> <block> <offset> <length>
+//!                                         -> COMMITTED <winning attempt> <n>, n segment lines, END
+//! LOOKUP <app> <shuffle> <reduce>         -> SEGMENTS <n>, n lines <map> <attempt> <block> <offset> <length>, END
+//! RELEASE <block>                         -> OK
+//! LOST <app> <shuffle> <map> <attempt>    -> OK
+//! UNREGISTER <app> <shuffle>              -> OK
+//! UNREGISTER_APP <app>                    -> OK
+//! QUIT                                    -> (closes)
+//! ```
+//! Errors are memcached's lines: `CLIENT_ERROR <why>` (bad input; after a bad COMMIT segment
+//! line the connection is closed, since the rest of the request cannot be framed) and
+//! `SERVER_ERROR <why>` (a limit of this daemon, e.g. the pool is full).
+
+use crate::registry::{Found, Segment};
+use crate::ShuffleError;
+use std::fmt::Write;
+
+pub const VERSION: u32 = 1;
+/// Longest request line, `\r\n` included.
+pub const LINE_BYTES_MAX: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    Hello,
+    Register { app: &'a str, shuffle: u32, partitions: u32 },
+    Alloc { app: &'a str, shuffle: u32 },
+    Commit { app: &'a str, shuffle: u32, map: u32, attempt: u64, segments: usize },
+    Lookup { app: &'a str, shuffle: u32, reduce: u32 },
+    Release { block: u32 },
+    Lost { app: &'a str, shuffle: u32, map: u32, attempt: u64 },
+    Unregister { app: &'a str, shuffle: u32 },
+    UnregisterApp { app: &'a str },
+    Quit,
+}
+
+fn words(line: &[u8]) -> Result<Vec<&str>, ShuffleError> {
+    let text = std::str::from_utf8(line).map_err(|_| ShuffleError::Syntax("request is not UTF-8".into()))?;
+    Ok(text.trim_end_matches(['\r', '\n']).split(' ').filter(|w| !w.is_empty()).collect())
+}
+
+fn num<T: std::str::FromStr>(w: &str, what: &str) -> Result<T, ShuffleError> {
+    w.parse().map_err(|_| ShuffleError::Syntax(format!("bad {what} {w:?}")))
+}
+
+/// One request line (without the segment lines a COMMIT announces).
+pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
+    let w = words(line)?;
+    let arity = |n: usize| {
+        if w.len() == n {
+            Ok(())
+        } else {
+            Err(ShuffleError::Syntax(format!("{} takes {} arguments", w[0], n - 1)))
+        }
+    };
+    let Some(&cmd) = w.first() else { return Err(ShuffleError::Syntax("empty request".into())) };
+    match cmd {
+        "HELLO" => arity(1).map(|_| Request::Hello),
+        "QUIT" => arity(1).map(|_| Request::Quit),
+        "REGISTER" => {
+            arity(4)?;
+            Ok(Request::Register { app: w[1], shuffle: num(w[2], "shuffle")?, partitions: num(w[3], "partitions")? })
+        }
+        "ALLOC" => {
+            arity(3)?;
+            Ok(Request::Alloc { app: w[1], shuffle: num(w[2], "shuffle")? })
+        }
+        "COMMIT" => {
+            arity(6)?;
+            Ok(Request::Commit {
+                app: w[1],
+                shuffle: num(w[2], "shuffle")?,
+                map: num(w[3], "map")?,
+                attempt: num(w[4], "attempt")?,
+                segments: num(w[5], "segment count")?,
+            })
+        }
+        "LOOKUP" => {
+            arity(4)?;
+            Ok(Request::Lookup { app: w[1], shuffle: num(w[2], "shuffle")?, reduce: num(w[3], "partition")? })
+        }
+        "RELEASE" => {
+            arity(2)?;
+            Ok(Request::Release { block: num(w[1], "block")? })
+        }
+        "LOST" => {
+            arity(5)?;
+            Ok(Request::Lost {
+                app: w[1],
+                shuffle: num(w[2], "shuffle")?,
+                map: num(w[3], "map")?,
+                attempt: num(w[4], "attempt")?,
+            })
+        }
+        "UNREGISTER" => {
+            arity(3)?;
+            Ok(Request::Unregister { app: w[1], shuffle: num(w[2], "shuffle")? })
+        }
+        "UNREGISTER_APP" => {
+            arity(2)?;
+            Ok(Request::UnregisterApp { app: w[1] })
+        }
+        _ => Err(ShuffleError::Syntax(format!("unknown command {cmd:?}"))),
+    }
+}
+
+/// One segment line of a COMMIT: `<partition> <block> <offset> <length>`.
+pub fn parse_segment(line: &[u8]) -> Result<Segment, ShuffleError> {
+    let w = words(line)?;
+    if w.len() != 4 {
+        return Err(ShuffleError::Syntax("a segment line is <partition> <block> <offset> <length>".into()));
+    }
+    Ok(Segment {
+        partition: num(w[0], "partition")?,
+        block: num(w[1], "block")?,
+        offset: num(w[2], "offset")?,
+        length: num(w[3], "length")?,
+    })
+}
+
+pub fn ok(out: &mut String) {
+    out.push_str("OK\r\n");
+}
+
+pub fn hello(out: &mut String, block_bytes: usize, dir: &str) {
+    let _ = write!(out, "OK {VERSION} {block_bytes} {dir}\r\n");
+}
+
+pub fn block(out: &mut String, id: u32) {
+    let _ = write!(out, "BLOCK {id}\r\n");
+}
+
+pub fn committed(out: &mut String, attempt: u64, segments: &[Segment]) {
+    let _ = write!(out, "COMMITTED {attempt} {}\r\n", segments.len());
+    for s in segments {
+        let _ = write!(out, "{} {} {} {}\r\n", s.partition, s.block, s.offset, s.length);
+    }
+    out.push_str("END\r\n");
+}
+
+pub fn segments(out: &mut String, found: &[Found]) {
+    let _ = write!(out, "SEGMENTS {}\r\n", found.len());
+    for f in found {
+        let _ = write!(out, "{} {} {} {} {}\r\n", f.map, f.attempt, f.block, f.offset, f.length);
+    }
+    out.push_str("END\r\n");
+}
+
+pub fn error(out: &mut String, e: &ShuffleError) {
+    let kind = if e.is_client() { "CLIENT_ERROR" } else { "SERVER_ERROR" };
+    let _ = write!(out, "{kind} {e}\r\n");
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(parse_request(b"HELLO\r\n").unwrap(), Request::Hello);
+        assert_eq!(
+            parse_request(b"COMMIT app-1 3 7 1099511627776 2\r\n").unwrap(),
+            Request::Commit { app: "app-1", shuffle: 3, map: 7, attempt: 1 << 40, segments: 2 }
+        );
+        assert_eq!(parse_request(b"LOOKUP a 1 2\n").unwrap(), Request::Lookup { app: "a", shuffle: 1, reduce: 2 });
+        assert_eq!(parse_segment(b"1 2 3 4\r\n").unwrap(), Segment { partition: 1, block: 2, offset: 3, length: 4 });
+    }
+
+    #[test]
+    fn bad_input_is_a_client_error_line() {
+        for bad in
+            [&b""[..], b"\r\n", b"NOPE\r\n", b"ALLOC a\r\n", b"ALLOC a -1\r\n", b"REGISTER a 1 x\r\n", b"\xff\r\n"]
+        {
+            let e = parse_request(bad).unwrap_err();
+            let mut out = String::new();
+            error(&mut out, &e);
+            assert!(out.starts_with("CLIENT_ERROR ") && out.ends_with("\r\n"), "{out:?}");
+        }
+        assert!(parse_segment(b"1 2 3\r\n").is_err());
+        assert!(parse_segment(b"1 2 3 99999999999\r\n").is_err());
+    }
+
+    #[test]
+    fn answers_compose() {
+        let mut out = String::new();
+        committed(&mut out, 9, &[Segment { partition: 0, block: 1, offset: 2, length: 3 }]);
+        assert_eq!(out, "COMMITTED 9 1\r\n0 1 2 3\r\nEND\r\n");
+        out.clear();
+        segments(&mut out, &[]);
+        assert_eq!(out, "SEGMENTS 0\r\nEND\r\n");
+        out.clear();
+        error(&mut out, &ShuffleError::PoolFull { blocks_max: 1, block_bytes: 2 });
+        assert!(out.starts_with("SERVER_ERROR shuffle pool full"));
+    }
+}

@@ -1,0 +1,545 @@
+//! The shuffle registry: Spark applications, their shuffles, each map task's committed segments,
+//! and who holds each pool block. Rules:
+//! - a map's first successful COMMIT wins; a later attempt gets the winner's segments back and
+//!   its own blocks are freed; the winner committing again (a retry) gets the same answer;
+//! - blocks allocated but never committed belong to their connection and are freed when it
+//!   ends (a map task that died);
+//! - LOOKUP pins the blocks it names for the asking connection until RELEASE or its end, so a
+//!   block is never reused under a reader; a block whose shuffle is gone is freed at its last
+//!   unpin;
+//! - LOST (a reader found a segment unreadable) drops that attempt's commit, so Spark's
+//!   recomputed attempt can commit.
+//!
+//! Every table is bounded (`Limits`). Not for: bytes on the wire (crate::proto) or sockets.
+
+use crate::pool::BlockPool;
+use crate::ShuffleError;
+use std::collections::{HashMap, HashSet};
+
+/// One contiguous run of a map output's partition inside a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub partition: u32,
+    pub block: u32,
+    pub offset: u32,
+    pub length: u32,
+}
+
+/// One segment as a reducer sees it: whose map output it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    pub map: u32,
+    pub attempt: u64,
+    pub block: u32,
+    pub offset: u32,
+    pub length: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub apps_max: usize,
+    pub shuffles_max: usize,
+    pub partitions_max: u32,
+    /// Committed map outputs over all shuffles (an empty map output holds no block).
+    pub map_outputs_max: usize,
+    pub segments_per_commit_max: usize,
+    pub app_id_bytes_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            apps_max: 64,
+            shuffles_max: 4096,
+            partitions_max: 1 << 20,
+            map_outputs_max: 1 << 20,
+            segments_per_commit_max: 1 << 18,
+            app_id_bytes_max: 64,
+        }
+    }
+}
+
+type ShuffleKey = (String, u32);
+
+struct MapOutput {
+    attempt: u64,
+    segments: Vec<Segment>,
+}
+
+struct Shuffle {
+    partitions: u32,
+    maps: HashMap<u32, MapOutput>,
+}
+
+enum Owner {
+    /// Allocated on `conn`, not committed yet.
+    Pending {
+        conn: u64,
+        shuffle: ShuffleKey,
+    },
+    Committed {
+        shuffle: ShuffleKey,
+    },
+    /// Its shuffle or attempt is gone; freed at the last unpin.
+    Dead,
+}
+
+struct Block {
+    owner: Owner,
+    pins: u32,
+}
+
+#[derive(Default)]
+struct Conn {
+    pending: Vec<u32>,
+    pins: HashSet<u32>,
+}
+
+/// Counters for the metrics endpoint.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub commits: u64,
+    pub commits_lost_race: u64,
+    pub lookups: u64,
+    pub segments_served: u64,
+    pub alloc_refused: u64,
+    pub lost_reports: u64,
+}
+
+pub struct Registry {
+    pool: BlockPool,
+    limits: Limits,
+    shuffles: HashMap<ShuffleKey, Shuffle>,
+    blocks: HashMap<u32, Block>,
+    conns: HashMap<u64, Conn>,
+    map_outputs: usize,
+    pub counts: Counts,
+}
+
+impl Registry {
+    pub fn new(pool: BlockPool, limits: Limits) -> Registry {
+        Registry {
+            pool,
+            limits,
+            shuffles: HashMap::new(),
+            blocks: HashMap::new(),
+            conns: HashMap::new(),
+            map_outputs: 0,
+            counts: Counts::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn shuffle_count(&self) -> usize {
+        self.shuffles.len()
+    }
+
+    fn check_app(&self, app: &str) -> Result<(), ShuffleError> {
+        let ok = !app.is_empty()
+            && app.len() <= self.limits.app_id_bytes_max
+            && app.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if ok {
+            Ok(())
+        } else {
+            Err(ShuffleError::Syntax(format!(
+                "bad application id (1-{} of A-Z a-z 0-9 . _ -)",
+                self.limits.app_id_bytes_max
+            )))
+        }
+    }
+
+    /// Registers (app, shuffle) with its reduce partition count; again with the same count is
+    /// a no-op (every writer registers, in case the daemon restarted).
+    pub fn register(&mut self, app: &str, shuffle: u32, partitions: u32) -> Result<(), ShuffleError> {
+        self.check_app(app)?;
+        if partitions == 0 || partitions > self.limits.partitions_max {
+            return Err(ShuffleError::Syntax(format!("partitions must be 1..={}", self.limits.partitions_max)));
+        }
+        let key = (app.to_string(), shuffle);
+        if let Some(s) = self.shuffles.get(&key) {
+            if s.partitions != partitions {
+                return Err(ShuffleError::PartitionsMismatch { registered: s.partitions, asked: partitions });
+            }
+            return Ok(());
+        }
+        if self.shuffles.len() >= self.limits.shuffles_max {
+            return Err(ShuffleError::Limit { what: "shuffles", max: self.limits.shuffles_max });
+        }
+        let apps: HashSet<&str> = self.shuffles.keys().map(|(a, _)| a.as_str()).collect();
+        if !apps.contains(app) && apps.len() >= self.limits.apps_max {
+            return Err(ShuffleError::Limit { what: "applications", max: self.limits.apps_max });
+        }
+        self.shuffles.insert(key, Shuffle { partitions, maps: HashMap::new() });
+        Ok(())
+    }
+
+    /// A block for a map task of (app, shuffle), pending on `conn` until its commit.
+    pub fn alloc(&mut self, conn: u64, app: &str, shuffle: u32) -> Result<u32, ShuffleError> {
+        let key = (app.to_string(), shuffle);
+        if !self.shuffles.contains_key(&key) {
+            return Err(ShuffleError::UnknownShuffle);
+        }
+        let id = self.pool.alloc().inspect_err(|_| self.counts.alloc_refused += 1)?;
+        self.blocks.insert(id, Block { owner: Owner::Pending { conn, shuffle: key }, pins: 0 });
+        self.conns.entry(conn).or_default().pending.push(id);
+        Ok(id)
+    }
+
+    /// Map `map`'s attempt `attempt` is done with `segments` in blocks it allocated on `conn`.
+    /// Returns the winning attempt and its segments (this attempt's unless another won first).
+    /// Checked before anything changes: a refused commit leaves every table as it was.
+    pub fn commit(
+        &mut self,
+        conn: u64,
+        app: &str,
+        shuffle: u32,
+        map: u32,
+        attempt: u64,
+        segments: Vec<Segment>,
+    ) -> Result<(u64, Vec<Segment>), ShuffleError> {
+        let key = (app.to_string(), shuffle);
+        let sh = self.shuffles.get(&key).ok_or(ShuffleError::UnknownShuffle)?;
+        if let Some(won) = sh.maps.get(&map) {
+            let answer = (won.attempt, won.segments.clone());
+            self.counts.commits += 1;
+            if won.attempt != attempt {
+                self.counts.commits_lost_race += 1;
+            }
+            // A loser's (or a retry's fresh) blocks for this shuffle are of no use now.
+            self.free_pending(conn, &key);
+            return Ok(answer);
+        }
+        if segments.len() > self.limits.segments_per_commit_max {
+            return Err(ShuffleError::Limit {
+                what: "segments in one commit",
+                max: self.limits.segments_per_commit_max,
+            });
+        }
+        if self.map_outputs >= self.limits.map_outputs_max {
+            return Err(ShuffleError::Limit { what: "map outputs", max: self.limits.map_outputs_max });
+        }
+        let block_bytes = self.pool.block_bytes() as u64;
+        for s in &segments {
+            match self.blocks.get(&s.block) {
+                Some(Block { owner: Owner::Pending { conn: c, shuffle: k }, .. }) if *c == conn && *k == key => {}
+                _ => return Err(ShuffleError::NotYourBlock(s.block)),
+            }
+            if s.partition >= sh.partitions {
+                return Err(ShuffleError::BadSegment(format!("partition {} of {}", s.partition, sh.partitions)));
+            }
+            if s.length == 0 || u64::from(s.offset) + u64::from(s.length) > block_bytes {
+                return Err(ShuffleError::BadSegment(format!(
+                    "offset {} length {} in a block of {block_bytes} bytes",
+                    s.offset, s.length
+                )));
+            }
+        }
+        let used: HashSet<u32> = segments.iter().map(|s| s.block).collect();
+        for b in &used {
+            if let Some(bl) = self.blocks.get_mut(b) {
+                bl.owner = Owner::Committed { shuffle: key.clone() };
+            }
+        }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.pending.retain(|b| !used.contains(b));
+        }
+        self.free_pending(conn, &key);
+        let answer = (attempt, segments.clone());
+        if let Some(sh) = self.shuffles.get_mut(&key) {
+            sh.maps.insert(map, MapOutput { attempt, segments });
+        }
+        self.map_outputs += 1;
+        self.counts.commits += 1;
+        Ok(answer)
+    }
+
+    /// Every committed segment of reduce partition `reduce`, in map order; pins their blocks
+    /// for `conn`.
+    pub fn lookup(&mut self, conn: u64, app: &str, shuffle: u32, reduce: u32) -> Result<Vec<Found>, ShuffleError> {
+        let key = (app.to_string(), shuffle);
+        let sh = self.shuffles.get(&key).ok_or(ShuffleError::UnknownShuffle)?;
+        if reduce >= sh.partitions {
+            return Err(ShuffleError::BadSegment(format!("partition {reduce} of {}", sh.partitions)));
+        }
+        let mut found: Vec<Found> = sh
+            .maps
+            .iter()
+            .flat_map(|(&map, m)| {
+                m.segments.iter().filter(|s| s.partition == reduce).map(move |s| Found {
+                    map,
+                    attempt: m.attempt,
+                    block: s.block,
+                    offset: s.offset,
+                    length: s.length,
+                })
+            })
+            .collect();
+        // Map order; within a map, the order the writer committed (the stream's order).
+        found.sort_by_key(|f| f.map);
+        let pins = &mut self.conns.entry(conn).or_default().pins;
+        for f in &found {
+            if pins.insert(f.block) {
+                if let Some(b) = self.blocks.get_mut(&f.block) {
+                    b.pins += 1;
+                }
+            }
+        }
+        self.counts.lookups += 1;
+        self.counts.segments_served += found.len() as u64;
+        Ok(found)
+    }
+
+    /// `conn` is done reading `block`.
+    pub fn release(&mut self, conn: u64, block: u32) -> Result<(), ShuffleError> {
+        let pinned = self.conns.get_mut(&conn).is_some_and(|c| c.pins.remove(&block));
+        if !pinned {
+            return Err(ShuffleError::UnknownBlock(block));
+        }
+        self.unpin(block);
+        Ok(())
+    }
+
+    /// A reader could not use attempt `attempt` of `map`: drop that commit (if it is still the
+    /// winner) so a recomputed attempt can commit.
+    pub fn lost(&mut self, app: &str, shuffle: u32, map: u32, attempt: u64) -> Result<(), ShuffleError> {
+        let key = (app.to_string(), shuffle);
+        let sh = self.shuffles.get_mut(&key).ok_or(ShuffleError::UnknownShuffle)?;
+        if sh.maps.get(&map).is_some_and(|m| m.attempt == attempt) {
+            if let Some(m) = sh.maps.remove(&map) {
+                self.map_outputs -= 1;
+                self.counts.lost_reports += 1;
+                let blocks: HashSet<u32> = m.segments.iter().map(|s| s.block).collect();
+                for b in blocks {
+                    self.kill(b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops a shuffle and frees its blocks (those pinned, at their last unpin).
+    pub fn unregister(&mut self, app: &str, shuffle: u32) {
+        let key = (app.to_string(), shuffle);
+        if let Some(sh) = self.shuffles.remove(&key) {
+            self.map_outputs -= sh.maps.len();
+        }
+        let owned: Vec<u32> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| match &b.owner {
+                Owner::Pending { shuffle, .. } | Owner::Committed { shuffle, .. } => *shuffle == key,
+                Owner::Dead => false,
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in owned {
+            self.kill(id);
+        }
+    }
+
+    /// Drops every shuffle of `app`.
+    pub fn unregister_app(&mut self, app: &str) {
+        let ids: Vec<u32> = self.shuffles.keys().filter(|(a, _)| a == app).map(|(_, s)| *s).collect();
+        for s in ids {
+            self.unregister(app, s);
+        }
+    }
+
+    /// `conn` ended: its uncommitted blocks are freed and its pins dropped.
+    pub fn drop_conn(&mut self, conn: u64) {
+        if let Some(c) = self.conns.remove(&conn) {
+            for b in c.pending {
+                // Only if still this connection's: an unregistered shuffle's block may have been
+                // freed and handed to someone else since.
+                if matches!(self.blocks.get(&b), Some(Block { owner: Owner::Pending { conn: c, .. }, .. }) if *c == conn)
+                {
+                    self.kill(b);
+                }
+            }
+            for b in c.pins {
+                self.unpin(b);
+            }
+        }
+    }
+
+    fn free_pending(&mut self, conn: u64, key: &ShuffleKey) {
+        let mine: Vec<u32> = match self.conns.get_mut(&conn) {
+            Some(c) => {
+                let (mine, rest): (Vec<u32>, Vec<u32>) = c.pending.iter().partition(|b| {
+                    matches!(self.blocks.get(b), Some(Block { owner: Owner::Pending { shuffle, .. }, .. }) if shuffle == key)
+                });
+                c.pending = rest;
+                mine
+            }
+            None => Vec::new(),
+        };
+        for b in mine {
+            self.kill(b);
+        }
+    }
+
+    /// The block's owner is gone: free it now, or at its last unpin.
+    fn kill(&mut self, id: u32) {
+        let Some(b) = self.blocks.get_mut(&id) else { return };
+        b.owner = Owner::Dead;
+        if b.pins == 0 {
+            self.blocks.remove(&id);
+            self.pool.free(id);
+        }
+    }
+
+    fn unpin(&mut self, id: u32) {
+        let Some(b) = self.blocks.get_mut(&id) else { return };
+        b.pins = b.pins.saturating_sub(1);
+        if b.pins == 0 && matches!(b.owner, Owner::Dead) {
+            self.blocks.remove(&id);
+            self.pool.free(id);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const BLOCK: usize = 64 * 1024;
+
+    fn registry(blocks_max: usize) -> (Registry, PathBuf) {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("slipstream-shuffle-test-{}-{n}", std::process::id()));
+        let pool = BlockPool::open(&dir, BLOCK, blocks_max, 2).unwrap();
+        (Registry::new(pool, Limits::default()), dir)
+    }
+    use std::path::PathBuf;
+
+    fn seg(partition: u32, block: u32, offset: u32, length: u32) -> Segment {
+        Segment { partition, block, offset, length }
+    }
+
+    #[test]
+    fn first_successful_attempt_wins_and_the_loser_is_freed() {
+        let (mut r, dir) = registry(8);
+        r.register("app-1", 0, 4).unwrap();
+        let a = r.alloc(1, "app-1", 0).unwrap();
+        let b = r.alloc(2, "app-1", 0).unwrap();
+        assert!(dir.join(format!("blk-{a}")).exists());
+        assert_eq!(r.pool().in_use(), 2);
+        let won = r.commit(1, "app-1", 0, 7, 100, vec![seg(0, a, 0, 10), seg(3, a, 10, 5)]).unwrap();
+        assert_eq!(won, (100, vec![seg(0, a, 0, 10), seg(3, a, 10, 5)]));
+        // The speculative attempt 101 of the same map commits later: it is told 100 won, and
+        // its block goes back to the pool.
+        let lost = r.commit(2, "app-1", 0, 7, 101, vec![seg(0, b, 0, 99)]).unwrap();
+        assert_eq!(lost, won);
+        assert_eq!(r.pool().in_use(), 1);
+        assert_eq!(r.counts.commits_lost_race, 1);
+        let found = r.lookup(3, "app-1", 0, 3).unwrap();
+        assert_eq!(found, vec![Found { map: 7, attempt: 100, block: a, offset: 10, length: 5 }]);
+        assert!(r.lookup(3, "app-1", 0, 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_retried_commit_is_idempotent() {
+        let (mut r, _dir) = registry(8);
+        r.register("a", 1, 2).unwrap();
+        let blk = r.alloc(1, "a", 1).unwrap();
+        let first = r.commit(1, "a", 1, 0, 5, vec![seg(1, blk, 0, 3)]).unwrap();
+        // The answer was lost; the same attempt sends the same commit again (its blocks are no
+        // longer pending, which must not matter).
+        let again = r.commit(1, "a", 1, 0, 5, vec![seg(1, blk, 0, 3)]).unwrap();
+        assert_eq!(first, again);
+        assert_eq!(r.counts.commits_lost_race, 0);
+        assert_eq!(r.pool().in_use(), 1);
+        // Registering again with the same count is fine, with another is refused.
+        r.register("a", 1, 2).unwrap();
+        assert_eq!(r.register("a", 1, 3), Err(ShuffleError::PartitionsMismatch { registered: 2, asked: 3 }));
+    }
+
+    #[test]
+    fn the_memory_limit_refuses_with_a_clear_error_and_frees_make_room() {
+        let (mut r, _dir) = registry(2);
+        r.register("a", 0, 1).unwrap();
+        let b0 = r.alloc(1, "a", 0).unwrap();
+        r.alloc(1, "a", 0).unwrap();
+        let e = r.alloc(1, "a", 0).unwrap_err();
+        assert_eq!(e, ShuffleError::PoolFull { blocks_max: 2, block_bytes: BLOCK });
+        assert!(!e.is_client());
+        assert!(e.to_string().contains("shuffle pool full"), "{e}");
+        assert_eq!(r.counts.alloc_refused, 1);
+        // Committing uses b0 and frees the unused pending block.
+        r.commit(1, "a", 0, 0, 1, vec![seg(0, b0, 0, 1)]).unwrap();
+        assert_eq!(r.pool().in_use(), 1);
+        r.alloc(2, "a", 0).unwrap();
+        // A connection that ends without committing gives its blocks back.
+        r.drop_conn(2);
+        assert_eq!(r.pool().in_use(), 1);
+        r.unregister_app("a");
+        assert_eq!(r.pool().in_use(), 0);
+    }
+
+    #[test]
+    fn bad_commits_are_refused_and_change_nothing() {
+        let (mut r, _dir) = registry(4);
+        r.register("a", 0, 2).unwrap();
+        r.register("b", 0, 2).unwrap();
+        let mine = r.alloc(1, "a", 0).unwrap();
+        let other = r.alloc(2, "a", 0).unwrap();
+        let other_shuffle = r.alloc(1, "b", 0).unwrap();
+        let bad = |r: &mut Registry, s: Segment| r.commit(1, "a", 0, 0, 1, vec![s]).unwrap_err();
+        assert_eq!(bad(&mut r, seg(0, other, 0, 1)), ShuffleError::NotYourBlock(other));
+        assert_eq!(bad(&mut r, seg(0, other_shuffle, 0, 1)), ShuffleError::NotYourBlock(other_shuffle));
+        assert_eq!(bad(&mut r, seg(0, 999, 0, 1)), ShuffleError::NotYourBlock(999));
+        assert!(matches!(bad(&mut r, seg(2, mine, 0, 1)), ShuffleError::BadSegment(_)));
+        assert!(matches!(bad(&mut r, seg(0, mine, BLOCK as u32 - 1, 2)), ShuffleError::BadSegment(_)));
+        assert!(matches!(bad(&mut r, seg(0, mine, 0, 0)), ShuffleError::BadSegment(_)));
+        assert!(matches!(bad(&mut r, seg(0, mine, u32::MAX, u32::MAX)), ShuffleError::BadSegment(_)));
+        assert_eq!(r.commit(1, "zz", 0, 0, 1, vec![]), Err(ShuffleError::UnknownShuffle));
+        assert!(r.lookup(1, "a", 0, 0).unwrap().is_empty());
+        assert!(r.lookup(1, "a", 0, 2).is_err());
+        assert_eq!(r.pool().in_use(), 3);
+        // Still committable after the refusals.
+        r.commit(1, "a", 0, 0, 1, vec![seg(1, mine, 0, 1)]).unwrap();
+        assert!(r.register("bad app", 0, 1).is_err());
+        assert!(r.register("a", 9, 0).is_err());
+        assert_eq!(r.release(1, 12345), Err(ShuffleError::UnknownBlock(12345)));
+    }
+
+    #[test]
+    fn pinned_blocks_outlive_their_shuffle_and_lost_outputs_can_be_recommitted() {
+        let (mut r, _dir) = registry(4);
+        r.register("a", 0, 1).unwrap();
+        let b = r.alloc(1, "a", 0).unwrap();
+        r.commit(1, "a", 0, 0, 1, vec![seg(0, b, 0, 8)]).unwrap();
+        assert_eq!(r.lookup(9, "a", 0, 0).unwrap().len(), 1);
+        // A reader reports attempt 1 lost: its output goes (freed once the pin is released) and
+        // attempt 2 may commit.
+        r.lost("a", 0, 0, 2).unwrap(); // not the winner: ignored
+        assert_eq!(r.lookup(8, "a", 0, 0).unwrap().len(), 1);
+        r.release(8, b).unwrap();
+        r.lost("a", 0, 0, 1).unwrap();
+        assert!(r.lookup(8, "a", 0, 0).unwrap().is_empty());
+        assert_eq!(r.pool().in_use(), 1, "still pinned by connection 9");
+        r.release(9, b).unwrap();
+        assert_eq!(r.pool().in_use(), 0);
+        let b2 = r.alloc(1, "a", 0).unwrap();
+        assert_eq!(r.commit(1, "a", 0, 0, 2, vec![seg(0, b2, 0, 4)]).unwrap().0, 2);
+        // Unregister while pinned: freed at the end of the reader's connection.
+        r.lookup(7, "a", 0, 0).unwrap();
+        r.unregister("a", 0);
+        assert_eq!(r.pool().in_use(), 1);
+        r.drop_conn(7);
+        assert_eq!(r.pool().in_use(), 0);
+        assert_eq!(r.shuffle_count(), 0);
+    }
+
+    #[test]
+    fn two_pools_never_share_a_directory() {
+        let (_r, dir) = registry(1);
+        let e = BlockPool::open(&dir, BLOCK, 1, 1).err().unwrap();
+        assert!(e.to_string().contains("in use by another"), "{e}");
+    }
+}

@@ -1,0 +1,360 @@
+//! The shuffle service's TCP port: `[shuffle]` config, a blocking accept thread, one thread per
+//! connection (a Spark task holds one for its life), the registry behind one mutex (every
+//! request is a few table operations), and the Prometheus metrics.
+//!
+//! Not for: the rules (crate::registry) or the wire format (crate::proto).
+
+use crate::pool::BlockPool;
+use crate::proto::{self, Request, LINE_BYTES_MAX};
+use crate::registry::{Limits, Registry, Segment};
+use crate::ShuffleError;
+use serde::Deserialize;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// `[shuffle]` as written in the config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShuffleConfig {
+    pub listen: String,
+    pub tcp_port: u16,
+    /// The pool's limit: block files never exceed this many MiB.
+    pub memory_mb: usize,
+    /// Where the block files live; tmpfs, so a block is shared memory.
+    pub dir: String,
+    /// One block (NetSpark's 2 MiB: a huge page).
+    pub block_kb: usize,
+    /// Freed block files kept for reuse (their pages stay faulted in).
+    pub free_blocks_keep: usize,
+    pub connections_max: usize,
+    /// A connection silent this long is closed (its uncommitted blocks freed).
+    pub idle_timeout_s: u64,
+}
+
+impl Default for ShuffleConfig {
+    fn default() -> Self {
+        ShuffleConfig {
+            listen: "127.0.0.1".into(),
+            tcp_port: 7300,
+            memory_mb: 1024,
+            dir: "/dev/shm/slipstream-shuffle".into(),
+            block_kb: 2048,
+            free_blocks_keep: 64,
+            connections_max: 512,
+            idle_timeout_s: 600,
+        }
+    }
+}
+
+/// `[shuffle]` checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    pub block_bytes: usize,
+    pub blocks_max: usize,
+    pub free_blocks_keep: usize,
+    pub connections_max: usize,
+    pub idle_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl ShuffleConfig {
+    pub fn validate(&self) -> Result<Settings, String> {
+        let addr: SocketAddr =
+            format!("{}:{}", self.listen, self.tcp_port).parse().map_err(|e| format!("listen/tcp_port: {e}"))?;
+        if !self.block_kb.is_power_of_two() || !(64..=65536).contains(&self.block_kb) {
+            return Err("block_kb must be a power of two from 64 to 65536".into());
+        }
+        let block_bytes = self.block_kb * 1024;
+        let blocks_max = self.memory_mb.saturating_mul(1 << 20) / block_bytes;
+        if blocks_max == 0 {
+            return Err(format!("memory_mb {} holds no block of {} KiB", self.memory_mb, self.block_kb));
+        }
+        if self.dir.is_empty() || self.connections_max == 0 || self.idle_timeout_s == 0 {
+            return Err("dir, connections_max and idle_timeout_s must be set".into());
+        }
+        Ok(Settings {
+            addr,
+            dir: PathBuf::from(&self.dir),
+            block_bytes,
+            blocks_max,
+            free_blocks_keep: self.free_blocks_keep,
+            connections_max: self.connections_max,
+            idle_timeout: Duration::from_secs(self.idle_timeout_s),
+            limits: Limits::default(),
+        })
+    }
+}
+
+struct Shared {
+    registry: Mutex<Registry>,
+    connections: AtomicUsize,
+    connections_refused: AtomicU64,
+    next_conn: AtomicU64,
+    dir: String,
+    /// The registry's bound, checked here too before a COMMIT's lines are read.
+    segments_per_commit_max: usize,
+}
+
+impl Shared {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        // A panic aborts the process (panic = "abort"), so the lock is never poisoned in use.
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct ShuffleService {
+    local_addr: SocketAddr,
+    settings: Settings,
+    shared: Arc<Shared>,
+}
+
+impl ShuffleService {
+    /// Opens the pool (creates and locks the directory) and starts accepting.
+    pub fn start(settings: Settings) -> Result<ShuffleService, String> {
+        let pool = BlockPool::open(&settings.dir, settings.block_bytes, settings.blocks_max, settings.free_blocks_keep)
+            .map_err(|e| e.to_string())?;
+        let kind = slipstream_bind::Kind::Tcp { backlog: 1024 };
+        let socket = slipstream_bind::bind_one(kind, settings.addr, &|_| Ok(())).map_err(|e| e.to_string())?;
+        socket.set_nonblocking(false).map_err(|e| e.to_string())?;
+        let listener: TcpListener = socket.into();
+        let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let shared = Arc::new(Shared {
+            registry: Mutex::new(Registry::new(pool, settings.limits.clone())),
+            connections: AtomicUsize::new(0),
+            connections_refused: AtomicU64::new(0),
+            next_conn: AtomicU64::new(1),
+            dir: settings.dir.display().to_string(),
+            segments_per_commit_max: settings.limits.segments_per_commit_max,
+        });
+        let (sh, max, idle) = (shared.clone(), settings.connections_max, settings.idle_timeout);
+        std::thread::Builder::new()
+            .name("shuffle-accept".into())
+            .spawn(move || accept_loop(listener, sh, max, idle))
+            .map_err(|e| e.to_string())?;
+        Ok(ShuffleService { local_addr, settings, shared })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// One line for the daemon's start-up banner.
+    pub fn describe(&self) -> String {
+        format!(
+            "; shuffle {} ({} blocks of {} KiB in {})",
+            self.local_addr,
+            self.settings.blocks_max,
+            self.settings.block_bytes >> 10,
+            self.settings.dir.display()
+        )
+    }
+
+    /// Appends this service's Prometheus metrics.
+    pub fn render_metrics(&self, out: &mut String) {
+        let r = self.shared.registry();
+        let pool = r.pool();
+        let c = r.counts;
+        let bb = pool.block_bytes() as u64;
+        let rows: [(&str, &str, &str, u64); 13] = [
+            (
+                "blocks_in_use",
+                "gauge",
+                "Pool blocks allocated to map outputs (pending or committed)",
+                pool.in_use() as u64,
+            ),
+            ("blocks_free", "gauge", "Freed block files kept for reuse", pool.free_count() as u64),
+            ("blocks_max", "gauge", "Blocks the memory limit allows", pool.blocks_max() as u64),
+            ("bytes_in_use", "gauge", "Bytes of blocks in use (blocks_in_use x block size)", pool.in_use() as u64 * bb),
+            ("block_bytes", "gauge", "Size of one block", bb),
+            ("shuffles", "gauge", "Registered shuffles", r.shuffle_count() as u64),
+            (
+                "commits_total",
+                "counter",
+                "Map output commits answered (retries and losing attempts included)",
+                c.commits,
+            ),
+            (
+                "commits_lost_race_total",
+                "counter",
+                "Commits answered with an earlier attempt's output",
+                c.commits_lost_race,
+            ),
+            ("lookups_total", "counter", "Reduce partition lookups", c.lookups),
+            ("segments_served_total", "counter", "Segments returned by lookups", c.segments_served),
+            ("alloc_refused_total", "counter", "Block allocations refused at the memory limit", c.alloc_refused),
+            ("lost_total", "counter", "Map outputs dropped after a reader reported them lost", c.lost_reports),
+            (
+                "connections",
+                "gauge",
+                "Open control connections",
+                self.shared.connections.load(Ordering::Relaxed) as u64,
+            ),
+        ];
+        for (name, kind, help, v) in rows {
+            let _ = writeln!(out, "# HELP slipstream_shuffle_{name} {help}\n# TYPE slipstream_shuffle_{name} {kind}");
+            let _ = writeln!(out, "slipstream_shuffle_{name} {v}");
+        }
+        let refused = self.shared.connections_refused.load(Ordering::Relaxed);
+        let _ =
+            writeln!(out, "# HELP slipstream_shuffle_connections_refused_total Connections closed at connections_max");
+        let _ = writeln!(out, "# TYPE slipstream_shuffle_connections_refused_total counter");
+        let _ = writeln!(out, "slipstream_shuffle_connections_refused_total {refused}");
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, max: usize, idle: Duration) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        if shared.connections.fetch_add(1, Ordering::SeqCst) >= max {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            shared.connections_refused.fetch_add(1, Ordering::Relaxed);
+            let mut s = stream;
+            let _ = s.write_all(b"SERVER_ERROR too many shuffle connections\r\n");
+            continue;
+        }
+        let sh = shared.clone();
+        let spawned = std::thread::Builder::new().name("shuffle-conn".into()).spawn(move || {
+            let conn = sh.next_conn.fetch_add(1, Ordering::Relaxed);
+            let _ = serve(stream, &sh, conn, idle);
+            sh.registry().drop_conn(conn);
+            sh.connections.fetch_sub(1, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Reads one line of at most LINE_BYTES_MAX into `line`; false at end of stream.
+fn read_line<R: BufRead>(r: &mut R, line: &mut Vec<u8>) -> std::io::Result<bool> {
+    line.clear();
+    let n = std::io::Read::take(r, LINE_BYTES_MAX as u64).read_until(b'\n', line)?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "line too long"));
+    }
+    Ok(true)
+}
+
+fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(idle))?;
+    stream.set_nodelay(true)?;
+    let mut w = stream.try_clone()?;
+    let mut r = BufReader::new(stream);
+    let (mut line, mut out) = (Vec::with_capacity(LINE_BYTES_MAX), String::new());
+    loop {
+        match read_line(&mut r, &mut line) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) => {
+                let _ = w.write_all(format!("CLIENT_ERROR {e}\r\n").as_bytes());
+                return Err(e);
+            }
+        }
+        out.clear();
+        let keep = match proto::parse_request(&line) {
+            Ok(req) => handle(req, &mut r, shared, conn, &mut out)?,
+            Err(e) => {
+                proto::error(&mut out, &e);
+                true
+            }
+        };
+        w.write_all(out.as_bytes())?;
+        if !keep {
+            return Ok(());
+        }
+    }
+}
+
+/// Answers one request into `out`; false when the connection must close.
+fn handle(
+    req: Request<'_>,
+    r: &mut impl BufRead,
+    shared: &Shared,
+    conn: u64,
+    out: &mut String,
+) -> std::io::Result<bool> {
+    let done = |out: &mut String, res: Result<(), ShuffleError>| match res {
+        Ok(()) => proto::ok(out),
+        Err(e) => proto::error(out, &e),
+    };
+    match req {
+        Request::Hello => proto::hello(out, shared.registry().pool().block_bytes(), &shared.dir),
+        Request::Quit => return Ok(false),
+        Request::Register { app, shuffle, partitions } => {
+            done(out, shared.registry().register(app, shuffle, partitions))
+        }
+        Request::Alloc { app, shuffle } => match shared.registry().alloc(conn, app, shuffle) {
+            Ok(id) => proto::block(out, id),
+            Err(e) => proto::error(out, &e),
+        },
+        Request::Commit { app, shuffle, map, attempt, segments } => {
+            let limit = shared.segments_per_commit_max;
+            if segments > limit {
+                proto::error(out, &ShuffleError::Limit { what: "segments in one commit", max: limit });
+                return Ok(false);
+            }
+            let mut segs: Vec<Segment> = Vec::with_capacity(segments.min(4096));
+            let mut line = Vec::with_capacity(64);
+            for _ in 0..segments {
+                if !read_line(r, &mut line)? {
+                    return Ok(false);
+                }
+                match proto::parse_segment(&line) {
+                    Ok(s) => segs.push(s),
+                    Err(e) => {
+                        proto::error(out, &e);
+                        return Ok(false);
+                    }
+                }
+            }
+            match shared.registry().commit(conn, app, shuffle, map, attempt, segs) {
+                Ok((won, segs)) => proto::committed(out, won, &segs),
+                Err(e) => proto::error(out, &e),
+            }
+        }
+        Request::Lookup { app, shuffle, reduce } => match shared.registry().lookup(conn, app, shuffle, reduce) {
+            Ok(found) => proto::segments(out, &found),
+            Err(e) => proto::error(out, &e),
+        },
+        Request::Release { block } => done(out, shared.registry().release(conn, block)),
+        Request::Lost { app, shuffle, map, attempt } => done(out, shared.registry().lost(app, shuffle, map, attempt)),
+        Request::Unregister { app, shuffle } => {
+            shared.registry().unregister(app, shuffle);
+            proto::ok(out);
+        }
+        Request::UnregisterApp { app } => {
+            shared.registry().unregister_app(app);
+            proto::ok(out);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_checks() {
+        let c: ShuffleConfig = toml::from_str("tcp_port = 7301\nmemory_mb = 64\n").unwrap();
+        let s = c.validate().unwrap();
+        assert_eq!((s.addr.port(), s.block_bytes, s.blocks_max), (7301, 2 << 20, 32));
+        assert_eq!(s.dir, PathBuf::from("/dev/shm/slipstream-shuffle"));
+        assert!(toml::from_str::<ShuffleConfig>("tcp_prot = 1\n").is_err());
+        let c: ShuffleConfig = toml::from_str("memory_mb = 1\n").unwrap();
+        assert!(c.validate().unwrap_err().contains("holds no block"));
+        let c: ShuffleConfig = toml::from_str("block_kb = 100\n").unwrap();
+        assert!(c.validate().is_err());
+    }
+}
