@@ -188,6 +188,30 @@ def test_ascii_auth_matches_memcached(procs, tmpdir_path, steps):
     assert got == want, "steps %r\nmemcached  %r\nslipstream %r" % (steps, want, got)
 
 
+# The size on the `set` line is read with memcached's safe_strtoul: 64-bit strtoul (leading
+# white space, `+`, a `-` negating in two's complement), then stored into 32 bits (truncated).
+ASCII_SIZE_SESSIONS = [
+    [b"set x 0 0 4294967308\r\n", b"alice secret\r\n", b"get a\r\n"],  # 2^32 + 12: 12
+    [b"set x 0 0 -18446744073709551604\r\n", b"alice secret\r\n", b"get a\r\n"],  # -(2^64 - 12): 12
+    [b"set x 0 0 -0\r\n", b"\r\n", b"get a\r\n"],
+    [b"set x 0 0 +12\r\n", b"alice secret\r\n", b"get a\r\n"],
+    [b"set x 0 0 012\r\n", b"alice secret\r\n", b"get a\r\n"],
+    [b"set x 0 0 12\t\r\n", b"alice secret\r\n", b"get a\r\n"],
+    [b"set x 0 0 18446744073709551616\r\n", b"get a\r\n"],  # ERANGE
+    [b"set x 0 0 -1\r\n", b"get a\r\n"],
+    [b"set x 0 0 0x0c\r\n", b"get a\r\n"],
+    [b"set x 0 0 12x\r\n", b"get a\r\n"],
+]
+
+
+@pytest.mark.parametrize("steps", ASCII_SIZE_SESSIONS, ids=range(len(ASCII_SIZE_SESSIONS)))
+def test_ascii_auth_size_is_read_like_memcached(procs, tmpdir_path, steps):
+    mc = start_ascii(procs, "memcached", tmpdir_path)
+    ss = start_ascii(procs, "slipstream", tmpdir_path)
+    want, got = session(mc, steps), session(ss, steps)
+    assert got == want, "steps %r\nmemcached  %r\nslipstream %r" % (steps, want, got)
+
+
 def test_ascii_auth_counters_and_settings(procs, tmpdir_path):
     ss = start_ascii(procs, "slipstream", tmpdir_path)
     s = ss.connect()
