@@ -546,3 +546,145 @@ def test_tls_start_refusals(tmpdir_path):
     assert code != 0 and "ssl_chain_cert" in out, out
     code, out = Proc("slipstream", ["-Z", "-o", "ssl_chain_cert=%s" % os.path.join(tmpdir_path, "none.pem"), "-p", str(mcwire.free_port())]).run_to_exit()
     assert code != 0 and "none.pem" in out, out
+
+
+# ------------------------------------------------------------------------ -l notls: (TLS exemption)
+
+def test_notls_listener_is_plain_and_the_others_tls(procs, tmpdir_path):
+    """memcached's `-l notls:ADDR` under -Z: that listener speaks plain text, the others TLS."""
+    j = make_certs(tmpdir_path)
+    opts = "ssl_chain_cert=%s,ssl_key=%s" % (j("server.pem"), j("server.key"))
+    for kind in ("memcached", "slipstream"):
+        port = mcwire.free_port()
+        flags = ["-Z", "-o", opts, "-p", str(port), "-U", "0", "-l", "127.0.0.1,notls:127.0.0.2"]
+        p = procs(kind, flags, port=port)
+        plain = Proc(kind, flags, port=port)
+        plain.connect = lambda timeout=2.0: socket.create_connection(("127.0.0.2", port), timeout=timeout)
+        deadline = time.monotonic() + START_S  # ready on the first address; wait for the second
+        while True:
+            try:
+                plain.connect().close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        assert session(plain, [b"set a 0 0 2\r\nok\r\n", b"get a\r\n"]) == [
+            (b"STORED\r\n", False), (b"VALUE a 0 2\r\nok\r\nEND\r\n", False)], kind
+        assert session(p, [b"get a\r\n"], wrap=tls_wrap(j)) == [(b"VALUE a 0 2\r\nok\r\nEND\r\n", False)], kind
+
+
+def test_notls_needs_tls(tmpdir_path):
+    for kind in ("memcached", "slipstream"):
+        if kind == "memcached" and not mcwire.memcached_available():
+            continue
+        code, out = Proc(kind, ["-p", str(mcwire.free_port()), "-l", "notls:127.0.0.1"]).run_to_exit()
+        assert code != 0 and "'notls' option is valid only when SSL is enabled" in out, (kind, out)
+
+
+# ------------------------------------------------------------------------ tenant mode
+
+import tenantlib  # noqa: E402
+
+
+class SecTenants(tenantlib.TenantDaemon):
+    """Tenants with memcached's security flags on the command line."""
+
+    def __init__(self, flags, tenants, env=None):
+        super().__init__(tenants, admin=True)
+        self.flags, self.env = list(flags), env or {}
+
+    def _serve_args(self):
+        return self.flags
+
+    def start(self):
+        old = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            return super().start()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def sec_tenants():
+    started = []
+
+    def start(flags, tenants=None, env=None):
+        if not mcwire.slipstream_available():
+            pytest.skip("slipstream not built")
+        d = SecTenants(flags, tenants or [{"name": "t0", "share": 0.4}, {"name": "t1", "share": 0.4}], env)
+        started.append(d)
+        d.start()
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def tenant_proc(d, name):
+    p = Proc("slipstream", [], port=d.ports[name])
+    return p
+
+
+def test_ascii_auth_on_every_tenant_port(sec_tenants, tmpdir_path):
+    path = write(os.path.join(tmpdir_path, "auth"), "alice:secret\n")
+    d = sec_tenants(["-Y", path])
+    for name in ("t0", "t1"):
+        out = session(tenant_proc(d, name), [b"get a\r\n", b"set x 0 0 12\r\nalice secret\r\n",
+                                             b"set a 0 0 2\r\n%s\r\n" % name.encode(), b"get a\r\n"])
+        assert out == [(b"CLIENT_ERROR unauthenticated\r\n", False), (b"STORED\r\n", False), (b"STORED\r\n", False),
+                       (b"VALUE a 0 2\r\n%s\r\nEND\r\n" % name.encode(), False)], (name, out)
+        s = d.connect(name)
+        try:
+            s.sendall(b"set x 0 0 12\r\nalice secret\r\n")
+            assert mcwire.read_until(s, b"\r\n", max_s=5) == b"STORED\r\n"
+            st = mcwire.stat_map(s, b"settings")
+            assert (st["auth_enabled_ascii"], st["binding_protocol"]) == (path, "ascii"), st
+        finally:
+            s.close()
+    # A tenant added at run time is authenticated too; one with a UDP port is refused.
+    port = d.free_port_extra
+    r = d.http("PUT", "/tenants/t2", {"tcp_port": port, "udp_port": port, "share": 0.1, "memory_mb": 8})
+    assert r.status == 409 and b"udp_port" in r.body, (r.status, r.body)
+    r = d.http("PUT", "/tenants/t2", {"tcp_port": port, "share": 0.1, "memory_mb": 8})
+    assert r.status in (200, 201), (r.status, r.body)
+    assert session(Proc("slipstream", [], port=port), [b"get a\r\n"]) == [(b"CLIENT_ERROR unauthenticated\r\n", False)]
+
+
+def test_sasl_on_every_tenant_port(sec_tenants, tmpdir_path):
+    pwdb = write(os.path.join(tmpdir_path, "pwdb"), "alice:secret\n")
+    d = sec_tenants(["-S"], env={"MEMCACHED_SASL_PWDB": pwdb})
+    hdr = lambda op, status, body, opaque=0: struct.pack(">BBHBBHIIQ", 0x81, op, 0, 0, 0, status, len(body), opaque, 0) + body
+    for name in ("t0", "t1"):
+        assert session(tenant_proc(d, name), [breq(GET, b"k")]) == [(hdr(GET, 0x20, b"Auth failure."), True)], name
+        out = session(tenant_proc(d, name), [breq(SASL_AUTH, b"PLAIN", b"\0alice\0secret", opaque=7), breq(GET, b"k")])
+        assert out == [(hdr(SASL_AUTH, 0, b"Authenticated", 7), False), (hdr(GET, 1, b"Not found"), False)], name
+
+
+def test_tls_on_every_tenant_port(sec_tenants, tmpdir_path):
+    j = make_certs(tmpdir_path)
+    d = sec_tenants(["-Z", "-o", "ssl_chain_cert=%s,ssl_key=%s" % (j("server.pem"), j("server.key"))])
+    for name in ("t0", "t1"):
+        out = session(tenant_proc(d, name), [b"set a 0 0 2\r\n%s\r\n" % name.encode(), b"get a\r\n"], wrap=tls_wrap(j))
+        assert out == [(b"STORED\r\n", False), (b"VALUE a 0 2\r\n%s\r\nEND\r\n" % name.encode(), False)], (name, out)
+        # Plain text is not served there: no memcached reply comes back.
+        out = session(tenant_proc(d, name), [b"version\r\n"])
+        assert not out[0][0].startswith(b"VERSION"), (name, out)
+
+
+def test_tenant_mode_refusals(tmpdir_path):
+    if not mcwire.slipstream_available():
+        pytest.skip("slipstream not built")
+    path = write(os.path.join(tmpdir_path, "auth"), "alice:secret\n")
+    cfg = write(os.path.join(tmpdir_path, "t.toml"),
+                "[[tenant]]\nname = \"t0\"\ntcp_port = %d\nudp_port = %d\nshare = 0.5\n" % ((mcwire.free_port(),) * 2))
+    code, out = Proc("slipstream", ["-Y", path, "--config", cfg]).run_to_exit()
+    assert code != 0 and "udp_port" in out, out
+    code, out = Proc("slipstream", ["-s", os.path.join(tmpdir_path, "s.sock"), "--config", cfg]).run_to_exit()
+    assert code != 0 and "single-tenant" in out, out

@@ -112,8 +112,23 @@ impl SecurityConfig {
         })())
     }
 
-    /// memcached's start-up refusals for these flags, given the ports in effect.
+    /// memcached's start-up refusals for these flags, given the ports in effect (in tenant mode:
+    /// nonzero when some tenant has such a port).
+    ///
+    /// Tenant mode (`tenants`): `-S`, `-Y` and `-Z` apply to every tenant's TCP port, as they
+    /// apply to every `-l` listener in memcached; `-s` (and `-a`) are refused: a unix socket has
+    /// no port to tell which tenant a connection belongs to.
     pub fn validate(&self, tcp_port: u16, udp_port: u16, tenants: bool) -> Result<(), String> {
+        if tenants && self.unix_socket.is_some() {
+            return Err("-s: a unix socket has no port to tell the tenants apart by, so it serves single-tenant \
+                        mode only; with [[tenant]] every tenant is served on its tcp_port"
+                .into());
+        }
+        if tenants && (self.sasl || self.auth_file.is_some()) && udp_port != 0 {
+            return Err("-S/-Y authenticate every tenant's port, and UDP cannot authenticate (memcached refuses UDP \
+                        with authentication): remove udp_port from the [[tenant]] tables"
+                .into());
+        }
         if self.sasl && self.auth_file.is_some() {
             return Err("-S and -Y together: memcached would serve ascii auth and ignore SASL; choose one".into());
         }
@@ -131,9 +146,6 @@ impl SecurityConfig {
         }
         if self.unix_mode.is_some() && self.unix_socket.is_none() {
             return Err("-a sets the mode of the -s unix socket; it needs -s".into());
-        }
-        if tenants && (self.sasl || self.auth_file.is_some() || self.tls || self.unix_socket.is_some()) {
-            return Err("-s, -S, -Y and -Z are for single-tenant mode; [[tenant]] does not take them yet".into());
         }
         Ok(())
     }
@@ -196,6 +208,12 @@ mod tests {
         assert!(y.validate(11211, 0, false).is_err());
         let z = SecurityConfig { tls: true, ..Default::default() };
         assert!(z.validate(11211, 0, false).is_err(), "no certificate");
+        // Tenant mode: auth and TLS for every tenant port; no unix socket, no UDP under auth.
+        let y = SecurityConfig { auth_file: Some("f".into()), ..Default::default() };
+        assert!(y.validate(1, 0, true).is_ok());
+        assert!(y.validate(1, 1, true).unwrap_err().contains("udp_port"));
+        let s = SecurityConfig { unix_socket: Some("/tmp/x.sock".into()), ..Default::default() };
+        assert!(s.validate(1, 0, true).unwrap_err().contains("single-tenant"));
     }
 
     #[test]

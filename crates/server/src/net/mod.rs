@@ -106,6 +106,8 @@ pub struct NetConfig {
     pub unix: Option<UnixSpec>,
     /// `-Z`: TLS on the TCP listeners.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `-l notls:`: the addresses (0 = `tcp_addr`, k = `more_addrs[k - 1]`) served without TLS.
+    pub tls_exempt: Vec<usize>,
 }
 
 /// Errors that stop the server from starting.
@@ -196,20 +198,29 @@ impl Server {
         let unix = bind_unix(net.unix.as_ref(), &info)?;
         let mut all = vec![bound];
         all.extend(more);
-        let table =
-            Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), all));
+        let table = Arc::new(TenantTable::single(
+            threads,
+            net.conn_limit,
+            Arc::new(settings),
+            store,
+            info.clone(),
+            all,
+            &net.tls_exempt,
+        ));
         Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched, Listeners { unix, tls: net.tls })
     }
 
     /// Tenant mode: serve every tenant of `table` (already bound). `info` stands for the node
-    /// (for the daemon's own use; each tenant has its own for `stats`).
+    /// (for the daemon's own use; each tenant has its own for `stats`). `tls` (`-Z`): every
+    /// tenant's TCP port speaks TLS, those added at run time too.
     pub fn start_tenants(
         table: Arc<TenantTable>,
         read_buf_bytes_max: usize,
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
+        tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Result<Server, NetError> {
-        Server::launch(table, read_buf_bytes_max, info, worker_sched, Listeners::default())
+        Server::launch(table, read_buf_bytes_max, info, worker_sched, Listeners { unix: None, tls })
     }
 
     fn launch(
