@@ -222,6 +222,19 @@ fn refuse_over_limit(stream: &Stream) {
     let _ = unsafe { libc::write(stream.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
 }
 
+/// [sec hook] A TCP connection as served: plain, or TLS under `-Z` unless its listener is
+/// exempt (`-l notls:`) (None: the TLS set-up failed, said so; the socket closes).
+fn wrap_tcp(stream: TcpStream, tls: Option<&Arc<rustls::ServerConfig>>) -> Option<Stream> {
+    let Some(cfg) = tls else { return Some(Stream::Tcp(stream)) };
+    match TlsStream::new(stream, cfg) {
+        Ok(t) => Some(Stream::Tls(Box::new(t))),
+        Err(e) => {
+            eprintln!("slipstream: TLS connection setup failed: {e}");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,18 +250,5 @@ mod tests {
         assert_eq!(decode_listen(UNIX_LISTENER), None);
         assert_eq!(decode_listen(Token(0)), None);
         assert_eq!(decode_listen(Token(1 << 40)), None);
-    }
-}
-
-/// [sec hook] A TCP connection as served: plain, or TLS under `-Z` unless its listener is
-/// exempt (`-l notls:`) (None: the TLS set-up failed, said so; the socket closes).
-fn wrap_tcp(stream: TcpStream, tls: Option<&Arc<rustls::ServerConfig>>) -> Option<Stream> {
-    let Some(cfg) = tls else { return Some(Stream::Tcp(stream)) };
-    match TlsStream::new(stream, cfg) {
-        Ok(t) => Some(Stream::Tls(Box::new(t))),
-        Err(e) => {
-            eprintln!("slipstream: TLS connection setup failed: {e}");
-            None
-        }
     }
 }
