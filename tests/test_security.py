@@ -466,6 +466,17 @@ def test_tls_session_matches_memcached(procs, tmpdir_path):
     assert got[1][0] == b"VALUE a 0 5\r\nhello\r\nEND\r\n"
 
 
+def test_tls_settings_match_memcached(procs, tmpdir_path):
+    j = make_certs(tmpdir_path)
+    extra = ",ssl_verify_mode=1,ssl_ca_cert=%s,ssl_min_version=3" % j("ca.pem")
+    rows = []
+    for kind in ("memcached", "slipstream"):
+        out = session(start_tls(procs, kind, j, extra), [b"stats settings\r\n"], wrap=tls_wrap(j))
+        rows.append([l for l in out[0][0].split(b"\r\n") if l.startswith(b"STAT ssl_")])
+    assert rows[0] == rows[1]
+    assert b"STAT ssl_enabled yes" in rows[1]
+
+
 def test_tls_with_pymemcache_and_large_values(procs, tmpdir_path):
     from pymemcache.client.base import Client
 

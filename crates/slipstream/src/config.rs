@@ -508,6 +508,8 @@ impl Config {
             (cfg.port, cfg.tcp_ephemeral) = (cfg.udp_port, cfg.udp_ephemeral);
         }
         cfg.validate()?;
+        let tls_rows = cfg.security.settings_rows();
+        cfg.tunables.reported.extend(tls_rows);
         Ok(cfg)
     }
 

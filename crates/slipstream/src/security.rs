@@ -170,6 +170,34 @@ impl SecurityConfig {
         Ok(None)
     }
 
+    /// `stats settings` rows that differ from memcached's defaults under `-Z`, as memcached
+    /// prints them (its `ssl_ca_cert` is NULL without one, `ssl_key` (null)).
+    pub fn settings_rows(&self) -> Vec<(&'static str, String)> {
+        if !self.tls {
+            return Vec::new();
+        }
+        let o = &self.tls_opts;
+        let mut v = vec![("ssl_enabled", "yes".to_string())];
+        if let Some(c) = &o.chain_cert {
+            v.push(("ssl_chain_cert", c.clone()));
+        }
+        if let Some(k) = &o.key {
+            v.push(("ssl_key", k.clone()));
+        }
+        if let Some(ca) = &o.ca_cert {
+            v.push(("ssl_ca_cert", ca.clone()));
+        }
+        let mode = match o.verify_mode {
+            VerifyMode::None => 0,
+            VerifyMode::Request => 1,
+            VerifyMode::Require => 2,
+            VerifyMode::Once => 3,
+        };
+        v.push(("ssl_verify_mode", mode.to_string()));
+        v.push(("ssl_min_version", format!("tlsv1.{}", o.min_version_asked)));
+        v
+    }
+
     /// The unix socket's permission bits.
     pub fn unix_mode(&self) -> u32 {
         self.unix_mode.unwrap_or(UNIX_MODE_DEFAULT)
@@ -227,6 +255,13 @@ mod tests {
         assert_eq!(s.tls_opts.verify_mode, VerifyMode::Require);
         assert_eq!(s.tls_opts.min_version, 3);
         assert!(s.apply_suboption("ssl_verify_mode", Some("7")).unwrap().is_err());
+        assert!(s.settings_rows().is_empty(), "no rows without -Z");
+        s.tls = true;
+        let rows = s.settings_rows();
+        assert!(rows.contains(&("ssl_enabled", "yes".into())) && rows.contains(&("ssl_chain_cert", "c.pem".into())));
+        assert!(
+            rows.contains(&("ssl_verify_mode", "2".into())) && rows.contains(&("ssl_min_version", "tlsv1.3".into()))
+        );
         assert!(s.apply_suboption("ssl_key", None).unwrap().is_err());
     }
 }
