@@ -1,5 +1,6 @@
 """Black-box tests of memcached's security and socket flags on the real binaries: `-Y` (ascii
-auth), `-S` (binary SASL), `-s`/`-a` (unix socket), `-Z` with `-o ssl_*` (TLS).
+auth), `-S` (binary SASL), `-s`/`-a` (unix socket), `-Z` with `-o ssl_*` (TLS), `-l notls:`, and
+`-S`/`-Y`/`-Z` on every tenant's port in tenant mode (`--config` with `[[tenant]]`).
 
 For: the exchange bytes before and after authentication, compared with memcached 1.6.18 where
 the installed memcached can run the same setup (it is built with SASL and TLS); start-up
