@@ -1,5 +1,6 @@
 """Black-box tests of memcached's security and socket flags on the real binaries: `-Y` (ascii
-auth), `-S` (binary SASL), `-s`/`-a` (unix socket), `-Z` with `-o ssl_*` (TLS).
+auth), `-S` (binary SASL), `-s`/`-a` (unix socket), `-Z` with `-o ssl_*` (TLS), `-l notls:`, and
+`-S`/`-Y`/`-Z` on every tenant's port in tenant mode (`--config` with `[[tenant]]`).
 
 For: the exchange bytes before and after authentication, compared with memcached 1.6.18 where
 the installed memcached can run the same setup (it is built with SASL and TLS); start-up
@@ -185,6 +186,30 @@ def test_ascii_auth_matches_memcached(procs, tmpdir_path, steps):
     mc = start_ascii(procs, "memcached", tmpdir_path)
     ss = start_ascii(procs, "slipstream", tmpdir_path)
     want, got = version_free(session(mc, steps)), version_free(session(ss, steps))
+    assert got == want, "steps %r\nmemcached  %r\nslipstream %r" % (steps, want, got)
+
+
+# The size on the `set` line is read with memcached's safe_strtoul: 64-bit strtoul (leading
+# white space, `+`, a `-` negating in two's complement), then stored into 32 bits (truncated).
+ASCII_SIZE_SESSIONS = [
+    [b"set x 0 0 4294967308\r\n", b"alice secret\r\n", b"get a\r\n"],  # 2^32 + 12: 12
+    [b"set x 0 0 -18446744073709551604\r\n", b"alice secret\r\n", b"get a\r\n"],  # -(2^64 - 12): 12
+    [b"set x 0 0 -0\r\n", b"\r\n", b"get a\r\n"],
+    [b"set x 0 0 +12\r\n", b"alice secret\r\n", b"get a\r\n"],
+    [b"set x 0 0 012\r\n", b"alice secret\r\n", b"get a\r\n"],
+    [b"set x 0 0 12\t\r\n", b"alice secret\r\n", b"get a\r\n"],
+    [b"set x 0 0 18446744073709551616\r\n", b"get a\r\n"],  # ERANGE
+    [b"set x 0 0 -1\r\n", b"get a\r\n"],
+    [b"set x 0 0 0x0c\r\n", b"get a\r\n"],
+    [b"set x 0 0 12x\r\n", b"get a\r\n"],
+]
+
+
+@pytest.mark.parametrize("steps", ASCII_SIZE_SESSIONS, ids=range(len(ASCII_SIZE_SESSIONS)))
+def test_ascii_auth_size_is_read_like_memcached(procs, tmpdir_path, steps):
+    mc = start_ascii(procs, "memcached", tmpdir_path)
+    ss = start_ascii(procs, "slipstream", tmpdir_path)
+    want, got = session(mc, steps), session(ss, steps)
     assert got == want, "steps %r\nmemcached  %r\nslipstream %r" % (steps, want, got)
 
 
@@ -442,6 +467,17 @@ def test_tls_session_matches_memcached(procs, tmpdir_path):
     assert got[1][0] == b"VALUE a 0 5\r\nhello\r\nEND\r\n"
 
 
+def test_tls_settings_match_memcached(procs, tmpdir_path):
+    j = make_certs(tmpdir_path)
+    extra = ",ssl_verify_mode=1,ssl_ca_cert=%s,ssl_min_version=3" % j("ca.pem")
+    rows = []
+    for kind in ("memcached", "slipstream"):
+        out = session(start_tls(procs, kind, j, extra), [b"stats settings\r\n"], wrap=tls_wrap(j))
+        rows.append([l for l in out[0][0].split(b"\r\n") if l.startswith(b"STAT ssl_")])
+    assert rows[0] == rows[1]
+    assert b"STAT ssl_enabled yes" in rows[1]
+
+
 def test_tls_with_pymemcache_and_large_values(procs, tmpdir_path):
     from pymemcache.client.base import Client
 
@@ -522,3 +558,145 @@ def test_tls_start_refusals(tmpdir_path):
     assert code != 0 and "ssl_chain_cert" in out, out
     code, out = Proc("slipstream", ["-Z", "-o", "ssl_chain_cert=%s" % os.path.join(tmpdir_path, "none.pem"), "-p", str(mcwire.free_port())]).run_to_exit()
     assert code != 0 and "none.pem" in out, out
+
+
+# ------------------------------------------------------------------------ -l notls: (TLS exemption)
+
+def test_notls_listener_is_plain_and_the_others_tls(procs, tmpdir_path):
+    """memcached's `-l notls:ADDR` under -Z: that listener speaks plain text, the others TLS."""
+    j = make_certs(tmpdir_path)
+    opts = "ssl_chain_cert=%s,ssl_key=%s" % (j("server.pem"), j("server.key"))
+    for kind in ("memcached", "slipstream"):
+        port = mcwire.free_port()
+        flags = ["-Z", "-o", opts, "-p", str(port), "-U", "0", "-l", "127.0.0.1,notls:127.0.0.2"]
+        p = procs(kind, flags, port=port)
+        plain = Proc(kind, flags, port=port)
+        plain.connect = lambda timeout=2.0: socket.create_connection(("127.0.0.2", port), timeout=timeout)
+        deadline = time.monotonic() + START_S  # ready on the first address; wait for the second
+        while True:
+            try:
+                plain.connect().close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        assert session(plain, [b"set a 0 0 2\r\nok\r\n", b"get a\r\n"]) == [
+            (b"STORED\r\n", False), (b"VALUE a 0 2\r\nok\r\nEND\r\n", False)], kind
+        assert session(p, [b"get a\r\n"], wrap=tls_wrap(j)) == [(b"VALUE a 0 2\r\nok\r\nEND\r\n", False)], kind
+
+
+def test_notls_needs_tls(tmpdir_path):
+    for kind in ("memcached", "slipstream"):
+        if kind == "memcached" and not mcwire.memcached_available():
+            continue
+        code, out = Proc(kind, ["-p", str(mcwire.free_port()), "-l", "notls:127.0.0.1"]).run_to_exit()
+        assert code != 0 and "'notls' option is valid only when SSL is enabled" in out, (kind, out)
+
+
+# ------------------------------------------------------------------------ tenant mode
+
+import tenantlib  # noqa: E402
+
+
+class SecTenants(tenantlib.TenantDaemon):
+    """Tenants with memcached's security flags on the command line."""
+
+    def __init__(self, flags, tenants, env=None):
+        super().__init__(tenants, admin=True)
+        self.flags, self.env = list(flags), env or {}
+
+    def _serve_args(self):
+        return self.flags
+
+    def start(self):
+        old = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            return super().start()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def sec_tenants():
+    started = []
+
+    def start(flags, tenants=None, env=None):
+        if not mcwire.slipstream_available():
+            pytest.skip("slipstream not built")
+        d = SecTenants(flags, tenants or [{"name": "t0", "share": 0.4}, {"name": "t1", "share": 0.4}], env)
+        started.append(d)
+        d.start()
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def tenant_proc(d, name):
+    p = Proc("slipstream", [], port=d.ports[name])
+    return p
+
+
+def test_ascii_auth_on_every_tenant_port(sec_tenants, tmpdir_path):
+    path = write(os.path.join(tmpdir_path, "auth"), "alice:secret\n")
+    d = sec_tenants(["-Y", path])
+    for name in ("t0", "t1"):
+        out = session(tenant_proc(d, name), [b"get a\r\n", b"set x 0 0 12\r\nalice secret\r\n",
+                                             b"set a 0 0 2\r\n%s\r\n" % name.encode(), b"get a\r\n"])
+        assert out == [(b"CLIENT_ERROR unauthenticated\r\n", False), (b"STORED\r\n", False), (b"STORED\r\n", False),
+                       (b"VALUE a 0 2\r\n%s\r\nEND\r\n" % name.encode(), False)], (name, out)
+        s = d.connect(name)
+        try:
+            s.sendall(b"set x 0 0 12\r\nalice secret\r\n")
+            assert mcwire.read_until(s, b"\r\n", max_s=5) == b"STORED\r\n"
+            st = mcwire.stat_map(s, b"settings")
+            assert (st["auth_enabled_ascii"], st["binding_protocol"]) == (path, "ascii"), st
+        finally:
+            s.close()
+    # A tenant added at run time is authenticated too; one with a UDP port is refused.
+    port = d.free_port_extra
+    r = d.http("PUT", "/tenants/t2", {"tcp_port": port, "udp_port": port, "share": 0.1, "memory_mb": 8})
+    assert r.status == 409 and b"udp_port" in r.body, (r.status, r.body)
+    r = d.http("PUT", "/tenants/t2", {"tcp_port": port, "share": 0.1, "memory_mb": 8})
+    assert r.status in (200, 201), (r.status, r.body)
+    assert session(Proc("slipstream", [], port=port), [b"get a\r\n"]) == [(b"CLIENT_ERROR unauthenticated\r\n", False)]
+
+
+def test_sasl_on_every_tenant_port(sec_tenants, tmpdir_path):
+    pwdb = write(os.path.join(tmpdir_path, "pwdb"), "alice:secret\n")
+    d = sec_tenants(["-S"], env={"MEMCACHED_SASL_PWDB": pwdb})
+    hdr = lambda op, status, body, opaque=0: struct.pack(">BBHBBHIIQ", 0x81, op, 0, 0, 0, status, len(body), opaque, 0) + body
+    for name in ("t0", "t1"):
+        assert session(tenant_proc(d, name), [breq(GET, b"k")]) == [(hdr(GET, 0x20, b"Auth failure."), True)], name
+        out = session(tenant_proc(d, name), [breq(SASL_AUTH, b"PLAIN", b"\0alice\0secret", opaque=7), breq(GET, b"k")])
+        assert out == [(hdr(SASL_AUTH, 0, b"Authenticated", 7), False), (hdr(GET, 1, b"Not found"), False)], name
+
+
+def test_tls_on_every_tenant_port(sec_tenants, tmpdir_path):
+    j = make_certs(tmpdir_path)
+    d = sec_tenants(["-Z", "-o", "ssl_chain_cert=%s,ssl_key=%s" % (j("server.pem"), j("server.key"))])
+    for name in ("t0", "t1"):
+        out = session(tenant_proc(d, name), [b"set a 0 0 2\r\n%s\r\n" % name.encode(), b"get a\r\n"], wrap=tls_wrap(j))
+        assert out == [(b"STORED\r\n", False), (b"VALUE a 0 2\r\n%s\r\nEND\r\n" % name.encode(), False)], (name, out)
+        # Plain text is not served there: no memcached reply comes back.
+        out = session(tenant_proc(d, name), [b"version\r\n"])
+        assert not out[0][0].startswith(b"VERSION"), (name, out)
+
+
+def test_tenant_mode_refusals(tmpdir_path):
+    if not mcwire.slipstream_available():
+        pytest.skip("slipstream not built")
+    path = write(os.path.join(tmpdir_path, "auth"), "alice:secret\n")
+    cfg = write(os.path.join(tmpdir_path, "t.toml"),
+                "[[tenant]]\nname = \"t0\"\ntcp_port = %d\nudp_port = %d\nshare = 0.5\n" % ((mcwire.free_port(),) * 2))
+    code, out = Proc("slipstream", ["-Y", path, "--config", cfg]).run_to_exit()
+    assert code != 0 and "udp_port" in out, out
+    code, out = Proc("slipstream", ["-s", os.path.join(tmpdir_path, "s.sock"), "--config", cfg]).run_to_exit()
+    assert code != 0 and "single-tenant" in out, out

@@ -18,6 +18,7 @@ use crate::exec::{Ctx, Protocol, Step};
 use crate::stats::ThreadStats;
 use crate::{memcache_binary, memcache_text};
 use slipstream_proto::binary::{self, opcode, status, Header, HEADER_BYTES};
+use slipstream_proto::rules;
 
 /// Longest ascii auth token (`user pass`); newer memcached's `MAX_AUTH_REQ_LEN`, with its reply.
 pub const ASCII_TOKEN_BYTES_MAX: usize = 16384;
@@ -91,7 +92,8 @@ fn ascii(creds: &Credentials, ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>
     let line = line.split(|&b| b == 0).next().unwrap_or(line);
     let words: Vec<&[u8]> = line.split(|&b| b == b' ').filter(|w| !w.is_empty()).take(6).collect();
     let size = match words.as_slice() {
-        [cmd, _key, _flags, _exptime, n, ..] if *cmd == b"set" => strtoul(n),
+        // memcached reads the size with safe_strtoul (64-bit strtoul stored into 32 bits).
+        [cmd, _key, _flags, _exptime, n, ..] if *cmd == b"set" => rules::safe_strtoul(n).map(u64::from),
         _ => None,
     };
     let Some(size) = size else {
@@ -104,16 +106,6 @@ fn ascii(creds: &Credentials, ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>
     }
     ctx.conn.auth_body_bytes = Some(size as usize + 2);
     Step::Consumed(nl + 1)
-}
-
-/// memcached's `safe_strtoul` on a token: optional `+`, digits, then the end or white space.
-fn strtoul(t: &[u8]) -> Option<u64> {
-    let t = t.strip_prefix(b"+").unwrap_or(t);
-    let digits = t.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || t.get(digits).is_some_and(|b| !b.is_ascii_whitespace()) {
-        return None;
-    }
-    std::str::from_utf8(&t[..digits]).ok()?.parse::<u32>().ok().map(u64::from)
 }
 
 /// The binary protocol with SASL (`proto_bin.c`).
@@ -255,16 +247,5 @@ mod tests {
         assert!(!plain_ok(&c, b"\0alice\0wrong"));
         assert!(!plain_ok(&c, b"alice\0secret"));
         assert!(!plain_ok(&c, b""));
-    }
-
-    #[test]
-    fn strtoul_like_memcached() {
-        assert_eq!(strtoul(b"12"), Some(12));
-        assert_eq!(strtoul(b"12\r"), Some(12));
-        assert_eq!(strtoul(b"+7"), Some(7));
-        assert_eq!(strtoul(b"12x"), None);
-        assert_eq!(strtoul(b"-1"), None);
-        assert_eq!(strtoul(b""), None);
-        assert_eq!(strtoul(b"99999999999"), None);
     }
 }

@@ -252,7 +252,11 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("growth_factor", s("1.25")),
         ("chunk_size", s("48")),
         ("num_threads", n(info.threads as u64)),
-        ("num_threads_per_udp", n(info.threads as u64)),
+        // memcached gives each thread a UDP socket, but one per address for a `-l` list.
+        (
+            "num_threads_per_udp",
+            n(if info.listen_interface.as_deref().is_some_and(|i| i.contains(',')) { 1 } else { info.threads as u64 }),
+        ),
         ("stat_key_prefix", vec![st.prefix_delimiter]),
         ("detail_enabled", s(yes_no(info.prefix_stats.enabled()))),
         ("reqs_per_event", n(u64::from(tu.reqs_per_event))),
@@ -395,27 +399,37 @@ fn slabs(sv: StatsView<'_>) -> Vec<Stat> {
         v.extend(rows.iter().map(|(name, n)| (Cow::Owned(format!("1:{name}")), n.to_string().into_bytes())));
     }
     put(&mut v, "active_slabs", active);
-    put(&mut v, "total_malloced", s.bytes);
+    put(&mut v, "total_malloced", s.malloced_bytes);
     v
 }
 
-/// `stats conns`: one group per listener and connection, keyed by fd, as memcached prints it.
+/// `stats conns`: one group per listener, UDP socket and connection, keyed by fd, as memcached
+/// prints it, in memcached's order (its listeners are opened before its UDP sockets, and both
+/// before any client: it lists by fd; Slipstream binds UDP first, so it sorts by kind first).
+/// An idle UDP socket prints `UDP UDP`, its own address and `conn_read`, as memcached's does.
 /// The asking connection is `conn_parse_cmd`; the others are idle between requests as far as
 /// this thread can tell, so they print `conn_waiting`.
 fn conns(server: &ServerInfo, asking_conn_id: i32) -> Vec<Stat> {
     let now = server.uptime_s();
-    let entries: Vec<(i32, crate::stats::ConnEntry)> = match server.conns.lock() {
+    let mut entries: Vec<(i32, crate::stats::ConnEntry)> = match server.conns.lock() {
         Ok(reg) => reg.iter().map(|(k, v)| (*k, v.clone())).collect(),
         Err(_) => Vec::new(),
     };
+    let is_udp = |e: &crate::stats::ConnEntry| e.listen_addr.is_none() && e.addr.starts_with("udp:");
+    entries.sort_by_key(|(fd, e)| (u8::from(e.listen_addr.is_some()) * 2 + u8::from(is_udp(e)), *fd));
     let mut v = Vec::with_capacity(entries.len() * 4);
     for (fd, e) in entries {
         let name = |field: &str| Cow::Owned(format!("{fd}:{field}"));
+        let udp = is_udp(&e);
+        if udp {
+            v.push((name("UDP"), b"UDP".to_vec()));
+        }
         v.push((name("addr"), e.addr.clone().into_bytes()));
         if let Some(l) = &e.listen_addr {
             v.push((name("listen_addr"), l.clone().into_bytes()));
         }
         let state = match (&e.listen_addr, fd == asking_conn_id) {
+            (None, _) if udp => "conn_read",
             (None, _) => "conn_listening",
             (Some(_), true) => "conn_parse_cmd",
             (Some(_), false) => "conn_waiting",

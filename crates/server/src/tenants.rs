@@ -61,6 +61,8 @@ pub struct Tenant {
     udp: Mutex<Vec<Option<std::net::UdpSocket>>>,
     pub tcp_local: Option<SocketAddr>,
     pub udp_local: Option<SocketAddr>,
+    /// `-l notls:ADDR` under `-Z`: connections on this listener are not TLS.
+    pub tls_exempt: bool,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -167,6 +169,7 @@ impl TenantTable {
         store: Arc<Store>,
         info: Arc<ServerInfo>,
         bound: Vec<Bound>,
+        tls_exempt: &[usize],
     ) -> TenantTable {
         let list = bound
             .into_iter()
@@ -184,6 +187,7 @@ impl TenantTable {
                     udp: Mutex::new(udps),
                     tcp_local,
                     udp_local,
+                    tls_exempt: tls_exempt.contains(&slot),
                 })
             })
             .collect();
@@ -244,6 +248,13 @@ impl TenantTable {
         let Some(d) = self.defaults.as_ref() else {
             return Err(ControlError::Failed("tenants cannot be added in single-tenant mode".into()));
         };
+        if spec.udp_port.is_some() && self.settings.auth.is_some() {
+            // As memcached refuses UDP under -S/-Y: a UDP port would serve without authenticating.
+            return Err(ControlError::Conflict(format!(
+                "tenant {:?}: no udp_port while -S/-Y authenticate the tenants' ports (UDP cannot authenticate)",
+                spec.name
+            )));
+        }
         let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
         let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
         let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
@@ -296,6 +307,7 @@ impl TenantTable {
             udp: Mutex::new(udps),
             tcp_local,
             udp_local,
+            tls_exempt: false,
         });
         Ok(t)
     }

@@ -92,6 +92,9 @@ pub struct Config {
     /// The further `-l` addresses (memcached's comma list or repeated `-l`), each with the
     /// port its entry gave, if any.
     pub listen_more: Vec<(IpAddr, Option<u16>)>,
+    /// `-l notls:ADDR` under `-Z`: the listeners exempt from TLS, as indexes into the `-l`
+    /// addresses (0 = the first, `k` = `listen_more[k - 1]`).
+    pub listen_notls: Vec<usize>,
     pub threads: usize,
     pub memory_mb: usize,
     pub conn_limit: usize,
@@ -157,6 +160,7 @@ impl Default for Config {
             listen: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             listen_arg: None,
             listen_more: Vec::new(),
+            listen_notls: Vec::new(),
             threads: 4,
             memory_mb: 64,
             conn_limit: 1024,
@@ -508,6 +512,8 @@ impl Config {
             (cfg.port, cfg.tcp_ephemeral) = (cfg.udp_port, cfg.udp_ephemeral);
         }
         cfg.validate()?;
+        let tls_rows = cfg.security.settings_rows();
+        cfg.tunables.reported.extend(tls_rows);
         Ok(cfg)
     }
 
@@ -636,7 +642,26 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        self.security.validate(self.port, self.udp_port, !self.tenants.is_empty()).map_err(ConfigError::Usage)?;
+        // In tenant mode the ports are the tenants' (each has a TCP port).
+        let (tcp, udp) = if self.tenants.is_empty() {
+            (self.port, self.udp_port)
+        } else {
+            (1, u16::from(self.tenants.iter().any(|t| t.udp_port.is_some())))
+        };
+        self.security.validate(tcp, udp, !self.tenants.is_empty()).map_err(ConfigError::Usage)?;
+        if !self.listen_notls.is_empty() {
+            if !self.security.tls {
+                // memcached's own refusal.
+                return Err(ConfigError::Usage("'notls' option is valid only when SSL is enabled".into()));
+            }
+            if !self.tenants.is_empty() {
+                return Err(ConfigError::Usage(
+                    "-l notls: exempts a -l listener from TLS; with [[tenant]] the tenants' ports are the listeners \
+                     and -Z applies to all of them"
+                        .into(),
+                ));
+            }
+        }
         if let Some(s) = self.streams.iter().find(|s| self.udp_port != 0 && s.udp_port == self.udp_port) {
             return Err(bad(
                 "--udp-port",
@@ -706,18 +731,30 @@ impl Config {
         }
         let first = self.listen_arg.is_none();
         for (k, entry) in value.split([',', ';']).filter(|e| !e.is_empty()).enumerate() {
+            // memcached: an entry starting `notls` is served without TLS; it skips `notls:`.
+            let (entry, notls) = match entry.strip_prefix("notls") {
+                Some(_) => (entry.get("notls:".len()..).unwrap_or(""), true),
+                None => (entry, false),
+            };
             let (host, port) = split_host_port(entry).map_err(|why| bad("--listen", value, why))?;
             let ip = if host == "*" { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { parse_ip("--listen", host)? };
-            if first && k == 0 {
+            let index = if first && k == 0 {
                 self.listen = ip;
                 if let Some(p) = port {
                     self.port = p;
                 }
+                Some(0)
             } else if (ip, port.unwrap_or(self.port)) != (self.listen, self.port)
                 && !self.listen_more.contains(&(ip, port))
             {
                 // The same address twice would only be the same sockets again.
                 self.listen_more.push((ip, port));
+                Some(self.listen_more.len())
+            } else {
+                None
+            };
+            if let (true, Some(i)) = (notls, index) {
+                self.listen_notls.push(i);
             }
         }
         self.listen_arg = Some(match self.listen_arg.take() {
@@ -1059,7 +1096,21 @@ mod tests {
         assert_eq!(more, vec!["[::1]:7001", "127.0.0.2:7000"]);
         let c = Config::from_args(&args("-l 127.0.0.1:7100")).unwrap();
         assert_eq!(c.port, 7100);
+        assert!(c.listen_notls.is_empty());
         assert!(Config::from_args(&args("-l 127.0.0.1:x")).is_err());
+    }
+
+    #[test]
+    fn listen_notls_under_tls_only() {
+        let e = Config::from_args(&args("-l notls:127.0.0.1")).unwrap_err();
+        assert!(e.to_string().contains("'notls' option is valid only when SSL is enabled"), "{e}");
+        let tls = "-Z -o ssl_chain_cert=c.pem -p 7000";
+        let c = Config::from_args(&args(&format!("{tls} -l 127.0.0.1,notls:127.0.0.2,notls:[::1]:7001"))).unwrap();
+        assert_eq!((c.listen_notls.clone(), c.listen), (vec![1, 2], IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        let more: Vec<String> = c.more_addrs().iter().filter_map(|(t, _)| t.map(|a| a.to_string())).collect();
+        assert_eq!(more, vec!["127.0.0.2:7000", "[::1]:7001"]);
+        let c = Config::from_args(&args(&format!("{tls} -l notls:127.0.0.1:7002"))).unwrap();
+        assert_eq!((c.listen_notls, c.port), (vec![0], 7002));
     }
 
     #[test]

@@ -271,6 +271,8 @@ fn serve_tenants(
     target: Option<privs::Target>,
     daemon: Option<daemon::Daemon>,
 ) -> Result<(), MainError> {
+    // -S/-Y/-Z apply to every tenant's TCP port (config.rs refused -s and UDP under auth).
+    let sec = SecurityStart::load(&cfg)?;
     let settings = Arc::new(Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
@@ -278,6 +280,7 @@ fn serve_tenants(
         detail_enabled: cfg.detail_enabled,
         conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
         tunables: cfg.tunables.clone(),
+        auth: sec.auth.clone(),
         ..Settings::default()
     });
     let defaults = TenantDefaults {
@@ -301,7 +304,7 @@ fn serve_tenants(
     info.threads = cfg.threads;
     info.conn_limit = cfg.conn_limit;
     let sched = worker_sched(&cfg, kernel.is_some());
-    let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info), sched)
+    let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info), sched, sec.tls.clone())
         .map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, stream_line) = start_streams(&cfg)?;
 
@@ -356,11 +359,15 @@ fn serve_tenants(
             )
         })
         .collect();
+    for n in &sec.notices {
+        eprintln!("slipstream: {n}");
+    }
     println!(
-        "slipstream {}: {} tenants [{}], shaping ingress {} B/s egress {} B/s{}, {} threads{}{}; {}{}{}",
+        "slipstream {}: {} tenants [{}]{}, shaping ingress {} B/s egress {} B/s{}, {} threads{}{}; {}{}{}",
         slipstream_server::VERSION_STRING,
         tenants.len(),
         tenants.join("; "),
+        sec.line,
         cfg.shaping.ingress_bytes_per_s,
         cfg.shaping.egress_bytes_per_s,
         if cfg.shaping.work_conserving { " work-conserving" } else { "" },
@@ -592,6 +599,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         more_addrs: cfg.more_addrs(),
         unix: sec.unix.clone(),
         tls: sec.tls.clone(),
+        tls_exempt: cfg.listen_notls.clone(),
     };
     let info = ServerInfo {
         started: Instant::now(),

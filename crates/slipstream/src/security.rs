@@ -112,8 +112,23 @@ impl SecurityConfig {
         })())
     }
 
-    /// memcached's start-up refusals for these flags, given the ports in effect.
+    /// memcached's start-up refusals for these flags, given the ports in effect (in tenant mode:
+    /// nonzero when some tenant has such a port).
+    ///
+    /// Tenant mode (`tenants`): `-S`, `-Y` and `-Z` apply to every tenant's TCP port, as they
+    /// apply to every `-l` listener in memcached; `-s` (and `-a`) are refused: a unix socket has
+    /// no port to tell which tenant a connection belongs to.
     pub fn validate(&self, tcp_port: u16, udp_port: u16, tenants: bool) -> Result<(), String> {
+        if tenants && self.unix_socket.is_some() {
+            return Err("-s: a unix socket has no port to tell the tenants apart by, so it serves single-tenant \
+                        mode only; with [[tenant]] every tenant is served on its tcp_port"
+                .into());
+        }
+        if tenants && (self.sasl || self.auth_file.is_some()) && udp_port != 0 {
+            return Err("-S/-Y authenticate every tenant's port, and UDP cannot authenticate (memcached refuses UDP \
+                        with authentication): remove udp_port from the [[tenant]] tables"
+                .into());
+        }
         if self.sasl && self.auth_file.is_some() {
             return Err("-S and -Y together: memcached would serve ascii auth and ignore SASL; choose one".into());
         }
@@ -131,9 +146,6 @@ impl SecurityConfig {
         }
         if self.unix_mode.is_some() && self.unix_socket.is_none() {
             return Err("-a sets the mode of the -s unix socket; it needs -s".into());
-        }
-        if tenants && (self.sasl || self.auth_file.is_some() || self.tls || self.unix_socket.is_some()) {
-            return Err("-s, -S, -Y and -Z are for single-tenant mode; [[tenant]] does not take them yet".into());
         }
         Ok(())
     }
@@ -156,6 +168,34 @@ impl SecurityConfig {
             return Ok(Some(Arc::new(Auth::Sasl { creds })));
         }
         Ok(None)
+    }
+
+    /// `stats settings` rows that differ from memcached's defaults under `-Z`, as memcached
+    /// prints them (its `ssl_ca_cert` is NULL without one, `ssl_key` (null)).
+    pub fn settings_rows(&self) -> Vec<(&'static str, String)> {
+        if !self.tls {
+            return Vec::new();
+        }
+        let o = &self.tls_opts;
+        let mut v = vec![("ssl_enabled", "yes".to_string())];
+        if let Some(c) = &o.chain_cert {
+            v.push(("ssl_chain_cert", c.clone()));
+        }
+        if let Some(k) = &o.key {
+            v.push(("ssl_key", k.clone()));
+        }
+        if let Some(ca) = &o.ca_cert {
+            v.push(("ssl_ca_cert", ca.clone()));
+        }
+        let mode = match o.verify_mode {
+            VerifyMode::None => 0,
+            VerifyMode::Request => 1,
+            VerifyMode::Require => 2,
+            VerifyMode::Once => 3,
+        };
+        v.push(("ssl_verify_mode", mode.to_string()));
+        v.push(("ssl_min_version", format!("tlsv1.{}", o.min_version_asked)));
+        v
     }
 
     /// The unix socket's permission bits.
@@ -196,6 +236,12 @@ mod tests {
         assert!(y.validate(11211, 0, false).is_err());
         let z = SecurityConfig { tls: true, ..Default::default() };
         assert!(z.validate(11211, 0, false).is_err(), "no certificate");
+        // Tenant mode: auth and TLS for every tenant port; no unix socket, no UDP under auth.
+        let y = SecurityConfig { auth_file: Some("f".into()), ..Default::default() };
+        assert!(y.validate(1, 0, true).is_ok());
+        assert!(y.validate(1, 1, true).unwrap_err().contains("udp_port"));
+        let s = SecurityConfig { unix_socket: Some("/tmp/x.sock".into()), ..Default::default() };
+        assert!(s.validate(1, 0, true).unwrap_err().contains("single-tenant"));
     }
 
     #[test]
@@ -209,6 +255,13 @@ mod tests {
         assert_eq!(s.tls_opts.verify_mode, VerifyMode::Require);
         assert_eq!(s.tls_opts.min_version, 3);
         assert!(s.apply_suboption("ssl_verify_mode", Some("7")).unwrap().is_err());
+        assert!(s.settings_rows().is_empty(), "no rows without -Z");
+        s.tls = true;
+        let rows = s.settings_rows();
+        assert!(rows.contains(&("ssl_enabled", "yes".into())) && rows.contains(&("ssl_chain_cert", "c.pem".into())));
+        assert!(
+            rows.contains(&("ssl_verify_mode", "2".into())) && rows.contains(&("ssl_min_version", "tlsv1.3".into()))
+        );
         assert!(s.apply_suboption("ssl_key", None).unwrap().is_err());
     }
 }

@@ -35,6 +35,11 @@ impl Index {
         Index { slots: vec![0; INITIAL_SLOTS], mask: INITIAL_SLOTS - 1, len: 0 }
     }
 
+    /// Bytes of the slot table (it grows, never shrinks).
+    pub(crate) fn table_bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<u64>()
+    }
+
     /// Find the entry whose tag matches and for which `is_key(idx)` holds.
     #[inline]
     pub(crate) fn find(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {

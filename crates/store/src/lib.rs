@@ -39,8 +39,9 @@
 //! documented exceptions: when the oldest shard stays locked for a while (contended), the
 //! next-oldest one is used; items are stamped with 32 bits, so an item untouched for 2^32
 //! writes (about 4 billion) is ordered as if it were 2^32 writes younger.
-//! Expiry and flush_all are lazy: an item is checked when accessed, and the few items at an
-//! LRU tail are checked for expiry before a live item is evicted (`reclaimed` vs `evictions`).
+//! Expiry and flush_all are lazy: an item is checked when accessed; every store first frees
+//! the expired items at its shard's LRU tail, and the few items at an LRU tail are checked for
+//! expiry before a live item is evicted (both count `reclaimed`, not `evictions`).
 //!
 //! Kernel cache observer: a [`KernelCache`] installed with [`Store::set_kernel_cache`] mirrors
 //! items into an outer cache that answers reads without the store (Slipstream's XDP fast path).
@@ -55,8 +56,7 @@
 //!
 //! Known differences from memcached 1.6.18 (slab allocator, segmented LRU): no slab classes,
 //! so no slab calcification and no per-class `stats items`; `mg l` reports seconds since the
-//! last bumping access exactly (memcached updates that time at most once a minute); a store
-//! that would already be expired (negative exptime) replaces the old item but is not linked;
+//! last bumping access exactly (memcached updates that time at most once a minute);
 //! append/prepend/incr that fail with NoMemory leave the key absent (memcached keeps the old
 //! item); the `-I` check is memcached's `item_size_ok`, shared with every protocol parser
 //! (`slipstream_proto::rules`, as are the key limit and how incr/decr read a stored number); the
@@ -330,6 +330,9 @@ pub struct StoreStats {
     pub curr_items: u64,
     pub total_items: u64,
     pub bytes: u64,
+    /// Memory held for items (item allocations, entry slabs, index tables): `total_malloced`.
+    /// Flat while items are replaced by same-sized ones; the slabs stay after removals.
+    pub malloced_bytes: u64,
     pub limit_maxbytes: u64,
     pub evictions: u64,
     pub expired_unfetched: u64,
@@ -728,15 +731,9 @@ impl Store {
             // Before the item changes (in place or by removal), not after.
             sh.kernel_invalidate(i);
         }
-        if exptime != 0 && exptime <= t.now {
-            // Already expired: memcached links it and drops it on the next access; skipping
-            // the link is indistinguishable to clients and saves the memory.
-            if let Some(i) = existing {
-                sh.remove(i, used);
-            }
-            sh.counters.total_items += 1;
-            return StoreResult::Stored(cas);
-        }
+        // An already-expired item (negative or past exptime) is linked like any other, as
+        // memcached links it: the next access meets it expired (`get_expired`), and until then
+        // it is counted in curr_items and charged like any item (reclaimed at the LRU tail).
         if let Some(i) = existing {
             let e = &mut sh.entries[i as usize];
             // In place only while no reply holds the old value (see `Entry::data`).
@@ -909,6 +906,9 @@ impl Store {
         let mut guard = self.lock(si);
         let sh = &mut *guard;
         let t = self.now();
+        // Before the lookup, as memcached allocates (and pulls its LRU tail) before it looks
+        // the key up: an expired item at the tail is reclaimed, not met by this store.
+        sh.reclaim_tail(&t, &self.used_bytes.0);
         let cas_in = opts.cas.unwrap_or(0);
         let key_bit = if opts.key_binary { KEY_BINARY } else { 0 };
         let cas_mode = mode == SetMode::Cas || (opts.cas.is_some() && matches!(mode, SetMode::Set | SetMode::Replace));
@@ -1170,6 +1170,7 @@ impl Store {
             let c = &g.counters;
             s.curr_items += g.items;
             s.bytes += g.bytes as u64;
+            s.malloced_bytes += g.malloced_bytes() as u64;
             s.total_items += c.total_items;
             s.evictions += c.evictions;
             s.expired_unfetched += c.expired_unfetched;

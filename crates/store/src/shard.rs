@@ -206,6 +206,18 @@ impl Shard {
         }
     }
 
+    /// Bytes this shard holds from the allocator for items: every linked item's allocation
+    /// (key and value behind an `Arc` header), the entry slab (kept for reuse after a removal,
+    /// as memcached keeps its slab pages) and the index table. memcached's `total_malloced`.
+    pub(crate) fn malloced_bytes(&self) -> usize {
+        const ARC_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>();
+        let items = self.items as usize;
+        let data = self.bytes - items * ITEM_OVERHEAD_BYTES;
+        data + items * ARC_HEADER_BYTES
+            + self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.index.table_bytes()
+    }
+
     /// Publish the stamp of the current tail (after the tail changed).
     #[inline]
     fn publish_tail(&self, stamp: u64) {
@@ -381,6 +393,29 @@ impl Shard {
         self.bytes -= charge;
         self.items -= 1;
         used.fetch_sub(charge, Ordering::Relaxed);
+    }
+
+    /// Free the expired or flushed items at the very tail of the LRU, up to
+    /// `TAIL_SEARCH_ITEMS`, stopping at the first live one (`reclaimed`): memcached's
+    /// lru_pull_tail before each item allocation, which its LRU maintainer also runs in the
+    /// background. Here it runs before each store, on the storing shard only (its lock is held;
+    /// other shards' expired tails wait for their own stores or for an eviction).
+    pub(crate) fn reclaim_tail(&mut self, t: &Now, used: &AtomicUsize) {
+        for _ in 0..TAIL_SEARCH_ITEMS {
+            let i = self.tail;
+            if i == NIL {
+                return;
+            }
+            let e = &self.entries[i as usize];
+            if !(t.is_expired(e) || t.is_flushed(e)) {
+                return;
+            }
+            self.counters.reclaimed += 1;
+            if e.bits & FETCHED == 0 {
+                self.counters.expired_unfetched += 1;
+            }
+            self.remove(i, used);
+        }
     }
 
     /// Free one item from the LRU tail: an expired/flushed one among the last few if any

@@ -57,8 +57,17 @@ fn exptime_negative_is_already_expired() {
     let s = new_store();
     stored_cas(set(&s, "k", "old", 0));
     stored_cas(set(&s, "k", "v", -1));
+    // Linked, as memcached links it: counted until an access meets it expired.
+    assert_eq!((s.stats().curr_items, s.stats().get_expired), (1, 0));
     assert_eq!(val(&s, "k"), None, "negative exptime stores an already expired item");
     assert_eq!(s.stats().total_items, 2);
+    assert_eq!((s.stats().curr_items, s.stats().get_expired), (0, 1));
+    // A store finds it at its shard's LRU tail and reclaims it before looking the key up
+    // (memcached's allocation pulls the tail first, too).
+    stored_cas(set(&s, "k", "v", -1));
+    stored_cas(set(&s, "k", "w", 0));
+    let st = s.stats();
+    assert_eq!((st.get_expired, st.reclaimed, val(&s, "k").as_deref()), (1, 1, Some("w")));
 }
 
 #[test]
@@ -497,6 +506,26 @@ fn lru_touch_and_failed_add_count_as_use() {
     assert_eq!(s.store(SetMode::Add, b"a", &v, 0, 0, StoreOpts::default()), StoreResult::NotStored);
     put("d");
     assert!(present(&s, "a") && !present(&s, "c"));
+}
+
+#[test]
+fn stores_reclaim_expired_items_at_the_tail() {
+    // memcached's lru_pull_tail before an allocation: the expired items at the very tail are
+    // freed (reclaimed) even with memory to spare; a live item at the tail stops the search.
+    let s = store_with(|c| c.shards = 1);
+    stored_cas(set(&s, "a", "x", 5));
+    stored_cas(set(&s, "b", "x", 5));
+    stored_cas(set(&s, "live", "x", 0));
+    stored_cas(set(&s, "c", "x", 5));
+    assert!(get(&s, "b").is_some()); // fetched: not expired_unfetched; now the newest
+    s.clock().advance(5);
+    stored_cas(set(&s, "n", "x", 0)); // tail: a (expired), live (stops) — c and b stay
+    let st = s.stats();
+    assert_eq!((st.reclaimed, st.expired_unfetched, st.curr_items), (1, 1, 4));
+    assert!(s.delete(b"live", DeleteOpts::default()) == DeleteResult::Deleted);
+    stored_cas(set(&s, "m", "x", 0)); // tail: c, b (expired), n (stops)
+    let st = s.stats();
+    assert_eq!((st.reclaimed, st.expired_unfetched, st.curr_items, st.get_expired), (3, 2, 2, 0));
 }
 
 #[test]
@@ -1227,4 +1256,24 @@ fn no_evict_refuses_when_full_and_reclaims_expired() {
     s.set_evict_to_free(true);
     assert!(matches!(set(&s, "later", &v, 0), StoreResult::Stored { .. }));
     assert_eq!(s.stats().evictions, 1);
+}
+
+#[test]
+fn malloced_bytes_flat_under_replacement_and_kept_after_removal() {
+    let s = store_with(|c| c.shards = 1);
+    let v = "x".repeat(1000);
+    stored_cas(set(&s, "a", &v, 0));
+    let first = s.stats();
+    assert!(first.malloced_bytes >= first.bytes, "{first:?}");
+    for i in 0..50 {
+        // Held by a reader during some overwrites, so those are not written in place.
+        let held = (i % 2 == 0).then(|| s.get(b"a", GetOpts::default(), |o| o.item.map(|it| it.data.clone())));
+        stored_cas(set(&s, "a", &v, 0));
+        drop(held);
+        assert_eq!(s.stats().malloced_bytes, first.malloced_bytes, "overwrite {i}");
+    }
+    assert!(s.delete(b"a", DeleteOpts::default()) == DeleteResult::Deleted);
+    let after = s.stats();
+    assert_eq!(after.bytes, 0);
+    assert!(after.malloced_bytes > 0 && after.malloced_bytes < first.malloced_bytes, "{after:?}");
 }

@@ -122,7 +122,8 @@ impl Acceptor<'_> {
                 Ok((stream, peer)) => {
                     let listen_addr = listener.local_addr().ok().map(|a| format!("tcp:{a}"));
                     let _ = stream.set_nodelay(true);
-                    let Some(stream) = self.wrap_tcp(stream) else { continue };
+                    let tls = self.tls.filter(|_| !wt.tenant.tls_exempt);
+                    let Some(stream) = wrap_tcp(stream, tls) else { continue };
                     self.admit_conn(conns, wt.tenant.clone(), stream, format!("tcp:{peer}"), listen_addr);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -132,19 +133,6 @@ impl Acceptor<'_> {
                     eprintln!("slipstream: accept failed: {e}");
                     return;
                 }
-            }
-        }
-    }
-
-    /// [sec hook] A TCP connection as served: plain, or TLS under `-Z` (None: the TLS set-up
-    /// failed, said so; the socket closes).
-    fn wrap_tcp(&self, stream: TcpStream) -> Option<Stream> {
-        let Some(cfg) = self.tls else { return Some(Stream::Tcp(stream)) };
-        match TlsStream::new(stream, cfg) {
-            Ok(t) => Some(Stream::Tls(Box::new(t))),
-            Err(e) => {
-                eprintln!("slipstream: TLS connection setup failed: {e}");
-                None
             }
         }
     }
@@ -232,6 +220,19 @@ fn refuse_over_limit(stream: &Stream) {
     let msg = b"ERROR Too many open connections\r\n";
     // SAFETY: the fd is the stream's open socket; write only reads `msg`, which outlives the call.
     let _ = unsafe { libc::write(stream.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+}
+
+/// [sec hook] A TCP connection as served: plain, or TLS under `-Z` unless its listener is
+/// exempt (`-l notls:`) (None: the TLS set-up failed, said so; the socket closes).
+fn wrap_tcp(stream: TcpStream, tls: Option<&Arc<rustls::ServerConfig>>) -> Option<Stream> {
+    let Some(cfg) = tls else { return Some(Stream::Tcp(stream)) };
+    match TlsStream::new(stream, cfg) {
+        Ok(t) => Some(Stream::Tls(Box::new(t))),
+        Err(e) => {
+            eprintln!("slipstream: TLS connection setup failed: {e}");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

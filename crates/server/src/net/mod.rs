@@ -106,6 +106,8 @@ pub struct NetConfig {
     pub unix: Option<UnixSpec>,
     /// `-Z`: TLS on the TCP listeners.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `-l notls:`: the addresses (0 = `tcp_addr`, k = `more_addrs[k - 1]`) served without TLS.
+    pub tls_exempt: Vec<usize>,
 }
 
 /// Errors that stop the server from starting.
@@ -187,34 +189,38 @@ impl Server {
             udp_port: udp_local.map(|a| a.port()).unwrap_or(0),
             ..info_template
         });
+        // memcached gives each worker its own UDP socket for one address, one socket per
+        // address for a list (its num_threads_per_udp).
+        let udp_listed = if more.is_empty() { threads } else { 1 };
         for b in std::iter::once(&bound).chain(more.iter()) {
-            if let (Some(Some(l)), Ok(mut reg)) = (b.0.first(), info.conns.lock()) {
-                // memcached lists its listening socket in `stats conns`; with SO_REUSEPORT every
-                // thread has one, and the first stands for them all.
-                let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
-                reg.insert(
-                    l.as_raw_fd(),
-                    ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) },
-                );
-            }
+            register_listeners(&info, b, udp_listed);
         }
         let unix = bind_unix(net.unix.as_ref(), &info)?;
         let mut all = vec![bound];
         all.extend(more);
-        let table =
-            Arc::new(TenantTable::single(threads, net.conn_limit, Arc::new(settings), store, info.clone(), all));
+        let table = Arc::new(TenantTable::single(
+            threads,
+            net.conn_limit,
+            Arc::new(settings),
+            store,
+            info.clone(),
+            all,
+            &net.tls_exempt,
+        ));
         Server::launch(table, net.read_buf_bytes_max, info, net.worker_sched, Listeners { unix, tls: net.tls })
     }
 
     /// Tenant mode: serve every tenant of `table` (already bound). `info` stands for the node
-    /// (for the daemon's own use; each tenant has its own for `stats`).
+    /// (for the daemon's own use; each tenant has its own for `stats`). `tls` (`-Z`): every
+    /// tenant's TCP port speaks TLS, those added at run time too.
     pub fn start_tenants(
         table: Arc<TenantTable>,
         read_buf_bytes_max: usize,
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
+        tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Result<Server, NetError> {
-        Server::launch(table, read_buf_bytes_max, info, worker_sched, Listeners::default())
+        Server::launch(table, read_buf_bytes_max, info, worker_sched, Listeners { unix: None, tls })
     }
 
     fn launch(
@@ -292,6 +298,22 @@ impl Listeners {
             poll.registry().register(l, UNIX_LISTENER, Interest::READABLE).map_err(NetError::Poll)?;
         }
         Ok(unix)
+    }
+}
+
+/// List one address's sockets in `stats conns` as memcached does: its TCP listener (with
+/// SO_REUSEPORT every thread has one, and the first stands for them all) and the first
+/// `udp_listed` of its UDP sockets (`udp:` address, no listen address: an idle UDP socket).
+fn register_listeners(info: &ServerInfo, b: &crate::bind::Bound, udp_listed: usize) {
+    let Ok(mut reg) = info.conns.lock() else { return };
+    let entry = |addr: String| ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) };
+    if let Some(Some(l)) = b.0.first() {
+        let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
+        reg.insert(l.as_raw_fd(), entry(addr));
+    }
+    for u in b.1.iter().flatten().take(udp_listed) {
+        let addr = u.local_addr().map(|a| format!("udp:{a}")).unwrap_or_default();
+        reg.insert(u.as_raw_fd(), entry(addr));
     }
 }
 
