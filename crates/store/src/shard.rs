@@ -170,6 +170,8 @@ pub(crate) struct Counters {
     pub(crate) reclaimed: u64,
     pub(crate) get_expired: u64,
     pub(crate) get_flushed: u64,
+    pub(crate) crawler_reclaimed: u64,
+    pub(crate) crawler_items_checked: u64,
 }
 
 pub(crate) struct Shard {
