@@ -219,6 +219,27 @@ def test_connevents_like_memcached(servers):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_eviction_lines(servers, kind):
+    """memcached's `eviction` line for each live item pushed out (memcached's class id is
+    its slab class; Slipstream's one class is 1)."""
+    srv = servers(kind, mem_mb=8)
+    w = watcher(srv, b"watch evictions\r\n")
+    c = srv.connect(timeout=10)
+    value = b"v" * 10000
+    for base in range(0, 2000, 200):
+        c.sendall(b"".join(b"set k%d 0 0 10000\r\n%s\r\n" % (i, value) for i in range(base, base + 200)))
+        mcwire.read_until(c, b"STORED\r\n" * 200, max_s=10.0)
+    c.close()
+    lines = watched_lines(w, 10, max_s=5.0)
+    w.close()
+    assert len(lines) >= 10, lines
+    for line in lines:
+        assert re.fullmatch(r"ts=\d+\.\d+ gid=\d+ type=eviction key=k\d+ fetch=no ttl=-1 la=\d+ clsid=\d+ size=10000",
+                            line), line
+    assert int(stats_of(srv)["evictions"]) >= len(lines)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_slow_watcher_skips_lines_with_a_bounded_buffer(servers, kind):
     """A watcher that does not read gets at most its buffer (256 KB) plus what the sockets
     hold, then memcached's `skipped=N` line; the server's memory does not follow the load."""

@@ -385,15 +385,23 @@ pub fn log_conn(logger: &Logger, peer: &Peer, cfd: i32, closed: Option<CloseReas
     });
 }
 
-/// `type=eviction ...` (memcached's _logger_parse_ee).
-pub fn eviction_line(key: &[u8], fetched: bool, ttl_s: i64, last_access_ago_s: u32, value_bytes: usize) -> Vec<u8> {
-    let mut out = b"type=eviction key=".to_vec();
-    uriencode(key, &mut out);
-    let fetch = if fetched { "yes" } else { "no" };
-    out.extend_from_slice(
-        format!(" fetch={fetch} ttl={ttl_s} la={last_access_ago_s} clsid=1 size={value_bytes}\n").as_bytes(),
-    );
-    out
+/// Have `store` log its evictions to `logger` (`type=eviction ...`, memcached's
+/// _logger_parse_ee) while someone watches evictions.
+pub fn log_evictions(logger: &Arc<Logger>, store: &slipstream_store::Store) {
+    let logger = logger.clone();
+    store.set_eviction_log(Arc::new(move |e: &slipstream_store::Evicted<'_>| {
+        if !logger.wants(watch_class::EVICTIONS) {
+            return;
+        }
+        logger.log(watch_class::EVICTIONS, |out| {
+            out.extend_from_slice(b"type=eviction key=");
+            uriencode(e.key, out);
+            let fetch = if e.fetched { "yes" } else { "no" };
+            let rest =
+                format!(" fetch={fetch} ttl={} la={} clsid=1 size={}\n", e.ttl_s, e.last_access_ago_s, e.value_bytes);
+            out.extend_from_slice(rest.as_bytes());
+        });
+    }));
 }
 
 #[cfg(test)]

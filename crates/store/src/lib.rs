@@ -324,6 +324,19 @@ pub struct ItemMeta {
     pub item_bytes: usize,
 }
 
+/// A live item as it is evicted (what memcached's `eviction` log line shows).
+pub struct Evicted<'a> {
+    pub key: &'a [u8],
+    pub fetched: bool,
+    /// Seconds it had left to live; -1 = no expiry.
+    pub ttl_s: i64,
+    pub last_access_ago_s: u32,
+    pub value_bytes: usize,
+}
+
+/// See [`Store::set_eviction_log`].
+pub type EvictionLog = Arc<dyn Fn(&Evicted<'_>) + Send + Sync>;
+
 /// Counters and gauges for `stats`, `stats items`, `stats slabs`.
 #[derive(Clone, Debug, Default)]
 pub struct StoreStats {
@@ -403,6 +416,7 @@ pub struct Store {
     lru: Arc<LruBoard>,
     /// The kernel cache observer, once installed (each shard holds a clone too).
     kernel: OnceLock<Arc<dyn KernelCache>>,
+    eviction_log: OnceLock<EvictionLog>,
     /// memcached's `evict_to_free`: false (`-M`) = a full store frees only expired or flushed
     /// items at the LRU tails and otherwise refuses the store with `NoMemory`.
     evict_to_free: AtomicBool,
@@ -438,6 +452,7 @@ impl Store {
                 generation: AtomicU64::new(0),
             }),
             kernel: OnceLock::new(),
+            eviction_log: OnceLock::new(),
             evict_to_free: AtomicBool::new(true),
             outofmemory: AtomicU64::new(0),
             config,
@@ -470,6 +485,19 @@ impl Store {
         }
         for i in 0..self.shards.len() {
             self.lock(i).kernel = Some(kernel.clone());
+        }
+        true
+    }
+
+    /// Install what is told of every eviction of a live item (memcached's `watch evictions`;
+    /// once; later calls return false and change nothing). It runs under a shard's lock: it
+    /// must be quick and must not call back into the store.
+    pub fn set_eviction_log(&self, log: EvictionLog) -> bool {
+        if self.eviction_log.set(log.clone()).is_err() {
+            return false;
+        }
+        for i in 0..self.shards.len() {
+            self.lock(i).eviction_log = Some(log.clone());
         }
         true
     }
@@ -1233,7 +1261,7 @@ impl Store {
     /// only. Returns where the next step starts in this shard (None: the shard is done).
     pub fn crawl_step(&self, shard: usize, from: usize, slots_max: usize) -> Option<usize> {
         let t = self.now();
-        let Some(lock) = self.shards.get(shard) else { return None };
+        let lock = self.shards.get(shard)?;
         let mut g = lock.0.lock().unwrap_or_else(PoisonError::into_inner);
         let sh = &mut *g;
         let end = from.saturating_add(slots_max).min(sh.entries.len());
@@ -1263,7 +1291,7 @@ impl Store {
     pub fn dump_step(&self, shard: usize, from: usize, slots_max: usize, f: impl FnMut(ItemMeta)) -> Option<usize> {
         let t = self.now();
         let started = self.clock.started_unix_s();
-        let Some(lock) = self.shards.get(shard) else { return None };
+        let lock = self.shards.get(shard)?;
         let mut batch = Vec::new();
         let next = {
             let g = lock.0.lock().unwrap_or_else(PoisonError::into_inner);
