@@ -173,7 +173,8 @@ impl Worker {
             for i in 0..self.conns.slots.len() {
                 let Some(s) = self.conns.slots[i].as_ref() else { continue };
                 let since = s.tenant.info.uptime_s().saturating_sub(s.conn.last_cmd_s.load(Ordering::Relaxed));
-                if since > idle_s && !s.conn.blocked_on_write {
+                // A connection still being sent a metadump is not idle.
+                if since > idle_s && !s.conn.blocked_on_write && s.conn.state.dump.is_none() {
                     ThreadStats::incr(&thread_stats(&s.tenant, self.index).idle_kicks);
                     self.close(i, CloseReason::IdleTimeout);
                 }
