@@ -193,6 +193,42 @@ pub enum Request<'a> {
     LruCrawlerSwitch {
         enable: bool,
     },
+    /// `watch [class ...]`: the log classes asked for (memcached's `LOG_*` bits, see
+    /// [`watch_class`]); None when a name is not one memcached 1.6.18 knows (its `ERROR`,
+    /// which a trailing `noreply` suppresses).
+    Watch {
+        classes: Option<u16>,
+        noreply: bool,
+    },
+}
+
+/// memcached 1.6.18's log classes (logger.h `LOG_*`), as `watch` names them.
+pub mod watch_class {
+    pub const SYSEVENTS: u16 = 1 << 1;
+    pub const FETCHERS: u16 = 1 << 2;
+    pub const MUTATIONS: u16 = 1 << 3;
+    pub const CONNEVENTS: u16 = 1 << 5;
+    pub const EVICTIONS: u16 = 1 << 6;
+    pub const RAWCMDS: u16 = 1 << 9;
+    pub const PROXYREQS: u16 = 1 << 10;
+    pub const PROXYEVENTS: u16 = 1 << 11;
+    pub const PROXYUSER: u16 = 1 << 12;
+
+    /// The class a `watch` argument names.
+    pub fn named(name: &[u8]) -> Option<u16> {
+        Some(match name {
+            b"rawcmds" => RAWCMDS,
+            b"evictions" => EVICTIONS,
+            b"fetchers" => FETCHERS,
+            b"mutations" => MUTATIONS,
+            b"sysevents" => SYSEVENTS,
+            b"connevents" => CONNEVENTS,
+            b"proxyreqs" => PROXYREQS,
+            b"proxyevents" => PROXYEVENTS,
+            b"proxyuser" => PROXYUSER,
+            _ => return None,
+        })
+    }
 }
 
 /// How memcached answers bytes that are not a valid request.
@@ -526,7 +562,8 @@ fn parse_admin<'a>(cmd: &[u8], t: &Tokens<'a>, consumed: usize) -> Parsed<Reques
         b"slabs" => parse_slabs(t, consumed),
         b"lru_crawler" => parse_lru_crawler(t, consumed),
         b"lru" if n >= 2 => complete(Request::Admin { line: lru_reply(t), noreply: t.last_is_noreply() }, consumed),
-        b"watch" | b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
+        b"watch" => parse_watch(t, consumed),
+        b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
         _ => parse_unknown(cmd, t, consumed),
     }
 }
@@ -557,6 +594,21 @@ fn parse_cache_memlimit<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'
         Some(megabytes) => return complete(Request::CacheMemlimit { megabytes, noreply }, consumed),
     };
     complete(Request::Admin { line, noreply }, consumed)
+}
+
+/// `watch [class ...]` (memcached's process_watch_command): no class = fetchers; every
+/// argument, a trailing `noreply` included, must name a class.
+fn parse_watch<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let noreply = t.last_is_noreply();
+    let mut classes = 0u16;
+    for i in 1..t.count() {
+        match watch_class::named(t.get(i)) {
+            Some(c) => classes |= c,
+            None => return complete(Request::Watch { classes: None, noreply }, consumed),
+        }
+    }
+    let classes = if t.count() < 2 { watch_class::FETCHERS } else { classes };
+    complete(Request::Watch { classes: Some(classes), noreply }, consumed)
 }
 
 /// `lru_crawler <subcommand> ...`.

@@ -13,7 +13,8 @@ use crate::outq::{SharedQueue, SHARE_VALUE_BYTES_MIN};
 use crate::stats::{ServerInfo, ThreadStats};
 use crate::stats_prefix::{PrefixSink, PrefixStats};
 use crate::tunables::Tunables;
-use slipstream_store::Store;
+use slipstream_proto::text::watch_class;
+use slipstream_store::{Store, StoreResult};
 use std::sync::Arc;
 
 /// Which wire protocol a connection speaks; decided by its first byte (0x80 = binary), as
@@ -74,6 +75,12 @@ pub struct ConnState {
     pub auth_body_bytes: Option<usize>,
     /// SASL: an AUTH without data asked for it; the next STEP brings it.
     pub sasl_continue: bool,
+    /// `lru_crawler metadump` in progress: the TCP loop produces the rest as the client
+    /// reads, before any later request runs (see `memcache_admin::dump_more`).
+    pub dump: Option<crate::memcache_admin::DumpCursor>,
+    /// `watch` accepted this watcher (its id in `Settings::logger`): the network loop hands
+    /// the connection to the log writer after this batch.
+    pub watcher: Option<u64>,
 }
 
 impl ConnState {
@@ -90,6 +97,8 @@ impl ConnState {
             authenticated: false,
             auth_body_bytes: None,
             sasl_continue: false,
+            dump: None,
+            watcher: None,
         }
     }
 }
@@ -120,6 +129,9 @@ pub struct Settings {
     pub domain_socket: Option<String>,
     /// `-a <mask>`: the unix socket's permission bits (memcached's default 0700).
     pub socket_mode: u32,
+    /// The log stream `watch` connections receive (shared by every tenant, as memcached has
+    /// one logger).
+    pub logger: Arc<crate::watch::Logger>,
 }
 
 impl Default for Settings {
@@ -136,13 +148,15 @@ impl Default for Settings {
             auth: None,
             domain_socket: None,
             socket_mode: 0o700,
+            logger: Arc::default(),
         }
     }
 }
 
 /// Everything an executor may use while handling one request.
 pub struct Ctx<'a> {
-    pub store: &'a Store,
+    /// Shared so that a background job (the LRU crawler) can hold it.
+    pub store: &'a Arc<Store>,
     /// This thread's counters (no sharing on the hot path).
     pub stats: &'a ThreadStats,
     pub settings: &'a Settings,
@@ -170,6 +184,74 @@ impl Ctx<'_> {
         }
         out.reserve_exact(target - out.len());
         true
+    }
+}
+
+/// Log-stream events (`watch`): each first checks, with one relaxed atomic load, that a
+/// watcher wants the class; building the line is out of line (see `watch`).
+impl Ctx<'_> {
+    /// memcached's `item_get` line for a read that found a value of `found` bytes (or not).
+    #[inline(always)]
+    pub fn log_get(&self, key: &[u8], found: Option<usize>) {
+        if self.settings.logger.wants(watch_class::FETCHERS) {
+            let cfd = self.conn.conn_id;
+            self.settings.logger.log(watch_class::FETCHERS, |o| crate::watch::item_get_line(key, found, cfd, o));
+        }
+    }
+
+    /// memcached looks an item up (and logs `item_get`) before a store, delete, touch or
+    /// arithmetic changes it: the same line, from a look that changes nothing.
+    #[inline(always)]
+    pub fn log_lookup(&self, key: &[u8]) {
+        if self.settings.logger.wants(watch_class::FETCHERS) {
+            self.log_lookup_slow(key);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn log_lookup_slow(&self, key: &[u8]) {
+        let found = self.store.get(key, slipstream_store::GetOpts::default(), |o| o.item.map(|i| i.value.len()));
+        self.log_get(key, found);
+    }
+
+    /// memcached's `item_store` line: `result` of a `cmd` store of `value_bytes` with raw
+    /// exptime `exptime`.
+    #[inline(always)]
+    pub fn log_store(&self, key: &[u8], cmd: &'static str, result: StoreResult, exptime: i64, value_bytes: usize) {
+        if self.settings.logger.wants(watch_class::MUTATIONS) {
+            self.log_store_slow(key, cmd, result, exptime, value_bytes);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn log_store_slow(&self, key: &[u8], cmd: &'static str, result: StoreResult, exptime: i64, value_bytes: usize) {
+        let status = match result {
+            StoreResult::Stored(_) => "stored",
+            StoreResult::NotStored => "not_stored",
+            StoreResult::Exists => "exists",
+            StoreResult::NotFound => "not_found",
+            StoreResult::TooLarge => "too_large",
+            StoreResult::NoMemory => "no_memory",
+        };
+        let refused = matches!(result, StoreResult::TooLarge | StoreResult::NoMemory);
+        // memcached: the item's expiry less the current time, unsigned; 0 = never.
+        let rel = if refused { 0 } else { self.store.rel_exptime(exptime) };
+        let mut ttl_s = if rel == 0 { 0 } else { rel.wrapping_sub(self.store.clock().now_rel_s()) };
+        let mut value_bytes = if refused { 0 } else { value_bytes };
+        if matches!(result, StoreResult::Stored(_)) && matches!(cmd, "append" | "prepend") {
+            // memcached logs the combined item, which keeps the old one's expiry.
+            let now = self
+                .store
+                .get(key, slipstream_store::GetOpts::default(), |o| o.item.map(|i| (i.value.len(), i.ttl_remaining_s)));
+            if let Some((n, ttl)) = now {
+                value_bytes = n;
+                ttl_s = u32::try_from(ttl).unwrap_or(0);
+            }
+        }
+        let e = crate::watch::StoreEvent { key, status, cmd, ttl_s, value_bytes, cfd: self.conn.conn_id };
+        self.settings.logger.log(watch_class::MUTATIONS, |o| crate::watch::item_store_line(&e, o));
     }
 }
 

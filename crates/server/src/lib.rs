@@ -12,6 +12,7 @@ pub mod admin;
 pub mod auth;
 mod bind;
 pub mod bufbudget;
+pub mod crawler;
 pub mod credentials;
 pub mod dispatch;
 pub mod exec;
@@ -30,6 +31,7 @@ pub mod tenants;
 pub mod transport;
 pub mod tunables;
 mod udp_batch;
+pub mod watch;
 
 /// What `version` reports: the memcached protocol level we match, then our own name.
 pub const VERSION_STRING: &str = "1.6.18-slipstream-0.1.0";

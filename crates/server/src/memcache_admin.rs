@@ -3,21 +3,36 @@
 //!
 //! Slipstream has one item class, reported as memcached's class 1 (as `stats items` does), so a
 //! class list naming 1, `all` or `hash` dumps every live item, and any other valid class is
-//! empty. Dumps are bounded (`DUMP_BYTES_MAX`) like memcached's crawler buffer.
+//! empty. A metadump is streamed in bounded steps as the client reads (`dump_more`, driven by
+//! the TCP loop); a crawl runs on the crawler thread (`crawler`).
 //!
-//! Not for: parsing (slipstream-proto) or the store walk itself (`Store::dump`).
+//! Not for: parsing (slipstream-proto) or the store walk itself (`Store::dump_step`).
 
-use crate::exec::Ctx;
+use crate::crawler::{CrawlStart, CRAWLER};
+use crate::exec::{Ctx, Transport};
+use crate::watch::{uriencode, WatchRefused};
 use slipstream_store::ItemMeta;
 
-/// Largest metadump reply built at once. memcached streams its dump from a side thread; here
-/// the reply is built in one go, so it is capped: a larger store's dump ends early with END
-/// (tools page through keys with `stats cachedump`/`mg` anyway).
-pub const DUMP_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Slots of one shard a metadump step copies out under the shard's lock.
+const DUMP_SLOTS_PER_STEP: usize = 256;
+/// A TCP connection's metadump is produced while fewer unsent bytes than this wait in its
+/// reply buffer, one step at a time; the rest waits until the client reads (see `net::tcp`),
+/// so the dump of any store holds at most this plus one step per connection, charged to the
+/// connection-buffer budget (`-o read_buf_mem_limit`) like any reply.
+pub const DUMP_PENDING_BYTES_MAX: usize = 64 * 1024;
+/// A UDP reply is built at once (there is no reading client to wait for): capped.
+const DUMP_UDP_BYTES_MAX: usize = 1024 * 1024;
 /// memcached's cachedump buffer: 2 MB.
 const CACHEDUMP_BYTES_MAX: usize = 2 * 1024 * 1024;
 /// memcached's slab class ids: 1..64.
 const CLASS_MAX: u32 = 63;
+
+/// Where a metadump in progress goes on (kept in the connection's state between rounds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DumpCursor {
+    pub shard: usize,
+    pub slot: usize,
+}
 
 /// Which classes a `lru_crawler` argument names; None = `BADCLASS`.
 fn names_class_one(classes: &[u8]) -> Option<bool> {
@@ -33,17 +48,6 @@ fn names_class_one(classes: &[u8]) -> Option<bool> {
                 one |= id == 1;
             }
             Some(one)
-        }
-    }
-}
-
-/// memcached's uriencode: RFC 3986 unreserved bytes as they are, the rest as `%XX`.
-fn uriencode(key: &[u8], out: &mut Vec<u8>) {
-    for &b in key {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b);
-        } else {
-            out.extend_from_slice(format!("%{b:02X}").as_bytes());
         }
     }
 }
@@ -82,20 +86,82 @@ pub fn lru_crawler(ctx: &mut Ctx<'_>, metadump: bool, classes: &[u8], out: &mut 
         return;
     };
     if !metadump {
-        // Expired items are reclaimed when met (at the LRU tail or on access); there is no
-        // background crawl to start, and memcached answers OK once one is scheduled.
-        out.extend_from_slice(b"OK\r\n");
+        // Items live in class 1 only: other classes have nothing to walk (memcached answers
+        // OK for an empty class too).
+        let line: &[u8] = if !class_one {
+            b"OK\r\n"
+        } else {
+            match CRAWLER.start(ctx.store.clone(), tu.lru_crawler_sleep_us, tu.lru_crawler_tocrawl) {
+                CrawlStart::Started => b"OK\r\n",
+                CrawlStart::Busy => b"BUSY currently processing crawler request\r\n",
+                CrawlStart::Failed => b"ERROR an unknown error happened\r\n",
+            }
+        };
+        out.extend_from_slice(line);
         return;
     }
-    if class_one {
-        let start = out.len();
-        ctx.store.dump(0, |m| {
-            if out.len() - start < DUMP_BYTES_MAX {
-                metadump_line(&m, out);
-            }
-        });
+    if !class_one {
+        out.extend_from_slice(b"END\r\n");
+        return;
     }
+    ctx.conn.dump = Some(DumpCursor::default());
+    if ctx.conn.transport == Transport::Udp {
+        let start = out.len();
+        while ctx.conn.dump.is_some() && out.len() - start < DUMP_UDP_BYTES_MAX {
+            dump_more(ctx, out);
+        }
+        if ctx.conn.dump.take().is_some() {
+            out.extend_from_slice(b"END\r\n");
+        }
+    }
+    // TCP: the network loop calls `dump_more` as the client reads.
+}
+
+/// Append the next step of the connection's metadump to `out` (the live items among one
+/// step's slots of one shard); the last step appends `END` and clears the cursor.
+pub fn dump_more(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+    let Some(mut c) = ctx.conn.dump else { return };
+    let shards = ctx.store.shard_count();
+    while c.shard < shards {
+        match ctx.store.dump_step(c.shard, c.slot, DUMP_SLOTS_PER_STEP, |m| metadump_line(&m, out)) {
+            Some(slot) => {
+                c.slot = slot;
+                ctx.conn.dump = Some(c);
+                return;
+            }
+            None => {
+                c.shard += 1;
+                c.slot = 0;
+            }
+        }
+    }
+    ctx.conn.dump = None;
     out.extend_from_slice(b"END\r\n");
+}
+
+/// `watch [classes]` (memcached's process_watch_command): the line to answer now. On success
+/// that is nothing — memcached's `OK` is the first thing the watcher's stream sends — and the
+/// connection is marked for the network loop to hand to the log writer. `pipelined`: replies
+/// of earlier requests are still unsent.
+pub fn watch(ctx: &mut Ctx<'_>, classes: Option<u16>, pipelined: bool) -> &'static [u8] {
+    if !ctx.settings.tunables.watch_enabled {
+        return b"CLIENT_ERROR watch commands not allowed\r\n";
+    }
+    if pipelined {
+        return b"ERROR cannot pipeline other commands before watch\r\n";
+    }
+    let Some(classes) = classes else { return b"ERROR\r\n" };
+    if ctx.conn.transport == Transport::Udp {
+        // A UDP socket serves everyone: it cannot become one client's log stream.
+        return b"WATCHER_FAILED failed to add log watcher\r\n";
+    }
+    match ctx.settings.logger.reserve(classes) {
+        Ok(id) => {
+            ctx.conn.watcher = Some(id);
+            b""
+        }
+        Err(WatchRefused::TooMany) => b"WATCHER_TOO_MANY log watcher limit reached\r\n",
+    }
 }
 
 /// `stats cachedump <class> <limit>` (the parser has checked both numbers).

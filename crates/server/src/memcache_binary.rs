@@ -97,6 +97,7 @@ fn touch(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], exptime: u32, out: &mut Vec<
     let stats = ctx.stats;
     ThreadStats::incr(&stats.cmd_touch);
     let opts = GetOpts { bump: true, touch_exptime: Some(exptime as i64), ..GetOpts::default() };
+    ctx.log_lookup(key);
     let hit = ctx.store.get(key, opts, |o| match o.item {
         Some(item) => {
             // memcached's TOUCH reply carries the flags and CAS but no value.
@@ -121,7 +122,10 @@ fn concat(ctx: &mut Ctx<'_>, h: &Header, append: bool, key: &[u8], value: &[u8],
     crate::stats_prefix::record_set(ctx, key);
     let mode = if append { SetMode::Append } else { SetMode::Prepend };
     let opts = StoreOpts { cas: nonzero(storage_cas(ctx, h)), ..StoreOpts::default() };
-    match ctx.store.store(mode, key, value, 0, 0, opts) {
+    ctx.log_lookup(key);
+    let result = ctx.store.store(mode, key, value, 0, 0, opts);
+    ctx.log_store(key, if append { "append" } else { "prepend" }, result, 0, value.len());
+    match result {
         StoreResult::Stored(cas) => {
             ThreadStats::incr(&stats.cmd_set);
             success(out, h, quiet, cas, &[]);
@@ -158,6 +162,7 @@ fn delete(ctx: &mut Ctx<'_>, h: &Header, key: &[u8], quiet: bool, out: &mut Vec<
     let stats = ctx.stats;
     crate::stats_prefix::record_delete(ctx, key);
     let opts = DeleteOpts { cas: nonzero(h.cas), ..DeleteOpts::default() };
+    ctx.log_lookup(key);
     match ctx.store.delete(key, opts) {
         DeleteResult::Deleted => {
             ThreadStats::incr(&stats.delete_hits);
@@ -190,6 +195,7 @@ fn arith(ctx: &mut Ctx<'_>, h: &Header, a: ArithArgs<'_>, quiet: bool, out: &mut
     let opts = ArithOpts { vivify, cas: nonzero(h.cas), touch_exptime: None };
     let (hits, misses) =
         if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
+    ctx.log_lookup(key);
     match ctx.store.arith(key, incr, delta, opts) {
         ArithResult::Ok { value, cas, .. } => {
             ThreadStats::incr(hits);
@@ -253,6 +259,7 @@ fn get_reply(
     out: &mut Vec<u8>,
     touch: bool,
 ) {
+    ctx.log_lookup(key);
     let store = ctx.store;
     let found = store.get(key, opts, |o| match o.item {
         Some(item) => {
@@ -330,7 +337,15 @@ fn store(
         (StoreKind::Replace, _) => SetMode::Replace,
     };
     let opts = StoreOpts { cas: nonzero(cas), ..StoreOpts::default() };
+    ctx.log_lookup(key);
     let result = ctx.store.store(mode, key, value, flags, exptime as i64, opts);
+    let name = match mode {
+        SetMode::Add => "add",
+        SetMode::Replace => "replace",
+        SetMode::Cas => "cas",
+        _ => "set",
+    };
+    ctx.log_store(key, name, result, i64::from(exptime), value.len());
     // memcached counts cmd_set only once the item was allocated; it does not count
     // store_too_large / store_no_memory on the binary path at all.
     if !matches!(result, StoreResult::TooLarge | StoreResult::NoMemory) {
@@ -441,7 +456,7 @@ mod tests {
     use std::sync::Arc;
 
     struct Rig {
-        store: Store,
+        store: Arc<Store>,
         stats: Arc<ThreadStats>,
         settings: Settings,
         server: ServerInfo,
@@ -451,7 +466,7 @@ mod tests {
     impl Rig {
         fn new() -> Rig {
             let cfg = StoreConfig { memory_bytes_max: 8 << 20, item_bytes_max: 1 << 20, shards: 4, cas_enabled: true };
-            let store = Store::with_clock(cfg, Clock::manual(1_700_000_000));
+            let store = Arc::new(Store::with_clock(cfg, Clock::manual(1_700_000_000)));
             let stats = Arc::new(ThreadStats::default());
             let server = ServerInfo { pid: 42, tcp_port: 11211, ..ServerInfo::detached(vec![stats.clone()], 1 << 20) };
             Rig { store, stats, settings: Settings::default(), server, conn: ConnState::new(Transport::Tcp) }
@@ -635,7 +650,7 @@ mod tests {
     fn cas_disabled_ignores_header_cas_on_storage() {
         let mut r = Rig::new();
         let cfg = StoreConfig { cas_enabled: false, ..r.store.config().clone() };
-        r.store = Store::with_clock(cfg, Clock::manual(1_700_000_000));
+        r.store = Arc::new(Store::with_clock(cfg, Clock::manual(1_700_000_000)));
         // memcached -C: a set with a CAS on a missing key is a plain set, CAS 0 in the reply.
         let (out, _) = r.run(&set(opcode::SET, b"c", b"v", 0, 12345, 1));
         assert_eq!(out, resp(opcode::SET, 0, 1, 0, b"", b"", b""));

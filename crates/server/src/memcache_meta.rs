@@ -92,6 +92,7 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     // A vivified item has no exptime until memcached reaches the N flag, so a `t` before
     // N prints -1.
     let t_before_n = matches!((flag_pos(req, b't'), flag_pos(req, b'N')), (Some(t), Some(n)) if t < n);
+    ctx.log_lookup(req.key.bytes());
     let store = ctx.store;
     let found = store.get(req.key.bytes(), opts, |outcome| match outcome.item {
         Some(item) => {
@@ -200,7 +201,9 @@ fn meta_set(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         key_binary: req.key.is_binary(),
     };
     let exptime = i64::from(f.ttl.unwrap_or(0));
+    ctx.log_lookup(key);
     let result = ctx.store.store(mode, key, req.data, f.client_flags, exptime, opts);
+    ctx.log_store(key, set_mode_name(mode), result, exptime, req.data.len());
     ThreadStats::incr(&s.cmd_set);
     let is_cas = mode == SetMode::Cas;
     let (code, new_cas) = match result {
@@ -242,6 +245,18 @@ fn meta_set(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     meta::compose_set_reply(out, req, code, new_cas);
 }
 
+/// memcached's command names in `item_store` log lines.
+fn set_mode_name(mode: SetMode) -> &'static str {
+    match mode {
+        SetMode::Set => "set",
+        SetMode::Add => "add",
+        SetMode::Replace => "replace",
+        SetMode::Append => "append",
+        SetMode::Prepend => "prepend",
+        SetMode::Cas => "cas",
+    }
+}
+
 fn meta_delete(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let f = &req.flags;
     let s = ctx.stats;
@@ -251,6 +266,7 @@ fn meta_delete(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         // T only counts together with I.
         invalidate_exptime: if f.invalidate { f.ttl.map(i64::from) } else { None },
     };
+    ctx.log_lookup(req.key.bytes());
     let code = match ctx.store.delete(req.key.bytes(), opts) {
         DeleteResult::Deleted => {
             // Marking stale is not a delete in memcached's counters.
@@ -291,6 +307,7 @@ fn meta_arith(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         cas: f.cas,
         touch_exptime: f.ttl.map(i64::from),
     };
+    ctx.log_lookup(key);
     let result = ctx.store.arith(key, incr, f.delta, opts);
     // Compose in place; the reply is cut again if `q` hides it or the opaque is refused.
     let start = out.len();

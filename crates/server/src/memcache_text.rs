@@ -158,10 +158,12 @@ fn store_too_large(
 ) {
     stats_prefix::record_set(ctx, key);
     ThreadStats::incr(&ctx.stats.store_too_large);
+    ctx.log_store(key, store_cmd_name(cmd), StoreResult::TooLarge, 0, 0);
     reply(out, noreply, b"SERVER_ERROR object too large for cache\r\n");
     ctx.conn.swallow_bytes = swallow_bytes;
     // memcached: a failed set must not leave the old value readable.
     if cmd == StoreCmd::Set {
+        ctx.log_lookup(key);
         ctx.store.unlink(key);
     }
 }
@@ -169,6 +171,7 @@ fn store_too_large(
 #[inline]
 fn delete(ctx: &mut Ctx<'_>, key: &[u8], noreply: bool, out: &mut Vec<u8>) {
     stats_prefix::record_delete(ctx, key);
+    ctx.log_lookup(key);
     match ctx.store.delete(key, DeleteOpts::default()) {
         DeleteResult::Deleted => {
             ThreadStats::incr(&ctx.stats.delete_hits);
@@ -184,6 +187,7 @@ fn delete(ctx: &mut Ctx<'_>, key: &[u8], noreply: bool, out: &mut Vec<u8>) {
 /// incr/decr.
 #[inline]
 fn arith(ctx: &mut Ctx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, out: &mut Vec<u8>) {
+    ctx.log_lookup(key);
     match ctx.store.arith(key, incr, delta, ArithOpts::default()) {
         ArithResult::Ok { value, .. } => {
             ThreadStats::incr(if incr { &ctx.stats.incr_hits } else { &ctx.stats.decr_hits });
@@ -206,6 +210,7 @@ fn arith(ctx: &mut Ctx<'_>, incr: bool, key: &[u8], delta: u64, noreply: bool, o
 #[inline]
 fn touch(ctx: &mut Ctx<'_>, key: &[u8], exptime: i64, noreply: bool, out: &mut Vec<u8>) {
     ThreadStats::incr(&ctx.stats.cmd_touch);
+    ctx.log_lookup(key);
     if ctx.store.touch(key, exptime) {
         ThreadStats::incr(&ctx.stats.touch_hits);
         reply(out, noreply, b"TOUCHED\r\n");
@@ -261,6 +266,10 @@ fn admin(ctx: &mut Ctx<'_>, request: Request<'_>, out: &mut Vec<u8>) {
         Request::Admin { line, noreply } => reply(out, noreply, line),
         Request::LruCrawler { metadump, classes } => crate::memcache_admin::lru_crawler(ctx, metadump, classes, out),
         Request::LruCrawlerSwitch { enable } => out.extend_from_slice(ctx.settings.tunables.switch_lru_crawler(enable)),
+        Request::Watch { classes, noreply } => {
+            let line = crate::memcache_admin::watch(ctx, classes, !out.is_empty());
+            reply(out, noreply, line);
+        }
         // `run` handles every other request itself.
         Request::Get { .. }
         | Request::Store { .. }
@@ -324,6 +333,7 @@ fn get(ctx: &mut Ctx<'_>, with_cas: bool, touch_exptime: Option<i64>, keys: Keys
         let store = ctx.store;
         let found = store.get(key, opts, |o| match o.item {
             Some(item) => {
+                ctx.log_get(key, Some(item.value.len()));
                 // Charge the connection-buffer budget before copying the value out (a large
                 // value is sent by reference instead: not copied, not charged).
                 let share = ctx.shares_value(item.value.len());
@@ -336,7 +346,10 @@ fn get(ctx: &mut Ctx<'_>, with_cas: bool, touch_exptime: Option<i64>, keys: Keys
                 out.extend_from_slice(b"\r\n");
                 Some(true)
             }
-            None => Some(false),
+            None => {
+                ctx.log_get(key, None);
+                Some(false)
+            }
         });
         let Some(hit) = found else {
             ctx.truncate_reply(out, reply_start);
@@ -355,6 +368,18 @@ fn get(ctx: &mut Ctx<'_>, with_cas: bool, touch_exptime: Option<i64>, keys: Keys
         }
     }
     compose_end(out);
+}
+
+/// memcached's command names in `item_store` log lines.
+fn store_cmd_name(cmd: StoreCmd) -> &'static str {
+    match cmd {
+        StoreCmd::Set => "set",
+        StoreCmd::Add => "add",
+        StoreCmd::Replace => "replace",
+        StoreCmd::Append => "append",
+        StoreCmd::Prepend => "prepend",
+        StoreCmd::Cas => "cas",
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -380,7 +405,9 @@ fn store(
     let opts = StoreOpts { cas: (cmd == StoreCmd::Cas).then_some(cas_unique), ..StoreOpts::default() };
     let stats = ctx.stats;
     stats_prefix::record_set(ctx, key);
+    ctx.log_lookup(key);
     let result = ctx.store.store(mode, key, data, flags, exptime, opts);
+    ctx.log_store(key, store_cmd_name(cmd), result, exptime, data.len());
     // memcached refuses too-large / out-of-memory items before reading the data, so those are
     // not counted as sets.
     if !matches!(result, StoreResult::TooLarge | StoreResult::NoMemory) {

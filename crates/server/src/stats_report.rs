@@ -160,19 +160,10 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
             "slab_reassign_busy_deletes",
             "slab_reassign_running",
             "slabs_moved",
-            "lru_crawler_running",
-            "lru_crawler_starts",
-            "lru_maintainer_juggles",
-            "malloc_fails",
-            "log_worker_dropped",
-            "log_worker_written",
-            "log_watcher_skipped",
-            "log_watcher_sent",
-            "log_watchers",
-            "unexpected_napi_ids",
-            "round_robin_fallback",
         ],
     );
+    crawler_and_log_stats(sv, v);
+    zeros(v, &["unexpected_napi_ids", "round_robin_fallback"]);
     put(v, "bytes", st.bytes);
     put(v, "curr_items", st.curr_items);
     put(v, "total_items", st.total_items);
@@ -182,11 +173,11 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     put(v, "evicted_active", 0);
     put(v, "evictions", st.evictions);
     put(v, "reclaimed", st.reclaimed);
+    put(v, "crawler_reclaimed", st.crawler_reclaimed);
+    put(v, "crawler_items_checked", st.crawler_items_checked);
     zeros(
         v,
         &[
-            "crawler_reclaimed",
-            "crawler_items_checked",
             "lrutail_reflocked",
             "moves_to_cold",
             "moves_to_warm",
@@ -201,6 +192,20 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
         put(v, "fastpath_misses", fp.misses);
         put(v, "fastpath_invalidations", fp.invalidations);
     }
+}
+
+/// The LRU crawler's and the log stream's rows (see `crawler`, `watch`); Slipstream's
+/// loggers never drop a line before the watchers' buffers (`log_worker_dropped` 0).
+fn crawler_and_log_stats(sv: StatsView<'_>, v: &mut Vec<Stat>) {
+    let c = &crate::crawler::CRAWLER;
+    put(v, "lru_crawler_running", u8::from(c.running()));
+    put(v, "lru_crawler_starts", c.starts());
+    zeros(v, &["lru_maintainer_juggles", "malloc_fails", "log_worker_dropped"]);
+    let l = &sv.settings.logger.stats;
+    put(v, "log_worker_written", l.worker_written.load(Ordering::Relaxed));
+    put(v, "log_watcher_skipped", l.watcher_skipped.load(Ordering::Relaxed));
+    put(v, "log_watcher_sent", l.watcher_sent.load(Ordering::Relaxed));
+    put(v, "log_watchers", l.watchers.load(Ordering::Relaxed));
 }
 
 fn yes_no(b: bool) -> &'static str {
@@ -357,8 +362,8 @@ fn items(sv: StatsView<'_>) -> Vec<Stat> {
         ("expired_unfetched", s.expired_unfetched),
         ("evicted_unfetched", s.evicted_unfetched),
         ("evicted_active", 0),
-        ("crawler_reclaimed", 0),
-        ("crawler_items_checked", 0),
+        ("crawler_reclaimed", s.crawler_reclaimed),
+        ("crawler_items_checked", s.crawler_items_checked),
         ("lrutail_reflocked", 0),
         ("moves_to_cold", 0),
         ("moves_to_warm", 0),

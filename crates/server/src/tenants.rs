@@ -271,6 +271,7 @@ impl TenantTable {
         let shards = StoreConfig::shards_for(spec.memory_bytes(), d.store.item_bytes_max);
         let store =
             Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
+        crate::watch::log_evictions(&self.settings.logger, &store);
         let mut info = tenant_info(
             self.started,
             self.threads,

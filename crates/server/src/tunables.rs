@@ -67,8 +67,8 @@ pub struct Tunables {
     /// (then `lru_crawler crawl|metadump` answer as memcached's stopped crawler does), on again
     /// with `lru_crawler enable`. Shared by every connection.
     pub lru_crawler: Arc<AtomicBool>,
-    /// `-o lru_crawler_sleep` / `lru_crawler_tocrawl` (reported; Slipstream's crawls are
-    /// synchronous walks of the store and do not sleep).
+    /// `-o lru_crawler_sleep` / `lru_crawler_tocrawl`: the crawler's pause between steps (µs)
+    /// and the most items one crawl looks at (0 = all); see `crawler`.
     pub lru_crawler_sleep_us: u32,
     pub lru_crawler_tocrawl: u32,
     /// `-o idle_timeout` etc. given as memcached's `-o` names with no effect here: reported

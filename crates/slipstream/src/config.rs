@@ -812,10 +812,7 @@ impl Config {
                 self.detail_enabled = true;
             }
             "X" | "disable-dumping" => self.tunables.dump_enabled = false,
-            "W" | "disable-watch" => {
-                self.tunables.watch_enabled = false;
-                self.notice_no_effect("-W (`watch` is not built)");
-            }
+            "W" | "disable-watch" => self.tunables.watch_enabled = false,
             "o" | "extended" => crate::mcopts::apply(&mut self.opt_targets(), value).map_err(|e| match e {
                 crate::mcopts::OptError::Value { value, why } => ConfigError::Value { name: "-o", value, why },
                 crate::mcopts::OptError::Usage(m) => ConfigError::Usage(m),

@@ -142,12 +142,8 @@ fn apply_one(cfg: &mut Targets<'_>, name: &str, value: Option<&str>) -> Result<(
             if t.lru_crawler_sleep_us > 1_000_000 {
                 return Err(bad(name, "LRU crawler sleep must be between 0 and 1 second"));
             }
-            cfg.notice_no_effect("-o lru_crawler_sleep");
         }
-        "lru_crawler_tocrawl" => {
-            t.lru_crawler_tocrawl = num(name, value)?;
-            cfg.notice_no_effect("-o lru_crawler_tocrawl");
-        }
+        "lru_crawler_tocrawl" => t.lru_crawler_tocrawl = num(name, value)?,
         "maxconns_fast" => t.maxconns_fast = true,
         "no_maxconns_fast" => {
             t.maxconns_fast = false;

@@ -324,6 +324,19 @@ pub struct ItemMeta {
     pub item_bytes: usize,
 }
 
+/// A live item as it is evicted (what memcached's `eviction` log line shows).
+pub struct Evicted<'a> {
+    pub key: &'a [u8],
+    pub fetched: bool,
+    /// Seconds it had left to live; -1 = no expiry.
+    pub ttl_s: i64,
+    pub last_access_ago_s: u32,
+    pub value_bytes: usize,
+}
+
+/// See [`Store::set_eviction_log`].
+pub type EvictionLog = Arc<dyn Fn(&Evicted<'_>) + Send + Sync>;
+
 /// Counters and gauges for `stats`, `stats items`, `stats slabs`.
 #[derive(Clone, Debug, Default)]
 pub struct StoreStats {
@@ -340,6 +353,10 @@ pub struct StoreStats {
     pub reclaimed: u64,
     pub get_expired: u64,
     pub get_flushed: u64,
+    /// Expired or flushed items the LRU crawler freed (`lru_crawler crawl`).
+    pub crawler_reclaimed: u64,
+    /// Items the LRU crawler looked at.
+    pub crawler_items_checked: u64,
     /// Age in seconds of the oldest item in any LRU (for `stats items`).
     pub oldest_item_age_s: u64,
 }
@@ -402,6 +419,7 @@ pub struct Store {
     lru: Arc<LruBoard>,
     /// The kernel cache observer, once installed (each shard holds a clone too).
     kernel: OnceLock<Arc<dyn KernelCache>>,
+    eviction_log: OnceLock<EvictionLog>,
     /// memcached's `evict_to_free`: false (`-M`) = a full store frees only expired or flushed
     /// items at the LRU tails and otherwise refuses the store with `NoMemory`.
     evict_to_free: AtomicBool,
@@ -437,6 +455,7 @@ impl Store {
                 generation: AtomicU64::new(0),
             }),
             kernel: OnceLock::new(),
+            eviction_log: OnceLock::new(),
             evict_to_free: AtomicBool::new(true),
             outofmemory: AtomicU64::new(0),
             config,
@@ -469,6 +488,19 @@ impl Store {
         }
         for i in 0..self.shards.len() {
             self.lock(i).kernel = Some(kernel.clone());
+        }
+        true
+    }
+
+    /// Install what is told of every eviction of a live item (memcached's `watch evictions`;
+    /// once; later calls return false and change nothing). It runs under a shard's lock: it
+    /// must be quick and must not call back into the store.
+    pub fn set_eviction_log(&self, log: EvictionLog) -> bool {
+        if self.eviction_log.set(log.clone()).is_err() {
+            return false;
+        }
+        for i in 0..self.shards.len() {
+            self.lock(i).eviction_log = Some(log.clone());
         }
         true
     }
@@ -1178,6 +1210,8 @@ impl Store {
             s.reclaimed += c.reclaimed;
             s.get_expired += c.get_expired;
             s.get_flushed += c.get_flushed;
+            s.crawler_reclaimed += c.crawler_reclaimed;
+            s.crawler_items_checked += c.crawler_items_checked;
             if let Some(a) = g.tail_atime() {
                 s.oldest_item_age_s = s.oldest_item_age_s.max(now.saturating_sub(a) as u64);
             }
@@ -1205,21 +1239,85 @@ impl Store {
                         continue;
                     }
                     left -= 1;
-                    batch.push(ItemMeta {
-                        key: e.key().to_vec(),
-                        exptime_unix_s: (e.exptime != 0).then(|| started + i64::from(e.exptime)),
-                        atime_unix_s: started + i64::from(e.atime),
-                        cas: e.cas,
-                        fetched: e.bits & shard::FETCHED != 0,
-                        value_bytes: e.value().len(),
-                        item_bytes: rules::item_bytes(e.key().len(), e.flags, e.value().len(), self.config.cas_enabled),
-                    });
+                    batch.push(self.item_meta(e, started));
                 }
             }
             batch.into_iter().for_each(&mut f);
             if left == 0 {
                 return;
             }
+        }
+    }
+
+    /// How many shards the store has: the outer loop of a step-wise walk (`crawl_step`,
+    /// `dump_step`).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// One bounded step of the LRU crawler (`lru_crawler crawl`): look at up to `slots_max`
+    /// slots of shard `shard` from slot `from`, freeing the expired and flushed items there
+    /// (counted as memcached's crawler counts them: `crawler_reclaimed`, `crawler_items_checked`,
+    /// `expired_unfetched` for expired ones never fetched). The shard is locked for this step
+    /// only. Returns where the next step starts in this shard (None: the shard is done).
+    pub fn crawl_step(&self, shard: usize, from: usize, slots_max: usize) -> Option<usize> {
+        let t = self.now();
+        let lock = self.shards.get(shard)?;
+        let mut g = lock.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let sh = &mut *g;
+        let end = from.saturating_add(slots_max).min(sh.entries.len());
+        for i in from..end {
+            let e = &sh.entries[i];
+            if e.data.is_empty() {
+                continue; // a free slot (every item has a key of at least one byte)
+            }
+            sh.counters.crawler_items_checked += 1;
+            let flushed = t.is_flushed(e);
+            if flushed || t.is_expired(e) {
+                sh.counters.crawler_reclaimed += 1;
+                if e.bits & shard::FETCHED == 0 && !flushed {
+                    sh.counters.expired_unfetched += 1;
+                }
+                sh.remove(i as u32, &self.used_bytes.0);
+            }
+        }
+        (end < sh.entries.len()).then_some(end)
+    }
+
+    /// One bounded step of a dump (`lru_crawler metadump`): the live items among up to
+    /// `slots_max` slots of shard `shard` from slot `from`, copied out under the shard's lock
+    /// and handed to `f` after it is released. Returns where the next step starts in this
+    /// shard (None: the shard is done). Items stored while a dump runs may or may not appear,
+    /// as with memcached's crawler.
+    pub fn dump_step(&self, shard: usize, from: usize, slots_max: usize, f: impl FnMut(ItemMeta)) -> Option<usize> {
+        let t = self.now();
+        let started = self.clock.started_unix_s();
+        let lock = self.shards.get(shard)?;
+        let mut batch = Vec::new();
+        let next = {
+            let g = lock.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let end = from.saturating_add(slots_max).min(g.entries.len());
+            for e in g.entries.get(from..end).unwrap_or_default() {
+                if e.data.is_empty() || t.is_expired(e) || t.is_flushed(e) {
+                    continue;
+                }
+                batch.push(self.item_meta(e, started));
+            }
+            (end < g.entries.len()).then_some(end)
+        };
+        batch.into_iter().for_each(f);
+        next
+    }
+
+    fn item_meta(&self, e: &shard::Entry, started: i64) -> ItemMeta {
+        ItemMeta {
+            key: e.key().to_vec(),
+            exptime_unix_s: (e.exptime != 0).then(|| started + i64::from(e.exptime)),
+            atime_unix_s: started + i64::from(e.atime),
+            cas: e.cas,
+            fetched: e.bits & shard::FETCHED != 0,
+            value_bytes: e.value().len(),
+            item_bytes: rules::item_bytes(e.key().len(), e.flags, e.value().len(), self.config.cas_enabled),
         }
     }
 

@@ -170,6 +170,8 @@ pub(crate) struct Counters {
     pub(crate) reclaimed: u64,
     pub(crate) get_expired: u64,
     pub(crate) get_flushed: u64,
+    pub(crate) crawler_reclaimed: u64,
+    pub(crate) crawler_items_checked: u64,
 }
 
 pub(crate) struct Shard {
@@ -184,6 +186,8 @@ pub(crate) struct Shard {
     pub(crate) counters: Counters,
     /// The kernel cache observer, if one is installed (same one in every shard).
     pub(crate) kernel: Option<Arc<dyn KernelCache>>,
+    /// Told of every eviction of a live item, if installed (same one in every shard).
+    pub(crate) eviction_log: Option<crate::EvictionLog>,
     /// Where this shard publishes its tail stamp (slot `id`) and reads the LRU clock.
     board: Arc<LruBoard>,
     id: usize,
@@ -201,6 +205,7 @@ impl Shard {
             items: 0,
             counters: Counters::default(),
             kernel: None,
+            eviction_log: None,
             board,
             id,
         }
@@ -443,8 +448,18 @@ impl Shard {
             return false;
         }
         self.counters.evictions += 1;
-        if self.entries[victim as usize].bits & FETCHED == 0 {
+        let e = &self.entries[victim as usize];
+        if e.bits & FETCHED == 0 {
             self.counters.evicted_unfetched += 1;
+        }
+        if let Some(log) = &self.eviction_log {
+            log(&crate::Evicted {
+                key: e.key(),
+                fetched: e.bits & FETCHED != 0,
+                ttl_s: if e.exptime == 0 { -1 } else { i64::from(e.exptime) - i64::from(t.now) },
+                last_access_ago_s: t.now.saturating_sub(e.atime),
+                value_bytes: e.value().len(),
+            });
         }
         self.remove(victim, used);
         true

@@ -11,6 +11,7 @@ use crate::exec::{ConnState, Protocol, Settings, Transport};
 use crate::outq;
 use crate::stats::ThreadStats;
 use crate::transport::Stream;
+use crate::watch::Peer;
 use std::io::{self, Read};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ pub(super) struct Conn {
     pub last_cmd_s: Arc<AtomicU64>,
     /// Its tenant's shaping state (unused without a shaper).
     pub gate: ConnGate,
+    /// Who is on the other end, as `watch connevents` lines name it.
+    pub peer: Peer,
 }
 
 /// What a round's reads found.
@@ -67,7 +70,7 @@ pub(super) struct ReadEnd {
 }
 
 impl Conn {
-    pub fn new(stream: Stream, fd: i32, last_cmd_s: Arc<AtomicU64>) -> Conn {
+    pub fn new(stream: Stream, fd: i32, last_cmd_s: Arc<AtomicU64>, peer: Peer) -> Conn {
         let mut state = ConnState::new(Transport::Tcp);
         state.conn_id = fd;
         Conn {
@@ -87,6 +90,7 @@ impl Conn {
             fd,
             last_cmd_s,
             gate: ConnGate::default(),
+            peer,
         }
     }
 

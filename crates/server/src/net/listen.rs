@@ -13,6 +13,7 @@ use crate::exec::Protocol;
 use crate::stats::{ConnEntry, ThreadStats};
 use crate::tenants::{Tenant, TenantTable};
 use crate::transport::{tls::TlsStream, Stream};
+use crate::watch::Peer;
 use mio::net::{TcpListener, TcpStream, UdpSocket, UnixListener};
 use mio::{Interest, Registry, Token};
 use std::collections::VecDeque;
@@ -124,7 +125,8 @@ impl Acceptor<'_> {
                     let _ = stream.set_nodelay(true);
                     let tls = self.tls.filter(|_| !wt.tenant.tls_exempt);
                     let Some(stream) = wrap_tcp(stream, tls) else { continue };
-                    self.admit_conn(conns, wt.tenant.clone(), stream, format!("tcp:{peer}"), listen_addr);
+                    let addr = format!("tcp:{peer}");
+                    self.admit_conn(conns, wt.tenant.clone(), stream, (addr, Peer::tcp(peer)), listen_addr);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -154,7 +156,7 @@ impl Acceptor<'_> {
                         conns,
                         tenant.clone(),
                         Stream::Unix(stream),
-                        "?:<AF 0>".to_string(),
+                        ("?:<AF 0>".to_string(), Peer::unix()),
                         Some(format!("unix:{path}")),
                     );
                 }
@@ -175,7 +177,7 @@ impl Acceptor<'_> {
         conns: &mut Conns,
         tenant: Arc<Tenant>,
         mut stream: Stream,
-        addr: String,
+        (addr, peer): (String, Peer),
         listen_addr: Option<String>,
     ) {
         let curr = self.table.conns_total.fetch_add(1, Ordering::Relaxed) + 1;
@@ -207,7 +209,8 @@ impl Acceptor<'_> {
         if let Ok(mut reg) = tenant.info.conns.lock() {
             reg.insert(fd, ConnEntry { addr, listen_addr, last_cmd_s: last_cmd_s.clone() });
         }
-        let mut conn = Conn::new(stream, fd, last_cmd_s);
+        crate::watch::log_conn(&self.table.settings.logger, &peer, fd, None);
+        let mut conn = Conn::new(stream, fd, last_cmd_s, peer);
         // -B ascii|binary: the connection speaks only that protocol.
         conn.state.protocol = Protocol::bound_by(self.table.settings.tunables.binding_protocol);
         conns.slots[idx] = Some(Slot { tenant, conn });

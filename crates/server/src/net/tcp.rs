@@ -15,6 +15,7 @@ use super::env::{thread_stats, Env, Slot};
 use super::gate::{self, RoundPlan};
 use crate::dispatch::{execute_authenticating, execute_one};
 use crate::exec::{Ctx, Settings, Step};
+use crate::memcache_admin::{self, DUMP_PENDING_BYTES_MAX};
 use crate::memcache_text;
 use crate::outq::SHARE_VALUE_BYTES_MIN;
 use crate::stats::ThreadStats;
@@ -27,6 +28,8 @@ use std::sync::atomic::Ordering;
 pub(super) enum After {
     Keep,
     Close,
+    /// `watch` was accepted: hand the connection to the log writer (its watcher id).
+    Watch(u64),
 }
 
 /// How a batch ended.
@@ -138,6 +141,10 @@ pub(super) fn serve(
             }
             Err(_) => return After::Close,
         }
+        if let Some(id) = conn.state.watcher {
+            // Its replies are out; what it sent after `watch` is ignored, as memcached does.
+            return After::Watch(id);
+        }
         if conn.close_after_flush || read.eof {
             return After::Close;
         }
@@ -184,8 +191,27 @@ fn execute_batch(
             end.high = true;
             break;
         }
+        if conn.state.dump.is_some() {
+            // A metadump in progress goes on before any later request, one bounded step at a
+            // time while little waits for the socket; the round comes back for the rest.
+            if conn.wbuf.len() - conn.wstart < DUMP_PENDING_BYTES_MAX {
+                let mut ctx = Ctx {
+                    store: &tenant.store,
+                    stats,
+                    settings: env.settings,
+                    server: &tenant.info,
+                    conn: &mut conn.state,
+                };
+                memcache_admin::dump_more(&mut ctx, &mut conn.wbuf);
+            }
+            if conn.state.dump.is_some() {
+                end.high = true;
+                break;
+            }
+            continue;
+        }
         let input = &conn.rbuf[conn.rstart..conn.rend];
-        if input.is_empty() {
+        if input.is_empty() || conn.state.watcher.is_some() {
             break;
         }
         let reply_bytes =

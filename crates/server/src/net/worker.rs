@@ -9,7 +9,7 @@
 //! What it is not for: what a round does (tcp.rs, udp.rs), listening and accepting (listen.rs,
 //! the `-s` unix listener included).
 
-use super::env::{thread_stats, Env};
+use super::env::{thread_stats, Env, Slot};
 use super::listen::{decode_listen, Acceptor, Conns, WorkerTenant, UNIX_LISTENER, WAKER};
 use super::tcp::{self, After};
 use super::udp;
@@ -19,6 +19,7 @@ use crate::exec::Settings;
 use crate::stats::ThreadStats;
 use crate::tenants::TenantTable;
 use crate::udp_batch::RecvBatch;
+use crate::watch::CloseReason;
 use mio::net::UnixListener;
 use mio::{Events, Poll};
 use slipstream_tenancy::since_start_ns;
@@ -117,7 +118,7 @@ impl Worker {
         // Close every connection on the way out so clients see EOF, not a hang.
         for i in 0..self.conns.slots.len() {
             if self.conns.slots[i].is_some() {
-                self.close(i);
+                self.close(i, CloseReason::Shutdown);
             }
         }
     }
@@ -172,9 +173,10 @@ impl Worker {
             for i in 0..self.conns.slots.len() {
                 let Some(s) = self.conns.slots[i].as_ref() else { continue };
                 let since = s.tenant.info.uptime_s().saturating_sub(s.conn.last_cmd_s.load(Ordering::Relaxed));
-                if since > idle_s && !s.conn.blocked_on_write {
+                // A connection still being sent a metadump is not idle.
+                if since > idle_s && !s.conn.blocked_on_write && s.conn.state.dump.is_none() {
                     ThreadStats::incr(&thread_stats(&s.tenant, self.index).idle_kicks);
-                    self.close(i);
+                    self.close(i, CloseReason::IdleTimeout);
                 }
             }
         }
@@ -229,9 +231,10 @@ impl Worker {
 
     /// Close, queue for a revisit, or put on the throttled list, as serving left the connection.
     fn after_serve(&mut self, i: usize, after: After, revisit: &mut Vec<usize>) {
-        if let After::Close = after {
-            self.close(i);
-            return;
+        match after {
+            After::Close => return self.close(i, CloseReason::Normal),
+            After::Watch(id) => return self.hand_to_logger(i, id),
+            After::Keep => {}
         }
         let Some(s) = self.conns.slots.get_mut(i).and_then(Option::as_mut) else { return };
         if s.conn.gate.throttle_until_ns != 0 {
@@ -312,7 +315,7 @@ impl Worker {
             wt.unwatch(self.poll.registry());
             for i in 0..self.conns.slots.len() {
                 if self.conns.slots[i].as_ref().is_some_and(|s| Arc::ptr_eq(&s.tenant, &wt.tenant)) {
-                    self.close(i);
+                    self.close(i, CloseReason::Shutdown);
                 }
             }
         }
@@ -375,10 +378,28 @@ impl Worker {
         acceptor.accept_unix(l, &wt.tenant, &mut self.conns);
     }
 
-    /// Close connection `idx`: give back its buffers' budget and its outstanding requests,
-    /// drop it from `stats conns` and the connection counts.
-    pub(super) fn close(&mut self, idx: usize) {
-        if let Some(mut s) = self.conns.slots.get_mut(idx).and_then(Option::take) {
+    /// Close connection `idx` (memcached's `conn_close` log line says `reason`).
+    pub(super) fn close(&mut self, idx: usize, reason: CloseReason) {
+        if let Some(s) = self.detach(idx) {
+            crate::watch::log_conn(&self.settings.logger, &s.conn.peer, s.conn.fd, Some(reason));
+        }
+    }
+
+    /// `watch` was accepted on connection `idx`: the log writer takes its socket over (the
+    /// connection leaves this worker and its counts, as it will never send a request again).
+    fn hand_to_logger(&mut self, idx: usize, id: u64) {
+        if let Some(s) = self.detach(idx) {
+            self.settings.logger.attach(id, s.conn.stream);
+        } else {
+            self.settings.logger.release(id);
+        }
+    }
+
+    /// Take connection `idx` out of the poll and this worker: give back its buffers' budget
+    /// and its outstanding requests, drop it from `stats conns` and the connection counts.
+    fn detach(&mut self, idx: usize) -> Option<Slot> {
+        let mut s = self.conns.slots.get_mut(idx).and_then(Option::take)?;
+        {
             let _ = self.poll.registry().deregister(&mut s.conn.stream);
             self.settings.conn_buf.release(s.conn.charged_bytes());
             if let Ok(mut reg) = s.tenant.info.conns.lock() {
@@ -391,5 +412,6 @@ impl Worker {
             self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
             self.conns.free.push(idx);
         }
+        Some(s)
     }
 }
