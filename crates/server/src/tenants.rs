@@ -61,6 +61,9 @@ pub struct Tenant {
     udp: Mutex<Vec<Option<std::net::UdpSocket>>>,
     pub tcp_local: Option<SocketAddr>,
     pub udp_local: Option<SocketAddr>,
+    /// Set once at start-up for a tenant with `replicas > 1`: its mutations go through its
+    /// Raft group (see `replicated`).
+    pub replica: OnceLock<Arc<crate::replicated::Replica>>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -145,7 +148,9 @@ fn tenant_info(
         udp_port: udp.map(|a| a.port()).unwrap_or(0),
         item_bytes_max,
         curr_connections: AtomicU64::new(0),
-        per_thread: (0..threads).map(|_| Arc::new(ThreadStats::default())).collect(),
+        // One per worker, then the replication thread's (it applies a replicated tenant's
+        // writes; `replicated::ApplyExec`).
+        per_thread: (0..=threads).map(|_| Arc::new(ThreadStats::default())).collect(),
         fastpath_enabled: false,
         fastpath: None,
         listen_interface,
@@ -184,6 +189,7 @@ impl TenantTable {
                     udp: Mutex::new(udps),
                     tcp_local,
                     udp_local,
+                    replica: OnceLock::new(),
                 })
             })
             .collect();
@@ -296,6 +302,7 @@ impl TenantTable {
             udp: Mutex::new(udps),
             tcp_local,
             udp_local,
+            replica: OnceLock::new(),
         });
         Ok(t)
     }
