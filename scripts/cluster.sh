@@ -7,7 +7,10 @@
 #
 # Ports (CLUSTER_BASE_PORT, default 12000): node n serves tenant tk on BASE + 100*n + k
 # (node 1: 12100 t0, 12101 t1, 12102 t2), its admin endpoint on BASE + 100*n + 90, raft on
-# BASE + 1000 + n (13001..13003). fsync: CLUSTER_FSYNC (default batch).
+# BASE + 1000 + n (13001..13003). fsync: CLUSTER_FSYNC (default batch). Shaping capacity:
+# CLUSTER_CAPACITY bytes/s each way (default 4e9: never binding).
+# CLUSTER_UNREPLICATED=1 adds a tenant u0 with replicas = 1 on each node (BASE + 100*n + 3),
+# the unreplicated baseline of bench/replication_bench.sh.
 set -euo pipefail
 
 BIN=${SLIPSTREAM_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/slipstream}
@@ -33,6 +36,11 @@ threads = 2
 port = $((BASE + 100 * n + 99))
 admin = "127.0.0.1:$((BASE + 100 * n + 90))"
 
+[shaping]
+# Far above what loopback on one machine reaches: the shapers never set the figures here.
+egress_bytes_per_s = ${CLUSTER_CAPACITY:-4000000000}
+ingress_bytes_per_s = ${CLUSTER_CAPACITY:-4000000000}
+
 [cluster]
 node_id = $n
 peers = [$peers]
@@ -51,6 +59,17 @@ replicas = $NODES
 preferred_leader = $((k + 1))
 TOML
     done
+    if [ "${CLUSTER_UNREPLICATED:-0}" = 1 ]; then
+        cat <<TOML
+
+[[tenant]]
+name = "u0"
+tcp_port = $((BASE + 100 * n + 3))
+memory_mb = 64
+share = 0.1
+replicas = 1
+TOML
+    fi
 }
 
 pids=()
