@@ -11,7 +11,7 @@
 #   unrepl:     u0 on node 1 (replicas = 1: same daemon, same path, no group)
 # Prints one JSON line per loadgen run. Everything is on this machine (the three daemons and the
 # load generator share its cores), so this measures the software path, not a network.
-# Env: FSYNC (batch), VALUE_BYTES (64), CONNS (50), PIPELINE (16), DURATION_S (5), BASE (24000).
+# Env: FSYNC (batch), VALUE_BYTES (64), CONNS (50), PIPELINE (16), DURATION_S (5), BASE (31000), NO_BUILD=1 skips the cargo build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FSYNC=${FSYNC:-batch}
@@ -19,9 +19,9 @@ VALUE_BYTES=${VALUE_BYTES:-64}
 CONNS=${CONNS:-50}
 PIPELINE=${PIPELINE:-16}
 DURATION_S=${DURATION_S:-5}
-BASE=${BASE:-24000}
+BASE=${BASE:-31000}
 LOADGEN=target/release/slipstream-loadgen
-cargo build --release -p slipstream -p slipstream-loadgen >/dev/null 2>&1 || cargo build --release -p slipstream -p slipstream-loadgen
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --release -p slipstream -p slipstream-loadgen
 DIR=$(mktemp -d /tmp/slipstream-replbench.XXXXXX)
 CLUSTER_DIR=$DIR CLUSTER_BASE_PORT=$BASE CLUSTER_FSYNC=$FSYNC CLUSTER_UNREPLICATED=1 bash scripts/cluster.sh >"$DIR/cluster.out" 2>&1 &
 CPID=$!
@@ -31,7 +31,7 @@ trap cleanup EXIT
 for _ in $(seq 1 100); do
     ok=1
     for n in 1 2 3; do
-        lead=$(curl -s "127.0.0.1:$((BASE + 100 * n + 90))/metrics" | grep "^slipstream_replica_leader_id{tenant=\"t$((n - 1))\"}" | awk '{print $2}')
+        lead=$(curl -s "127.0.0.1:$((BASE + 100 * n + 90))/metrics" | grep "^slipstream_replica_leader_id{tenant=\"t$((n - 1))\"}" | awk '{print $2}' || true)
         [ "$lead" = "$n" ] || ok=0
     done
     [ $ok = 1 ] && break
