@@ -358,9 +358,8 @@ impl ReplicationNode {
             Err(TrySendError::Full(ev)) => (ProposeError::Busy, ev),
             Err(TrySendError::Disconnected(ev)) => (ProposeError::Stopped, ev),
         };
-        match ev {
-            Event::Propose { done, .. } | Event::ReadIndex { done, .. } => done(Err(err)),
-            _ => {}
+        if let Event::Propose { done, .. } | Event::ReadIndex { done, .. } = ev {
+            done(Err(err));
         }
     }
 

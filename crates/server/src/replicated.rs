@@ -414,6 +414,59 @@ mod tests {
         assert_eq!(o.swallow_bytes, 5_000_002);
     }
 
+    /// A mirror that holds what it was offered and drops what it is told to.
+    #[derive(Default)]
+    struct Mirror(Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>);
+
+    impl slipstream_store::KernelCache for Mirror {
+        fn fill(
+            &self,
+            key: &[u8],
+            _flags: u32,
+            _cas: u64,
+            value: &[u8],
+            _expires_at: Option<std::time::Instant>,
+        ) -> slipstream_store::KernelFill {
+            self.0.lock().unwrap().insert(key.to_vec(), value.to_vec());
+            slipstream_store::KernelFill::Cached
+        }
+        fn invalidate(&self, key: &[u8]) {
+            self.0.lock().unwrap().remove(key);
+        }
+        fn flush_all(&self) {
+            self.0.lock().unwrap().clear();
+        }
+    }
+
+    /// XDP coherence on a replicated tenant: an applied entry changes the store through its
+    /// write path, which drops the kernel's copy before the item changes, as for any write.
+    #[test]
+    fn an_applied_write_invalidates_the_kernel_copy_first() {
+        let x = ApplyExec::new(
+            Arc::new(Settings::default()),
+            Arc::new(ServerInfo::detached(vec![Arc::new(ThreadStats::default())], 1 << 20)),
+        );
+        let store = Store::new(StoreConfig::default());
+        let mirror = Arc::new(Mirror::default());
+        store.set_kernel_cache(mirror.clone());
+        let now = store.clock().now_unix_s();
+        assert_eq!(x.execute(&store, PROTOCOL_TEXT, now, b"set k 0 0 1\r\nx\r\n").reply, b"STORED\r\n");
+        // A local get offers the item to the mirror (what the fast path then serves).
+        let mut conn = ConnState::new(Transport::Tcp);
+        let info = ServerInfo::detached(vec![Arc::new(ThreadStats::default())], 1 << 20);
+        let stats = ThreadStats::default();
+        let settings = Settings::default();
+        let mut ctx = Ctx { store: &store, stats: &stats, settings: &settings, server: &info, conn: &mut conn };
+        let mut out = Vec::new();
+        execute_one(&mut ctx, b"get k\r\n", &mut out);
+        assert_eq!(mirror.0.lock().unwrap().get(&b"k"[..]).map(Vec::as_slice), Some(&b"x"[..]));
+        for write in [&b"set k 0 0 1\r\n7\r\n"[..], b"incr k 1\r\n", b"touch k 10\r\n", b"delete k\r\n"] {
+            execute_one(&mut ctx, b"get k\r\n", &mut out);
+            x.execute(&store, PROTOCOL_TEXT, now, write);
+            assert!(mirror.0.lock().unwrap().get(&b"k"[..]).is_none(), "{:?}", String::from_utf8_lossy(write));
+        }
+    }
+
     #[test]
     fn failures_have_one_line_and_noreply_silences_them() {
         let mut out = Vec::new();
