@@ -225,6 +225,9 @@ struct Group {
     unsent: std::collections::VecDeque<Unsent>,
     /// ReadIndex asked: id → waiter.
     reads_asked: HashMap<u64, Waiter>,
+    /// When each asked read was last sent (a ReadIndex lost to a leader change is asked again:
+    /// reads are idempotent).
+    reads_sent_at: HashMap<u64, Instant>,
     /// ReadIndex answered: (index to apply up to, waiter).
     reads_ready: Vec<(u64, Waiter)>,
     forwarded_total: u64,
@@ -291,6 +294,7 @@ impl ReplicationNode {
                     forwarded: HashMap::new(),
                     unsent: Default::default(),
                     reads_asked: HashMap::new(),
+                    reads_sent_at: HashMap::new(),
                     reads_ready: Vec::new(),
                     forwarded_total: 0,
                     replies: Vec::new(),
@@ -424,6 +428,7 @@ impl Loop {
                     g.raw.tick();
                     restore_preferred_leader(g, &self.transport);
                     expire(g, now);
+                    resend_reads(g, now);
                 }
                 next_tick += tick;
                 if next_tick < Instant::now() {
@@ -545,7 +550,11 @@ impl Loop {
             let mut rd = g.raw.ready();
             send_all(&transport, gid, g, rd.take_messages());
             for rs in rd.take_read_states() {
-                if let Some(w) = id_of(&rs.request_ctx).and_then(|id| g.reads_asked.remove(&id)) {
+                let id = id_of(&rs.request_ctx);
+                if let Some(id) = id {
+                    g.reads_sent_at.remove(&id);
+                }
+                if let Some(w) = id.and_then(|id| g.reads_asked.remove(&id)) {
                     g.reads_ready.push((rs.index, w));
                 }
             }
@@ -737,6 +746,7 @@ fn try_read_index(g: &mut Group, w: Waiter) -> Option<Unsent> {
         return Some(Unsent { data: None, waiter: w });
     }
     g.raw.read_index(w.id.to_le_bytes().to_vec());
+    g.reads_sent_at.insert(w.id, Instant::now());
     g.reads_asked.insert(w.id, w);
     None
 }
@@ -755,6 +765,22 @@ fn release_reads(g: &mut Group) {
     }
 }
 
+/// How long an asked ReadIndex may go unanswered before it is asked again.
+const READ_RESEND_AFTER: Duration = Duration::from_millis(300);
+
+/// Ask again for the reads whose ReadIndex went unanswered (lost with a leader change).
+fn resend_reads(g: &mut Group, now: Instant) {
+    if g.raw.raft.leader_id == 0 {
+        return;
+    }
+    let due: Vec<u64> =
+        g.reads_sent_at.iter().filter(|(_, &t)| t + READ_RESEND_AFTER <= now).map(|(&id, _)| id).collect();
+    for id in due {
+        g.raw.read_index(id.to_le_bytes().to_vec());
+        g.reads_sent_at.insert(id, now);
+    }
+}
+
 /// Callers past their deadline hear why: never proposed (`NoLeader`) or unknown (`Timeout`).
 fn expire(g: &mut Group, now: Instant) {
     let due = |w: &Waiter| w.deadline <= now;
@@ -764,6 +790,7 @@ fn expire(g: &mut Group, now: Instant) {
     out.extend(gone.into_iter().map(|u| (u.waiter.done, Err(ProposeError::NoLeader))));
     let late: Vec<u64> = g.pending.iter().filter(|(_, w)| due(w)).map(|(&i, _)| i).collect();
     out.extend(late.into_iter().filter_map(|i| g.pending.remove(&i)).map(|w| (w.done, Err(ProposeError::Timeout))));
+    g.reads_sent_at.retain(|id, _| g.reads_asked.get(id).is_some_and(|w| w.deadline > now));
     for map in [&mut g.forwarded, &mut g.reads_asked] {
         let late: Vec<u64> = map.iter().filter(|(_, w)| due(w)).map(|(&i, _)| i).collect();
         out.extend(late.into_iter().filter_map(|i| map.remove(&i)).map(|w| (w.done, Err(ProposeError::Timeout))));
