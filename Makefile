@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench shuffle-bench hbase-bench bench fuzz clean
+.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench shuffle-bench hbase-bench bench fuzz clean cluster
 
 all: build
 
@@ -20,6 +20,12 @@ build: setup
 
 run: build
 	$(BIN) serve $(RUN_ARGS)
+
+# A 3-node cluster on loopback, tenants t0/t1/t2 replicated on all three with their preferred
+# leaders on nodes 1/2/3 (scripts/cluster.sh: ports, data dir, Ctrl-C stops it).
+cluster: setup
+	$(CARGO) build --release -p slipstream
+	bash scripts/cluster.sh
 
 # The habits the workspace keeps (clippy.toml, [workspace.lints], rustfmt.toml): formatted,
 # clippy-clean with warnings as errors.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 const SNAPSHOT_VERSION: u8 = 1;
 
 /// What applying one mutation did (what the client's reply is built from).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Applied {
     Store(StoreResult),
     Delete(DeleteResult),
@@ -32,17 +32,51 @@ pub enum Applied {
     /// touch: whether the key existed.
     Touch(bool),
     FlushAll,
+    /// A command entry: what the executor answered.
+    Command(CommandOutcome),
+    /// A read barrier (ReadIndex) is satisfied: this replica has applied everything committed
+    /// when the read was asked for; a local read now is linearizable.
+    ReadBarrier,
+}
+
+/// What running one command entry produced: the reply bytes for the client, and how many
+/// bytes of the client's input still belong to the request (the data block of a refused
+/// storage command that the connection must swallow, as memcached's `conn_swallow`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommandOutcome {
+    pub reply: Vec<u8>,
+    pub swallow_bytes: u64,
+}
+
+/// Runs a command entry against a tenant's store (the server's executor; this crate does not
+/// parse protocols). Must be deterministic given the store's contents, the CAS counter, the
+/// request bytes and `now_unix_s` (the proposer's clock, standing for "now" in relative
+/// exptimes).
+pub trait CommandExec: Send + Sync {
+    fn execute(&self, store: &Arc<Store>, protocol: u8, now_unix_s: i64, request: &[u8]) -> CommandOutcome;
 }
 
 /// One tenant's store as a replicated state machine.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TenantMachine {
     store: Arc<Store>,
+    exec: Option<Arc<dyn CommandExec>>,
+}
+
+impl std::fmt::Debug for TenantMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantMachine").field("exec", &self.exec.is_some()).finish_non_exhaustive()
+    }
 }
 
 impl TenantMachine {
     pub fn new(store: Arc<Store>) -> TenantMachine {
-        TenantMachine { store }
+        TenantMachine { store, exec: None }
+    }
+
+    /// A machine that can apply command entries with `exec`.
+    pub fn with_exec(store: Arc<Store>, exec: Option<Arc<dyn CommandExec>>) -> TenantMachine {
+        TenantMachine { store, exec }
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -95,6 +129,12 @@ impl TenantMachine {
                 s.flush_all(*delay);
                 Applied::FlushAll
             }
+            Mutation::Command { protocol, now_unix_s, request } => Applied::Command(match &self.exec {
+                Some(x) => x.execute(&self.store, *protocol, *now_unix_s, request),
+                // Every replica of a serving node has an executor; a bare machine (tests,
+                // tools) answers the same on every replica.
+                None => CommandOutcome { reply: b"SERVER_ERROR no executor\r\n".to_vec(), swallow_bytes: 0 },
+            }),
         }
     }
 

@@ -18,6 +18,14 @@
 //! - arith: `bits: u8` (1 incr, 2 vivify, 4 cas, 8 touch), `delta: u64`, optional
 //!   `initial: u64` + `exptime: i64`, `cas: u64`, `touch: i64`, key.
 //! - touch: `exptime: i64`, key.  - flush_all: `delay: i64`.
+//! - command: `protocol: u8`, `now_unix_s: i64`, request bytes (`u32` length).
+//!
+//! A *command* entry is what the serving path proposes: one whole memcached request (text,
+//! meta or binary) exactly as the client sent it, with the proposer's Unix time. Every replica
+//! runs it through the server's own executor ([`crate::machine::CommandExec`]) with that time
+//! standing for "now" in relative exptimes, so replies are byte-identical to an unreplicated
+//! tenant's and every replica derives the same absolute expiry. The field-wise ops above are
+//! the same mutations spelled out (used by the crate's own tests and tools).
 
 use slipstream_proto::rules::KEY_BYTES_MAX;
 use slipstream_store::{SetMode, REALTIME_MAXDELTA_S};
@@ -28,6 +36,7 @@ const OP_DELETE: u8 = 2;
 const OP_ARITH: u8 = 3;
 const OP_TOUCH: u8 = 4;
 const OP_FLUSH_ALL: u8 = 5;
+const OP_COMMAND: u8 = 6;
 
 /// Largest value an encoded store may carry (the store's `-I` limit is checked at apply).
 pub const VALUE_BYTES_MAX: usize = 1 << 30;
@@ -70,6 +79,9 @@ pub enum Mutation {
     Touch { key: Vec<u8>, exptime: i64 },
     /// flush_all [delay].
     FlushAll { delay: i64 },
+    /// One whole client request, run by the server's executor on every replica (see the
+    /// module doc). `protocol`: 1 text/meta, 2 binary.
+    Command { protocol: u8, now_unix_s: i64, request: Vec<u8> },
 }
 
 /// Why an entry could not be decoded.
@@ -135,7 +147,7 @@ impl Mutation {
             | Mutation::Delete { key, .. }
             | Mutation::Arith { key, .. }
             | Mutation::Touch { key, .. } => Some(key),
-            Mutation::FlushAll { .. } => None,
+            Mutation::FlushAll { .. } | Mutation::Command { .. } => None,
         }
     }
 
@@ -202,6 +214,14 @@ impl Mutation {
                 b.push(OP_FLUSH_ALL);
                 b.extend_from_slice(&delay.to_le_bytes());
             }
+            Mutation::Command { protocol, now_unix_s, request } => {
+                b.reserve(request.len() + 13);
+                b.push(OP_COMMAND);
+                b.push(*protocol);
+                b.extend_from_slice(&now_unix_s.to_le_bytes());
+                b.extend_from_slice(&(request.len() as u32).to_le_bytes());
+                b.extend_from_slice(request);
+            }
         }
         b
     }
@@ -259,6 +279,15 @@ impl Mutation {
                 Mutation::Touch { key: r.key()?, exptime }
             }
             OP_FLUSH_ALL => Mutation::FlushAll { delay: r.i64()? },
+            OP_COMMAND => {
+                let protocol = r.u8()?;
+                let now_unix_s = r.i64()?;
+                let len = r.u32()? as usize;
+                if len > VALUE_BYTES_MAX {
+                    return Err(DecodeError::ValueTooLong(len));
+                }
+                Mutation::Command { protocol, now_unix_s, request: r.bytes(len)?.to_vec() }
+            }
             op => return Err(DecodeError::UnknownOp(op)),
         };
         if r.at != buf.len() {
@@ -378,6 +407,8 @@ mod tests {
             Mutation::Arith { key: k.clone(), incr: false, delta: 1, vivify: None, cas: None, touch_exptime: None },
             Mutation::Touch { key: k, exptime: 0 },
             Mutation::FlushAll { delay: 1_800_000_000 },
+            Mutation::Command { protocol: 1, now_unix_s: 1_800_000_000, request: b"set a 0 60 1\r\nx\r\n".to_vec() },
+            Mutation::Command { protocol: 2, now_unix_s: -3, request: Vec::new() },
         ]
     }
 

@@ -14,11 +14,25 @@
 //! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot is
 //! compacted: its store's contents become the new snapshot (what a lagging follower gets).
 //!
-//! Completions: a proposal carries an id in its entry's context; the index Raft gives it is
-//! remembered. When that index is applied with the same id, the client gets the result; if
-//! another entry lands at that index (the proposal was lost to a leader change), the client
-//! gets `Dropped` and may retry. A proposal whose entry commits under a later leader still
+//! Completions: a proposal carries an id in its entry's context. On the leader the index Raft
+//! gives it is remembered: when that index is applied with the same id, the client gets the
+//! result; if another entry lands at that index (the proposal was lost to a leader change),
+//! the client gets `Dropped`. A proposal whose entry commits under a later leader still
 //! completes (every replica applies the same entry).
+//!
+//! Forwarding: on a follower that knows its leader, raft-rs forwards the proposal to the
+//! leader itself (`MsgPropose`, proposal forwarding is on); the follower remembers the id and
+//! completes the caller when it applies the entry carrying that id — with its own apply's
+//! result, which is the leader's (the same entry on the same state). While no leader is known
+//! a proposal or read waits in the group, retried every turn, until its deadline. Every
+//! waiter has a deadline: past it the caller gets `NoLeader` (never proposed: nothing
+//! happened) or `Timeout` (proposed or forwarded: it may still be applied — the caller must
+//! say so), so a caller always hears back within its wait plus one tick.
+//!
+//! Reads: `read_index` is raft-rs's ReadIndex (`ReadOnlyOption::Safe`: the leader confirms
+//! its leadership with a heartbeat round before answering; a follower asks the leader). The
+//! caller is completed with `ReadBarrier` once this replica has applied up to the index the
+//! leader returned, so a read of the local store after it is linearizable.
 
 use crate::machine::{Applied, TenantMachine};
 use crate::mutation::Mutation;
@@ -39,8 +53,11 @@ use std::time::{Duration, Instant};
 /// Events queued for the node thread before proposals are refused with `Busy` (and incoming
 /// raft messages wait on their connection).
 pub const INBOX_EVENTS_MAX: usize = 65536;
-/// Proposals of one group waiting for apply before new ones get `Busy`.
+/// Proposals and reads of one group waiting (for a leader, a commit or an apply) before new
+/// ones get `Busy`.
 pub const PENDING_PROPOSALS_MAX: usize = 65536;
+/// How long `propose` (the blocking API) lets a proposal wait before `Timeout`/`NoLeader`.
+pub const PROPOSAL_WAIT_DEFAULT: Duration = Duration::from_secs(10);
 /// Events handled per loop turn before the groups' Readies are processed.
 const EVENTS_PER_TURN_MAX: usize = 4096;
 
@@ -78,7 +95,7 @@ impl NodeConfig {
 }
 
 /// One group this node is a member of (one replicated tenant).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GroupSpec {
     pub group_id: u64,
     /// Node ids holding a replica (used only when the group is created on disk).
@@ -88,6 +105,8 @@ pub struct GroupSpec {
     /// Node that should lead while it is up and caught up (leaders spread across nodes); a
     /// leader elsewhere hands leadership back to it.
     pub preferred_leader: Option<u64>,
+    /// Runs command entries ([`Mutation::Command`]); None = such entries answer an error.
+    pub exec: Option<Arc<dyn crate::machine::CommandExec>>,
 }
 
 /// Why a node could not start.
@@ -129,7 +148,15 @@ pub enum ProposeError {
     Stopped,
     /// The committed entry did not decode (applied as a no-op on every replica).
     Corrupt,
+    /// No leader was known until the deadline: never proposed, nothing happened.
+    NoLeader,
+    /// Proposed (or forwarded) but not applied here by the deadline: it may still be.
+    Timeout,
 }
+
+/// Called once with a proposal's or read's outcome, on the node thread (keep it short:
+/// hand the result to the waiting thread and wake it).
+pub type Done = Box<dyn FnOnce(Result<Applied, ProposeError>) + Send>;
 
 /// Waits for one proposal's result.
 pub struct Completion(Receiver<Result<Applied, ProposeError>>);
@@ -160,22 +187,50 @@ pub struct GroupStatus {
     pub elections_won: u64,
     /// Snapshots received from a leader and installed.
     pub snapshots_installed: u64,
+    /// Proposals made on this node while it was a follower (raft-rs sent them to the leader).
+    pub forwarded: u64,
 }
 
 enum Event {
     Raft(Incoming),
-    Propose { group: u64, data: Vec<u8>, reply: mpsc::Sender<Result<Applied, ProposeError>> },
+    Propose { group: u64, data: Vec<u8>, deadline: Instant, done: Done },
+    ReadIndex { group: u64, deadline: Instant, done: Done },
     TransferLeader { group: u64, to: u64 },
     Stop,
 }
 
-type Reply = mpsc::Sender<Result<Applied, ProposeError>>;
+type Reply = Done;
+
+/// A caller waiting for an outcome.
+struct Waiter {
+    id: u64,
+    deadline: Instant,
+    done: Done,
+}
+
+/// Waiting for a leader to be known: a proposal (its entry data) or a read (None).
+struct Unsent {
+    data: Option<Vec<u8>>,
+    waiter: Waiter,
+}
 
 struct Group {
     raw: RawNode<GroupStorage>,
     machine: TenantMachine,
-    /// index → (proposal id, waiting client).
-    pending: BTreeMap<u64, (u64, Reply)>,
+    /// Proposed here as leader: index → waiter.
+    pending: BTreeMap<u64, Waiter>,
+    /// Proposed here as follower (forwarded by raft-rs): id → waiter.
+    forwarded: HashMap<u64, Waiter>,
+    /// Waiting for a known leader (retried every turn).
+    unsent: std::collections::VecDeque<Unsent>,
+    /// ReadIndex asked: id → waiter.
+    reads_asked: HashMap<u64, Waiter>,
+    /// When each asked read was last sent (a ReadIndex lost to a leader change is asked again:
+    /// reads are idempotent).
+    reads_sent_at: HashMap<u64, Instant>,
+    /// ReadIndex answered: (index to apply up to, waiter).
+    reads_ready: Vec<(u64, Waiter)>,
+    forwarded_total: u64,
     /// Results decided this turn, sent after the status is published (so a client that got
     /// its answer sees a status with the entry applied).
     replies: Vec<(Reply, Result<Applied, ProposeError>)>,
@@ -211,7 +266,7 @@ impl ReplicationNode {
             let id = g.group_id;
             let dir = cfg.data_dir.join(format!("group-{id}"));
             let storage = GroupStorage::open(&dir, cfg.fsync, &g.voters).map_err(|e| NodeError::Storage(id, e))?;
-            let machine = TenantMachine::new(g.store.clone());
+            let machine = TenantMachine::with_exec(g.store.clone(), g.exec.clone());
             let snap = storage.latest_snapshot();
             let applied = snap.get_metadata().index;
             if applied > 0 {
@@ -236,6 +291,12 @@ impl ReplicationNode {
                     raw,
                     machine,
                     pending: BTreeMap::new(),
+                    forwarded: HashMap::new(),
+                    unsent: Default::default(),
+                    reads_asked: HashMap::new(),
+                    reads_sent_at: HashMap::new(),
+                    reads_ready: Vec::new(),
+                    forwarded_total: 0,
                     replies: Vec::new(),
                     log_entries_max: cfg.log_entries_max.max(1),
                     elections_won: 0,
@@ -252,8 +313,12 @@ impl ReplicationNode {
         let deliver: Deliver = Arc::new(move |m| deliver_tx.send(Event::Raft(m)).is_ok());
         let transport = Arc::new(Transport::start(cfg.node_id, listen, &cfg.peers, deliver).map_err(NodeError::Io)?);
         let status = Arc::new(Mutex::new(HashMap::new()));
-        let mut lp =
-            Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id: cfg.node_id << 48 };
+        // Proposal ids must not repeat across restarts (an old entry replayed during catch-up
+        // must not complete a new caller): start from the clock in nanoseconds, below the node id.
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let next_id = (cfg.node_id << 56) | (nanos & ((1 << 56) - 1));
+        let mut lp = Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id };
         lp.publish();
         let tick = Duration::from_millis(cfg.tick_ms.max(1));
         let thread = std::thread::Builder::new()
@@ -266,18 +331,40 @@ impl ReplicationNode {
     /// Propose `m` for `group`. The completion reports the applied result, or why not.
     pub fn propose(&self, group: u64, m: &Mutation) -> Completion {
         let (reply, rx) = mpsc::channel();
-        let ev = Event::Propose { group, data: m.encode(), reply };
-        match self.tx.try_send(ev) {
-            Ok(()) => {}
-            Err(TrySendError::Full(Event::Propose { reply, .. })) => {
-                let _ = reply.send(Err(ProposeError::Busy));
-            }
-            Err(TrySendError::Disconnected(Event::Propose { reply, .. })) => {
-                let _ = reply.send(Err(ProposeError::Stopped));
-            }
-            Err(_) => {}
-        }
+        self.propose_then(
+            group,
+            m,
+            PROPOSAL_WAIT_DEFAULT,
+            Box::new(move |r| {
+                let _ = reply.send(r);
+            }),
+        );
         Completion(rx)
+    }
+
+    /// Propose `m` for `group` (forwarded to the leader from a follower); `done` is called
+    /// exactly once, on the node thread, within about `wait` plus one tick.
+    pub fn propose_then(&self, group: u64, m: &Mutation, wait: Duration, done: Done) {
+        let deadline = Instant::now() + wait;
+        self.send_event(Event::Propose { group, data: m.encode(), deadline, done });
+    }
+
+    /// A read barrier for `group` (ReadIndex): `done` gets `ReadBarrier` once a local read
+    /// is linearizable, or an error by about `wait` plus one tick.
+    pub fn read_index_then(&self, group: u64, wait: Duration, done: Done) {
+        let deadline = Instant::now() + wait;
+        self.send_event(Event::ReadIndex { group, deadline, done });
+    }
+
+    fn send_event(&self, ev: Event) {
+        let (err, ev) = match self.tx.try_send(ev) {
+            Ok(()) => return,
+            Err(TrySendError::Full(ev)) => (ProposeError::Busy, ev),
+            Err(TrySendError::Disconnected(ev)) => (ProposeError::Stopped, ev),
+        };
+        if let Event::Propose { done, .. } | Event::ReadIndex { done, .. } = ev {
+            done(Err(err));
+        }
     }
 
     /// Ask the group's leader (if it is this node) to hand leadership to `to`.
@@ -336,15 +423,19 @@ impl Loop {
                 }
             }
             if Instant::now() >= next_tick {
+                let now = Instant::now();
                 for g in self.groups.values_mut() {
                     g.raw.tick();
                     restore_preferred_leader(g, &self.transport);
+                    expire(g, now);
+                    resend_reads(g, now);
                 }
                 next_tick += tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick; // fell behind (loaded machine): no burst
                 }
             }
+            self.retry_unsent();
             if let Err((gid, e)) = self.handle_readies() {
                 // A storage failure leaves the group inoperable (raft-rs's contract); stop
                 // the node rather than acknowledge anything not on disk.
@@ -354,8 +445,8 @@ impl Loop {
             }
             self.publish();
             for g in self.groups.values_mut() {
-                for (reply, r) in g.replies.drain(..) {
-                    let _ = reply.send(r);
+                for (done, r) in g.replies.drain(..) {
+                    done(r);
                 }
             }
         }
@@ -370,7 +461,8 @@ impl Loop {
                     let _ = g.raw.step(m.msg);
                 }
             }
-            Event::Propose { group, data, reply } => self.propose(group, data, reply),
+            Event::Propose { group, data, deadline, done } => self.propose(group, data, deadline, done),
+            Event::ReadIndex { group, deadline, done } => self.read_index(group, deadline, done),
             Event::TransferLeader { group, to } => {
                 if let Some(g) = self.groups.get_mut(&group) {
                     g.raw.transfer_leader(to);
@@ -381,42 +473,69 @@ impl Loop {
         true
     }
 
-    fn propose(&mut self, group: u64, data: Vec<u8>, reply: Reply) {
+    fn propose(&mut self, group: u64, data: Vec<u8>, deadline: Instant, done: Done) {
         let Some(g) = self.groups.get_mut(&group) else {
-            let _ = reply.send(Err(ProposeError::UnknownGroup));
+            done(Err(ProposeError::UnknownGroup));
             return;
         };
-        if g.raw.raft.state != StateRole::Leader {
-            let l = g.raw.raft.leader_id;
-            let _ = reply.send(Err(ProposeError::NotLeader((l != 0).then_some(l))));
-            return;
-        }
-        if g.pending.len() >= PENDING_PROPOSALS_MAX {
-            let _ = reply.send(Err(ProposeError::Busy));
+        if waiting(g) >= PENDING_PROPOSALS_MAX {
+            done(Err(ProposeError::Busy));
             return;
         }
         self.next_id += 1;
-        let id = self.next_id;
-        let before = g.raw.raft.raft_log.last_index();
-        match g.raw.propose(id.to_le_bytes().to_vec(), data) {
-            Ok(()) if g.raw.raft.raft_log.last_index() == before + 1 => {
-                g.pending.insert(before + 1, (id, reply));
+        let waiter = Waiter { id: self.next_id, deadline, done };
+        if let Some(u) = try_propose(g, data, waiter) {
+            g.unsent.push_back(u);
+        }
+    }
+
+    fn read_index(&mut self, group: u64, deadline: Instant, done: Done) {
+        let Some(g) = self.groups.get_mut(&group) else {
+            done(Err(ProposeError::UnknownGroup));
+            return;
+        };
+        if waiting(g) >= PENDING_PROPOSALS_MAX {
+            done(Err(ProposeError::Busy));
+            return;
+        }
+        self.next_id += 1;
+        let waiter = Waiter { id: self.next_id, deadline, done };
+        if let Some(u) = try_read_index(g, waiter) {
+            g.unsent.push_back(u);
+        }
+    }
+
+    /// Proposals and reads that waited for a leader: try again now that one may be known.
+    fn retry_unsent(&mut self) {
+        for g in self.groups.values_mut() {
+            if g.unsent.is_empty() || g.raw.raft.leader_id == 0 {
+                continue;
             }
-            // Dropped by raft (a leader transfer in progress, uncommitted-size limit).
-            _ => {
-                let l = g.raw.raft.leader_id;
-                let _ = reply.send(Err(ProposeError::NotLeader((l != 0 && l != g.raw.raft.id).then_some(l))));
+            for u in std::mem::take(&mut g.unsent) {
+                let again = match u.data {
+                    Some(data) => try_propose(g, data, u.waiter),
+                    None => try_read_index(g, u.waiter),
+                };
+                if let Some(u) = again {
+                    g.unsent.push_back(u);
+                }
             }
         }
     }
 
     fn fail_all_pending(&mut self) {
         for g in self.groups.values_mut() {
-            for (reply, r) in g.replies.drain(..) {
-                let _ = reply.send(r);
+            for (done, r) in g.replies.drain(..) {
+                done(r);
             }
-            for (_, (_, r)) in std::mem::take(&mut g.pending) {
-                let _ = r.send(Err(ProposeError::Stopped));
+            let waiters = std::mem::take(&mut g.pending)
+                .into_values()
+                .chain(std::mem::take(&mut g.forwarded).into_values())
+                .chain(std::mem::take(&mut g.unsent).into_iter().map(|u| u.waiter))
+                .chain(std::mem::take(&mut g.reads_asked).into_values())
+                .chain(std::mem::take(&mut g.reads_ready).into_iter().map(|(_, w)| w));
+            for w in waiters {
+                (w.done)(Err(ProposeError::Stopped));
             }
         }
     }
@@ -430,6 +549,15 @@ impl Loop {
             }
             let mut rd = g.raw.ready();
             send_all(&transport, gid, g, rd.take_messages());
+            for rs in rd.take_read_states() {
+                let id = id_of(&rs.request_ctx);
+                if let Some(id) = id {
+                    g.reads_sent_at.remove(&id);
+                }
+                if let Some(w) = id.and_then(|id| g.reads_asked.remove(&id)) {
+                    g.reads_ready.push((rs.index, w));
+                }
+            }
             if !rd.snapshot().is_empty() {
                 let snap: Snapshot = rd.snapshot().clone();
                 g.machine.restore(&snap.data).map_err(|e| (gid, e.to_string()))?;
@@ -466,6 +594,9 @@ impl Loop {
             g.raw.advance_apply();
             maybe_compact(g).map_err(|e| (gid, e.to_string()))?;
         }
+        for g in self.groups.values_mut() {
+            release_reads(g);
+        }
         Ok(())
     }
 
@@ -490,6 +621,7 @@ impl Loop {
                     log_bytes: r.raft_log.store.log_bytes(),
                     elections_won: g.elections_won,
                     snapshots_installed: g.snapshots_installed,
+                    forwarded: g.forwarded_total,
                 },
             );
         }
@@ -523,11 +655,10 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
                     Ok(m) => Ok(g.machine.apply(e.index, &m)),
                     Err(_) => Err(ProposeError::Corrupt),
                 };
-                let id = (e.context.len() == 8).then(|| {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(&e.context);
-                    u64::from_le_bytes(a)
-                });
+                let id = id_of(&e.context);
+                if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
+                    g.replies.push((w.done, result.clone()));
+                }
                 complete_up_to(g, e.index, id.map(|id| (id, result)));
             }
             EntryType::EntryConfChange => {
@@ -555,13 +686,119 @@ fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applie
         if i > index {
             break;
         }
-        let Some((_, (id, reply))) = g.pending.pop_first() else { break };
+        let Some((_, w)) = g.pending.pop_first() else { break };
         let r = match &applied {
-            Some((aid, r)) if i == index && *aid == id => *r,
+            Some((aid, r)) if i == index && *aid == w.id => r.clone(),
             _ => Err(ProposeError::Dropped),
         };
-        g.replies.push((reply, r));
+        g.replies.push((w.done, r));
     }
+}
+
+fn id_of(ctx: &[u8]) -> Option<u64> {
+    let a: [u8; 8] = ctx.try_into().ok()?;
+    Some(u64::from_le_bytes(a))
+}
+
+/// Callers waiting in the group (bounded by `PENDING_PROPOSALS_MAX`).
+fn waiting(g: &Group) -> usize {
+    g.pending.len() + g.forwarded.len() + g.unsent.len() + g.reads_asked.len() + g.reads_ready.len()
+}
+
+/// Propose on the leader (index remembered) or through raft-rs's forwarding on a follower
+/// (id remembered); Some = no leader to take it yet (keep it for a retry).
+fn try_propose(g: &mut Group, data: Vec<u8>, w: Waiter) -> Option<Unsent> {
+    let r = &g.raw.raft;
+    if r.leader_id == 0 || r.lead_transferee.is_some() {
+        return Some(Unsent { data: Some(data), waiter: w });
+    }
+    let leader = r.state == StateRole::Leader;
+    let before = r.raft_log.last_index();
+    let ctx = w.id.to_le_bytes().to_vec();
+    if leader {
+        // raft-rs copies the entry; keep nothing else (a dropped one is not retried here).
+        return match g.raw.propose(ctx, data) {
+            Ok(()) if g.raw.raft.raft_log.last_index() == before + 1 => {
+                g.pending.insert(before + 1, w);
+                None
+            }
+            _ => {
+                g.replies.push((w.done, Err(ProposeError::NotLeader(None))));
+                None
+            }
+        };
+    }
+    let copy = data.clone();
+    match g.raw.propose(ctx, data) {
+        Ok(()) => {
+            g.forwarded_total += 1;
+            g.forwarded.insert(w.id, w);
+            None
+        }
+        // A candidate, or no leader after all: not sent anywhere.
+        Err(_) => Some(Unsent { data: Some(copy), waiter: w }),
+    }
+}
+
+/// Ask for a ReadIndex; Some = no leader to ask yet.
+fn try_read_index(g: &mut Group, w: Waiter) -> Option<Unsent> {
+    if g.raw.raft.leader_id == 0 {
+        return Some(Unsent { data: None, waiter: w });
+    }
+    g.raw.read_index(w.id.to_le_bytes().to_vec());
+    g.reads_sent_at.insert(w.id, Instant::now());
+    g.reads_asked.insert(w.id, w);
+    None
+}
+
+/// Reads whose index this replica has applied are released.
+fn release_reads(g: &mut Group) {
+    if g.reads_ready.is_empty() {
+        return;
+    }
+    let applied = g.raw.raft.raft_log.applied;
+    let (now, later): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut g.reads_ready).into_iter().partition(|(i, _)| *i <= applied);
+    g.reads_ready = later;
+    for (_, w) in now {
+        g.replies.push((w.done, Ok(Applied::ReadBarrier)));
+    }
+}
+
+/// How long an asked ReadIndex may go unanswered before it is asked again.
+const READ_RESEND_AFTER: Duration = Duration::from_millis(300);
+
+/// Ask again for the reads whose ReadIndex went unanswered (lost with a leader change).
+fn resend_reads(g: &mut Group, now: Instant) {
+    if g.raw.raft.leader_id == 0 {
+        return;
+    }
+    let due: Vec<u64> =
+        g.reads_sent_at.iter().filter(|(_, &t)| t + READ_RESEND_AFTER <= now).map(|(&id, _)| id).collect();
+    for id in due {
+        g.raw.read_index(id.to_le_bytes().to_vec());
+        g.reads_sent_at.insert(id, now);
+    }
+}
+
+/// Callers past their deadline hear why: never proposed (`NoLeader`) or unknown (`Timeout`).
+fn expire(g: &mut Group, now: Instant) {
+    let due = |w: &Waiter| w.deadline <= now;
+    let mut out: Vec<(Done, Result<Applied, ProposeError>)> = Vec::new();
+    let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut g.unsent).into_iter().partition(|u| due(&u.waiter));
+    g.unsent = keep.into();
+    out.extend(gone.into_iter().map(|u| (u.waiter.done, Err(ProposeError::NoLeader))));
+    let late: Vec<u64> = g.pending.iter().filter(|(_, w)| due(w)).map(|(&i, _)| i).collect();
+    out.extend(late.into_iter().filter_map(|i| g.pending.remove(&i)).map(|w| (w.done, Err(ProposeError::Timeout))));
+    g.reads_sent_at.retain(|id, _| g.reads_asked.get(id).is_some_and(|w| w.deadline > now));
+    for map in [&mut g.forwarded, &mut g.reads_asked] {
+        let late: Vec<u64> = map.iter().filter(|(_, w)| due(w)).map(|(&i, _)| i).collect();
+        out.extend(late.into_iter().filter_map(|i| map.remove(&i)).map(|w| (w.done, Err(ProposeError::Timeout))));
+    }
+    let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut g.reads_ready).into_iter().partition(|(_, w)| due(w));
+    g.reads_ready = keep;
+    out.extend(gone.into_iter().map(|(_, w)| (w.done, Err(ProposeError::Timeout))));
+    g.replies.extend(out);
 }
 
 /// On the leader, about once per election timeout: if the group's preferred leader is

@@ -82,6 +82,7 @@ impl Cluster {
                 voters: NODES.to_vec(),
                 store: Arc::new(Store::new(StoreConfig { shards: 4, ..StoreConfig::default() })),
                 preferred_leader: self.preferred.then_some(g),
+                exec: None,
             })
             .collect();
         // The port was just freed by the previous incarnation; retry binding briefly.
@@ -215,6 +216,7 @@ fn groups_clone(g: &[GroupSpec]) -> Vec<GroupSpec> {
             voters: s.voters.clone(),
             store: Arc::new(Store::new(s.store.config().clone())),
             preferred_leader: s.preferred_leader,
+            exec: s.exec.clone(),
         })
         .collect()
 }
@@ -482,4 +484,52 @@ fn preferred_leaders_spread_and_are_restored_after_a_failover() {
         Some("during"),
         "node 1 caught up with the write made while it was down"
     );
+}
+
+/// A follower's proposal is forwarded by raft-rs and completes on the follower with the
+/// replicated result (counted); a follower's ReadIndex barrier completes once it has applied
+/// the leader's commit; with no quorum a proposal hears back within its wait (never silence).
+#[test]
+fn followers_forward_proposals_and_read_barriers_and_waits_are_bounded() {
+    let mut c = Cluster::new("forward", FsyncMode::Never, 10_000);
+    let l = c.wait_leader(1, Duration::from_secs(10));
+    c.write(1, &set("warm", "0"), Duration::from_secs(5));
+    let f = NODES.into_iter().find(|&n| n != l).unwrap();
+    let r = c.nodes[&f].propose(1, &set("via-follower", "v")).wait(Duration::from_secs(5));
+    let Some(Ok(Applied::Store(StoreResult::Stored(cas)))) = r else { panic!("forwarded write: {r:?}") };
+    assert_eq!(c.nodes[&f].status(1).unwrap().forwarded, 1);
+    // Every replica gives the item the same CAS (the entry's index).
+    c.wait_converged(1, Duration::from_secs(5));
+    for n in NODES {
+        let got =
+            c.nodes[&n].machine(1).unwrap().store().get(b"via-follower", GetOpts::default(), |o| o.item.map(|i| i.cas));
+        assert_eq!(got, Some(cas), "node {n}");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    c.nodes[&f].read_index_then(
+        1,
+        Duration::from_secs(5),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    assert_eq!(rx.recv_timeout(Duration::from_secs(6)).unwrap(), Ok(Applied::ReadBarrier));
+    assert!(c.nodes[&f].status(1).unwrap().applied_index >= cas);
+    // Only one node left: a proposal there is answered NoLeader or Timeout within its wait.
+    for n in NODES.into_iter().filter(|&n| n != f) {
+        c.kill(n);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = Instant::now();
+    c.nodes[&f].propose_then(
+        1,
+        &set("alone", "x"),
+        Duration::from_millis(500),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    let r = rx.recv_timeout(Duration::from_secs(3)).unwrap();
+    assert!(matches!(r, Err(ProposeError::NoLeader | ProposeError::Timeout)), "{r:?}");
+    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
 }

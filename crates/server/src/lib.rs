@@ -24,6 +24,7 @@ pub mod memcache_meta;
 pub mod memcache_text;
 pub mod net;
 pub mod outq;
+pub mod replicated;
 pub mod stats;
 pub mod stats_prefix;
 pub mod stats_report;

@@ -45,9 +45,15 @@ const VALUE_LINE_BYTES_MAX: usize = 80;
 
 /// The text parser's limits for this connection's store and settings.
 fn text_limits(ctx: &Ctx<'_>) -> Limits {
-    let config = ctx.store.config();
+    text_limits_of(ctx.store, ctx.settings)
+}
+
+/// The text parser's limits for `store` and `settings` (also what `replicated::route` parses
+/// with, so both see the same request).
+pub(crate) fn text_limits_of(store: &slipstream_store::Store, settings: &crate::exec::Settings) -> Limits {
+    let config = store.config();
     Limits {
-        line_bytes_max: ctx.settings.line_bytes_max,
+        line_bytes_max: settings.line_bytes_max,
         // memcached buffers a get line whatever its length; what bounds it here is the
         // connection-buffer budget (the network loop), so the answer does not depend on how
         // the line was split across reads.

@@ -63,6 +63,9 @@ pub struct Tenant {
     pub udp_local: Option<SocketAddr>,
     /// `-l notls:ADDR` under `-Z`: connections on this listener are not TLS.
     pub tls_exempt: bool,
+    /// Set once at start-up for a tenant with `replicas > 1`: its mutations go through its
+    /// Raft group (see `replicated`).
+    pub replica: OnceLock<Arc<crate::replicated::Replica>>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -147,7 +150,9 @@ fn tenant_info(
         udp_port: udp.map(|a| a.port()).unwrap_or(0),
         item_bytes_max,
         curr_connections: AtomicU64::new(0),
-        per_thread: (0..threads).map(|_| Arc::new(ThreadStats::default())).collect(),
+        // One per worker, then the replication thread's (it applies a replicated tenant's
+        // writes; `replicated::ApplyExec`).
+        per_thread: (0..=threads).map(|_| Arc::new(ThreadStats::default())).collect(),
         fastpath_enabled: false,
         fastpath: None,
         listen_interface,
@@ -188,6 +193,7 @@ impl TenantTable {
                     tcp_local,
                     udp_local,
                     tls_exempt: tls_exempt.contains(&slot),
+                    replica: OnceLock::new(),
                 })
             })
             .collect();
@@ -309,6 +315,7 @@ impl TenantTable {
             tcp_local,
             udp_local,
             tls_exempt: false,
+            replica: OnceLock::new(),
         });
         Ok(t)
     }

@@ -124,6 +124,8 @@ pub struct Config {
     pub tenants: Vec<TenantSpec>,
     /// `[cluster]` (issue 15): this node's place in a replication cluster; None = standalone.
     pub cluster: Option<ClusterSpec>,
+    /// `[cluster]` serving keys for the replicated tenants.
+    pub replica_opts: ReplicaOpts,
     /// `[results]` (where stream results go); used only with streams.
     pub results: ResultsConfig,
     /// `[[stream]]` entries; empty = no stream offload.
@@ -180,6 +182,7 @@ impl Default for Config {
             shaping: ShapingSpec::default(),
             tenants: Vec::new(),
             cluster: None,
+            replica_opts: ReplicaOpts::default(),
             results: ResultsConfig::default(),
             streams: Vec::new(),
             user: None,
@@ -222,34 +225,80 @@ struct FileCluster {
     data_dir: String,
     #[serde(default = "default_fsync")]
     fsync: String,
+    /// "linearizable" (ReadIndex before a read; the default) or "local" (read this replica's
+    /// store as it is: fast, may be stale on a follower).
+    #[serde(default = "default_reads")]
+    reads: String,
+    /// How long a replicated request waits for its group (a leader, the commit, the apply)
+    /// before the client gets `SERVER_ERROR`.
+    #[serde(default = "default_wait_ms")]
+    wait_ms: u64,
 }
 
 fn default_fsync() -> String {
     "always".into()
 }
 
-/// Check `[cluster]` and every tenant's `replicas`/`preferred_leader` against it. Replicated
-/// tenants are refused for now: the request path does not replicate yet (docs/replication.md),
-/// and serving such a tenant unreplicated would be a silent loss of the promise.
-fn check_cluster(cluster: Option<FileCluster>, tenants: &[TenantSpec]) -> Result<Option<ClusterSpec>, String> {
-    let spec = match cluster {
-        Some(c) => Some(
-            ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync).map_err(|e| format!("[cluster]: {e}"))?,
-        ),
-        None => None,
+fn default_reads() -> String {
+    "linearizable".into()
+}
+
+fn default_wait_ms() -> u64 {
+    3000
+}
+
+/// Most a replicated request may be told to wait (`wait_ms`).
+const REPLICA_WAIT_MS_MAX: u64 = 60_000;
+
+/// How this node serves its replicated tenants (`[cluster]` `reads`, `wait_ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaOpts {
+    pub local_reads: bool,
+    pub wait_ms: u64,
+}
+
+impl Default for ReplicaOpts {
+    fn default() -> Self {
+        ReplicaOpts { local_reads: false, wait_ms: default_wait_ms() }
+    }
+}
+
+/// Check `[cluster]` and every tenant's `replicas`/`preferred_leader` against it. A
+/// replicated tenant has a replica on every node for now (`replicas` = the number of peers):
+/// each node serves the tenant's port, and a node without a replica could not.
+fn check_cluster(
+    cluster: Option<FileCluster>,
+    tenants: &[TenantSpec],
+) -> Result<(Option<ClusterSpec>, ReplicaOpts), String> {
+    let (spec, opts) = match cluster {
+        Some(c) => {
+            let local_reads = match c.reads.as_str() {
+                "linearizable" => false,
+                "local" => true,
+                r => return Err(format!("[cluster]: reads {r:?}: expected linearizable or local")),
+            };
+            if c.wait_ms == 0 || c.wait_ms > REPLICA_WAIT_MS_MAX {
+                return Err(format!("[cluster]: wait_ms {}: must be 1..={REPLICA_WAIT_MS_MAX}", c.wait_ms));
+            }
+            let spec = ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync)
+                .map_err(|e| format!("[cluster]: {e}"))?;
+            (Some(spec), ReplicaOpts { local_reads, wait_ms: c.wait_ms })
+        }
+        None => (None, ReplicaOpts::default()),
     };
     for t in tenants {
         let replicas = t.replicas.unwrap_or(1);
         ClusterSpec::check_tenant(spec.as_ref(), replicas, t.preferred_leader)
             .map_err(|e| format!("[[tenant]] {:?}: {e}", t.name))?;
-        if replicas > 1 {
+        let nodes = spec.as_ref().map_or(1, |c| c.peers.len() as u64);
+        if replicas > 1 && replicas != nodes {
             return Err(format!(
-                "[[tenant]] {:?}: replicas {replicas}: replicated tenants are not served by this build yet (docs/replication.md)",
+                "[[tenant]] {:?}: replicas {replicas}: a replicated tenant has a replica on every node for now ({nodes})",
                 t.name
             ));
         }
     }
-    Ok(spec)
+    Ok((spec, opts))
 }
 
 #[derive(Debug, Deserialize)]
@@ -598,7 +647,7 @@ impl Config {
                 .map_err(|e| ConfigError::File { path: path.to_string(), message: format!("[[tenant]]: {e}") })?;
             self.tenants = file.tenant;
         }
-        self.cluster = check_cluster(file.cluster, &self.tenants)
+        (self.cluster, self.replica_opts) = check_cluster(file.cluster, &self.tenants)
             .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
         for (on, name) in [(self.hbase.is_some(), "[hbase]"), (self.shuffle.is_some(), "[shuffle]")] {
             // Neither service charges its memory to a tenant yet (for [shuffle]: issue 17).
@@ -1022,6 +1071,8 @@ mod tests {
             peers: vec!["1=127.0.0.1:13001".into(), "2=127.0.0.1:13002".into(), "3=127.0.0.1:13003".into()],
             data_dir: "/var/lib/slipstream".into(),
             fsync: fsync.into(),
+            reads: default_reads(),
+            wait_ms: default_wait_ms(),
         };
         let file: FileConfig = toml::from_str(
             "[cluster]\nnode_id = 1\npeers = [\"1=127.0.0.1:13001\", \"2=127.0.0.1:13002\", \"3=127.0.0.1:13003\"]\n\
@@ -1031,13 +1082,26 @@ mod tests {
         .unwrap();
         assert_eq!(file.tenant[0].replicas, Some(3));
         assert_eq!(file.tenant[0].preferred_leader, Some(1));
-        // Parsed and checked, but refused: the request path does not replicate yet.
-        let e = check_cluster(file.cluster, &file.tenant).unwrap_err();
-        assert!(e.contains("not served by this build yet"), "{e}");
+        let (spec, opts) = check_cluster(file.cluster, &file.tenant).unwrap();
+        assert_eq!(spec.map(|s| s.fsync), Some(slipstream_replication::FsyncMode::Batch));
+        assert_eq!(opts, ReplicaOpts { local_reads: false, wait_ms: 3000 });
+        let mut two = file.tenant.clone();
+        two[0].replicas = Some(2);
+        let e = check_cluster(Some(cluster("batch")), &two).unwrap_err();
+        assert!(e.contains("a replica on every node"), "{e}");
+        let local = FileCluster { reads: "local".into(), wait_ms: 500, ..cluster("never") };
+        assert_eq!(
+            check_cluster(Some(local), &file.tenant).unwrap().1,
+            ReplicaOpts { local_reads: true, wait_ms: 500 }
+        );
+        let e = check_cluster(Some(FileCluster { reads: "stale".into(), ..cluster("never") }), &file.tenant);
+        assert!(e.unwrap_err().contains("reads \"stale\""));
+        let e = check_cluster(Some(FileCluster { wait_ms: 0, ..cluster("never") }), &file.tenant);
+        assert!(e.unwrap_err().contains("wait_ms 0"));
         let mut one = file.tenant.clone();
         one[0].replicas = Some(1);
         one[0].preferred_leader = None;
-        let spec = check_cluster(Some(cluster("batch")), &one).unwrap().unwrap();
+        let spec = check_cluster(Some(cluster("batch")), &one).unwrap().0.unwrap();
         assert_eq!((spec.node_id, spec.peers.len()), (1, 3));
         let e = check_cluster(Some(cluster("sometimes")), &one).unwrap_err();
         assert!(e.starts_with("[cluster]: fsync"), "{e}");

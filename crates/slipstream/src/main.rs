@@ -6,6 +6,7 @@
 //! What it is not for: request handling (slipstream-server) or item semantics
 //! (slipstream-store).
 
+mod cluster;
 mod config;
 mod daemon;
 mod mcopts;
@@ -299,6 +300,8 @@ fn serve_tenants(
     let table = TenantTable::multi(cfg.threads, settings, cfg.shaping.clone(), &cfg.tenants, defaults)
         .map_err(|e| MainError::Start(format!("tenants: {e}")))?;
     let table = Arc::new(table);
+    // Before the workers serve: a replicated tenant must never take a write outside its group.
+    let replication = cluster::start(&cfg, &table).map_err(MainError::Start)?;
     let (kernel, fastpath) = attach_tenant_fast_path(&cfg, &table);
     let mut info = ServerInfo::detached(Vec::new(), cfg.item_bytes_max);
     info.threads = cfg.threads;
@@ -331,7 +334,7 @@ fn serve_tenants(
                     node: None,
                     tenants: Some(control),
                     token: cfg.admin_token.clone(),
-                    extra_metrics: stream_metrics(&streams),
+                    extra_metrics: stream_metrics(&streams).into_iter().chain(cluster::metrics(&table)).collect(),
                 },
             ) {
                 Ok(local) => format!(
@@ -378,8 +381,20 @@ fn serve_tenants(
         stream_line,
         privs_line,
     );
+    if let Some(c) = cfg.cluster.as_ref().filter(|_| replication.is_some()) {
+        println!(
+            "slipstream: replication node {} of {} (fsync {:?}, reads {}), data in {}",
+            c.node_id,
+            c.peers.len(),
+            c.fsync,
+            if cfg.replica_opts.local_reads { "local" } else { "linearizable" },
+            c.data_dir.display()
+        );
+    }
     started(&cfg, &[], &[], daemon);
     server.join();
+    // The node stops after the workers: no parked connection is left waiting on it.
+    drop(replication);
     if let Some(d) = &dropped {
         d.for_teardown();
     }

@@ -38,6 +38,28 @@ enum Kind {
     Manual(AtomicU64),
 }
 
+thread_local! {
+    /// The proposer's Unix time while a replicated command is applied (see `with_proposer_now`).
+    static PROPOSER_NOW_UNIX_S: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with `unix_s` standing for "now" when this thread's store calls turn a *relative*
+/// exptime into a moment: a replicated write is applied on every replica with the proposer's
+/// clock, so all of them expire the item at the same Unix second whatever their own clock or
+/// start time. Lazy expiry checks still read the replica's own clock.
+pub fn with_proposer_now<R>(unix_s: i64, f: impl FnOnce() -> R) -> R {
+    let before = PROPOSER_NOW_UNIX_S.with(|c| c.replace(Some(unix_s)));
+    let r = f();
+    PROPOSER_NOW_UNIX_S.with(|c| c.set(before));
+    r
+}
+
+/// The time set by `with_proposer_now` on this thread, if any.
+#[inline]
+pub(crate) fn proposer_now_unix_s() -> Option<i64> {
+    PROPOSER_NOW_UNIX_S.with(std::cell::Cell::get)
+}
+
 /// memcached starts relative time at 2 so that 0 ("never") and 1 ("already expired") are
 /// never real moments.
 const REL_START_S: u64 = 2;

@@ -69,7 +69,7 @@ mod hash;
 mod index;
 mod shard;
 
-pub use clock::Clock;
+pub use clock::{with_proposer_now, Clock};
 pub use hash::hash_key;
 
 use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
@@ -573,6 +573,11 @@ impl Store {
         if raw == 0 {
             return 0;
         }
+        // A replicated apply: relative to the proposer's clock, made absolute (see clock.rs).
+        let raw = match clock::proposer_now_unix_s() {
+            Some(p) if raw <= REALTIME_MAXDELTA_S => p.saturating_add(raw).max(REALTIME_MAXDELTA_S + 1),
+            _ => raw,
+        };
         if raw > REALTIME_MAXDELTA_S {
             let started = self.clock.started_unix_s();
             if raw <= started {

@@ -55,6 +55,25 @@ pub(super) struct Conn {
     pub gate: ConnGate,
     /// Who is on the other end, as `watch connevents` lines name it.
     pub peer: Peer,
+    /// Replicated tenants only (see `crate::replicated`).
+    pub repl: ReplConn,
+}
+
+/// A connection's state toward its tenant's replication group.
+#[derive(Default)]
+pub(super) struct ReplConn {
+    /// A proposal or read barrier is in flight: read and execute nothing until it answers.
+    pub parked: bool,
+    /// Identity for outcomes (0 until the connection first parks).
+    pub serial: u64,
+    /// Bytes at the front of the input a finished read barrier covers (they arrived before it
+    /// was asked for, so reading them locally now is linearizable).
+    pub covered_bytes: usize,
+    /// A read barrier is in flight for the read of this many bytes at the front of the input.
+    pub read_bytes: usize,
+    /// The proposed request's protocol and first bytes, to answer a failure in kind.
+    pub protocol: u8,
+    pub head: Vec<u8>,
 }
 
 /// What a round's reads found.
@@ -91,6 +110,7 @@ impl Conn {
             last_cmd_s,
             gate: ConnGate::default(),
             peer,
+            repl: ReplConn::default(),
         }
     }
 

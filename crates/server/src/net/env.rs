@@ -21,6 +21,8 @@ pub(super) struct Env<'a> {
     pub stop: &'a StopHandle,
     pub index: usize,
     pub read_buf_bytes_max: usize,
+    /// Where replicated tenants' outcomes for this worker's connections arrive.
+    pub inbox: &'a Arc<crate::replicated::ReplInbox>,
 }
 
 /// This worker's counters in `tenant`'s stats.

@@ -249,7 +249,8 @@ impl Server {
         for (i, poll) in polls.into_iter().enumerate() {
             let unix = listeners.unix_for_worker(i + 1 == threads, &poll)?;
             let own = WorkerListeners { unix, tls: listeners.tls.clone() };
-            let worker = Worker::new(i, poll, table.clone(), stop_handle.clone(), read_buf_bytes_max, own);
+            let inbox = Arc::new(crate::replicated::ReplInbox::new(wakers[i].clone()));
+            let worker = Worker::new(i, poll, table.clone(), stop_handle.clone(), read_buf_bytes_max, own, inbox);
             let h = std::thread::Builder::new()
                 .name(format!("slipstream-w{i}"))
                 .spawn(move || {

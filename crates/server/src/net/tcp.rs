@@ -14,15 +14,21 @@ use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
 use super::env::{thread_stats, Env, Slot};
 use super::gate::{self, RoundPlan};
 use crate::dispatch::{execute_authenticating, execute_one};
+use crate::exec::Protocol;
 use crate::exec::{Ctx, Settings, Step};
 use crate::memcache_admin::{self, DUMP_PENDING_BYTES_MAX};
 use crate::memcache_text;
 use crate::outq::SHARE_VALUE_BYTES_MIN;
+use crate::replicated::{self, Delivery, Fail, Outcome, Replica, Route};
 use crate::stats::ThreadStats;
 use crate::tenants::Tenant;
 use mio::{Interest, Registry, Token};
 use slipstream_tenancy::since_start_ns;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Bytes of a proposed request kept to answer a failure (a text line, a binary header).
+const HEAD_BYTES_MAX: usize = 2048;
 
 /// What handling an event decided for a connection.
 pub(super) enum After {
@@ -105,6 +111,9 @@ pub(super) fn serve(
     let stats = thread_stats(tenant, env.index);
     let shaper = tenant.shaper.as_deref();
     for _ in 0..conn.gate.rounds() {
+        // A parked connection reads nothing (bounded: its input waits in the socket); the
+        // outcome's delivery serves it again with a read.
+        want_read &= !conn.repl.parked;
         // plan
         let mut plan = match shaper {
             Some(sh) => gate::plan(sh, since_start_ns(), conn.gate.held, want_read),
@@ -126,7 +135,7 @@ pub(super) fn serve(
         }
         // execute
         let batch =
-            if plan.execute { execute_batch(conn, tenant, stats, env, plan.limits) } else { BatchEnd::default() };
+            if plan.execute { execute_batch(conn, tenant, idx, stats, env, plan.limits) } else { BatchEnd::default() };
         // charge
         conn.gate.charge(shaper, read.bytes, batch.requests, batch.reply_bytes);
         // flush
@@ -155,7 +164,7 @@ pub(super) fn serve(
             conn.gate.hold(since_start_ns(), plan.wait_ns);
             return After::Keep;
         }
-        if !read.more && !batch.high && !batch.limited {
+        if conn.repl.parked || (!read.more && !batch.high && !batch.limited) {
             conn.gate.caught_up();
             return After::Keep;
         }
@@ -170,6 +179,7 @@ pub(super) fn serve(
 fn execute_batch(
     conn: &mut Conn,
     tenant: &Tenant,
+    idx: usize,
     stats: &ThreadStats,
     env: &Env<'_>,
     limits: Option<(u32, u64)>,
@@ -220,6 +230,21 @@ fn execute_batch(
             end.limited = true;
             break;
         }
+        if let Some(rep) = tenant.replica.get() {
+            match replicated_turn(conn, tenant, rep, idx, env) {
+                Turn::Execute => {}
+                Turn::Answered => {
+                    end.requests += 1;
+                    continue;
+                }
+                Turn::Parked => {
+                    end.requests += 1;
+                    break;
+                }
+                Turn::Wait => break,
+            }
+        }
+        let input = &conn.rbuf[conn.rstart..conn.rend];
         let mut ctx =
             Ctx { store: &tenant.store, stats, settings: env.settings, server: &tenant.info, conn: &mut conn.state };
         // [sec hook] A server with -Y/-S: the auth executor decides (see crate::auth).
@@ -230,6 +255,7 @@ fn execute_batch(
         match step {
             Step::Consumed(n) => {
                 conn.rstart += n;
+                conn.repl.covered_bytes = conn.repl.covered_bytes.saturating_sub(n);
                 conn.needs_grow = false;
                 end.requests += 1;
             }
@@ -254,6 +280,91 @@ fn execute_batch(
         + conn.state.shared.pinned_bytes().saturating_sub(start_pinned)) as u64;
     conn.settle_read_buf(&env.settings.conn_buf);
     end
+}
+
+/// What a replicated tenant's connection does with the request at the front of its input.
+enum Turn {
+    /// Run it here (not a store access, a covered or local read, bad or partial input).
+    Execute,
+    /// Answered here without running it (over the in-flight cap).
+    Answered,
+    /// Proposed, or a read barrier asked: the connection waits for the outcome.
+    Parked,
+    /// Already waiting: nothing more runs.
+    Wait,
+}
+
+/// The replication step before executing (see `crate::replicated`): a mutation is proposed
+/// whole and the connection parks; an uncovered read asks for a barrier and parks.
+fn replicated_turn(conn: &mut Conn, tenant: &Tenant, rep: &Arc<Replica>, idx: usize, env: &Env<'_>) -> Turn {
+    if conn.repl.parked {
+        return Turn::Wait;
+    }
+    let input = &conn.rbuf[conn.rstart..conn.rend];
+    let route = replicated::route(&tenant.store, env.settings, &conn.state, input);
+    let protocol = replicated::protocol_of(&conn.state, input);
+    let (consumed, write) = match route {
+        Route::Local => return Turn::Execute,
+        Route::Read(_) if rep.local_reads || conn.repl.covered_bytes > 0 => return Turn::Execute,
+        Route::Read(n) => (n, false),
+        Route::Write(n) => (n, true),
+    };
+    if conn.state.protocol == Protocol::Undecided {
+        conn.state.protocol = if protocol == replicated::PROTOCOL_BINARY { Protocol::Binary } else { Protocol::Text };
+    }
+    if conn.repl.serial == 0 {
+        conn.repl.serial = replicated::next_serial();
+    }
+    let (inbox, serial) = (env.inbox.clone(), conn.repl.serial);
+    let done = move |outcome| inbox.deliver(Delivery { idx, serial, outcome });
+    conn.repl.protocol = protocol;
+    conn.repl.head.clear();
+    conn.repl.head.extend_from_slice(&input[..consumed.min(HEAD_BYTES_MAX)]);
+    let sent = if write {
+        let request = input[..consumed].to_vec();
+        conn.rstart += consumed;
+        conn.repl.covered_bytes = conn.repl.covered_bytes.saturating_sub(consumed);
+        rep.propose(protocol, request, done)
+    } else {
+        // The read stays in the input: it runs when the barrier holds.
+        conn.repl.read_bytes = consumed;
+        rep.read_barrier(done)
+    };
+    if sent {
+        conn.repl.parked = true;
+        return Turn::Parked;
+    }
+    rep.failures.fetch_add(1, Ordering::Relaxed);
+    if !write {
+        conn.rstart += consumed;
+    }
+    replicated::compose_fail(&mut conn.wbuf, protocol, &conn.repl.head, Fail::Busy);
+    Turn::Answered
+}
+
+/// An outcome arrived for a parked connection: its reply joins the others in order, and the
+/// connection goes on with its input.
+pub(super) fn resume(conn: &mut Conn, rep: Option<&Arc<Replica>>, outcome: Outcome) {
+    conn.repl.parked = false;
+    match outcome {
+        Outcome::Reply(o) => {
+            conn.wbuf.extend_from_slice(&o.reply);
+            conn.state.swallow_bytes = usize::try_from(o.swallow_bytes).unwrap_or(usize::MAX);
+        }
+        Outcome::ReadReady => conn.repl.covered_bytes = conn.rend - conn.rstart,
+        Outcome::Failed(f) => {
+            if let Some(r) = rep {
+                r.failures.fetch_add(1, Ordering::Relaxed);
+            }
+            if conn.repl.read_bytes > 0 {
+                // The read the barrier was for is answered with the error and dropped.
+                conn.rstart = (conn.rstart + conn.repl.read_bytes).min(conn.rend);
+                conn.repl.covered_bytes = 0;
+            }
+            replicated::compose_fail(&mut conn.wbuf, conn.repl.protocol, &conn.repl.head, f);
+        }
+    }
+    conn.repl.read_bytes = 0;
 }
 
 /// The request at the front of the buffer is incomplete. A full buffer may grow for it next

@@ -205,6 +205,11 @@ fn execute_payload(
         }
         // Every request starts a new response message.
         ctx.conn.udp_marks.push(bufs.out.len());
+        if let Some(n) = refused_replicated_write(tenant, &ctx, input, &mut bufs.out) {
+            input = &input[n..];
+            requests += 1;
+            continue;
+        }
         match execute_one(&mut ctx, input, &mut bufs.out) {
             Step::Consumed(k) => {
                 input = &input[k..];
@@ -221,6 +226,20 @@ fn execute_payload(
         }
     }
     (requests, false)
+}
+
+/// A replicated tenant takes writes over TCP only (a datagram cannot wait for its group):
+/// a write over UDP is answered with an error and skipped; reads are served locally.
+fn refused_replicated_write(tenant: &Tenant, ctx: &Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    tenant.replica.get()?;
+    match crate::replicated::route(ctx.store, ctx.settings, ctx.conn, input) {
+        crate::replicated::Route::Write(n) => {
+            let protocol = crate::replicated::protocol_of(ctx.conn, input);
+            crate::replicated::compose_udp_refusal(out, protocol, &input[..n]);
+            Some(n)
+        }
+        _ => None,
+    }
 }
 
 /// Send each response message (the pieces of `bufs.out` between marks) with its own sequence

@@ -16,6 +16,7 @@ use super::udp;
 use super::udp::{UdpBufs, UDP_DATAGRAM_BYTES_MAX};
 use super::StopHandle;
 use crate::exec::Settings;
+use crate::replicated::ReplInbox;
 use crate::stats::ThreadStats;
 use crate::tenants::TenantTable;
 use crate::udp_batch::RecvBatch;
@@ -67,6 +68,8 @@ pub(super) struct Worker {
     pub rr: usize,
     /// `-o idle_timeout`: when this worker next looks for idle connections (monotonic ns).
     pub idle_scan_at_ns: u64,
+    /// Outcomes of replicated requests for this worker's parked connections.
+    pub inbox: Arc<ReplInbox>,
 }
 
 impl Worker {
@@ -77,6 +80,7 @@ impl Worker {
         stop: StopHandle,
         read_buf_bytes_max: usize,
         listeners: WorkerListeners,
+        inbox: Arc<ReplInbox>,
     ) -> Worker {
         Worker {
             index,
@@ -95,6 +99,7 @@ impl Worker {
             throttled: Vec::new(),
             rr: 0,
             idle_scan_at_ns: 0,
+            inbox,
         }
     }
 
@@ -194,6 +199,7 @@ impl Worker {
         for ev in events.iter() {
             let token = ev.token();
             if token == WAKER {
+                self.resume_parked(revisit);
                 continue;
             }
             if token == UNIX_LISTENER {
@@ -226,6 +232,23 @@ impl Worker {
         for (i, r, w, closed) in deferred.drain(..) {
             let after = self.conn_event(i, r, w, closed);
             self.after_serve(i, after, revisit);
+        }
+    }
+
+    /// Replicated tenants: hand each parked connection its outcome and serve it on (a
+    /// connection blocked on writing goes on when the socket drains).
+    fn resume_parked(&mut self, revisit: &mut Vec<usize>) {
+        for d in self.inbox.take() {
+            let Some(s) = self.conns.slots.get_mut(d.idx).and_then(Option::as_mut) else { continue };
+            if s.conn.repl.serial != d.serial || !s.conn.repl.parked {
+                continue;
+            }
+            tcp::resume(&mut s.conn, s.tenant.replica.get(), d.outcome);
+            if s.conn.blocked_on_write || s.conn.gate.in_throttled {
+                continue;
+            }
+            let after = self.conn_event(d.idx, true, false, false);
+            self.after_serve(d.idx, after, revisit);
         }
     }
 
@@ -336,6 +359,7 @@ impl Worker {
             stop: &self.stop,
             index: self.index,
             read_buf_bytes_max: self.read_buf_bytes_max,
+            inbox: &self.inbox,
         };
         tcp::conn_event(slot, idx, self.poll.registry(), &env, readable, writable, peer_closed)
     }
@@ -347,6 +371,7 @@ impl Worker {
             stop: &self.stop,
             index: self.index,
             read_buf_bytes_max: self.read_buf_bytes_max,
+            inbox: &self.inbox,
         };
         let Some(wt) = self.tenants.get_mut(k) else { return };
         udp::udp_drain(wt, &mut self.udp_rx, &mut self.udp, &env);
@@ -359,6 +384,7 @@ impl Worker {
             stop: &self.stop,
             index: self.index,
             read_buf_bytes_max: self.read_buf_bytes_max,
+            inbox: &self.inbox,
         };
         udp::serve_udp_queues(&mut self.tenants, &mut self.udp, &env, now);
     }
