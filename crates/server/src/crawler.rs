@@ -6,12 +6,21 @@
 //! What it is for: starting a crawl (or answering `BUSY`), the crawl thread, and the
 //! `lru_crawler_running` / `lru_crawler_starts` figures. The walk itself and its per-item
 //! counters (`crawler_reclaimed`, `crawler_items_checked`) are the store's (`Store::crawl_step`).
-//! What it is not for: metadump (streamed by the connection that asked, see `memcache_admin`).
+//! What it is not for: streaming metadump (the connection that asked does it, see `memcache_admin`;
+//! only its cursor type lives here).
 
 use slipstream_store::Store;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Where a metadump in progress goes on (kept in the connection's state between
+/// rounds; here, beside the crawl, because both walk the store's slots shard by shard).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DumpCursor {
+    pub shard: usize,
+    pub slot: usize,
+}
 
 /// Slots a crawl step looks at under one shard lock: bounds how long a worker waiting for
 /// that shard can be delayed (tens of microseconds).

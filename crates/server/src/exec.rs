@@ -76,8 +76,8 @@ pub struct ConnState {
     /// SASL: an AUTH without data asked for it; the next STEP brings it.
     pub sasl_continue: bool,
     /// `lru_crawler metadump` in progress: the TCP loop produces the rest as the client
-    /// reads, before any later request runs (see `memcache_admin::dump_more`).
-    pub dump: Option<crate::memcache_admin::DumpCursor>,
+    /// reads, before any later request runs (see `memcache_admin::dump_more`, which steps it).
+    pub dump: Option<crate::crawler::DumpCursor>,
     /// `watch` accepted this watcher (its id in `Settings::logger`): the network loop hands
     /// the connection to the log writer after this batch.
     pub watcher: Option<u64>,

@@ -8,7 +8,7 @@
 //!
 //! Not for: parsing (slipstream-proto) or the store walk itself (`Store::dump_step`).
 
-use crate::crawler::{CrawlStart, CRAWLER};
+use crate::crawler::{CrawlStart, DumpCursor, CRAWLER};
 use crate::exec::{Ctx, Transport};
 use crate::watch::{uriencode, WatchRefused};
 use slipstream_store::ItemMeta;
@@ -26,13 +26,6 @@ const DUMP_UDP_BYTES_MAX: usize = 1024 * 1024;
 const CACHEDUMP_BYTES_MAX: usize = 2 * 1024 * 1024;
 /// memcached's slab class ids: 1..64.
 const CLASS_MAX: u32 = 63;
-
-/// Where a metadump in progress goes on (kept in the connection's state between rounds).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DumpCursor {
-    pub shard: usize,
-    pub slot: usize,
-}
 
 /// Which classes a `lru_crawler` argument names; None = `BADCLASS`.
 fn names_class_one(classes: &[u8]) -> Option<bool> {
