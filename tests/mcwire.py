@@ -241,6 +241,18 @@ def stat_map(sock, which=b"", max_s=5.0):
     return parse_stats(read_until(sock, b"END\r\n", max_s=max_s))
 
 
+def talk(server, data, quiet_s=0.3, max_s=3.0):
+    """One fresh connection to `server`: send `data`, read until quiet; the Reply."""
+    s = server.connect()
+    try:
+        s.sendall(data)
+        r = Reply()
+        read_quiet(s, r, quiet_s=quiet_s, max_s=max_s)
+        return r
+    finally:
+        s.close()
+
+
 def read_quiet(sock, reply, quiet_s=None, max_s=READ_MAX_S, want_bytes=None):
     """Append to `reply` until no byte for quiet_s, max_s elapsed, or EOF.
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import mcwire
+from mcwire import talk
 
 pytestmark = pytest.mark.skipif(not mcwire.slipstream_available(), reason="slipstream not built")
 need_memcached = pytest.mark.skipif(not mcwire.memcached_available(), reason="memcached not installed")
@@ -35,17 +36,6 @@ def servers():
 
     yield make
     mcwire.kill_quietly(started)
-
-
-def talk(srv, data, quiet_s=0.3, max_s=3.0):
-    s = srv.connect()
-    try:
-        s.sendall(data)
-        r = mcwire.Reply()
-        mcwire.read_quiet(s, r, quiet_s=quiet_s, max_s=max_s)
-        return r
-    finally:
-        s.close()
 
 
 def stats_of(srv, which=b""):
