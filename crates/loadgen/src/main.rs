@@ -61,7 +61,9 @@ slipstream-loadgen: memcached load generator (prints one JSON line)
 Open-loop JSON adds: rate_per_s, achieved_rate_per_s (replies in the window per s),
 sent (requests scheduled in the window and sent), behind (of those, how many waited
 client-side for a free in-flight slot), dropped (requests shed in the window because
-more than --backlog-max were due on a connection), backlog_peak.
+more than --backlog-max were due on a connection), unsent (requests scheduled in the
+window that were still waiting when it closed: the generator itself did not get the CPU
+in time; sent + dropped + unsent is exactly the schedule's count), backlog_peak.
 
 Exit status: 0 clean run; 2 bad arguments or setup failure; 3 the run saw errors
 (unexpected replies, broken or stalled connections, prefill failures; UDP losses do
@@ -254,10 +256,12 @@ pub struct Counts {
     pub rx_bytes: u64,
     pub tx_bytes: u64,
     /// Open loop: requests scheduled inside the window and sent; of those, how many waited
-    /// for a free in-flight slot; requests shed inside the window; largest backlog seen.
+    /// for a free in-flight slot; requests shed inside the window; requests scheduled inside
+    /// the window still waiting when it closed; largest backlog seen.
     pub sent: u64,
     pub behind: u64,
     pub dropped: u64,
+    pub unsent: u64,
     pub backlog_peak: u64,
 }
 
@@ -296,6 +300,7 @@ impl Counts {
         self.sent += o.sent;
         self.behind += o.behind;
         self.dropped += o.dropped;
+        self.unsent += o.unsent;
         self.backlog_peak = self.backlog_peak.max(o.backlog_peak);
     }
 }
@@ -471,8 +476,8 @@ fn run(cfg: &Config) -> Result<(String, bool), String> {
     ));
     match cfg.rate_per_s {
         Some(rate) => j.push_str(&format!(
-            "\"rate_per_s\":{:.3},\"achieved_rate_per_s\":{:.1},\"sent\":{},\"behind\":{},\"dropped\":{},\"backlog_max\":{},\"backlog_peak\":{},",
-            rate, ops_per_s, counts.sent, counts.behind, counts.dropped, cfg.backlog_max, counts.backlog_peak
+            "\"rate_per_s\":{:.3},\"achieved_rate_per_s\":{:.1},\"sent\":{},\"behind\":{},\"dropped\":{},\"unsent\":{},\"backlog_max\":{},\"backlog_peak\":{},",
+            rate, ops_per_s, counts.sent, counts.behind, counts.dropped, counts.unsent, cfg.backlog_max, counts.backlog_peak
         )),
         None => j.push_str("\"rate_per_s\":null,"),
     }

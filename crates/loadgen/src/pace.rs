@@ -103,6 +103,13 @@ impl Pacer {
         skip
     }
 
+    /// How many of this connection's requests scheduled in `[from, to)` were never taken:
+    /// what a generator that was not scheduled (CPU) before its window closed left unsent.
+    pub fn untaken_in(&self, from: Instant, to: Instant) -> u64 {
+        let before = |t: Instant| t.checked_sub(Duration::from_nanos(1)).map_or(0, |t| self.due_count(t));
+        before(to).saturating_sub(before(from))
+    }
+
     /// Take the next `k` requests at once (a generator that sends them in one call).
     pub fn take_many(&mut self, k: u64) {
         self.next_n = self.next_n.saturating_add(k.saturating_mul(self.stride));
@@ -190,6 +197,22 @@ mod tests {
         // Over one second exactly 1000 requests are due in total (0..=999 at t < 1 s).
         let total: u64 = p.iter().map(|x| x.due_count(t0 + ms(999) + Duration::from_micros(999))).sum();
         assert_eq!(total, 1000);
+    }
+
+    #[test]
+    fn untaken_in_counts_only_the_window_and_only_what_was_not_taken() {
+        let t0 = Instant::now();
+        // 1000/s on one connection: request n at n ms. Window [100 ms, 200 ms): 100 requests.
+        let mut p = Pacer::new(t0, 1000.0, 1, 0, 1_000_000);
+        assert_eq!(p.untaken_in(t0 + ms(100), t0 + ms(200)), 100);
+        // Taking the first 150 (0..=149) leaves 150..=199 of the window untaken.
+        p.take_many(150);
+        assert_eq!(p.untaken_in(t0 + ms(100), t0 + ms(200)), 50);
+        p.take_many(50);
+        assert_eq!(p.untaken_in(t0 + ms(100), t0 + ms(200)), 0);
+        // A window from the schedule's origin counts request 0 too.
+        let q = Pacer::new(t0, 1000.0, 1, 0, 1_000_000);
+        assert_eq!(q.untaken_in(t0, t0 + ms(10)), 10);
     }
 
     #[test]

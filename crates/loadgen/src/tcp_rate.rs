@@ -283,6 +283,9 @@ pub fn run_thread(
             break;
         }
     }
+    for c in conns.iter() {
+        sh.counts.unsent += c.pacer.untaken_in(window.start, window.end);
+    }
     let now = Instant::now();
     for c in conns.iter() {
         if c.alive && c.inflight.front().is_some_and(|f| now.saturating_duration_since(f.sent) >= STALL_AFTER) {

@@ -160,6 +160,9 @@ pub fn run_thread(
             }
         }
     }
+    for s in socks.iter() {
+        counts.unsent += s.pacer.as_ref().map_or(0, |p| p.untaken_in(window.start, window.end));
+    }
     Ok(ThreadResult { hist, counts })
 }
 
