@@ -492,19 +492,37 @@ fn parse_delete<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, Text
     complete(Request::Delete { key, noreply }, consumed)
 }
 
-/// `incr|decr <key> <delta> [noreply]`.
+/// `<cmd> <key> <arg> [noreply]` split: the key, the raw argument and `noreply`.
+struct KeyArg<'a> {
+    key: &'a [u8],
+    arg: &'a [u8],
+    noreply: bool,
+}
+
+/// The shape `incr|decr|touch <key> <arg> [noreply]`, or memcached's reply to a wrong token
+/// count (`ERROR`) or a key that is too long.
 #[inline]
-fn parse_arith<'a>(incr: bool, t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+fn key_arg_head<'a>(t: &Tokens<'a>, consumed: usize) -> Result<KeyArg<'a>, Parsed<Request<'a>, TextError>> {
     let n = t.count();
     if n != 3 && n != 4 {
-        return invalid(TextErrorKind::Error, false, consumed);
+        return Err(invalid(TextErrorKind::Error, false, consumed));
     }
     let noreply = t.last_is_noreply();
     let key = t.get(1);
     if key.len() > KEY_BYTES_MAX {
-        return invalid(TextErrorKind::BadFormat, noreply, consumed);
+        return Err(invalid(TextErrorKind::BadFormat, noreply, consumed));
     }
-    let Some(delta) = safe_strtoull(t.get(2)) else {
+    Ok(KeyArg { key, arg: t.get(2), noreply })
+}
+
+/// `incr|decr <key> <delta> [noreply]`.
+#[inline]
+fn parse_arith<'a>(incr: bool, t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
+    let KeyArg { key, arg, noreply } = match key_arg_head(t, consumed) {
+        Ok(head) => head,
+        Err(reply) => return reply,
+    };
+    let Some(delta) = safe_strtoull(arg) else {
         return invalid(TextErrorKind::InvalidDelta, noreply, consumed);
     };
     complete(Request::Arith { incr, key, delta, noreply }, consumed)
@@ -513,16 +531,11 @@ fn parse_arith<'a>(incr: bool, t: &Tokens<'a>, consumed: usize) -> Parsed<Reques
 /// `touch <key> <exptime> [noreply]`.
 #[inline]
 fn parse_touch<'a>(t: &Tokens<'a>, consumed: usize) -> Parsed<Request<'a>, TextError> {
-    let n = t.count();
-    if n != 3 && n != 4 {
-        return invalid(TextErrorKind::Error, false, consumed);
-    }
-    let noreply = t.last_is_noreply();
-    let key = t.get(1);
-    if key.len() > KEY_BYTES_MAX {
-        return invalid(TextErrorKind::BadFormat, noreply, consumed);
-    }
-    let Some(exptime) = safe_strtol(t.get(2)) else {
+    let KeyArg { key, arg, noreply } = match key_arg_head(t, consumed) {
+        Ok(head) => head,
+        Err(reply) => return reply,
+    };
+    let Some(exptime) = safe_strtol(arg) else {
         return invalid(TextErrorKind::InvalidExptime, noreply, consumed);
     };
     complete(Request::Touch { key, exptime: i64::from(exptime), noreply }, consumed)
