@@ -2,9 +2,10 @@
 //! event of the classes they named, in memcached 1.6.18's format (logger.c), and nothing else.
 //!
 //! What it is for: the watcher list (at most `WATCHERS_MAX`, memcached's limit), each watcher's
-//! bounded buffer (`WATCHER_BUF_BYTES`, memcached's `watcher_logbuf_size`) with memcached's
-//! `skipped=N` line when a slow watcher made it drop lines, the writer thread that hands those
-//! buffers to the watchers' sockets, and the event lines (`item_get`, `item_store`,
+//! bounded buffer (memcached's `watcher_logbuf_size`, `WATCHER_BUF_BYTES` by default) with
+//! memcached's `skipped=N` line when a slow watcher made it drop lines, the writer thread that
+//! hands those buffers to the watchers' sockets (and, through `OnClose`, ends a watcher's
+//! connection as the network loop would), and the event lines (`item_get`, `item_store`,
 //! `eviction`, `conn_new`, `conn_close`).
 //!
 //! Cost when nobody watches: every event site first asks `Logger::wants(class)`, one relaxed

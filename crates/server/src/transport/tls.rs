@@ -1,7 +1,8 @@
 //! TLS on the TCP listeners (`-Z` and `-o ssl_*`, as in memcached 1.6), with rustls.
 //!
 //! What it is for: building the server configuration from memcached's options at start-up
-//! (certificate chain, key, client-certificate verification, minimum version), and `TlsStream`:
+//! (certificate chain, key, client-certificate verification, minimum version) and again on
+//! `refresh_certs` (`TlsState`, with memcached's error lines and TLS counters), and `TlsStream`:
 //! a rustls server connection driven over the non-blocking socket, so the network loop reads
 //! and writes it like a plain socket. Reads return short only once the socket is drained (the
 //! loop's edge-triggered polling relies on that); records rustls holds after a write go out in
