@@ -259,6 +259,8 @@ case("meta_flags_range", L(b"ms a 1 F4294967296", b"x", b"mg a f v", b"ms a 1 F4
 case("admin_commands", L(b"shutdown", b"cache_memlimit 100", b"cache_memlimit abc", b"slabs automove 1",
                          b"lru_crawler bogus", b"misbehave", b"version"))
 case("stats_conns", L(b"stats conns"))
+# memcached 1.6.18 built with TLS, started without -Z (noreply does not silence the error).
+case("refresh_certs_without_tls", L(b"refresh_certs", b"refresh_certs noreply", b"refresh_certs a b"))
 # cache_memlimit: every reply memcached gives (its limits: 8 MB minimum, a number above 10^9 is
 # taken to be bytes, a 32-bit parse so 4294967296 reads as 0), and the new limit in `stats
 # settings` maxbytes and `stats` limit_maxbytes.

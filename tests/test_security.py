@@ -551,6 +551,107 @@ def test_tls_client_certificates(procs, tmpdir_path):
         ctx.wrap_socket(ss.connect(), server_hostname="127.0.0.1").close()
 
 
+def tls_ask(proc, j, data):
+    """One TLS connection: send `data`, read until quiet; the reply bytes."""
+    return session(proc, [data], wrap=tls_wrap(j))[0][0]
+
+
+def peer_cn(proc, j):
+    s = tls_wrap(j)(proc.connect())
+    try:
+        return dict(x[0] for x in s.getpeercert()["subject"])["commonName"]
+    finally:
+        s.close()
+
+
+def test_tls_refresh_certs_like_memcached(procs, tmpdir_path):
+    """`refresh_certs` reloads the files -Z was started with: memcached's `OK` (silenced by
+    noreply), its error lines for a missing or broken chain or key (not silenced), and new
+    connections get the new certificate."""
+    j = make_certs(tmpdir_path)
+
+    def run(*args):
+        subprocess.run(["openssl"] + list(args), check=True, capture_output=True, timeout=60)
+
+    # A second server certificate from the same CA, under another name.
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", j("server2.key"), "-out", j("server2.csr"), "-subj",
+        "/CN=server2")
+    run("x509", "-req", "-in", j("server2.csr"), "-CA", j("ca.pem"), "-CAkey", j("ca.key"), "-CAcreateserial",
+        "-out", j("server2.pem"), "-days", "2", "-extfile", j("server.ext"))
+    out = []
+    for kind in ("memcached", "slipstream"):
+        chain, key = j("live-%s.pem" % kind), j("live-%s.key" % kind)
+        shutil.copy(j("server.pem"), chain)
+        shutil.copy(j("server.key"), key)
+        port = mcwire.free_port()
+        p = procs(kind, ["-Z", "-o", "ssl_chain_cert=%s,ssl_key=%s" % (chain, key), "-p", str(port), "-U", "0",
+                         "-l", HOST], port=port)
+        replies = [tls_ask(p, j, b"refresh_certs\r\nrefresh_certs noreply\r\nrefresh_certs a b\r\n")]
+        os.unlink(chain)
+        replies.append(tls_ask(p, j, b"refresh_certs\r\nrefresh_certs noreply\r\n"))
+        write(chain, "not a certificate\n")
+        replies.append(tls_ask(p, j, b"refresh_certs\r\n"))
+        shutil.copy(j("server.pem"), chain)
+        write(key, "not a key\n")
+        replies.append(tls_ask(p, j, b"refresh_certs\r\n"))
+        os.unlink(key)
+        replies.append(tls_ask(p, j, b"refresh_certs\r\n"))
+        shutil.copy(j("client.key"), key)
+        replies.append(tls_ask(p, j, b"refresh_certs\r\n"))
+        assert peer_cn(p, j) == "server", kind
+        shutil.copy(j("server2.pem"), chain)
+        shutil.copy(j("server2.key"), key)
+        replies.append(tls_ask(p, j, b"refresh_certs\r\n"))
+        assert peer_cn(p, j) == "server2", kind
+        out.append([r.replace(chain.encode(), b"<chain>").replace(key.encode(), b"<key>") for r in replies])
+    assert out[0] == out[1], out
+    assert out[1][0] == b"OK\r\nOK\r\n"
+    assert out[1][1] == b"Error loading the certificate chain: <chain> : error:80000002:system library::No such file or directory\r\n" * 2
+
+
+def test_tls_stats_like_memcached(procs, tmpdir_path):
+    """Under -Z, `stats` has memcached's TLS rows in its place (ssl_handshake_errors,
+    time_since_server_cert_refresh), which `refresh_certs` resets."""
+    j = make_certs(tmpdir_path)
+    names = []
+    for kind in ("memcached", "slipstream"):
+        p = start_tls(procs, kind, j)
+        out = tls_ask(p, j, b"stats\r\n")
+        names.append([l.split(b" ")[1] for l in out.split(b"\r\n") if l.startswith(b"STAT ")])
+        st = dict(l.split(b" ")[1:3] for l in out.split(b"\r\n") if l.startswith(b"STAT "))
+        # memcached's clock read 0 when it loaded the certificates: 60 s ahead of its uptime.
+        assert int(st[b"time_since_server_cert_refresh"]) >= int(st[b"uptime"]) + 60, (kind, st)
+        time.sleep(1.1)
+        out = tls_ask(p, j, b"refresh_certs\r\nstats\r\n")
+        st = dict(l.split(b" ")[1:3] for l in out.split(b"\r\n") if l.startswith(b"STAT "))
+        assert st[b"time_since_server_cert_refresh"] in (b"0", b"1"), (kind, st)
+    assert names[0] == names[1], (names[0], names[1])
+    assert b"ssl_handshake_errors" in names[1] and b"time_since_server_cert_refresh" in names[1]
+
+
+def test_tls_handshake_errors_counted(procs, tmpdir_path):
+    """Each connection that ends before its TLS handshake completes (plaintext, a hang-up)
+    counts in `ssl_handshake_errors`; a good handshake does not."""
+    j = make_certs(tmpdir_path)
+    p = start_tls(procs, "slipstream", j)
+
+    def errors():
+        out = tls_ask(p, j, b"stats\r\n")
+        return int(re.search(rb"STAT ssl_handshake_errors (\d+)", out).group(1))
+
+    before = errors()
+    for data in (b"stats\r\n", b"", b"\x16\x03\x01\x00\x05hello"):
+        s = p.connect()
+        if data:
+            s.sendall(data)
+        time.sleep(0.05)
+        s.close()
+    deadline = time.monotonic() + 3
+    while errors() != before + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert errors() == before + 3
+
+
 def test_tls_start_refusals(tmpdir_path):
     if not mcwire.slipstream_available():
         pytest.skip("slipstream not built")

@@ -15,6 +15,7 @@ Each scenario leaves the cache empty, so the LRU tail is the same item on both s
 
 import re
 import socket
+import struct
 import time
 
 import pytest
@@ -175,3 +176,68 @@ def test_stats_conns_udp_socket_rows(pair):
     got = [(f, v) for d, f, v in rows if d == fd]
     assert got[:3] == [("UDP", "UDP"), ("addr", "udp:127.0.0.1:%d" % cand.port), ("state", "conn_read")], got
     assert got[3][0] == "secs_since_last_cmd" and len(got) == 4, got
+
+
+def udp_ask(port, req_id, payload, datagrams_max=50):
+    """One request over UDP (memcached's frame); the reply payloads joined."""
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(2.0)
+    try:
+        u.sendto(struct.pack(">HHHH", req_id, 0, 1, 0) + payload, (mcwire.HOST, port))
+        parts = {}
+        total = None
+        while total is None or len(parts) < total:
+            data, _ = u.recvfrom(65536)
+            rid, seq, total, _ = struct.unpack(">HHHH", data[:8])
+            if rid == req_id:
+                parts[seq] = data[8:]
+            if len(parts) >= datagrams_max:
+                break
+        return b"".join(parts[k] for k in sorted(parts)), u.getsockname()[1]
+    finally:
+        u.close()
+
+
+def udp_shape(data, port, client_port):
+    text = data.decode().replace(":%d" % client_port, ":<udpclient>")
+    rows = []
+    for line in text.split("\r\n"):
+        m = re.match(r"^STAT (\d+):(\S+) (.*)$", line)
+        if m:
+            rows.append((int(m.group(1)), m.group(2), m.group(3)))
+    return conns_shape(rows, port)
+
+
+def test_stats_conns_after_udp_traffic_like_memcached(pair):
+    """After a UDP request the UDP socket's `secs_since_last_cmd` starts again from 0; `stats
+    conns` asked over UDP shows that socket serving the asker (its address, the socket's own as
+    `listen_addr`, `conn_parse_cmd`); an idle TCP connection is `conn_new_cmd` before its first
+    request and `conn_read` after it, as in memcached."""
+    ref, cand = pair(udp=True, threads=1)
+    got = []
+    for srv in (ref, cand):
+        time.sleep(0.3)  # the start-up probe's connection is closed by then (its fd reused)
+        fresh, used, s = srv.connect(), srv.connect(), srv.connect()
+        try:
+            exchange(used, b"version\r\n")
+            time.sleep(2.2)
+            udp_ask(srv.port, 1, b"get nothing\r\n")
+            rows = conns_rows(s)
+            udp_fd = [fd for fd, field, _ in rows if field == "UDP"][0]
+            secs = [v for fd, field, v in rows if fd == udp_fd and field == "secs_since_last_cmd"]
+            listener_secs = [v for fd, field, v in rows if field == "secs_since_last_cmd"][0]
+            over_udp, client_port = udp_ask(srv.port, 2, b"stats conns\r\n")
+            # Sorted: which fd the kernel hands each client differs between the servers.
+            got.append((sorted(conns_shape(rows, srv.port)), secs, int(listener_secs) >= 2,
+                        sorted(udp_shape(over_udp, srv.port, client_port))))
+        finally:
+            for c in (fresh, used, s):
+                c.close()
+    assert got[0] == got[1], "memcached:\n%s\nslipstream:\n%s" % (got[0], got[1])
+    shape, secs, _, over_udp = got[1]
+    assert secs == ["0"], got[1]
+    asking_udp = [g for g in over_udp if ("UDP", "UDP") in g]
+    assert asking_udp == [(("UDP", "UDP"), ("addr", "udp:127.0.0.1:<udpclient>"), ("listen_addr", "udp:127.0.0.1:<port>"),
+                           ("state", "conn_parse_cmd"), ("secs_since_last_cmd", "<secs>"))], over_udp
+    states = sorted(dict(g).get("state") for g in shape)
+    assert states == ["conn_listening", "conn_new_cmd", "conn_parse_cmd", "conn_read", "conn_read"], shape

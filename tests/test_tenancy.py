@@ -182,6 +182,44 @@ def test_isolation_udp(daemons):
     assert tl.udp_exchange(u0, 17, b"get u\r\n") == get_reply(b"u", b"tcp0")
 
 
+def conns_groups(sock, port):
+    """`stats conns` as groups of (field, value), fds dropped, the port and client ports masked."""
+    data = ask(sock, b"stats conns\r\n", b"END\r\n").decode()
+    groups = {}
+    for line in data.split("\r\n"):
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] == "STAT":
+            fd, field = parts[1].split(":", 1)
+            value = parts[2].replace(":%d" % port, ":<port>")
+            if field == "secs_since_last_cmd":
+                value = "<secs>"
+            elif field == "addr" and value.startswith("tcp:") and not value.endswith(":<port>"):
+                value = "tcp:<client>"
+            groups.setdefault(fd, []).append((field, value))
+    return sorted(tuple(g) for g in groups.values())
+
+
+def test_stats_conns_lists_a_tenants_listeners_like_memcached(daemons):
+    """On a tenant's port, `stats conns` lists the tenant's TCP listener and its UDP sockets
+    (one per worker thread), as memcached lists its own, with the asking connection."""
+    d = daemons([{"name": "t0", "share": 1.0, "memory_mb": 16, "udp": True}], shaping=UNSHAPED, threads=2)
+    with d.connect("t0") as a:
+        got = conns_groups(a, d.ports["t0"])
+    if not mcwire.memcached_available():
+        pytest.skip("memcached not installed")
+    m = mcwire.Server("memcached", threads=2, udp=True).start()
+    try:
+        s = m.connect()
+        try:
+            want = conns_groups(s, m.port)
+        finally:
+            s.close()
+    finally:
+        mcwire.kill_quietly([m])
+    assert got == want, (got, want)
+    assert (("addr", "tcp:127.0.0.1:<port>"), ("state", "conn_listening"), ("secs_since_last_cmd", "<secs>")) in got
+
+
 def bin_request(opcode, key=b"", extras=b"", value=b"", opaque=0):
     body = extras + key + value
     return BIN_HDR.pack(0x80, opcode, len(key), len(extras), 0, 0, len(body), opaque, 0) + body

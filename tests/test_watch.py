@@ -208,6 +208,128 @@ def test_connevents_like_memcached(servers):
     ], out
 
 
+# memcached's LRU maintainer may reclaim an expired item before the get meets it: off on both.
+NO_MAINTAINER = ["-o", "no_lru_maintainer"]
+
+
+@need_memcached
+def test_expired_and_flushed_lookups_like_memcached(servers):
+    """A read that meets an expired item logs `status=expired`, one that meets an item
+    `flush_all` invalidated `status=flushed` (memcached's do_item_get), the next one
+    `not_found`; the lookups before a store, delete and touch log the same. (A store is left
+    out after the flush: memcached's allocation for it may reclaim the flushed item at its LRU
+    tail before the lookup, which then logs `not_found`.)"""
+    out = []
+    for kind in KINDS:
+        srv = servers(kind, extra=NO_MAINTAINER)
+        w = watcher(srv, b"watch fetchers\r\n")
+        c = srv.connect()
+        try:
+            for req in [b"set e1 0 1 1\r\nx\r\n", b"set e2 0 1 1\r\nx\r\n", b"set e3 0 1 1\r\nx\r\n",
+                        b"set e4 0 1 1\r\nx\r\n"]:
+                c.sendall(req)
+                mcwire.read_quiet(c, mcwire.Reply(), quiet_s=0.05, max_s=1.0)
+            time.sleep(2.2)
+            for req in [b"get e1\r\n", b"get e1\r\n", b"mg e2 v\r\n", b"delete e3\r\n", b"touch e4 10\r\n",
+                        b"set f1 0 0 1\r\nx\r\n", b"set f2 0 0 1\r\nx\r\n", b"flush_all\r\n", b"gets f1\r\n",
+                        b"get f1\r\n", b"delete f2\r\n"]:
+                c.sendall(req)
+                mcwire.read_quiet(c, mcwire.Reply(), quiet_s=0.05, max_s=1.0)
+            lines = watched_lines(w, 14, max_s=5.0)
+        finally:
+            c.close()
+            w.close()
+        out.append([masked(l) for l in lines])
+    assert out[0] == out[1], "\n".join("%-80s | %s" % p for p in zip(out[0], out[1]))
+    assert out[0][4:] == [
+        "type=item_get key=e1 status=expired clsid=0 cfd=N size=0",
+        "type=item_get key=e1 status=not_found clsid=0 cfd=N size=0",
+        "type=item_get key=e2 status=expired clsid=0 cfd=N size=0",
+        "type=item_get key=e3 status=expired clsid=0 cfd=N size=0",
+        "type=item_get key=e4 status=expired clsid=0 cfd=N size=0",
+        "type=item_get key=f1 status=not_found clsid=0 cfd=N size=0",
+        "type=item_get key=f2 status=not_found clsid=0 cfd=N size=0",
+        "type=item_get key=f1 status=flushed clsid=0 cfd=N size=0",
+        "type=item_get key=f1 status=not_found clsid=0 cfd=N size=0",
+        "type=item_get key=f2 status=flushed clsid=0 cfd=N size=0",
+    ], out[0]
+
+
+@need_memcached
+def test_watcher_is_a_connection_until_it_hangs_up_like_memcached(servers):
+    """A watcher still counts in `curr_connections` and shows in `stats conns` as `conn_watch`;
+    when it hangs up, connevents watchers get its `conn_close` (reason `error`, memcached's
+    close from the logger thread) and the count drops."""
+    out = []
+    for kind in KINDS:
+        srv = servers(kind)
+        ev = watcher(srv, b"watch connevents\r\n")
+        w = watcher(srv, b"watch fetchers\r\n")
+        port = w.getsockname()[1]
+        c = srv.connect()
+        try:
+            st = mcwire.stat_map(c)
+            c.sendall(b"stats conns\r\n")
+            conns = mcwire.read_until(c, b"END\r\n", max_s=5.0).decode()
+            fds = re.findall(r"STAT (\d+):addr tcp:127\.0\.0\.1:%d\r\n" % port, conns)
+            assert len(fds) == 1, conns
+            state = re.search(r"STAT %s:state (\S+)" % fds[0], conns).group(1)
+            w.close()
+            data = mcwire.read_until(ev, max_s=3.0, stop=lambda b: b"rport=%d transport=tcp reason" % port in b)
+            closes = [masked(l) for l in data.decode().splitlines() if "type=conn_close" in l and "rport=%d " % port in l]
+            deadline = time.monotonic() + 3.0
+            after = mcwire.stat_map(c)
+            while after["curr_connections"] != str(int(st["curr_connections"]) - 1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                after = mcwire.stat_map(c)
+        finally:
+            c.close()
+            ev.close()
+        out.append((state, closes, int(st["curr_connections"]) - int(after["curr_connections"]), st["log_watchers"]))
+    assert out[0] == out[1], out
+    assert out[0] == ("conn_watch", ["type=conn_close rip=127.0.0.1 rport=N transport=tcp reason=error cfd=N"], 1,
+                      "2"), out[0]
+
+
+def held_for_a_watcher_that_does_not_read(srv, lines=20000):
+    """Bytes a watcher that does not read is sent before the first line it missed: what the
+    sockets hold plus the watcher's buffer."""
+    w = srv.connect()
+    try:
+        w.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        w.sendall(b"watch fetchers\r\n")
+        time.sleep(0.2)
+        c = srv.connect()
+        batch = b"get " + b"k" * 200 + b"\r\n"
+        for _ in range(lines // 1000):
+            c.sendall(batch * 1000)
+            mcwire.read_until(c, b"END\r\n" * 1000, max_s=10.0)
+        c.close()
+        r = mcwire.Reply()
+        mcwire.read_quiet(w, r, quiet_s=1.0, max_s=10.0)
+    finally:
+        w.close()
+    data = bytes(r.data)
+    cut = data.find(b"skipped=")
+    return len(data) if cut < 0 else cut
+
+
+@need_memcached
+def test_watcher_logbuf_size_sets_each_watchers_buffer(servers):
+    """`-o watcher_logbuf_size=N` is in KB (`stats settings` shows N * 1024, as memcached's),
+    and is what a watcher that does not read holds on top of the sockets: with 1 KB it is
+    sent about 255 KB less than with the default 256 KB before lines are skipped."""
+    for kind in KINDS:
+        srv = servers(kind, extra=["-o", "watcher_logbuf_size=1"])
+        assert stats_of(srv, b"settings")["watcher_logbuf_size"] == "1024", kind
+    assert stats_of(servers("memcached"), b"settings")["watcher_logbuf_size"] == "262144"
+    default = held_for_a_watcher_that_does_not_read(servers("slipstream"))
+    small_srv = servers("slipstream", extra=["-o", "watcher_logbuf_size=1"])
+    small = held_for_a_watcher_that_does_not_read(small_srv)
+    assert small < default - 128 * 1024, (default, small)
+    assert int(stats_of(small_srv)["log_watcher_skipped"]) > 0
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_eviction_lines(servers, kind):
     """memcached's `eviction` line for each live item pushed out (memcached's class id is

@@ -200,6 +200,11 @@ pub enum Request<'a> {
         classes: Option<u16>,
         noreply: bool,
     },
+    /// `refresh_certs [...]`: reload the TLS certificates (memcached ignores other tokens; a
+    /// trailing `noreply` silences only the success reply).
+    RefreshCerts {
+        noreply: bool,
+    },
 }
 
 /// memcached 1.6.18's log classes (logger.h `LOG_*`), as `watch` names them.
@@ -576,6 +581,7 @@ fn parse_admin<'a>(cmd: &[u8], t: &Tokens<'a>, consumed: usize) -> Parsed<Reques
         b"lru_crawler" => parse_lru_crawler(t, consumed),
         b"lru" if n >= 2 => complete(Request::Admin { line: lru_reply(t), noreply: t.last_is_noreply() }, consumed),
         b"watch" => parse_watch(t, consumed),
+        b"refresh_certs" => complete(Request::RefreshCerts { noreply: t.last_is_noreply() }, consumed),
         b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
         _ => parse_unknown(cmd, t, consumed),
     }

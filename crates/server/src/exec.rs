@@ -61,8 +61,12 @@ pub struct ConnState {
     /// key of a multi-get is its own). The UDP loop sends each non-empty piece as its own
     /// message, as memcached does.
     pub udp_marks: Vec<usize>,
-    /// This connection's key in `ServerInfo::conns` (-1 when it has none: UDP, tests).
+    /// This connection's key in `ServerInfo::conns`: its fd, or for UDP the socket's listed
+    /// fd, as memcached numbers them (-1 when it has none: tests).
     pub conn_id: i32,
+    /// UDP only: who sent the datagram being served (`stats conns` shows the asking UDP
+    /// socket with it, as memcached's does).
+    pub udp_peer: Option<std::net::SocketAddr>,
     /// Bytes of `Settings::conn_buf` this connection's unsent replies hold (given back by the
     /// network loop when the socket has taken them or the connection closes).
     pub reply_charged_bytes: usize,
@@ -92,6 +96,7 @@ impl ConnState {
             quiet_pending: false,
             udp_marks: Vec::new(),
             conn_id: -1,
+            udp_peer: None,
             reply_charged_bytes: 0,
             shared: SharedQueue::default(),
             authenticated: false,
@@ -132,6 +137,8 @@ pub struct Settings {
     /// The log stream `watch` connections receive (shared by every tenant, as memcached has
     /// one logger).
     pub logger: Arc<crate::watch::Logger>,
+    /// `-Z`: the TLS state (`refresh_certs` reloads it, `stats` shows its counters).
+    pub tls: Option<Arc<crate::transport::tls::TlsState>>,
 }
 
 impl Default for Settings {
@@ -149,6 +156,7 @@ impl Default for Settings {
             domain_socket: None,
             socket_mode: 0o700,
             logger: Arc::default(),
+            tls: None,
         }
     }
 }
@@ -190,9 +198,10 @@ impl Ctx<'_> {
 /// Log-stream events (`watch`): each first checks, with one relaxed atomic load, that a
 /// watcher wants the class; building the line is out of line (see `watch`).
 impl Ctx<'_> {
-    /// memcached's `item_get` line for a read that found a value of `found` bytes (or not).
+    /// memcached's `item_get` line for a read that found a value of `found` bytes (or met
+    /// nothing, a flushed or an expired item).
     #[inline(always)]
-    pub fn log_get(&self, key: &[u8], found: Option<usize>) {
+    pub fn log_get(&self, key: &[u8], found: crate::watch::GetFound) {
         if self.settings.logger.wants(watch_class::FETCHERS) {
             let cfd = self.conn.conn_id;
             self.settings.logger.log(watch_class::FETCHERS, |o| crate::watch::item_get_line(key, found, cfd, o));
@@ -211,7 +220,8 @@ impl Ctx<'_> {
     #[cold]
     #[inline(never)]
     fn log_lookup_slow(&self, key: &[u8]) {
-        let found = self.store.get(key, slipstream_store::GetOpts::default(), |o| o.item.map(|i| i.value.len()));
+        let found =
+            self.store.get(key, slipstream_store::GetOpts::default(), |o| o.item.map(|i| i.value.len()).ok_or(o.miss));
         self.log_get(key, found);
     }
 

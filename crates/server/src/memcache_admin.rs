@@ -1,5 +1,6 @@
 //! memcached's key-dump and LRU crawler commands over the text protocol: `lru_crawler metadump`,
-//! `lru_crawler crawl` and `stats cachedump`, with memcached 1.6.18's exact lines.
+//! `lru_crawler crawl` and `stats cachedump`, with memcached 1.6.18's exact lines; and its
+//! other side commands, `watch` and `refresh_certs`.
 //!
 //! Slipstream has one item class, reported as memcached's class 1 (as `stats items` does), so a
 //! class list naming 1, `all` or `hash` dumps every live item, and any other valid class is
@@ -130,6 +131,22 @@ pub fn dump_more(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
     }
     ctx.conn.dump = None;
     out.extend_from_slice(b"END\r\n");
+}
+
+/// `refresh_certs` (memcached's process_refresh_certs_command): `OK` (silenced by `noreply`)
+/// once the certificate files are loaded again, else memcached's error line, which `noreply`
+/// does not silence (memcached writes it directly). Without `-Z`, memcached built with TLS
+/// answers `Error TLS not enabled`.
+pub fn refresh_certs(ctx: &mut Ctx<'_>, noreply: bool, out: &mut Vec<u8>) {
+    let Some(tls) = ctx.settings.tls.as_deref() else {
+        out.extend_from_slice(b"Error TLS not enabled\r\n");
+        return;
+    };
+    match tls.refresh(ctx.server.uptime_s()) {
+        Ok(()) if noreply => {}
+        Ok(()) => out.extend_from_slice(b"OK\r\n"),
+        Err(e) => out.extend_from_slice(format!("{e}\r\n").as_bytes()),
+    }
 }
 
 /// `watch [classes]` (memcached's process_watch_command): the line to answer now. On success

@@ -276,6 +276,7 @@ fn admin(ctx: &mut Ctx<'_>, request: Request<'_>, out: &mut Vec<u8>) {
             let line = crate::memcache_admin::watch(ctx, classes, !out.is_empty());
             reply(out, noreply, line);
         }
+        Request::RefreshCerts { noreply } => crate::memcache_admin::refresh_certs(ctx, noreply, out),
         // `run` handles every other request itself.
         Request::Get { .. }
         | Request::Store { .. }
@@ -339,7 +340,7 @@ fn get(ctx: &mut Ctx<'_>, with_cas: bool, touch_exptime: Option<i64>, keys: Keys
         let store = ctx.store;
         let found = store.get(key, opts, |o| match o.item {
             Some(item) => {
-                ctx.log_get(key, Some(item.value.len()));
+                ctx.log_get(key, Ok(item.value.len()));
                 // Charge the connection-buffer budget before copying the value out (a large
                 // value is sent by reference instead: not copied, not charged).
                 let share = ctx.shares_value(item.value.len());
@@ -353,7 +354,7 @@ fn get(ctx: &mut Ctx<'_>, with_cas: bool, touch_exptime: Option<i64>, keys: Keys
                 Some(true)
             }
             None => {
-                ctx.log_get(key, None);
+                ctx.log_get(key, Err(o.miss));
                 Some(false)
             }
         });
@@ -465,7 +466,7 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
         StatsCmd::Items => StatsList::Items,
         StatsCmd::Slabs => StatsList::Slabs,
         StatsCmd::Sizes => StatsList::Sizes,
-        StatsCmd::Conns => StatsList::Conns { asking_conn_id: ctx.conn.conn_id },
+        StatsCmd::Conns => StatsList::Conns { asking_conn_id: ctx.conn.conn_id, asking_udp_peer: ctx.conn.udp_peer },
         // No extstore and no slab classes to dump: memcached prints the same for nothing there.
         StatsCmd::Extstore => return compose_end(out),
         StatsCmd::Cachedump { class, limit } => return crate::memcache_admin::cachedump(ctx, class, limit, out),

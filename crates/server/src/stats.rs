@@ -166,9 +166,49 @@ pub struct ConnEntry {
     pub addr: String,
     /// For client connections, the listener they arrived on.
     pub listen_addr: Option<String>,
-    /// Relative second (`ServerInfo::uptime_s`) of the last request batch, shared with the
-    /// connection, which stores into it once per read batch.
-    pub last_cmd_s: Arc<AtomicU64>,
+    /// When the last request batch came, shared with the connection (or UDP socket), which
+    /// marks it once per read batch.
+    pub last_cmd: Arc<LastCmd>,
+    /// `watch` handed the connection to the log writer (memcached's `conn_watch`).
+    pub watching: bool,
+}
+
+impl ConnEntry {
+    /// A listener's or UDP socket's entry, created `now_s` (`ServerInfo::uptime_s`).
+    pub fn socket(addr: String, now_s: u64) -> ConnEntry {
+        ConnEntry { addr, listen_addr: None, last_cmd: Arc::new(LastCmd::new(now_s)), watching: false }
+    }
+}
+
+/// The relative second (`ServerInfo::uptime_s`) of a connection's last request batch, and
+/// whether it has sent one at all (memcached shows a connection that never did as
+/// `conn_new_cmd`, one idle after a request as `conn_read`).
+#[derive(Debug, Default)]
+pub struct LastCmd(AtomicU64);
+
+impl LastCmd {
+    /// Set when a request was seen (seconds never reach this bit).
+    const SEEN: u64 = 1 << 63;
+
+    /// Opened at `now_s`, no request yet.
+    pub fn new(now_s: u64) -> LastCmd {
+        LastCmd(AtomicU64::new(now_s & !Self::SEEN))
+    }
+
+    /// A request batch came at `now_s`.
+    pub fn mark(&self, now_s: u64) {
+        self.0.store(now_s | Self::SEEN, Ordering::Relaxed);
+    }
+
+    /// The second of the last request (of the opening while there was none).
+    pub fn secs(&self) -> u64 {
+        self.0.load(Ordering::Relaxed) & !Self::SEEN
+    }
+
+    /// Whether any request came.
+    pub fn seen(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & Self::SEEN != 0
+    }
 }
 
 impl ServerInfo {

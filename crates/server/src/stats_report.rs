@@ -33,6 +33,7 @@ pub enum StatsList {
     /// `stats conns`; the connection asking (`ConnState::conn_id`) reads `conn_parse_cmd`.
     Conns {
         asking_conn_id: i32,
+        asking_udp_peer: Option<std::net::SocketAddr>,
     },
 }
 
@@ -53,7 +54,7 @@ pub fn rows(v: StatsView<'_>, list: StatsList) -> Vec<Stat> {
         StatsList::Items => items(v),
         StatsList::Slabs => slabs(v),
         StatsList::Sizes => vec![(Cow::Borrowed("sizes_status"), b"disabled".to_vec())],
-        StatsList::Conns { asking_conn_id } => conns(v.server, asking_conn_id),
+        StatsList::Conns { asking_conn_id, asking_udp_peer } => conns(v.server, asking_conn_id, asking_udp_peer),
     }
 }
 
@@ -163,6 +164,12 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
         ],
     );
     crawler_and_log_stats(sv, v);
+    if let Some(tls) = sv.settings.tls.as_deref() {
+        // memcached's TLS rows, only under -Z (no `ssl_new_sessions`: its session cache option
+        // has no effect here).
+        put(v, "ssl_handshake_errors", tls.handshake_errors.load(Ordering::Relaxed));
+        put(v, "time_since_server_cert_refresh", tls.since_refresh_s(server.uptime_s()));
+    }
     zeros(v, &["unexpected_napi_ids", "round_robin_fallback"]);
     put(v, "bytes", st.bytes);
     put(v, "curr_items", st.curr_items);
@@ -297,7 +304,7 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("temp_lru", s("no")),
         ("temporary_ttl", s("61")),
         ("idle_timeout", n(u64::from(tu.idle_timeout_s))),
-        ("watcher_logbuf_size", s("262144")),
+        ("watcher_logbuf_size", n(st.logger.watcher_buf_bytes() as u64)),
         ("worker_logbuf_size", s("65536")),
         ("read_buf_mem_limit", n(tu.read_buf_mem_limit_bytes)),
         ("track_sizes", s("no")),
@@ -411,10 +418,13 @@ fn slabs(sv: StatsView<'_>) -> Vec<Stat> {
 /// `stats conns`: one group per listener, UDP socket and connection, keyed by fd, as memcached
 /// prints it, in memcached's order (its listeners are opened before its UDP sockets, and both
 /// before any client: it lists by fd; Slipstream binds UDP first, so it sorts by kind first).
-/// An idle UDP socket prints `UDP UDP`, its own address and `conn_read`, as memcached's does.
-/// The asking connection is `conn_parse_cmd`; the others are idle between requests as far as
-/// this thread can tell, so they print `conn_waiting`.
-fn conns(server: &ServerInfo, asking_conn_id: i32) -> Vec<Stat> {
+/// An idle UDP socket prints `UDP UDP`, its own address and `conn_read`, as memcached's does;
+/// the UDP socket serving the asking datagram prints the sender, its own address as
+/// `listen_addr` and `conn_parse_cmd`. The asking connection is `conn_parse_cmd`; the others
+/// are idle between requests as far as this thread can tell: `conn_new_cmd` before their first
+/// request, `conn_read` after (memcached parks an idle connection in conn_read), `conn_watch`
+/// once `watch` handed them to the log writer.
+fn conns(server: &ServerInfo, asking_conn_id: i32, asking_udp_peer: Option<std::net::SocketAddr>) -> Vec<Stat> {
     let now = server.uptime_s();
     let mut entries: Vec<(i32, crate::stats::ConnEntry)> = match server.conns.lock() {
         Ok(reg) => reg.iter().map(|(k, v)| (*k, v.clone())).collect(),
@@ -429,18 +439,34 @@ fn conns(server: &ServerInfo, asking_conn_id: i32) -> Vec<Stat> {
         if udp {
             v.push((name("UDP"), b"UDP".to_vec()));
         }
-        v.push((name("addr"), e.addr.clone().into_bytes()));
-        if let Some(l) = &e.listen_addr {
-            v.push((name("listen_addr"), l.clone().into_bytes()));
-        }
         let state = match (&e.listen_addr, fd == asking_conn_id) {
-            (None, _) if udp => "conn_read",
-            (None, _) => "conn_listening",
-            (Some(_), true) => "conn_parse_cmd",
-            (Some(_), false) => "conn_waiting",
+            (None, true) if udp && asking_udp_peer.is_some() => {
+                let peer = asking_udp_peer.map(|p| format!("udp:{p}")).unwrap_or_default();
+                v.push((name("addr"), peer.into_bytes()));
+                v.push((name("listen_addr"), e.addr.clone().into_bytes()));
+                "conn_parse_cmd"
+            }
+            (None, _) => {
+                v.push((name("addr"), e.addr.clone().into_bytes()));
+                if udp {
+                    "conn_read"
+                } else {
+                    "conn_listening"
+                }
+            }
+            (Some(l), asking) => {
+                v.push((name("addr"), e.addr.clone().into_bytes()));
+                v.push((name("listen_addr"), l.clone().into_bytes()));
+                match (asking, e.watching, e.last_cmd.seen()) {
+                    (true, _, _) => "conn_parse_cmd",
+                    (false, true, _) => "conn_watch",
+                    (false, false, true) => "conn_read",
+                    (false, false, false) => "conn_new_cmd",
+                }
+            }
         };
         v.push((name("state"), state.as_bytes().to_vec()));
-        let since = now.saturating_sub(e.last_cmd_s.load(Ordering::Relaxed));
+        let since = now.saturating_sub(e.last_cmd.secs());
         v.push((name("secs_since_last_cmd"), since.to_string().into_bytes()));
     }
     v

@@ -264,8 +264,7 @@ impl TenantTable {
         let slot = self.free_slot().ok_or_else(|| ControlError::Conflict(format!("at most {TENANTS_MAX} tenants")))?;
         let tcp = Some(SocketAddr::new(d.listen, spec.tcp_port));
         let udp = spec.udp_port.map(|p| SocketAddr::new(d.listen, p));
-        let (tcps, udps, tcp_local, udp_local) = bind_all(tcp, udp, self.threads, self.settings.tunables.tcp_backlog)
-            .map_err(|e| {
+        let bound = bind_all(tcp, udp, self.threads, self.settings.tunables.tcp_backlog).map_err(|e| {
             // Taken by another process (or a port this one may not share): 409.
             if e.in_use() {
                 ControlError::Conflict(format!("tenant {:?}: {e}", spec.name))
@@ -284,9 +283,13 @@ impl TenantTable {
             d.conn_limit,
             d.item_bytes_max,
             d.listen_interface.clone(),
-            tcp_local,
-            udp_local,
+            bound.2,
+            bound.3,
         );
+        // `stats conns` on the tenant's ports lists its listener and UDP sockets, as
+        // memcached's lists its own.
+        crate::net::register_listeners(&info, &bound, self.threads);
+        let (tcps, udps, tcp_local, udp_local) = bound;
         info.prefix_stats.set_enabled(self.settings.detail_enabled);
         // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.
         let kernel = self.kernel.clone();

@@ -74,6 +74,9 @@ pub struct Tunables {
     /// `-o idle_timeout` etc. given as memcached's `-o` names with no effect here: reported
     /// in `stats settings` as given so a comparison with memcached's sees the same values.
     pub maxconns_fast: bool,
+    /// `-o watcher_logbuf_size` (memcached's unit, KB, times 1024): the most each `watch`
+    /// connection's unsent log lines hold.
+    pub watcher_logbuf_bytes: usize,
     /// `stats settings` values of memcached options accepted without effect here (slab and
     /// LRU tuning, hash table size, ...), as memcached would print them: (name, value).
     pub reported: Vec<(&'static str, String)>,
@@ -109,6 +112,7 @@ impl Default for Tunables {
             lru_crawler_sleep_us: 100,
             lru_crawler_tocrawl: 0,
             maxconns_fast: true,
+            watcher_logbuf_bytes: crate::watch::WATCHER_BUF_BYTES,
             reported: Vec::new(),
         }
     }

@@ -2,9 +2,10 @@
 //! event of the classes they named, in memcached 1.6.18's format (logger.c), and nothing else.
 //!
 //! What it is for: the watcher list (at most `WATCHERS_MAX`, memcached's limit), each watcher's
-//! bounded buffer (`WATCHER_BUF_BYTES`, memcached's `watcher_logbuf_size`) with memcached's
-//! `skipped=N` line when a slow watcher made it drop lines, the writer thread that hands those
-//! buffers to the watchers' sockets, and the event lines (`item_get`, `item_store`,
+//! bounded buffer (memcached's `watcher_logbuf_size`, `WATCHER_BUF_BYTES` by default) with
+//! memcached's `skipped=N` line when a slow watcher made it drop lines, the writer thread that
+//! hands those buffers to the watchers' sockets (and, through `OnClose`, ends a watcher's
+//! connection as the network loop would), and the event lines (`item_get`, `item_store`,
 //! `eviction`, `conn_new`, `conn_close`).
 //!
 //! Cost when nobody watches: every event site first asks `Logger::wants(class)`, one relaxed
@@ -53,24 +54,37 @@ struct Watcher {
     classes: u16,
     /// Lines logged before the watcher was added are not its (memcached's `min_gid`).
     min_gid: u64,
-    /// Unsent bytes are `buf[sent..]`; never more than `WATCHER_BUF_BYTES` of them.
+    /// Unsent bytes are `buf[sent..]`; never more than the logger's `buf_bytes_max` of them.
     buf: Vec<u8>,
     sent: usize,
     /// Lines dropped since the last one that fit.
     skipped: u64,
     /// None until the network loop hands the connection over.
     stream: Option<Stream>,
+    /// Run when the writer drops the watcher, before its socket closes: the connection leaves
+    /// the counts and `stats conns` then, and `conn_close` is logged (memcached's
+    /// sidethread_conn_close).
+    on_close: Option<OnClose>,
 }
+
+/// What the network loop does when a watcher's connection ends (see `Logger::attach`).
+pub type OnClose = Box<dyn FnOnce() + Send>;
 
 impl Watcher {
     fn pending(&self) -> usize {
         self.buf.len() - self.sent
     }
 
-    /// Queue `line`, or count it skipped when the buffer cannot take it (memcached's
-    /// logger_thread_write_entry). True if queued.
-    fn offer(&mut self, line: &[u8], stats: &LogStats) -> bool {
-        if self.pending() + line.len() + LINE_SLACK_BYTES > WATCHER_BUF_BYTES {
+    /// Queue `line`, or count it skipped when the buffer cannot take it even after handing the
+    /// socket what it will take now (memcached's logger_thread_write_entry polls the watcher
+    /// before it skips). True if queued.
+    fn offer(&mut self, line: &[u8], buf_bytes_max: usize, stats: &LogStats) -> bool {
+        let fits = |w: &Watcher| w.pending() + line.len() + LINE_SLACK_BYTES <= buf_bytes_max;
+        if !fits(self) && self.pending() > 0 {
+            // A failed socket is the writer's to notice and drop.
+            let _ = self.write_out();
+        }
+        if !fits(self) {
             self.skipped += 1;
             stats.watcher_skipped.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -105,6 +119,15 @@ impl Watcher {
         s.drain()
     }
 
+    /// The watcher's connection ends: `on_close` first, then the socket closes (so its fd
+    /// cannot be reused while `stats conns` still lists it).
+    fn close(mut self) {
+        if let Some(f) = self.on_close.take() {
+            f();
+        }
+        drop(self.stream.take());
+    }
+
     /// Whether the peer hung up (memcached reads one byte: end-of-file or an error closes).
     fn hung_up(&mut self) -> bool {
         let Some(s) = self.stream.as_mut() else { return false };
@@ -134,6 +157,8 @@ pub struct Logger {
     watchers: Mutex<Watchers>,
     /// Wakes the writer when a watcher's buffer goes from empty to not, or one is attached.
     wake: Condvar,
+    /// Each watcher's buffer bound (`-o watcher_logbuf_size`).
+    buf_bytes_max: usize,
     pub stats: LogStats,
 }
 
@@ -145,17 +170,29 @@ impl std::fmt::Debug for Logger {
 
 impl Default for Logger {
     fn default() -> Self {
+        Logger::new(WATCHER_BUF_BYTES)
+    }
+}
+
+impl Logger {
+    /// A logger whose watchers each hold at most `buf_bytes_max` unsent bytes (memcached's
+    /// `watcher_logbuf_size`; 0 drops every line, as memcached's empty buffer does).
+    pub fn new(buf_bytes_max: usize) -> Logger {
         Logger {
             wanted: AtomicU16::new(0),
             gid: AtomicU64::new(0),
             watchers: Mutex::new(Watchers::default()),
             wake: Condvar::new(),
+            buf_bytes_max,
             stats: LogStats::default(),
         }
     }
-}
 
-impl Logger {
+    /// Each watcher's buffer bound, for `stats settings`.
+    pub fn watcher_buf_bytes(&self) -> usize {
+        self.buf_bytes_max
+    }
+
     /// Whether any watcher wants `class` lines: check this before building one.
     #[inline(always)]
     pub fn wants(&self, class: u16) -> bool {
@@ -182,7 +219,16 @@ impl Logger {
         w.next_id += 1;
         let id = w.next_id;
         let min_gid = self.gid.fetch_add(1, Ordering::Relaxed) + 1;
-        w.list.push(Watcher { id, classes, min_gid, buf: b"OK\r\n".to_vec(), sent: 0, skipped: 0, stream: None });
+        w.list.push(Watcher {
+            id,
+            classes,
+            min_gid,
+            buf: b"OK\r\n".to_vec(),
+            sent: 0,
+            skipped: 0,
+            stream: None,
+            on_close: None,
+        });
         self.set_wanted(&w);
         Ok(id)
     }
@@ -194,11 +240,18 @@ impl Logger {
         self.set_wanted(&w);
     }
 
-    /// Give watcher `id` its connection: from now on the writer thread owns the socket.
-    pub fn attach(self: &Arc<Self>, id: u64, stream: Stream) {
+    /// Give watcher `id` its connection: from now on the writer thread owns the socket, and
+    /// runs `on_close` when it drops the watcher (before the socket closes). If the watcher is
+    /// gone already, `on_close` runs now.
+    pub fn attach(self: &Arc<Self>, id: u64, stream: Stream, on_close: OnClose) {
         let mut w = self.lock();
-        let Some(x) = w.list.iter_mut().find(|x| x.id == id) else { return };
+        let Some(x) = w.list.iter_mut().find(|x| x.id == id) else {
+            drop(w);
+            on_close();
+            return;
+        };
         x.stream = Some(stream);
+        x.on_close = Some(on_close);
         if !w.writer_started {
             let me = self.clone();
             let spawned = std::thread::Builder::new().name("slipstream-log".into()).spawn(move || me.writer());
@@ -206,8 +259,10 @@ impl Logger {
                 Ok(_) => w.writer_started = true,
                 Err(e) => {
                     eprintln!("slipstream: cannot start the log writer: {e}");
-                    w.list.retain(|x| x.id != id);
+                    let gone: Vec<Watcher> = w.list.extract_if(.., |x| x.id == id).collect();
                     self.set_wanted(&w);
+                    drop(w);
+                    gone.into_iter().for_each(Watcher::close);
                     return;
                 }
             }
@@ -229,7 +284,7 @@ impl Logger {
         let mut woke = false;
         for x in w.list.iter_mut().filter(|x| x.classes & class != 0 && gid >= x.min_gid) {
             let was_empty = x.pending() == 0;
-            if x.offer(&line, &self.stats) && was_empty && x.stream.is_some() {
+            if x.offer(&line, self.buf_bytes_max, &self.stats) && was_empty && x.stream.is_some() {
                 woke = true;
             }
         }
@@ -246,19 +301,25 @@ impl Logger {
         let mut w = self.lock();
         loop {
             let mut blocked = false;
-            let before = w.list.len();
-            w.list.retain_mut(|x| {
-                if x.stream.is_none() {
-                    return true;
-                }
-                match x.write_out() {
-                    Ok(done) => blocked |= !done,
-                    Err(_) => return false,
-                }
-                !x.hung_up()
-            });
-            if w.list.len() != before {
+            let gone: Vec<Watcher> = w
+                .list
+                .extract_if(.., |x| {
+                    if x.stream.is_none() {
+                        return false;
+                    }
+                    match x.write_out() {
+                        Ok(done) => blocked |= !done,
+                        Err(_) => return true,
+                    }
+                    x.hung_up()
+                })
+                .collect();
+            if !gone.is_empty() {
                 self.set_wanted(&w);
+                // Its close is logged like any connection's, which takes the lock.
+                drop(w);
+                gone.into_iter().for_each(Watcher::close);
+                w = self.lock();
             }
             let wait = Duration::from_millis(if blocked { WRITER_BLOCKED_MS } else { WRITER_IDLE_MS });
             w = match self.wake.wait_timeout(w, wait) {
@@ -282,11 +343,22 @@ pub fn uriencode(key: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// memcached's `item_get` statuses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GetStatus {
-    NotFound,
-    Found,
+/// What an `item_get` line reports: the value's size when found, else what the read met
+/// (memcached's `status=not_found|flushed|expired`, all with clsid 0 and size 0).
+pub type GetFound = Result<usize, slipstream_store::Miss>;
+
+/// `type=item_get ...` (memcached's _logger_parse_ige).
+pub fn item_get_line(key: &[u8], found: GetFound, cfd: i32, out: &mut Vec<u8>) {
+    use slipstream_store::Miss;
+    out.extend_from_slice(b"type=item_get key=");
+    uriencode(key, out);
+    let (status, clsid, size) = match found {
+        Ok(n) => ("found", 1, n),
+        Err(Miss::Absent) => ("not_found", 0, 0),
+        Err(Miss::Flushed) => ("flushed", 0, 0),
+        Err(Miss::Expired) => ("expired", 0, 0),
+    };
+    out.extend_from_slice(format!(" status={status} clsid={clsid} cfd={cfd} size={size}\n").as_bytes());
 }
 
 /// memcached's `item_store` line fields.
@@ -302,17 +374,6 @@ pub struct StoreEvent<'a> {
     /// Value bytes (0 for a refused item, as memcached logs it).
     pub value_bytes: usize,
     pub cfd: i32,
-}
-
-/// `type=item_get ...` (memcached's _logger_parse_ige). A miss has clsid 0 and size 0.
-pub fn item_get_line(key: &[u8], found: Option<usize>, cfd: i32, out: &mut Vec<u8>) {
-    out.extend_from_slice(b"type=item_get key=");
-    uriencode(key, out);
-    let (status, clsid, size) = match found {
-        Some(n) => ("found", 1, n),
-        None => ("not_found", 0, 0),
-    };
-    out.extend_from_slice(format!(" status={status} clsid={clsid} cfd={cfd} size={size}\n").as_bytes());
 }
 
 /// `type=item_store ...` (memcached's _logger_parse_ise). Slipstream reports every item in
@@ -439,8 +500,18 @@ mod tests {
         let skipped = l.stats.watcher_skipped.load(Ordering::Relaxed);
         assert_eq!(sent + skipped, 400);
         assert!(skipped > 0 && sent > 200, "sent {sent} skipped {skipped}");
+        assert!(l.lock().list[0].pending() <= WATCHER_BUF_BYTES);
+        // A 1 KB buffer (`-o watcher_logbuf_size=1`) takes a few lines only.
+        let small = Logger::new(1024);
+        small.reserve(watch_class::FETCHERS).expect("room");
+        for _ in 0..10 {
+            small.log(watch_class::FETCHERS, |o| o.extend_from_slice(&line[..300]));
+        }
+        let small_sent = small.stats.watcher_sent.load(Ordering::Relaxed);
+        assert!((1..4).contains(&small_sent), "sent {small_sent}");
+        assert_eq!(small_sent + small.stats.watcher_skipped.load(Ordering::Relaxed), 10);
+        assert!(small.lock().list[0].pending() <= 1024);
         let mut w = l.lock();
-        assert!(w.list[0].pending() <= WATCHER_BUF_BYTES);
         // Drained, the next line that fits is preceded by memcached's skipped line.
         w.list[0].sent = w.list[0].buf.len();
         drop(w);
@@ -453,11 +524,14 @@ mod tests {
     #[test]
     fn lines_are_memcacheds() {
         let mut o = Vec::new();
-        item_get_line(b"a b", Some(3), 15, &mut o);
+        item_get_line(b"a b", Ok(3), 15, &mut o);
         assert_eq!(o, b"type=item_get key=a%20b status=found clsid=1 cfd=15 size=3\n");
         o.clear();
-        item_get_line(b"k", None, 7, &mut o);
+        item_get_line(b"k", Err(slipstream_store::Miss::Absent), 7, &mut o);
         assert_eq!(o, b"type=item_get key=k status=not_found clsid=0 cfd=7 size=0\n");
+        o.clear();
+        item_get_line(b"k", Err(slipstream_store::Miss::Expired), 7, &mut o);
+        assert_eq!(o, b"type=item_get key=k status=expired clsid=0 cfd=7 size=0\n");
         o.clear();
         let e = StoreEvent { key: b"k", status: "stored", cmd: "set", ttl_s: 100, value_bytes: 2, cfd: 9 };
         item_store_line(&e, &mut o);

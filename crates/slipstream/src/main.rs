@@ -282,6 +282,8 @@ fn serve_tenants(
         conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
         tunables: cfg.tunables.clone(),
         auth: sec.auth.clone(),
+        logger: Arc::new(slipstream_server::watch::Logger::new(cfg.tunables.watcher_logbuf_bytes)),
+        tls: sec.tls.clone(),
         ..Settings::default()
     });
     let defaults = TenantDefaults {
@@ -598,6 +600,8 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         auth: sec.auth.clone(),
         domain_socket: cfg.security.unix_socket.clone(),
         socket_mode: cfg.security.unix_mode(),
+        logger: Arc::new(slipstream_server::watch::Logger::new(cfg.tunables.watcher_logbuf_bytes)),
+        tls: sec.tls.clone(),
         ..Settings::default()
     };
     // Attach before serving, so the kernel cache starts empty and coherent from the first

@@ -66,7 +66,6 @@ const NO_EFFECT: &[&str] = &[
     "hot_max_factor",
     "warm_max_factor",
     "temporary_ttl",
-    "watcher_logbuf_size",
     "worker_logbuf_size",
     "slab_sizes",
     "slab_chunk_max",
@@ -144,6 +143,15 @@ fn apply_one(cfg: &mut Targets<'_>, name: &str, value: Option<&str>) -> Result<(
             }
         }
         "lru_crawler_tocrawl" => t.lru_crawler_tocrawl = num(name, value)?,
+        "watcher_logbuf_size" => {
+            // memcached's unit is kilobytes (an unsigned int of bytes after the multiply).
+            let kb: u64 = num(name, value)?;
+            let bytes = kb
+                .checked_mul(1024)
+                .filter(|b| *b <= u64::from(u32::MAX))
+                .ok_or_else(|| bad(name, "too large (memcached keeps it in 32 bits)"))?;
+            t.watcher_logbuf_bytes = bytes as usize;
+        }
         "maxconns_fast" => t.maxconns_fast = true,
         "no_maxconns_fast" => {
             t.maxconns_fast = false;
@@ -177,6 +185,10 @@ fn reported(name: &str, value: Option<&str>) -> Option<(&'static str, String)> {
         "warm_lru_pct" => ("warm_lru_pct", v),
         "temporary_ttl" => ("temporary_ttl", v),
         "no_lru_maintainer" => ("lru_maintainer_thread", "no".into()),
+        // memcached's unit is kilobytes.
+        "worker_logbuf_size" => {
+            ("worker_logbuf_size", v.parse::<u64>().map(|kb| kb.saturating_mul(1024).to_string()).unwrap_or(v))
+        }
         "lru_maintainer" => ("lru_maintainer_thread", "yes".into()),
         _ => return None,
     })

@@ -262,6 +262,20 @@ pub struct GetOutcome<'a> {
     pub stale: bool,
     /// Another client already holds the win token (`Z` flag).
     pub win_token_sent: bool,
+    /// Why `item` is None (memcached's `item_get` log status); `Absent` when it is Some.
+    pub miss: Miss,
+}
+
+/// What a read that found nothing met (memcached's do_item_get `was_found` 0, 2, 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Miss {
+    /// No item under the key.
+    #[default]
+    Absent,
+    /// An item invalidated by `flush_all` (unlinked by this read).
+    Flushed,
+    /// An expired item (unlinked by this read).
+    Expired,
 }
 
 /// Options of a delete.
@@ -797,7 +811,7 @@ impl Store {
     /// Look up `key`; `f` sees the outcome while the shard lock is held (copy the value out
     /// inside `f`, do no I/O there).
     pub fn get<R>(&self, key: &[u8], opts: GetOpts, f: impl FnOnce(GetOutcome<'_>) -> R) -> R {
-        let miss = || GetOutcome { item: None, won: false, stale: false, win_token_sent: false };
+        let miss = |miss| GetOutcome { item: None, won: false, stale: false, win_token_sent: false, miss };
         let h = hash_key(key);
         let tag = h as u32;
         let si = self.shard_index(h);
@@ -806,18 +820,18 @@ impl Store {
         // Read before the flush state (see FlushState::generation and the fill below).
         let flush_generation = self.flush.0.generation.load(Ordering::SeqCst);
         let t = self.now();
-        let (idx, created) = match sh.lookup_live(key, tag, &t, &self.used_bytes.0) {
-            Some(i) => (i, false),
-            None => {
-                let Some(viv) = opts.vivify_exptime else { return f(miss()) };
+        let (idx, created) = match sh.lookup(key, tag, &t, &self.used_bytes.0) {
+            Ok(i) => (i, false),
+            Err(why) => {
+                let Some(viv) = opts.vivify_exptime else { return f(miss(why)) };
                 if !self.fits_limits(key.len(), 0, 0) {
-                    return f(miss());
+                    return f(miss(why));
                 }
                 let exp = self.realtime(viv, t.now);
                 let cas = self.next_cas();
                 match self.insert_new(si, sh, item_data(&[key]), key.len(), tag, 0, exp, cas, 0, &t) {
                     Some(i) => (i, true),
-                    None => return f(miss()),
+                    None => return f(miss(why)),
                 }
             }
         };
@@ -874,7 +888,7 @@ impl Store {
             fetched_before,
             key_binary: e.bits & KEY_BINARY != 0,
         };
-        f(GetOutcome { item: Some(item), won, stale, win_token_sent })
+        f(GetOutcome { item: Some(item), won, stale, win_token_sent, miss: Miss::Absent })
     }
 
     /// Offer item `idx` to the kernel cache (shard lock held; `t` and `flush_generation` are

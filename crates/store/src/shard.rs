@@ -8,7 +8,7 @@
 //! here with the lock held. Every operation here is O(1) (index growth amortised).
 
 use crate::index::Index;
-use crate::{KernelCache, ITEM_OVERHEAD_BYTES};
+use crate::{KernelCache, Miss, ITEM_OVERHEAD_BYTES};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -260,19 +260,25 @@ impl Shard {
     /// counted as memcached's do_item_get does (get_flushed is checked first).
     #[inline(always)]
     pub(crate) fn lookup_live(&mut self, key: &[u8], tag: u32, t: &Now, used: &AtomicUsize) -> Option<u32> {
-        let idx = self.find(key, tag)?;
+        self.lookup(key, tag, t, used).ok()
+    }
+
+    /// `lookup_live`, saying what a miss met (for memcached's `item_get` log status).
+    #[inline(always)]
+    pub(crate) fn lookup(&mut self, key: &[u8], tag: u32, t: &Now, used: &AtomicUsize) -> Result<u32, Miss> {
+        let idx = self.find(key, tag).ok_or(Miss::Absent)?;
         let e = &self.entries[idx as usize];
         if t.is_flushed(e) {
             self.counters.get_flushed += 1;
             self.remove(idx, used);
-            return None;
+            return Err(Miss::Flushed);
         }
         if t.is_expired(e) {
             self.counters.get_expired += 1;
             self.remove(idx, used);
-            return None;
+            return Err(Miss::Expired);
         }
-        Some(idx)
+        Ok(idx)
     }
 
     /// Take `idx` off the list; republish the tail if it was the tail.

@@ -13,7 +13,6 @@ use crate::stats::ThreadStats;
 use crate::transport::Stream;
 use crate::watch::Peer;
 use std::io::{self, Read};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// Read buffer a connection starts with (and shrinks back to when idle).
@@ -50,7 +49,7 @@ pub(super) struct Conn {
     /// Key in `ServerInfo::conns` (the socket's fd, as memcached numbers connections).
     pub fd: i32,
     /// When this connection last sent requests (shared with its `stats conns` entry).
-    pub last_cmd_s: Arc<AtomicU64>,
+    pub last_cmd: Arc<crate::stats::LastCmd>,
     /// Its tenant's shaping state (unused without a shaper).
     pub gate: ConnGate,
     /// Who is on the other end, as `watch connevents` lines name it.
@@ -89,7 +88,7 @@ pub(super) struct ReadEnd {
 }
 
 impl Conn {
-    pub fn new(stream: Stream, fd: i32, last_cmd_s: Arc<AtomicU64>, peer: Peer) -> Conn {
+    pub fn new(stream: Stream, fd: i32, last_cmd: Arc<crate::stats::LastCmd>, peer: Peer) -> Conn {
         let mut state = ConnState::new(Transport::Tcp);
         state.conn_id = fd;
         Conn {
@@ -107,7 +106,7 @@ impl Conn {
             close_after_flush: false,
             needs_revisit: false,
             fd,
-            last_cmd_s,
+            last_cmd,
             gate: ConnGate::default(),
             peer,
             repl: ReplConn::default(),

@@ -10,7 +10,7 @@
 use super::conn::Conn;
 use super::env::{thread_stats, Slot};
 use crate::exec::Protocol;
-use crate::stats::{ConnEntry, ThreadStats};
+use crate::stats::{ConnEntry, LastCmd, ThreadStats};
 use crate::tenants::{Tenant, TenantTable};
 use crate::transport::{tls::TlsStream, Stream};
 use crate::watch::Peer;
@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub(super) const WAKER: Token = Token(usize::MAX - 2);
@@ -57,6 +57,9 @@ pub(super) struct WorkerTenant {
     pub udp_queue_bytes: usize,
     /// Look at the queue again at this monotonic time (0 = nothing waiting).
     pub udp_wait_until_ns: u64,
+    /// The `stats conns` entry the UDP socket's traffic shows in: its own, or (a socket beyond
+    /// those memcached would have) the listed one of its address. Its fd and request clock.
+    pub udp_listed: Option<(i32, Arc<LastCmd>)>,
 }
 
 impl WorkerTenant {
@@ -78,6 +81,7 @@ impl WorkerTenant {
                 udp_sock = None;
             }
         }
+        let udp_listed = udp_sock.as_ref().and_then(|u| listed_udp_entry(&t, u));
         WorkerTenant {
             tenant: t,
             listener,
@@ -85,6 +89,7 @@ impl WorkerTenant {
             udp_queue: VecDeque::new(),
             udp_queue_bytes: 0,
             udp_wait_until_ns: 0,
+            udp_listed,
         }
     }
 
@@ -99,6 +104,16 @@ impl WorkerTenant {
     }
 }
 
+/// The `stats conns` entry of UDP socket `u`: its own, else the first listed for its address.
+fn listed_udp_entry(t: &Tenant, u: &UdpSocket) -> Option<(i32, Arc<LastCmd>)> {
+    let reg = t.info.conns.lock().ok()?;
+    if let Some(e) = reg.get(&u.as_raw_fd()) {
+        return Some((u.as_raw_fd(), e.last_cmd.clone()));
+    }
+    let addr = format!("udp:{}", u.local_addr().ok()?);
+    reg.iter().find(|(_, e)| e.listen_addr.is_none() && e.addr == addr).map(|(fd, e)| (*fd, e.last_cmd.clone()))
+}
+
 /// A worker's connections: slots indexed by poll token, and the free indexes.
 pub(super) struct Conns {
     pub slots: Vec<Option<Slot>>,
@@ -111,7 +126,7 @@ pub(super) struct Acceptor<'a> {
     pub table: &'a TenantTable,
     pub index: usize,
     /// `-Z`: TCP connections are TLS.
-    pub tls: Option<&'a Arc<rustls::ServerConfig>>,
+    pub tls: Option<&'a Arc<crate::transport::tls::TlsState>>,
 }
 
 impl Acceptor<'_> {
@@ -205,12 +220,12 @@ impl Acceptor<'_> {
             return;
         }
         let fd = stream.as_raw_fd();
-        let last_cmd_s = Arc::new(AtomicU64::new(tenant.info.uptime_s()));
+        let last_cmd = Arc::new(LastCmd::new(tenant.info.uptime_s()));
         if let Ok(mut reg) = tenant.info.conns.lock() {
-            reg.insert(fd, ConnEntry { addr, listen_addr, last_cmd_s: last_cmd_s.clone() });
+            reg.insert(fd, ConnEntry { addr, listen_addr, last_cmd: last_cmd.clone(), watching: false });
         }
         crate::watch::log_conn(&self.table.settings.logger, &peer, fd, None);
-        let mut conn = Conn::new(stream, fd, last_cmd_s, peer);
+        let mut conn = Conn::new(stream, fd, last_cmd, peer);
         // -B ascii|binary: the connection speaks only that protocol.
         conn.state.protocol = Protocol::bound_by(self.table.settings.tunables.binding_protocol);
         conns.slots[idx] = Some(Slot { tenant, conn });
@@ -227,7 +242,7 @@ fn refuse_over_limit(stream: &Stream) {
 
 /// [sec hook] A TCP connection as served: plain, or TLS under `-Z` unless its listener is
 /// exempt (`-l notls:`) (None: the TLS set-up failed, said so; the socket closes).
-fn wrap_tcp(stream: TcpStream, tls: Option<&Arc<rustls::ServerConfig>>) -> Option<Stream> {
+fn wrap_tcp(stream: TcpStream, tls: Option<&Arc<crate::transport::tls::TlsState>>) -> Option<Stream> {
     let Some(cfg) = tls else { return Some(Stream::Tcp(stream)) };
     match TlsStream::new(stream, cfg) {
         Ok(t) => Some(Stream::Tls(Box::new(t))),

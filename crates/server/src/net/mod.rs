@@ -49,7 +49,7 @@ use slipstream_store::Store;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use worker::{Worker, WorkerListeners};
 
@@ -105,7 +105,7 @@ pub struct NetConfig {
     /// `-s`/`-a`: serve this unix socket (memcached then serves no TCP or UDP).
     pub unix: Option<UnixSpec>,
     /// `-Z`: TLS on the TCP listeners.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<Arc<crate::transport::tls::TlsState>>,
     /// `-l notls:`: the addresses (0 = `tcp_addr`, k = `more_addrs[k - 1]`) served without TLS.
     pub tls_exempt: Vec<usize>,
 }
@@ -219,7 +219,7 @@ impl Server {
         read_buf_bytes_max: usize,
         info: Arc<ServerInfo>,
         worker_sched: WorkerSched,
-        tls: Option<Arc<rustls::ServerConfig>>,
+        tls: Option<Arc<crate::transport::tls::TlsState>>,
     ) -> Result<Server, NetError> {
         Server::launch(table, read_buf_bytes_max, info, worker_sched, Listeners { unix: None, tls })
     }
@@ -283,7 +283,7 @@ impl Server {
 #[derive(Default)]
 struct Listeners {
     unix: Option<std::os::unix::net::UnixListener>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<crate::transport::tls::TlsState>>,
 }
 
 impl Listeners {
@@ -306,9 +306,10 @@ impl Listeners {
 /// List one address's sockets in `stats conns` as memcached does: its TCP listener (with
 /// SO_REUSEPORT every thread has one, and the first stands for them all) and the first
 /// `udp_listed` of its UDP sockets (`udp:` address, no listen address: an idle UDP socket).
-fn register_listeners(info: &ServerInfo, b: &crate::bind::Bound, udp_listed: usize) {
+pub(crate) fn register_listeners(info: &ServerInfo, b: &crate::bind::Bound, udp_listed: usize) {
+    let now_s = info.uptime_s();
     let Ok(mut reg) = info.conns.lock() else { return };
-    let entry = |addr: String| ConnEntry { addr, listen_addr: None, last_cmd_s: Arc::new(AtomicU64::new(0)) };
+    let entry = |addr: String| ConnEntry::socket(addr, now_s);
     if let Some(Some(l)) = b.0.first() {
         let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
         reg.insert(l.as_raw_fd(), entry(addr));
@@ -324,14 +325,7 @@ fn bind_unix(spec: Option<&UnixSpec>, info: &ServerInfo) -> Result<Option<std::o
     let Some(spec) = spec else { return Ok(None) };
     let l = crate::transport::unix::bind(spec).map_err(|e| NetError::BindUnix(spec.path.clone(), e))?;
     if let Ok(mut reg) = info.conns.lock() {
-        reg.insert(
-            l.as_raw_fd(),
-            ConnEntry {
-                addr: format!("unix:{}", spec.path),
-                listen_addr: None,
-                last_cmd_s: Arc::new(AtomicU64::new(0)),
-            },
-        );
+        reg.insert(l.as_raw_fd(), ConnEntry::socket(format!("unix:{}", spec.path), info.uptime_s()));
     }
     Ok(Some(l))
 }

@@ -131,7 +131,7 @@ pub(super) fn serve(
         }
         if conn.rend > conn.rstart {
             // Once per batch, not per request: `stats conns` only needs seconds.
-            conn.last_cmd_s.store(tenant.info.uptime_s(), Ordering::Relaxed);
+            conn.last_cmd.mark(tenant.info.uptime_s());
         }
         // execute
         let batch =

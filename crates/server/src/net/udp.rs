@@ -162,6 +162,13 @@ fn udp_datagram(
         ThreadStats::incr(&stats.udp_bad_datagrams);
         return;
     };
+    // As memcached's UDP connection: a request resets its `secs_since_last_cmd`, and
+    // `stats conns` asked here shows it serving this sender.
+    bufs.state.conn_id = wt.udp_listed.as_ref().map_or(-1, |(fd, _)| *fd);
+    bufs.state.udp_peer = Some(peer);
+    if let Some((_, last)) = wt.udp_listed.as_ref() {
+        last.mark(tenant.info.uptime_s());
+    }
     let (requests, closed) = execute_payload(tenant, stats, env, payload, bufs);
     if let Some(sh) = tenant.shaper.as_ref() {
         sh.charge_egress(requests, bufs.out.len() as u64);

@@ -18,7 +18,7 @@ use super::StopHandle;
 use crate::exec::Settings;
 use crate::replicated::ReplInbox;
 use crate::stats::ThreadStats;
-use crate::tenants::TenantTable;
+use crate::tenants::{Tenant, TenantTable};
 use crate::udp_batch::RecvBatch;
 use crate::watch::CloseReason;
 use mio::net::UnixListener;
@@ -33,7 +33,7 @@ use std::sync::Arc;
 pub(super) struct WorkerListeners {
     /// Its handle of the `-s` unix listener, already registered with its poll.
     pub unix: Option<UnixListener>,
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<Arc<crate::transport::tls::TlsState>>,
 }
 
 /// Held-back connections served per loop turn before the poll looks at new events again.
@@ -50,7 +50,7 @@ pub(super) struct Worker {
     /// `-s`: this worker's handle of the unix listener (watched as `UNIX_LISTENER`).
     pub unix: Option<UnixListener>,
     /// `-Z`: TCP connections are TLS.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<Arc<crate::transport::tls::TlsState>>,
     pub poll: Poll,
     pub table: Arc<TenantTable>,
     pub seen_generation: u64,
@@ -177,7 +177,7 @@ impl Worker {
             self.idle_scan_at_ns = now + IDLE_SCAN_NS;
             for i in 0..self.conns.slots.len() {
                 let Some(s) = self.conns.slots[i].as_ref() else { continue };
-                let since = s.tenant.info.uptime_s().saturating_sub(s.conn.last_cmd_s.load(Ordering::Relaxed));
+                let since = s.tenant.info.uptime_s().saturating_sub(s.conn.last_cmd.secs());
                 // A connection still being sent a metadump is not idle.
                 if since > idle_s && !s.conn.blocked_on_write && s.conn.state.dump.is_none() {
                     ThreadStats::incr(&thread_stats(&s.tenant, self.index).idle_kicks);
@@ -411,33 +411,57 @@ impl Worker {
         }
     }
 
-    /// `watch` was accepted on connection `idx`: the log writer takes its socket over (the
-    /// connection leaves this worker and its counts, as it will never send a request again).
+    /// `watch` was accepted on connection `idx`: the log writer takes its socket over. As in
+    /// memcached, the connection still counts (`curr_connections`, the connection limit) and
+    /// shows in `stats conns` as `conn_watch` until it ends; then the writer logs its
+    /// `conn_close` (reason `error`, as memcached's side-thread close does).
     fn hand_to_logger(&mut self, idx: usize, id: u64) {
-        if let Some(s) = self.detach(idx) {
-            self.settings.logger.attach(id, s.conn.stream);
-        } else {
+        let Some(s) = self.unpoll(idx) else {
             self.settings.logger.release(id);
+            return;
+        };
+        let Slot { tenant, conn } = s;
+        let fd = conn.fd;
+        if let Ok(mut reg) = tenant.info.conns.lock() {
+            if let Some(e) = reg.get_mut(&fd) {
+                e.watching = true;
+            }
         }
+        let (table, logger, peer) = (self.table.clone(), self.settings.logger.clone(), conn.peer.clone());
+        let on_close = Box::new(move || {
+            uncount(&table, &tenant, fd);
+            crate::watch::log_conn(&logger, &peer, fd, Some(CloseReason::Error));
+        });
+        self.settings.logger.attach(id, conn.stream, on_close);
     }
 
     /// Take connection `idx` out of the poll and this worker: give back its buffers' budget
     /// and its outstanding requests, drop it from `stats conns` and the connection counts.
     fn detach(&mut self, idx: usize) -> Option<Slot> {
-        let mut s = self.conns.slots.get_mut(idx).and_then(Option::take)?;
-        {
-            let _ = self.poll.registry().deregister(&mut s.conn.stream);
-            self.settings.conn_buf.release(s.conn.charged_bytes());
-            if let Ok(mut reg) = s.tenant.info.conns.lock() {
-                reg.remove(&s.conn.fd);
-            }
-            if let Some(sh) = s.tenant.shaper.as_ref() {
-                sh.complete(s.conn.gate.outstanding);
-            }
-            s.tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
-            self.table.conns_total.fetch_sub(1, Ordering::Relaxed);
-            self.conns.free.push(idx);
-        }
+        let s = self.unpoll(idx)?;
+        uncount(&self.table, &s.tenant, s.conn.fd);
         Some(s)
     }
+
+    /// The part of `detach` that concerns this worker: the poll, the buffers' budget, the
+    /// outstanding requests, the slot.
+    fn unpoll(&mut self, idx: usize) -> Option<Slot> {
+        let mut s = self.conns.slots.get_mut(idx).and_then(Option::take)?;
+        let _ = self.poll.registry().deregister(&mut s.conn.stream);
+        self.settings.conn_buf.release(s.conn.charged_bytes());
+        if let Some(sh) = s.tenant.shaper.as_ref() {
+            sh.complete(s.conn.gate.outstanding);
+        }
+        self.conns.free.push(idx);
+        Some(s)
+    }
+}
+
+/// A connection ends: out of `stats conns` and the connection counts.
+fn uncount(table: &TenantTable, tenant: &Tenant, fd: i32) {
+    if let Ok(mut reg) = tenant.info.conns.lock() {
+        reg.remove(&fd);
+    }
+    tenant.info.curr_connections.fetch_sub(1, Ordering::Relaxed);
+    table.conns_total.fetch_sub(1, Ordering::Relaxed);
 }
