@@ -43,7 +43,8 @@ slipstream-loadgen xdp-gen: live-frame UDP generator (root; prints one JSON line
   --batch B              frames per transmit flush (1..256)              [64]
   --burst N              paced: wait until N frames are due, then send them in
                          one call (fewer calls, each with its fixed kernel cost;
-                         keep N under the receiver's ring, 256 on a veth)    [1]
+                         keep N under the receiver's ring, 256 on a veth; with
+                         N > 1 no call sends more than N, late frames too)   [1]
   --sink-port P          count and drop replies from UDP source port P on --iface
   --sink-cpu N           run --iface's receive work (threaded NAPI) on CPU N at
                          SCHED_FIFO, so counting replies is never starved by sending
@@ -431,7 +432,14 @@ fn run(c: &Cfg) -> Result<String, String> {
                 std::thread::sleep(wait);
                 continue;
             }
-            due.min(u64::from(CHUNK_MAX))
+            // A burst is also the most one call sends: frames that fell behind (a sleep that
+            // overshot on a loaded machine) go out in several calls, not one that overflows
+            // the receiver's ring. Burst 1 (the default) keeps catching up in one call.
+            if c.burst > 1 {
+                due.min(c.burst)
+            } else {
+                due.min(u64::from(CHUNK_MAX))
+            }
         } else {
             u64::from(CHUNK_MAX)
         };
