@@ -66,6 +66,12 @@
 #   RX_DEFER_US [0]: receive moderation on the server veth (gro_flush_timeout, with
 #   napi_defer_hard_irqs = RX_DEFER_IRQS [1]): 0 = off, the NAPI thread is woken per frame burst;
 #   SETUPS ["plain user xdp"]; PARTS ["wc cp"]; GEN_CPU [1]; RX_CPU [0]; SKIP_BUILD [0];
+#   GEN [socket]: socket = `slipstream send` (its datagrams cross the veth as skbs: the veth's
+#   NAPI thread converts them to xdp_frames for an XDP program and back, work a NIC-fed host
+#   does not do); xdp = the live-frame generator (bench/xdpgen_send.sh, `slipstream-loadgen
+#   xdp-gen --word-templates`): frames reach the server veth as xdp_frames, as from a NIC, for
+#   all three setups; the words are XDPGEN_TEMPLATES [256] datagrams of send's Zipf stream (same
+#   seed) sent round-robin, an exact multiset; word count only (PARTS defaults to "wc");
 #   SLIPSTREAM_BIN [target/release/slipstream]; RESULTS_DIR.
 set -euo pipefail
 
@@ -87,7 +93,13 @@ WC_TRIGGER="${WC_TRIGGER:-continuous}"
 RUNS="${RUNS:-2}"
 IDLE_S="${IDLE_S:-10}"
 SETUPS="${SETUPS:-plain user xdp}"
-PARTS="${PARTS:-wc cp}"
+GEN="${GEN:-socket}"
+if [[ "$GEN" == xdp ]]; then PARTS="${PARTS:-wc}"; else PARTS="${PARTS:-wc cp}"; fi
+case "$GEN" in socket | xdp) ;; *) echo "GEN must be socket or xdp" >&2; exit 2 ;; esac
+if [[ "$GEN" == xdp && " $PARTS " == *" cp "* ]]; then
+    echo "GEN=xdp drives word count only (no change-point templates yet): PARTS=wc" >&2
+    exit 2
+fi
 GEN_CPU="${GEN_CPU:-1}"
 RX_CPU="${RX_CPU:-0}"
 RX_DEFER_US="${RX_DEFER_US:-0}"
@@ -108,6 +120,7 @@ DAEMON_PID=""
 JAVA_PID=""
 NS_UP=0
 STATS_BEFORE="$(sysctl -n kernel.bpf_stats_enabled)"
+RCU_BEFORE="$(cat /sys/kernel/rcu_expedited 2>/dev/null || echo "")"
 cleanup() {
     # Only what this script started.
     for p in "$JAVA_PID" "$DAEMON_PID"; do
@@ -122,13 +135,14 @@ cleanup() {
         ip netns del "$CLI" 2>/dev/null || true
     fi
     sysctl -qw kernel.bpf_stats_enabled="$STATS_BEFORE" || true
+    if [[ "$GEN" == xdp && -n "$RCU_BEFORE" ]]; then echo "$RCU_BEFORE" >/sys/kernel/rcu_expedited 2>/dev/null || true; fi
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    cargo build --release -p slipstream -p slipstream-fastpath
+    cargo build --release -p slipstream -p slipstream-fastpath -p slipstream-loadgen
 fi
 (cd connectors/spark && mvn -B -ntp -q compile dependency:build-classpath -Dmdep.outputFile=target/classpath.txt >/dev/null)
 PASS_OBJ=$(ls -t "$ROOT"/target/release/build/slipstream-fastpath-*/out/xdp_pass.o 2>/dev/null | head -n1)
@@ -140,6 +154,13 @@ mkdir -p "$RESULTS_DIR/samples"
 NS_UP=1
 veth_namespaces "$SRV" "$CLI" "$VS" "$VC" "$V4S" "$V4C"
 sysctl -qw kernel.bpf_stats_enabled=1
+SEND_CMD=()
+if [[ "$GEN" == xdp ]]; then
+    # See bench/xdp_bench.sh: without this every generator call sleeps through an RCU grace period.
+    echo 1 >/sys/kernel/rcu_expedited
+    SRV_MAC=$(ip netns exec "$SRV" cat "/sys/class/net/$VS/address")
+    SEND_CMD=("send_cmd=$ROOT/bench/xdpgen_send.sh $VC $SRV_MAC $V4C $(dirname "$BIN")/slipstream-loadgen")
+fi
 
 cat >"$TMP/daemon.toml" <<EOF
 [results]
@@ -214,7 +235,7 @@ run_java() { # SETUP PART MODE ARGS...: the driver in the server namespace, one 
     SKIP_COMPILE=1 SPARK_JAVA_OPTS="-Xmx4g" ip netns exec "$SRV" connectors/spark/bin/run-java.sh \
         io.slipstream.spark.bench.SparkBench "$mode" "$@" bin="$BIN" send_host="$V4S" idle_s="$STEP_S" \
         "send_prefix=ip netns exec $CLI taskset -c $GEN_CPU" setup="$setup" \
-        "sample_cmd=${SAMPLER[*]} out=$out $dpid $metrics" \
+        "sample_cmd=${SAMPLER[*]} out=$out $dpid $metrics" "${SEND_CMD[@]}" \
         >"$TMP/java.out" 2>"$TMP/java.err" &
     JAVA_PID=$!
     wait "$JAVA_PID" || { echo "SparkBench $mode ($setup) failed:"; tail -30 "$TMP/java.err"; }
@@ -278,7 +299,7 @@ done
     echo "date: $(date -u +%FT%TZ)"
     echo "machine: $(nproc) cores, $(uname -r), $(java -version 2>&1 | head -1)"
     echo "load before the report: $(cat /proc/loadavg)"
-    echo "knobs: WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
+    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
 } >"$RESULTS_DIR/env.txt"
 python3 bench/stream_cpu_report.py "$RESULTS_DIR" "$RX_CPU"

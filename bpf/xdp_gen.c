@@ -26,21 +26,23 @@
 #include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "xdp_gen.h"
 
-/* Longest run of key digits the generator rewrites. */
-#define GEN_DIGITS_MAX 10
+#define GEN_DIGITS_MAX SS_GEN_DIGITS_MAX
+#define GEN_FRAME_BYTES_MAX SS_GEN_FRAME_BYTES_MAX
 
 struct gen_config {
 	__u32 key_off;    /* byte offset of the first key digit in the frame; 0 = no rewrite */
 	__u32 key_digits; /* 1..GEN_DIGITS_MAX */
 	__u32 keys;       /* keys 0..keys-1, uniform */
-	__u32 pad;
+	__u32 templates;  /* templates in gen_tpl, sent round-robin; 0 counts as 1 */
 };
 
-/* The frame every run starts from. Pages of the test run's pool are recycled with whatever the
+/* The frames every run starts from. Pages of the test run's pool are recycled with whatever the
  * last user left in them (a server that answers in place writes its reply over the request),
- * so the program writes the whole template back before each send. */
-#define GEN_FRAME_BYTES_MAX 2048
+ * so the program writes the whole template back before each send. The test run's frame is as
+ * long as the longest template (user space passes that many bytes); shorter ones trim the tail
+ * (the kernel restores the frame's length before every run of the program). */
 struct gen_template {
 	__u32 len; /* bytes of frame used, 14..GEN_FRAME_BYTES_MAX - 1 */
 	__u32 pad;
@@ -68,10 +70,19 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, SS_GEN_TEMPLATES_MAX);
 	__type(key, __u32);
 	__type(value, struct gen_template);
 } gen_tpl SEC(".maps");
+
+/* Frames the program has built since it was loaded: frame n is template n mod templates. One
+ * sender at a time (the loadgen process), but the add is atomic all the same. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} gen_seq SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -91,18 +102,30 @@ SEC("xdp")
 int ss_gen(struct xdp_md *ctx)
 {
 	__u32 zero = 0;
-	struct gen_template *t = bpf_map_lookup_elem(&gen_tpl, &zero);
+	struct gen_config *c = bpf_map_lookup_elem(&gen_cfg, &zero);
+	__u64 *seq = bpf_map_lookup_elem(&gen_seq, &zero);
+	if (!c || !seq)
+		return XDP_DROP;
+	__u32 templates = c->templates;
+	if (templates == 0)
+		templates = 1;
+	if (templates > SS_GEN_TEMPLATES_MAX)
+		return XDP_DROP;
+	__u32 idx = __sync_fetch_and_add(seq, 1) % templates;
+	struct gen_template *t = bpf_map_lookup_elem(&gen_tpl, &idx);
 	if (!t)
 		return XDP_DROP;
 	__u32 len = t->len;
 	if (len < 14 || len >= GEN_FRAME_BYTES_MAX)
 		return XDP_DROP;
+	int have = ctx->data_end - ctx->data;
+	if (have != (int)len && bpf_xdp_adjust_tail(ctx, (int)len - have))
+		return XDP_DROP; /* a template longer than the test run's frame: user space's error */
 	if (bpf_xdp_store_bytes(ctx, 0, t->frame, len))
 		return XDP_DROP; /* the frame is the template's length: cannot happen */
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct gen_config *c = bpf_map_lookup_elem(&gen_cfg, &zero);
-	if (!c || c->key_off == 0 || c->keys == 0)
+	if (c->key_off == 0 || c->keys == 0)
 		return XDP_TX;
 	__u32 off = c->key_off, nd = c->key_digits;
 	if (off > 1500 || nd == 0 || nd > GEN_DIGITS_MAX)

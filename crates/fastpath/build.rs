@@ -27,6 +27,7 @@ fn main() {
         "kv_reply.h",
         "kv_tenant.h",
         "word_bytes.h",
+        "xdp_gen.h",
     ] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(h).display());
     }
@@ -69,7 +70,7 @@ fn main() {
 }
 
 /// The shared headers, in include order.
-const SHARED_HEADERS: [&str; 2] = ["slipstream_kv.h", "slipstream_stream.h"];
+const SHARED_HEADERS: [&str; 3] = ["slipstream_kv.h", "slipstream_stream.h", "xdp_gen.h"];
 
 /// Writes `$OUT_DIR/bpf_header.rs` from the headers (see the crate comment above).
 fn header_mirror(clang: &str, bpf_dir: &std::path::Path, multiarch: &str, out: &std::path::Path) {

@@ -11,14 +11,17 @@ use aya::maps::{Array, PerCpuArray};
 use aya::programs::{Xdp, XdpFlags};
 use aya::{Ebpf, EbpfLoader};
 
+use crate::abi::header;
 use crate::{netlink, refusal, sys, FastPathError};
 
 static GEN_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_gen.o"));
 
-/// Most key digits the generator program rewrites (`GEN_DIGITS_MAX` in xdp_gen.c).
-pub const KEY_DIGITS_MAX: u32 = 10;
-/// Longest template frame plus one (`GEN_FRAME_BYTES_MAX` in xdp_gen.c).
-pub const FRAME_BYTES_MAX: usize = 2048;
+/// Most key digits the generator program rewrites (`SS_GEN_DIGITS_MAX` in bpf/xdp_gen.h).
+pub const KEY_DIGITS_MAX: u32 = header::SS_GEN_DIGITS_MAX as u32;
+/// Longest template frame plus one (`SS_GEN_FRAME_BYTES_MAX` in bpf/xdp_gen.h).
+pub const FRAME_BYTES_MAX: usize = header::SS_GEN_FRAME_BYTES_MAX as usize;
+/// Most frame templates, sent round-robin (`SS_GEN_TEMPLATES_MAX` in bpf/xdp_gen.h).
+pub const TEMPLATES_MAX: usize = header::SS_GEN_TEMPLATES_MAX as usize;
 /// Most frames per test-run call (a bound of ours; the kernel takes up to 2^32 - 1).
 pub const FRAMES_PER_CALL_MAX: u32 = 1 << 20;
 
@@ -36,6 +39,8 @@ pub struct Generator {
     ebpf: Ebpf,
     gen_fd: RawFd,
     sink_ifindex: Option<u32>,
+    /// `struct gen_config`: key offset, key digits, keys, templates.
+    cfg: [u32; 4],
 }
 
 impl Generator {
@@ -55,7 +60,7 @@ impl Generator {
             .try_into()
             .map_err(|e| refusal(&e, false))?;
         let gen_fd = gen.fd().map_err(|e| refusal(&e, false))?.as_fd().as_raw_fd();
-        Ok(Generator { ebpf, gen_fd, sink_ifindex: None })
+        Ok(Generator { ebpf, gen_fd, sink_ifindex: None, cfg: [0, 0, 0, 1] })
     }
 
     /// Rewrite `digits` decimal digits at frame byte `key_off` with a key uniform over
@@ -64,23 +69,56 @@ impl Generator {
         if keys > 0 && (key_off == 0 || digits == 0 || digits > KEY_DIGITS_MAX) {
             return Err(FastPathError::BadConfig { detail: format!("key rewrite at {key_off}, {digits} digits") });
         }
+        self.cfg = [key_off, digits, keys, self.cfg[3]];
+        self.write_cfg()
+    }
+
+    fn write_cfg(&mut self) -> Result<(), FastPathError> {
+        let value = self.cfg;
         let mut cfg: Array<_, [u32; 4]> = self.map("gen_cfg")?;
-        cfg.set(0, [key_off, digits, keys, 0], 0)
-            .map_err(|e| FastPathError::LoadRefused { detail: format!("gen_cfg: {e}") })
+        cfg.set(0, value, 0).map_err(|e| FastPathError::LoadRefused { detail: format!("gen_cfg: {e}") })
     }
 
     /// The frame every send starts from (the generator rewrites it into each frame, see
     /// xdp_gen.c); `send` must be given the same bytes.
     pub fn set_template(&mut self, frame: &[u8]) -> Result<(), FastPathError> {
-        if frame.len() < 14 || frame.len() >= FRAME_BYTES_MAX {
-            return Err(FastPathError::BadConfig { detail: format!("template of {} bytes", frame.len()) });
+        self.set_templates(&[frame.to_vec()]).map(|_| ())
+    }
+
+    /// Frames sent round-robin: frame n (counting every frame this generator has sent) is
+    /// `frames[n % frames.len()]`. Returns the frame to pass to [`Generator::send`]: the
+    /// longest template (shorter ones trim it, see xdp_gen.c).
+    pub fn set_templates(&mut self, frames: &[Vec<u8>]) -> Result<Vec<u8>, FastPathError> {
+        if frames.is_empty() || frames.len() > TEMPLATES_MAX {
+            return Err(FastPathError::BadConfig {
+                detail: format!("{} templates (1..={TEMPLATES_MAX})", frames.len()),
+            });
         }
-        let mut value = vec![0u8; 8 + FRAME_BYTES_MAX];
-        value[..4].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
-        value[8..8 + frame.len()].copy_from_slice(frame);
         let fd = self.map_fd("gen_tpl")?;
-        sys::map_update(fd, &0u32.to_ne_bytes(), &value, sys::BPF_ANY)
-            .map_err(|e| FastPathError::LoadRefused { detail: format!("gen_tpl: {e}") })
+        let mut value = vec![0u8; 8 + FRAME_BYTES_MAX];
+        for (i, frame) in frames.iter().enumerate() {
+            if frame.len() < 14 || frame.len() >= FRAME_BYTES_MAX {
+                return Err(FastPathError::BadConfig { detail: format!("template of {} bytes", frame.len()) });
+            }
+            value.fill(0);
+            value[..4].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+            value[8..8 + frame.len()].copy_from_slice(frame);
+            sys::map_update(fd, &(i as u32).to_ne_bytes(), &value, sys::BPF_ANY)
+                .map_err(|e| FastPathError::LoadRefused { detail: format!("gen_tpl: {e}") })?;
+        }
+        self.cfg[3] = frames.len() as u32;
+        self.write_cfg()?;
+        let longest = frames.iter().max_by_key(|f| f.len()).cloned().unwrap_or_default();
+        Ok(longest)
+    }
+
+    /// Frames the program has built since it was loaded (every run of it, sent or not).
+    pub fn frames_built(&self) -> Result<u64, FastPathError> {
+        let m =
+            self.ebpf.map("gen_seq").ok_or_else(|| FastPathError::LoadRefused { detail: "gen_seq missing".into() })?;
+        let a: Array<_, u64> =
+            Array::try_from(m).map_err(|e| FastPathError::LoadRefused { detail: format!("gen_seq: {e}") })?;
+        a.get(&0, 0).map_err(|e| FastPathError::LoadRefused { detail: format!("gen_seq: {e}") })
     }
 
     fn map_fd(&self, name: &str) -> Result<RawFd, FastPathError> {

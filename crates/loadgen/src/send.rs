@@ -548,7 +548,55 @@ impl Summary {
     }
 }
 
-fn counts_json(counts: &[u64]) -> String {
+/// The first `n` word datagrams `send --kind words` builds with these parameters (same seed,
+/// same words), each with its words' ranks: the templates `xdp-gen --word-templates` repeats,
+/// so both generators draw words from this one code. `None` when a parameter is out of the
+/// bounds `send` enforces.
+pub(crate) fn word_datagrams(
+    seed: u64,
+    vocabulary: usize,
+    zipf_s: f64,
+    records_per_datagram: usize,
+    n: usize,
+) -> Option<Vec<(Vec<u8>, Vec<u32>)>> {
+    let in_bounds = (1..=VOCABULARY_MAX).contains(&vocabulary)
+        && zipf_s.is_finite()
+        && (0.0..=ZIPF_S_MAX).contains(&zipf_s)
+        && (1..=RECORDS_PER_DATAGRAM_MAX).contains(&records_per_datagram);
+    if !in_bounds {
+        return None;
+    }
+    let o = Options {
+        to: SocketAddr::from(([0, 0, 0, 0], 0)),
+        kind: Kind::Words,
+        count: Some(n as u64),
+        duration_ns: None,
+        rate_per_s: 0,
+        records_per_datagram,
+        seed,
+        vocabulary,
+        zipf_s,
+        expect_counts: None,
+        mean: 0.0,
+        stddev: 0.0,
+        step_at_ms: None,
+        step_by: None,
+        binary: false,
+        batch: 1,
+        decimals: None,
+    };
+    let mut g = Generator::new(&o);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut buf = Vec::new();
+        g.build(&mut buf, 0.0);
+        out.push((buf, g.ranks.clone()));
+    }
+    Some(out)
+}
+
+/// `--expect-counts` file text: `{"w<rank>":count,...}` for every rank counted at least once.
+pub(crate) fn counts_json(counts: &[u64]) -> String {
     let mut s = String::with_capacity(counts.len() * 12 + 2);
     s.push('{');
     let mut first = true;
@@ -786,6 +834,21 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn word_datagrams_are_what_send_builds() {
+        let o = parse_args(&args("--to 127.0.0.1:9 --kind words --count 5 --vocabulary 50 --seed 9")).unwrap();
+        let mut g = Generator::new(&o);
+        let made = word_datagrams(9, 50, 1.0, 16, 5).unwrap();
+        for (payload, ranks) in &made {
+            let mut buf = Vec::new();
+            g.build(&mut buf, 0.0);
+            assert_eq!((&buf, &g.ranks), (payload, ranks));
+            assert_eq!(ranks.len(), 16);
+        }
+        assert!(word_datagrams(9, 0, 1.0, 16, 5).is_none());
+        assert!(word_datagrams(9, 50, f64::NAN, 16, 5).is_none());
     }
 
     #[test]

@@ -11,9 +11,10 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use slipstream_fastpath::gen::{Generator, SinkCounts, FRAMES_PER_CALL_MAX};
+use slipstream_fastpath::gen::{Generator, SinkCounts, FRAMES_PER_CALL_MAX, TEMPLATES_MAX};
 
 use crate::pace::Pacer;
+use crate::send::{counts_json, word_datagrams};
 use crate::sysstat;
 
 const USAGE: &str = "\
@@ -26,6 +27,15 @@ slipstream-loadgen xdp-gen: live-frame UDP generator (root; prints one JSON line
   --get-keys N           memcached UDP `get key:%0Dd` with keys 0..N-1
   --key-digits D         digits of the key number (1..10)                [8]
   --payload TEXT         fixed UDP payload instead (\\r \\n \\t \\\\ escapes)
+  --word-templates N     instead: N datagrams of Zipf words (1..=256), built by the same code
+                         as `send --kind words` (same seed, same first N datagrams), sent
+                         round-robin, so the words sent are a known multiset:
+    --records-per-datagram K  words per datagram                         [16]
+    --vocabulary V            distinct words w0..w{V-1}                  [1000]
+    --zipf-s S                Zipf exponent                              [1.0]
+    --seed N                  PRNG seed                                  [1]
+    --expect-counts FILE      write the exact multiset of words sent (every frame
+                              the program built, warm-up included) as a JSON map
   --rate-per-s R         frames per second (0 = as fast as possible)     [0]
   --count N              stop after N frames (0 = run for the duration)  [0]
   --duration-s SECS      measured window                                 [10]
@@ -33,7 +43,8 @@ slipstream-loadgen xdp-gen: live-frame UDP generator (root; prints one JSON line
   --batch B              frames per transmit flush (1..256)              [64]
   --burst N              paced: wait until N frames are due, then send them in
                          one call (fewer calls, each with its fixed kernel cost;
-                         keep N under the receiver's ring, 256 on a veth)    [1]
+                         keep N under the receiver's ring, 256 on a veth; with
+                         N > 1 no call sends more than N, late frames too)   [1]
   --sink-port P          count and drop replies from UDP source port P on --iface
   --sink-cpu N           run --iface's receive work (threaded NAPI) on CPU N at
                          SCHED_FIFO, so counting replies is never starved by sending
@@ -61,6 +72,7 @@ struct Cfg {
     get_keys: u32,
     key_digits: u32,
     payload: Option<Vec<u8>>,
+    words: Option<Words>,
     rate_per_s: f64,
     count: u64,
     duration: Duration,
@@ -70,6 +82,16 @@ struct Cfg {
     sink_port: Option<u16>,
     sink_cpu: Option<usize>,
     server_pid: Option<u32>,
+}
+
+/// `--word-templates`: what the templates hold.
+struct Words {
+    templates: usize,
+    records_per_datagram: usize,
+    vocabulary: usize,
+    zipf_s: f64,
+    seed: u64,
+    expect_counts: Option<String>,
 }
 
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
@@ -126,6 +148,7 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         get_keys: 0,
         key_digits: 8,
         payload: None,
+        words: None,
         rate_per_s: 0.0,
         count: 0,
         duration: Duration::from_secs(10),
@@ -137,6 +160,8 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         server_pid: None,
     };
     let mut have_mac = false;
+    let mut w =
+        Words { templates: 0, records_per_datagram: 16, vocabulary: 1000, zipf_s: 1.0, seed: 1, expect_counts: None };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -156,6 +181,12 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
             "--get-keys" => c.get_keys = num(flag, v)?,
             "--key-digits" => c.key_digits = num(flag, v)?,
             "--payload" => c.payload = Some(unescape(v)?),
+            "--word-templates" => w.templates = num(flag, v)?,
+            "--records-per-datagram" => w.records_per_datagram = num(flag, v)?,
+            "--vocabulary" => w.vocabulary = num(flag, v)?,
+            "--zipf-s" => w.zipf_s = num(flag, v)?,
+            "--seed" => w.seed = num(flag, v)?,
+            "--expect-counts" => w.expect_counts = Some(v.clone()),
             "--rate-per-s" => c.rate_per_s = num(flag, v)?,
             "--count" => c.count = num(flag, v)?,
             "--duration-s" => c.duration = secs(flag, v)?,
@@ -171,8 +202,21 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
     if c.iface.is_empty() || !have_mac || c.src.is_unspecified() || c.dst.is_unspecified() {
         return Err("--iface, --dst-mac, --src and --dst are required".into());
     }
-    if (c.get_keys > 0) == c.payload.is_some() {
-        return Err("give exactly one of --get-keys and --payload".into());
+    if [c.get_keys > 0, c.payload.is_some(), w.templates > 0].iter().filter(|&&b| b).count() != 1 {
+        return Err("give exactly one of --get-keys, --payload and --word-templates".into());
+    }
+    if w.templates > TEMPLATES_MAX {
+        return Err(format!("--word-templates: must be within 1..={TEMPLATES_MAX}"));
+    }
+    if w.templates == 0 && w.expect_counts.is_some() {
+        return Err("--expect-counts is for --word-templates".into());
+    }
+    if w.templates > 0 {
+        // The same bounds as `send`: checked by building one datagram.
+        if word_datagrams(w.seed, w.vocabulary, w.zipf_s, w.records_per_datagram, 1).is_none() {
+            return Err("--records-per-datagram, --vocabulary or --zipf-s out of bounds (see `send --help`)".into());
+        }
+        c.words = Some(w);
     }
     if !(1..=10).contains(&c.key_digits) || (c.get_keys > 0 && u64::from(c.get_keys) > 10u64.pow(c.key_digits)) {
         return Err("--key-digits: 1..=10 and enough digits for --get-keys".into());
@@ -312,7 +356,19 @@ struct Snap {
 fn run(c: &Cfg) -> Result<String, String> {
     let src_mac = iface_mac(&c.iface)?;
     let ifindex = iface_index(&c.iface)?;
-    let (payload, key_off) = if let Some(p) = &c.payload {
+    let mut g = Generator::load().map_err(|e| format!("loading the generator: {e}"))?;
+    // Word templates: each one's ranks, to count what was sent.
+    let mut word_ranks: Vec<Vec<u32>> = Vec::new();
+    let (payload, key_off) = if let Some(w) = &c.words {
+        let made = word_datagrams(w.seed, w.vocabulary, w.zipf_s, w.records_per_datagram, w.templates)
+            .ok_or("word parameters out of bounds")?;
+        let mut frames = Vec::with_capacity(made.len());
+        for (p, ranks) in made {
+            frames.push(frame(c, src_mac, &p)?);
+            word_ranks.push(ranks);
+        }
+        (g.set_templates(&frames).map_err(|e| e.to_string())?, 0)
+    } else if let Some(p) = &c.payload {
         (p.clone(), 0)
     } else {
         // Frame header: request id 0, sequence 0, 1 datagram, reserved.
@@ -323,9 +379,14 @@ fn run(c: &Cfg) -> Result<String, String> {
         p.extend_from_slice(b"\r\n");
         (p, (14 + 20 + 8 + at) as u32)
     };
-    let template = frame(c, src_mac, &payload)?;
-    let mut g = Generator::load().map_err(|e| format!("loading the generator: {e}"))?;
-    g.set_template(&template).map_err(|e| e.to_string())?;
+    let template = if c.words.is_some() {
+        payload // already the longest whole frame
+    } else {
+        let t = frame(c, src_mac, &payload)?;
+        g.set_template(&t).map_err(|e| e.to_string())?;
+        t
+    };
+    let built_before = g.frames_built().map_err(|e| e.to_string())?;
     g.set_keys(key_off, c.key_digits, c.get_keys).map_err(|e| e.to_string())?;
     let sink_mode = match c.sink_port {
         Some(p) => Some(g.attach_sink(&c.iface, p).map_err(|e| format!("attaching the reply counter: {e}"))?),
@@ -371,7 +432,14 @@ fn run(c: &Cfg) -> Result<String, String> {
                 std::thread::sleep(wait);
                 continue;
             }
-            due.min(u64::from(CHUNK_MAX))
+            // A burst is also the most one call sends: frames that fell behind (a sleep that
+            // overshot on a loaded machine) go out in several calls, not one that overflows
+            // the receiver's ring. Burst 1 (the default) keeps catching up in one call.
+            if c.burst > 1 {
+                due.min(c.burst)
+            } else {
+                due.min(u64::from(CHUNK_MAX))
+            }
         } else {
             u64::from(CHUNK_MAX)
         };
@@ -389,6 +457,11 @@ fn run(c: &Cfg) -> Result<String, String> {
     // Replies still in flight when sending stopped: give them a moment to be counted.
     std::thread::sleep(Duration::from_millis(50));
     let end = snap(&g, sent)?;
+    let built = g.frames_built().map_err(|e| e.to_string())? - built_before;
+    let records = match &c.words {
+        Some(w) => write_expected(w, &word_ranks, built_before, built)?,
+        None => 0,
+    };
     let start =
         start.unwrap_or(Snap { at: load_start, sent: 0, sink: SinkCounts::default(), cpus: Vec::new(), server: None });
     let secs = end.at.duration_since(start.at).as_secs_f64().max(1e-9);
@@ -404,7 +477,8 @@ fn run(c: &Cfg) -> Result<String, String> {
     Ok(format!(
         "{{\"mode\":\"xdp-gen\",\"frame_bytes\":{},\"rate_per_s\":{},\"window_s\":{secs:.3},\"sent_total\":{sent},\
 \"calls\":{calls},\"sent\":{sent_w},\"sent_per_s\":{:.0},\"sink\":{},\"replies\":{replies},\"replies_per_s\":{:.0},\
-\"hits\":{},\"misses\":{},\"reply_bytes\":{},\"machine_busy_pct\":{:.1},\"per_cpu_busy_pct\":[{}],\"server_cpu_s\":{server_cpu_s}}}",
+\"hits\":{},\"misses\":{},\"reply_bytes\":{},\"machine_busy_pct\":{:.1},\"per_cpu_busy_pct\":[{}],\"server_cpu_s\":{server_cpu_s},\
+\"templates\":{},\"frames_built\":{built},\"records\":{records},\"elapsed_s\":{:.6}}}",
         template.len(),
         c.rate_per_s,
         sent_w as f64 / secs,
@@ -418,7 +492,38 @@ fn run(c: &Cfg) -> Result<String, String> {
         end.sink.bytes - start.sink.bytes,
         busy.first().copied().unwrap_or(0.0),
         per_cpu.join(","),
+        word_ranks.len().max(1),
+        end.at.duration_since(load_start).as_secs_f64(),
     ))
+}
+
+/// Frames `first..first + n` (of the program's round-robin count) used template
+/// `frame % templates`: adds up their words, writes `--expect-counts` if asked, and returns
+/// the number of words sent.
+fn write_expected(w: &Words, ranks: &[Vec<u32>], first: u64, n: u64) -> Result<u64, String> {
+    let per_template = frames_per_template(ranks.len(), first, n);
+    let mut counts = vec![0u64; w.vocabulary];
+    let mut total = 0u64;
+    for (t, &frames) in per_template.iter().enumerate() {
+        for &r in &ranks[t] {
+            counts[r as usize] += frames;
+            total += frames;
+        }
+    }
+    if let Some(path) = &w.expect_counts {
+        std::fs::write(path, counts_json(&counts)).map_err(|e| format!("--expect-counts {path}: {e}"))?;
+    }
+    Ok(total)
+}
+
+/// How many of frames `first..first + n` used each of `templates` templates (round-robin).
+fn frames_per_template(templates: usize, first: u64, n: u64) -> Vec<u64> {
+    let t = templates.max(1) as u64;
+    let mut out = vec![n / t; templates.max(1)];
+    for j in 0..n % t {
+        out[((first + j) % t) as usize] += 1;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -452,10 +557,23 @@ mod tests {
     }
 
     #[test]
+    fn round_robin_shares() {
+        assert_eq!(frames_per_template(4, 0, 10), vec![3, 3, 2, 2]);
+        assert_eq!(frames_per_template(4, 6, 3), vec![1, 0, 1, 1]);
+        assert_eq!(frames_per_template(1, 5, 7), vec![7]);
+        assert_eq!(frames_per_template(3, 0, 0), vec![0, 0, 0]);
+    }
+
+    #[test]
     fn rejects_bad_arguments() {
         let base = ["--iface", "x", "--dst-mac", "02:00:00:00:00:01", "--src", "10.0.0.2", "--dst", "10.0.0.1"];
         let with = |extra: &[&str]| -> Vec<String> { base.iter().chain(extra.iter()).map(|s| s.to_string()).collect() };
         assert!(parse(&with(&[])).is_err(), "needs a payload or keys");
+        assert!(parse(&with(&["--word-templates", "4", "--payload", "x"])).is_err());
+        assert!(parse(&with(&["--word-templates", "257"])).is_err());
+        assert!(parse(&with(&["--word-templates", "4", "--vocabulary", "0"])).is_err());
+        assert!(parse(&with(&["--payload", "x", "--expect-counts", "f"])).is_err());
+        assert!(parse(&with(&["--word-templates", "4", "--expect-counts", "f"])).unwrap().is_some());
         assert!(parse(&with(&["--get-keys", "1000", "--key-digits", "2"])).is_err());
         assert!(parse(&with(&["--payload", "x\\q"])).is_err());
         assert!(parse(&with(&["--payload", "a b\\r\\n", "--batch", "0"])).is_err());

@@ -9,7 +9,8 @@
 //   cp-sub    endpoint=H:P stream=S udp=PORT trials=N  plain TCP subscriber (no Spark)
 //   cp-spark  endpoint=H:P stream=S udp=PORT trials=N trigger=micro|continuous
 // Common: bind=ADDR (plain receivers' UDP address, 127.0.0.1), bin=PATH (slipstream), send_prefix="ip netns exec NS" and send_host=ADDR (where the
-//   generator runs and sends; default here, 127.0.0.1), setup=NAME (wc-slip's label), step_s=3, words=16 (records per datagram), batch=64 (sendmmsg),
+//   generator runs and sends; default here, 127.0.0.1), send_cmd="CMD ARGS" (instead of `bin send`: a generator taking
+//   send's options, e.g. bench/xdpgen_send.sh), setup=NAME (wc-slip's label), step_s=3, words=16 (records per datagram), batch=64 (sendmmsg),
 //   daemon_pid=PID (its CPU is added), rate=5000 (cp datagrams/s), window_ms=10, n=4,
 //   threshold=5, pre_ms, post_ms, warmup_trials=0 (cp: trials run first and not counted),
 //   trigger_ms (wc-slip: micro-batch trigger, 100; cp-spark trigger=micro: 0 = as fast as possible),
@@ -204,8 +205,15 @@ public final class SparkBench {
                 cmd.add(w);
             }
         }
-        cmd.add(s("bin", "target/release/slipstream"));
-        cmd.add("send");
+        // send_cmd: another generator taking `send`'s options and printing its summary line
+        // (bench/xdpgen_send.sh: the live-frame generator), words separated by spaces.
+        String sendCmd = s("send_cmd", "").trim();
+        if (sendCmd.isEmpty()) {
+            cmd.add(s("bin", "target/release/slipstream"));
+            cmd.add("send");
+        } else {
+            cmd.addAll(List.of(sendCmd.split(" +")));
+        }
         cmd.addAll(args);
         ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(false);
         pb.environment().put("LC_ALL", "C"); // `times` prints 0m1.230s
