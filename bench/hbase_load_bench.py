@@ -1,5 +1,5 @@
 """HBase range cache with a fast client (issue 16's benchmark, cached figures): the Rust
-closed-loop load generator (crates/rangecache/examples/thrift_load.rs, N connections, HDR
+closed-loop load generator (crates/rangecache/examples/thrift_load/, N connections, HDR
 p50/p99) against
 
   direct     the JVM sidecar straight (HBase's native client; no Slipstream, no Thrift, no cache)

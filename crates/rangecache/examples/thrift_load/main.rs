@@ -273,7 +273,12 @@ struct Done {
 /// `--client raw`: `--depth` operations per batch, each batch one write per round trip.
 fn raw_worker(o: &Opts, pick: &Picker, n: usize, deadline: Instant) -> Result<Done, String> {
     use raw::{Answer, Arg};
-    let mut d = Done { h: Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?, ops: 0, rows: 0, writes: 0 };
+    let mut d = Done {
+        h: Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
+        ops: 0,
+        rows: 0,
+        writes: 0,
+    };
     let mut c = raw::RawConn::connect(o.addr)?;
     let mut writer = if o.write_pct > 0.0 { Some(thrift_client(o.addr)?) } else { None };
     let mut rng = Rng((o.seed + n as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -289,7 +294,8 @@ fn raw_worker(o: &Opts, pick: &Picker, n: usize, deadline: Instant) -> Result<Do
             match writer.as_mut() {
                 Some(w) if frng.f64() * 100.0 < o.write_pct => {
                     let row = key(s + frng.usize(0..o.rows));
-                    let m = vec![Mutation::new(false, b"cf:c0".to_vec(), format!("w{}", frng.u64(..)).into_bytes(), true)];
+                    let m =
+                        vec![Mutation::new(false, b"cf:c0".to_vec(), format!("w{}", frng.u64(..)).into_bytes(), true)];
                     w.mutate_row(table.clone(), row, m, BTreeMap::new()).map_err(|e| format!("mutateRow: {e:?}"))?;
                     d.writes += 1;
                 }
@@ -300,7 +306,10 @@ fn raw_worker(o: &Opts, pick: &Picker, n: usize, deadline: Instant) -> Result<Do
         for &s in &starts {
             let (k, stop) = (key(s), key(s + o.rows));
             if scan {
-                c.call("scannerOpenWithStop", &[Arg::Bin(&table), Arg::Bin(&k), Arg::Bin(&stop), Arg::NoColumns, Arg::NoAttributes])?;
+                c.call(
+                    "scannerOpenWithStop",
+                    &[Arg::Bin(&table), Arg::Bin(&k), Arg::Bin(&stop), Arg::NoColumns, Arg::NoAttributes],
+                )?;
             } else {
                 c.call("getRow", &[Arg::Bin(&table), Arg::Bin(&k), Arg::NoAttributes])?;
             }
@@ -337,8 +346,19 @@ fn raw_worker(o: &Opts, pick: &Picker, n: usize, deadline: Instant) -> Result<Do
 }
 
 /// `--client crate` and the sidecar target: one request at a time.
-fn crate_worker(o: &Opts, pick: &Picker, sidecar: Option<Arc<SidecarClient>>, n: usize, deadline: Instant) -> Result<Done, String> {
-    let mut d = Done { h: Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?, ops: 0, rows: 0, writes: 0 };
+fn crate_worker(
+    o: &Opts,
+    pick: &Picker,
+    sidecar: Option<Arc<SidecarClient>>,
+    n: usize,
+    deadline: Instant,
+) -> Result<Done, String> {
+    let mut d = Done {
+        h: Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
+        ops: 0,
+        rows: 0,
+        writes: 0,
+    };
     let mut t = match sidecar {
         Some(s) => Target::Sidecar(s),
         None => Target::Thrift(thrift_client(o.addr)?),
