@@ -88,10 +88,12 @@ spark-bench: build
 shuffle-bench: build
 	SKIP_BUILD=1 bash bench/shuffle_bench.sh
 
-# HBase range cache with the Rust load generator (bench/hbase_load_bench.py; about 2 minutes).
+# HBase range cache with the Rust load generator (bench/hbase_load_bench.py, about 2 minutes;
+# bench/hbase_zipf_bench.py, Zipf scans with 5% writes over k-fold overlapping ranges, about 5).
 hbase-bench: build
 	$(CARGO) build --release -p slipstream-rangecache --example thrift_load
 	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/hbase_load_bench.py
+	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/hbase_zipf_bench.py
 
 bench: build
 	bash bench/kv_bench.sh

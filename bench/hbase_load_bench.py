@@ -1,5 +1,5 @@
 """HBase range cache with a fast client (issue 16's benchmark, cached figures): the Rust
-closed-loop load generator (crates/rangecache/examples/thrift_load.rs, N connections, HDR
+closed-loop load generator (crates/rangecache/examples/thrift_load/, N connections, HDR
 p50/p99) against
 
   direct     the JVM sidecar straight (HBase's native client; no Slipstream, no Thrift, no cache)
@@ -13,7 +13,8 @@ Same mini cluster, same data (KEYS rows x 4 columns x 32 B), same Thrift calls a
 is installed, writes docs/img/hbase_scan_range.png. Starts and kills its own mini cluster.
 Usage: SLIPSTREAM_BIN=target/release/slipstream python3 bench/hbase_load_bench.py
 (build first: cargo build --release -p slipstream -p slipstream-rangecache --examples)
-Knobs (environment): KEYS, CONNS (client connections), SECS (per figure), THRIFT_LOAD (the load
+Knobs (environment): KEYS, CONNS (client connections), CLIENT (raw | crate), DEPTH (operations
+in flight per connection, raw client), SECS (per figure), THRIFT_LOAD (the load
 generator binary), PLOT_OUT (where the PNG goes), ONLY_HITS=1 (skip direct and miss runs),
 PERF=1 (`perf stat` on the daemon: context switches per operation). Every row also gives the
 CPU each process used during the run and CPU microseconds per operation (daemon, client, JVM),
@@ -35,6 +36,10 @@ import hbaselib  # noqa: E402
 LOAD = os.environ.get("THRIFT_LOAD", os.path.join(ROOT, "target", "release", "examples", "thrift_load"))
 KEYS = int(os.environ.get("KEYS", "20000"))
 CONNS = int(os.environ.get("CONNS", "4"))
+# The Thrift client: "raw" (framed, DEPTH operations in flight per connection, replies skimmed:
+# row counts, not rows) or "crate" (the thrift crate's client, every row decoded; sessions 7-8).
+CLIENT = os.environ.get("CLIENT", "raw")
+DEPTH = int(os.environ.get("DEPTH", "4"))
 SECS = float(os.environ.get("SECS", "4"))
 SWEEP = [1, 10, 25, 50, 100]
 PERF = os.environ.get("PERF") == "1"
@@ -80,7 +85,8 @@ def perf_end(p):
 
 
 def run(addr, *args, secs=SECS, daemon=None):
-    cmd = [LOAD, "--addr", addr, "--conns", str(CONNS), "--secs", str(secs), "--keys", str(KEYS)] + list(args)
+    cmd = [LOAD, "--addr", addr, "--conns", str(CONNS), "--secs", str(secs), "--keys", str(KEYS),
+           "--client", CLIENT, "--depth", str(DEPTH)] + list(args)
     perf = perf_start(CPU_PIDS.get(daemon)) if secs > 0 else None
     before = {n: proc_cpu_s(p) for n, p in CPU_PIDS.items()}
     child0 = os.times()
