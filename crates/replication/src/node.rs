@@ -985,7 +985,8 @@ fn propose_admin(g: &mut Group, op: AdminOp) -> Result<(), AdminError> {
             if voters.len() >= crate::cluster::NODES_MAX {
                 return Err(AdminError::TooManyVoters);
             }
-            let mut cc = ConfChange { node_id: id, context: addr.to_string().into_bytes().into(), ..Default::default() };
+            let mut cc =
+                ConfChange { node_id: id, context: addr.to_string().into_bytes().into(), ..Default::default() };
             cc.set_change_type(ConfChangeType::AddNode);
             g.raw.propose_conf_change(Vec::new(), cc)
         }

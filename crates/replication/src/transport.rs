@@ -96,11 +96,7 @@ impl Transport {
         deliver: Deliver,
     ) -> io::Result<Transport> {
         let listener = TcpListener::bind(listen)?;
-        let links = peers
-            .keys()
-            .filter(|&&p| p != node_id)
-            .map(|&p| (p, new_link()))
-            .collect();
+        let links = peers.keys().filter(|&&p| p != node_id).map(|&p| (p, new_link())).collect();
         let shared = Arc::new(Shared {
             node_id,
             links: RwLock::new(links),

@@ -17,10 +17,10 @@ use crate::bind::{bind_all, Bound};
 use crate::exec::Settings;
 use crate::stats::{FastPathSource, FastPathTotals, ServerInfo, ThreadStats};
 use mio::Waker;
+use slipstream_replication::{AdminError, AdminOp};
 use slipstream_store::{KernelCache, Store, StoreConfig};
 use slipstream_tenancy::shaper::Member;
 use slipstream_tenancy::spec::{validate_all, SpecError, TENANTS_MAX};
-use slipstream_replication::{AdminError, AdminOp};
 use slipstream_tenancy::{
     ControlError, ReplicaChange, Shaper, ShapingSpec, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView,
 };
@@ -527,7 +527,10 @@ impl TenantControl for TenantTable {
     fn change_replica(&self, name: &str, change: ReplicaChange) -> Result<(), ControlError> {
         let t = self.find(name).ok_or_else(|| ControlError::NotFound(name.to_string()))?;
         let Some(r) = t.replica.get() else {
-            return Err(ControlError::Invalid(SpecError::Field("replicas", format!("tenant {name:?} is not replicated"))));
+            return Err(ControlError::Invalid(SpecError::Field(
+                "replicas",
+                format!("tenant {name:?} is not replicated"),
+            )));
         };
         let op = match change {
             ReplicaChange::Leader(id) => AdminOp::PreferLeader(id),

@@ -1080,6 +1080,7 @@ mod tests {
             fsync: fsync.into(),
             reads: default_reads(),
             wait_ms: default_wait_ms(),
+            join: false,
         };
         let file: FileConfig = toml::from_str(
             "[cluster]\nnode_id = 1\npeers = [\"1=127.0.0.1:13001\", \"2=127.0.0.1:13002\", \"3=127.0.0.1:13003\"]\n\
@@ -1101,6 +1102,8 @@ mod tests {
             check_cluster(Some(local), &file.tenant).unwrap().1,
             ReplicaOpts { local_reads: true, wait_ms: 500, join: false }
         );
+        let joining = FileCluster { join: true, ..cluster("never") };
+        assert!(check_cluster(Some(joining), &file.tenant).unwrap().1.join);
         let e = check_cluster(Some(FileCluster { reads: "stale".into(), ..cluster("never") }), &file.tenant);
         assert!(e.unwrap_err().contains("reads \"stale\""));
         let e = check_cluster(Some(FileCluster { wait_ms: 0, ..cluster("never") }), &file.tenant);

@@ -20,6 +20,9 @@
 //! tenant, fault and timing. Leader faults: `REPL_KILLS` (default 10; `bench/repl_soak.sh`
 //! runs 100+). Every daemon is killed when the test ends, pass or fail.
 
+// Test code: unwrap() in test set-up is the clearest failure.
+#![allow(clippy::unwrap_used)]
+
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -263,7 +266,8 @@ impl Cluster {
         let deadline = Instant::now() + HEAL_TIMEOUT;
         loop {
             let ok = TENANTS.iter().all(|t| {
-                let leaders: HashSet<_> = NODES.iter().map(|&n| self.metric(n, "slipstream_replica_leader_id", t)).collect();
+                let leaders: HashSet<_> =
+                    NODES.iter().map(|&n| self.metric(n, "slipstream_replica_leader_id", t)).collect();
                 let applied: HashSet<_> =
                     NODES.iter().map(|&n| self.metric(n, "slipstream_replica_applied_index", t)).collect();
                 leaders.len() == 1
@@ -529,7 +533,7 @@ fn check_linearizable(records: &[Record]) -> Vec<String> {
         for (_, kind, i) in events {
             let r = ops[i];
             let res = if kind == 0 {
-                t.on_invoke(r.process, r.op.clone()).map(|_| ())
+                t.on_invoke(r.process, r.op).map(|_| ())
             } else {
                 let ret = r.returned.as_ref().map(|(_, ret)| ret.clone()).expect("returned");
                 t.on_return(r.process, ret).map(|_| ())
@@ -572,34 +576,9 @@ fn content_hash(m: &BTreeMap<String, Option<(String, String)>>) -> u64 {
     h.finish()
 }
 
-fn run(kills: u64) {
-    let seed: u64 = std::env::var("SLIPSTREAM_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
-    println!("replication_linearizable seed {seed} (SLIPSTREAM_TEST_SEED={seed} to repeat), {kills} leader faults");
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let cluster = Arc::new(Cluster::new("lin"));
-    for n in NODES {
-        cluster.start(n);
-    }
-    cluster.wait_converged();
-    let sh = Arc::new(Shared {
-        cluster: cluster.clone(),
-        stop: AtomicBool::new(false),
-        epoch: AtomicU64::new(0),
-        tally: Tally::default(),
-        uniques: Mutex::new(Vec::new()),
-    });
-    let mut threads = Vec::new();
-    for (ti, &t) in TENANTS.iter().enumerate() {
-        for k in 0..CLIENTS_PER_TENANT {
-            let id = ti as u64 * CLIENTS_PER_TENANT + k;
-            let (sh, s) = (sh.clone(), seed.wrapping_add(id + 1));
-            threads.push(std::thread::spawn(move || client(sh, t, id, s)));
-        }
-    }
-    let started = Instant::now();
+/// Every few seconds: the current leader of a random tenant is SIGKILLed (then restarted from
+/// its data_dir) or SIGSTOPped (then SIGCONTed); the keys change each round. The faults done.
+fn nemesis(cluster: &Cluster, sh: &Shared, rng: &mut fastrand::Rng, kills: u64) -> Vec<String> {
     let mut faults = Vec::new();
     for round in 0..kills {
         sh.epoch.store(round, Ordering::Relaxed);
@@ -626,8 +605,86 @@ fn run(kills: u64) {
         } else {
             cluster.cont(victim);
         }
-        faults.push(format!("{} {tenant} leader node {victim} for {:.1}s", if kill { "SIGKILL" } else { "SIGSTOP" }, t0.elapsed().as_secs_f64()));
+        faults.push(format!(
+            "{} {tenant} leader node {victim} for {:.1}s",
+            if kill { "SIGKILL" } else { "SIGSTOP" },
+            t0.elapsed().as_secs_f64()
+        ));
     }
+    faults
+}
+
+type NodeContents = Vec<(u64, u64, BTreeMap<String, Option<(String, String)>>)>;
+
+/// After healing: every acknowledged unique write is on every node, and every node of a tenant
+/// has the same contents. The number of acknowledged unique writes.
+fn check_healed(
+    sh: &Shared,
+    hashes: &BTreeMap<&str, NodeContents>,
+    keys_by_tenant: &BTreeMap<&str, Vec<String>>,
+) -> usize {
+    // 1. Every acknowledged unique write is on every node.
+    let uniques = sh.uniques.lock().unwrap().clone();
+    let acked = uniques.iter().filter(|u| u.3).count();
+    for (t, key, value, ok) in &uniques {
+        if !ok {
+            continue;
+        }
+        for (n, _, seen) in &hashes[t] {
+            let got = seen.get(key).cloned().flatten().map(|(_, d)| d);
+            assert_eq!(got, Some(value.to_string()), "acknowledged write {t}/{key} missing on node {n}");
+        }
+    }
+    // 2. Replicas identical.
+    for (t, per_node) in hashes {
+        let distinct: HashSet<u64> = per_node.iter().map(|(_, h, _)| *h).collect();
+        if distinct.len() != 1 {
+            for k in &keys_by_tenant[t] {
+                let vals: Vec<_> = per_node.iter().map(|(_, _, s)| s.get(k).cloned().flatten()).collect();
+                if vals.iter().any(|v| *v != vals[0]) {
+                    eprintln!("{t}/{k} differs: {vals:?}");
+                }
+            }
+            panic!("tenant {t}: replica contents differ");
+        }
+    }
+    acked
+}
+
+/// `CLIENTS_PER_TENANT` client threads per tenant; each returns its records.
+fn start_clients(sh: &Arc<Shared>, seed: u64) -> Vec<std::thread::JoinHandle<Vec<Record>>> {
+    let mut threads = Vec::new();
+    for (ti, &t) in TENANTS.iter().enumerate() {
+        for k in 0..CLIENTS_PER_TENANT {
+            let id = ti as u64 * CLIENTS_PER_TENANT + k;
+            let (sh, s) = (sh.clone(), seed.wrapping_add(id + 1));
+            threads.push(std::thread::spawn(move || client(sh, t, id, s)));
+        }
+    }
+    threads
+}
+
+fn run(kills: u64) {
+    let seed: u64 = std::env::var("SLIPSTREAM_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!("replication_linearizable seed {seed} (SLIPSTREAM_TEST_SEED={seed} to repeat), {kills} leader faults");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let cluster = Arc::new(Cluster::new("lin"));
+    for n in NODES {
+        cluster.start(n);
+    }
+    cluster.wait_converged();
+    let sh = Arc::new(Shared {
+        cluster: cluster.clone(),
+        stop: AtomicBool::new(false),
+        epoch: AtomicU64::new(0),
+        tally: Tally::default(),
+        uniques: Mutex::new(Vec::new()),
+    });
+    let threads = start_clients(&sh, seed);
+    let started = Instant::now();
+    let faults = nemesis(&cluster, &sh, &mut rng, kills);
     std::thread::sleep(Duration::from_millis(1500));
     sh.stop.store(true, Ordering::Relaxed);
     let mut records = Vec::new();
@@ -681,36 +738,18 @@ fn run(kills: u64) {
                     (data.parse().expect("numeric value"), cas)
                 });
                 final_process += 1;
-                records.push(Record { process: final_process, key: format!("{t}/{k}"), op: Op::Gets, invoked, returned: Some((returned, Ret::Got(got))) });
+                records.push(Record {
+                    process: final_process,
+                    key: format!("{t}/{k}"),
+                    op: Op::Gets,
+                    invoked,
+                    returned: Some((returned, Ret::Got(got))),
+                });
             }
         }
     }
 
-    // 1. Every acknowledged unique write is on every node.
-    let uniques = sh.uniques.lock().unwrap().clone();
-    let acked = uniques.iter().filter(|u| u.3).count();
-    for (t, key, value, ok) in &uniques {
-        if !ok {
-            continue;
-        }
-        for (n, _, seen) in &hashes[t] {
-            let got = seen.get(key).cloned().flatten().map(|(_, d)| d);
-            assert_eq!(got, Some(value.to_string()), "acknowledged write {t}/{key} missing on node {n}");
-        }
-    }
-    // 2. Replicas identical.
-    for (t, per_node) in &hashes {
-        let distinct: HashSet<u64> = per_node.iter().map(|(_, h, _)| *h).collect();
-        if distinct.len() != 1 {
-            for k in &keys_by_tenant[t] {
-                let vals: Vec<_> = per_node.iter().map(|(_, _, s)| s.get(k).cloned().flatten()).collect();
-                if vals.iter().any(|v| *v != vals[0]) {
-                    eprintln!("{t}/{k} differs: {vals:?}");
-                }
-            }
-            panic!("tenant {t}: replica contents differ");
-        }
-    }
+    let acked = check_healed(&sh, &hashes, &keys_by_tenant);
     // 3. Linearizable, key by key (on a thread with a large stack: the search recurses per op).
     let checked = records.len();
     let t0 = Instant::now();

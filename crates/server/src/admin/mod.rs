@@ -410,7 +410,9 @@ fn put_tenant(t: &dyn TenantControl, name: &str, body: &[u8]) -> Reply {
 /// The replication keys of a tenant edit (taken out of `obj`): `leader`, `add_voter` with
 /// `address`, or `remove_voter` — one of them per request.
 fn replica_change(obj: &mut serde_json::Map<String, Value>) -> Result<Option<ReplicaChange>, String> {
-    let id = |v: Value, key: &str| v.as_u64().filter(|&n| n > 0).ok_or_else(|| format!("{key} must be a node id (1 or more)"));
+    let id = |v: Value, key: &str| {
+        v.as_u64().filter(|&n| n > 0).ok_or_else(|| format!("{key} must be a node id (1 or more)"))
+    };
     let leader = obj.remove("leader");
     let add = obj.remove("add_voter");
     let address = obj.remove("address");
