@@ -7,7 +7,8 @@
 //!
 //! Connection: the node with the lower id dials the higher one and introduces itself with
 //! `MAGIC: u32`, `node_id: u64`; the acceptor keeps the newest connection per peer. The
-//! dialer redials every `REDIAL_MS` while the connection is down. There is no authentication
+//! dialer redials every `REDIAL_MS` while the connection is down. A node added by a membership
+//! change joins the peer map at run time (`add_peer`, its address from the conf change). There is no authentication
 //! yet: the raft port must only be reachable from the cluster's nodes (a host that can reach
 //! it can impersonate a peer).
 //! Frame: `len: u32 LE` (of what follows), `group: u64 LE`, protobuf `eraftpb::Message`.

@@ -591,6 +591,31 @@ mod tests {
     }
 
     #[test]
+    fn replication_keys_of_a_tenant_edit_parse_one_at_a_time() {
+        let parse = |body: &str| {
+            let mut v: Value = serde_json::from_str(body).unwrap();
+            let obj = v.as_object_mut().unwrap();
+            replica_change(obj).map(|c| (c, obj.len()))
+        };
+        assert_eq!(parse(r#"{"share":0.5}"#), Ok((None, 1)));
+        assert_eq!(parse(r#"{"leader":2}"#), Ok((Some(ReplicaChange::Leader(2)), 0)));
+        assert_eq!(parse(r#"{"remove_voter":3,"share":0.1}"#), Ok((Some(ReplicaChange::RemoveVoter(3)), 1)));
+        let add = parse(r#"{"add_voter":4,"address":"127.0.0.1:13004"}"#);
+        assert_eq!(add, Ok((Some(ReplicaChange::AddVoter(4, "127.0.0.1:13004".parse().unwrap())), 0)));
+        for bad in [
+            r#"{"leader":0}"#,
+            r#"{"leader":-1}"#,
+            r#"{"leader":"1"}"#,
+            r#"{"add_voter":4}"#,
+            r#"{"add_voter":4,"address":"nowhere"}"#,
+            r#"{"address":"127.0.0.1:1"}"#,
+            r#"{"leader":1,"remove_voter":2}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn auth_is_required_except_for_healthz() {
         let (addr, _) = serve(Some(TOKEN), true);
         let r = req(addr, "GET", "/tenants", None, None);
