@@ -106,6 +106,7 @@ bench: build
 	SKIP_BUILD=1 bash bench/shuffle_bench.sh
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench
+	bash bench/repl_soak.sh
 
 clean:
 	$(CARGO) clean

@@ -30,6 +30,8 @@ pub mod transport;
 
 pub use machine::{Applied, TenantMachine};
 pub use mutation::{absolute_exptime, Mutation};
-pub use node::{Completion, GroupSpec, GroupStatus, NodeConfig, NodeError, ProposeError, ReplicationNode};
+pub use node::{
+    AdminError, AdminOp, Completion, GroupSpec, GroupStatus, NodeConfig, NodeError, ProposeError, ReplicationNode,
+};
 pub use raft::StateRole;
 pub use storage::{FsyncMode, GroupStorage, StorageFault};

@@ -39,7 +39,7 @@ use crate::mutation::Mutation;
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
 use crate::transport::{Deliver, Incoming, Transport};
 use protobuf::Message as PbMessage;
-use raft::eraftpb::{ConfChange, ConfChangeV2, EntryType, Message, MessageType, Snapshot};
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfChangeV2, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slipstream_store::Store;
 use std::collections::{BTreeMap, HashMap};
@@ -189,6 +189,10 @@ pub struct GroupStatus {
     pub snapshots_installed: u64,
     /// Proposals made on this node while it was a follower (raft-rs sent them to the leader).
     pub forwarded: u64,
+    /// The group's voters as this node last applied them (0 = unused slot).
+    pub voters: [u64; crate::cluster::NODES_MAX],
+    /// The group's preferred leader as this node knows it (0 = none).
+    pub preferred_leader: u64,
 }
 
 enum Event {
@@ -196,6 +200,7 @@ enum Event {
     Propose { group: u64, data: Vec<u8>, deadline: Instant, done: Done },
     ReadIndex { group: u64, deadline: Instant, done: Done },
     TransferLeader { group: u64, to: u64 },
+    Admin { group: u64, op: AdminOp, done: mpsc::Sender<Result<(), AdminError>> },
     Stop,
 }
 
@@ -241,6 +246,14 @@ struct Group {
     preferred_leader: Option<u64>,
     /// Ticks since this node last checked whether to hand leadership to the preferred node.
     ticks_since_transfer_check: usize,
+    /// The preferred leader was just changed (admin): check every tick, not once per timeout.
+    transfer_soon: bool,
+    /// Peers that a membership change applied this turn brought in (their addresses go to
+    /// the transport).
+    learned_peers: Vec<(u64, SocketAddr)>,
+    /// A node was added: compact now, so it starts from a snapshot (which carries the voter
+    /// set) and never replays the log from index 1 with an empty configuration.
+    compact_soon: bool,
     election_ticks: usize,
 }
 
@@ -304,6 +317,9 @@ impl ReplicationNode {
                     was_leader: false,
                     preferred_leader: g.preferred_leader,
                     ticks_since_transfer_check: 0,
+                    transfer_soon: false,
+                    learned_peers: Vec::new(),
+                    compact_soon: false,
                     election_ticks: cfg.election_ticks,
                 },
             );
@@ -370,6 +386,34 @@ impl ReplicationNode {
     /// Ask the group's leader (if it is this node) to hand leadership to `to`.
     pub fn transfer_leader(&self, group: u64, to: u64) {
         let _ = self.tx.try_send(Event::TransferLeader { group, to });
+    }
+
+    /// Make an admin change to `group` (through its log, from any node: a follower forwards
+    /// it) and wait up to `wait` until this node sees the effect: `to` leads, the voter is in
+    /// or out of the group's configuration. One membership change at a time (raft-rs ignores
+    /// a second one while the first is not applied; it then times out here).
+    pub fn admin(&self, group: u64, op: AdminOp, wait: Duration) -> Result<(), AdminError> {
+        let deadline = Instant::now() + wait;
+        let (tx, rx) = mpsc::channel();
+        self.tx.try_send(Event::Admin { group, op: op.clone(), done: tx }).map_err(|e| {
+            AdminError::Group(match e {
+                TrySendError::Full(_) => ProposeError::Busy,
+                TrySendError::Disconnected(_) => ProposeError::Stopped,
+            })
+        })?;
+        match rx.recv_timeout(wait) {
+            Ok(r) => r?,
+            Err(_) => return Err(AdminError::Group(ProposeError::Timeout)),
+        }
+        loop {
+            if self.status(group).is_some_and(|st| op.seen_in(&st)) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(AdminError::Group(ProposeError::Timeout));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn status(&self, group: u64) -> Option<GroupStatus> {
@@ -467,6 +511,13 @@ impl Loop {
                 if let Some(g) = self.groups.get_mut(&group) {
                     g.raw.transfer_leader(to);
                 }
+            }
+            Event::Admin { group, op, done } => {
+                let r = match self.groups.get_mut(&group) {
+                    Some(g) => propose_admin(g, op),
+                    None => Err(AdminError::Group(ProposeError::UnknownGroup)),
+                };
+                let _ = done.send(r);
             }
             Event::Stop => return false,
         }
@@ -593,6 +644,9 @@ impl Loop {
             apply_entries(gid, g, light.take_committed_entries())?;
             g.raw.advance_apply();
             maybe_compact(g).map_err(|e| (gid, e.to_string()))?;
+            for (peer, addr) in g.learned_peers.drain(..) {
+                transport.add_peer(peer, addr);
+            }
         }
         for g in self.groups.values_mut() {
             release_reads(g);
@@ -609,6 +663,10 @@ impl Loop {
                 g.elections_won += 1;
             }
             g.was_leader = leader;
+            let mut voters = [0; crate::cluster::NODES_MAX];
+            for (slot, &v) in voters.iter_mut().zip(r.raft_log.store.conf_state().voters.iter()) {
+                *slot = v;
+            }
             st.insert(
                 gid,
                 GroupStatus {
@@ -622,6 +680,8 @@ impl Loop {
                     elections_won: g.elections_won,
                     snapshots_installed: g.snapshots_installed,
                     forwarded: g.forwarded_total,
+                    voters,
+                    preferred_leader: g.preferred_leader.unwrap_or(0),
                 },
             );
         }
@@ -647,6 +707,11 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
     for e in entries {
         match e.get_entry_type() {
             EntryType::EntryNormal => {
+                if e.context[..] == *PREFER_CTX {
+                    apply_preference(g, &e.data);
+                    complete_up_to(g, e.index, None);
+                    continue;
+                }
                 if e.data.is_empty() {
                     complete_up_to(g, e.index, None); // a new leader's empty entry
                     continue;
@@ -663,6 +728,7 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
             }
             EntryType::EntryConfChange => {
                 let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
+                learn_peer(g, &cc);
                 let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
                 g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
                 complete_up_to(g, e.index, None);
@@ -806,12 +872,15 @@ fn expire(g: &mut Group, now: Instant) {
 /// leader transfer; it aborts by itself if the target does not take over in time).
 fn restore_preferred_leader(g: &mut Group, t: &Transport) {
     g.ticks_since_transfer_check += 1;
-    if g.ticks_since_transfer_check < g.election_ticks {
+    if g.ticks_since_transfer_check < g.election_ticks && !g.transfer_soon {
         return;
     }
     g.ticks_since_transfer_check = 0;
-    let r = &g.raw.raft;
     let Some(p) = g.preferred_leader else { return };
+    if g.raw.raft.leader_id == p {
+        g.transfer_soon = false;
+    }
+    let r = &g.raw.raft;
     if r.state != StateRole::Leader || p == r.id || r.lead_transferee.is_some() || !t.connected(p) {
         return;
     }
@@ -824,9 +893,11 @@ fn restore_preferred_leader(g: &mut Group, t: &Transport) {
 fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     let applied = g.raw.raft.raft_log.applied;
     let store = g.raw.store();
-    if applied.saturating_sub(store.snapshot_index()) <= g.log_entries_max {
+    let due = applied.saturating_sub(store.snapshot_index()) > g.log_entries_max;
+    if !(due || g.compact_soon && applied > store.snapshot_index()) {
         return Ok(());
     }
+    g.compact_soon = false;
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
     let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
     let m = snap.mut_metadata();
@@ -834,4 +905,122 @@ fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     m.term = term;
     m.set_conf_state(store.conf_state().clone());
     g.raw.mut_store().compact_to(snap)
+}
+
+/// A change to a group made through the admin API (`PUT /tenants/{name}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminOp {
+    /// Make this node the group's preferred leader on every replica (a log entry, so the
+    /// choice outlives the current leader); the leader hands leadership to it (raft-rs leader
+    /// transfer) as soon as it is connected and has the whole log.
+    PreferLeader(u64),
+    /// Add a voter (raft-rs conf change); its raft address travels in the conf change, so
+    /// every node learns where it is. The new node starts with an empty group (`join`) and
+    /// gets the log or a snapshot from the leader.
+    AddVoter(u64, SocketAddr),
+    /// Remove a voter (a dead node being replaced).
+    RemoveVoter(u64),
+}
+
+impl AdminOp {
+    fn seen_in(&self, st: &GroupStatus) -> bool {
+        match *self {
+            AdminOp::PreferLeader(to) => st.leader_id == to && st.preferred_leader == to,
+            AdminOp::AddVoter(id, _) => st.voters.contains(&id),
+            AdminOp::RemoveVoter(id) => !st.voters.contains(&id),
+        }
+    }
+}
+
+/// Why an admin change was refused or did not take effect in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminError {
+    NotAVoter(u64),
+    AlreadyAVoter(u64),
+    /// The group has `NODES_MAX` voters already.
+    TooManyVoters,
+    /// Removing the last voter would leave the group with none.
+    LastVoter,
+    /// No leader known, busy, stopped, or not seen applied by the deadline (`Timeout`: the
+    /// change may still happen).
+    Group(ProposeError),
+}
+
+impl std::fmt::Display for AdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminError::NotAVoter(id) => write!(f, "node {id} is not a voter of this group"),
+            AdminError::AlreadyAVoter(id) => write!(f, "node {id} is a voter of this group already"),
+            AdminError::TooManyVoters => write!(f, "the group has {} voters already", crate::cluster::NODES_MAX),
+            AdminError::LastVoter => write!(f, "cannot remove the group's last voter"),
+            AdminError::Group(e) => write!(f, "{e:?}"),
+        }
+    }
+}
+
+impl std::error::Error for AdminError {}
+
+/// Context of the log entry that sets a group's preferred leader (its data: the node id, u64
+/// LE; 0 = none). Not 8 bytes long, so it is never taken for a proposal id.
+const PREFER_CTX: &[u8] = b"slipstream/preferred-leader";
+
+/// Check `op` against the group's configuration and propose it (a follower forwards it).
+fn propose_admin(g: &mut Group, op: AdminOp) -> Result<(), AdminError> {
+    let voters = g.raw.store().conf_state().voters.clone();
+    let leader = g.raw.raft.leader_id;
+    if leader == 0 {
+        return Err(AdminError::Group(ProposeError::NoLeader));
+    }
+    let r = match op {
+        AdminOp::PreferLeader(to) => {
+            if !voters.contains(&to) {
+                return Err(AdminError::NotAVoter(to));
+            }
+            g.raw.propose(PREFER_CTX.to_vec(), to.to_le_bytes().to_vec())
+        }
+        AdminOp::AddVoter(id, addr) => {
+            if voters.contains(&id) {
+                return Err(AdminError::AlreadyAVoter(id));
+            }
+            if voters.len() >= crate::cluster::NODES_MAX {
+                return Err(AdminError::TooManyVoters);
+            }
+            let mut cc =
+                ConfChange { node_id: id, context: addr.to_string().into_bytes().into(), ..Default::default() };
+            cc.set_change_type(ConfChangeType::AddNode);
+            g.raw.propose_conf_change(Vec::new(), cc)
+        }
+        AdminOp::RemoveVoter(id) => {
+            if !voters.contains(&id) {
+                return Err(AdminError::NotAVoter(id));
+            }
+            if voters.len() <= 1 {
+                return Err(AdminError::LastVoter);
+            }
+            let mut cc = ConfChange { node_id: id, ..Default::default() };
+            cc.set_change_type(ConfChangeType::RemoveNode);
+            g.raw.propose_conf_change(Vec::new(), cc)
+        }
+    };
+    r.map_err(|_| AdminError::Group(ProposeError::NotLeader(Some(leader))))
+}
+
+/// A preferred-leader entry was applied: every replica now prefers that node; the leader
+/// checks every tick until it leads.
+fn apply_preference(g: &mut Group, data: &[u8]) {
+    let Ok(id) = <[u8; 8]>::try_from(data) else { return };
+    let id = u64::from_le_bytes(id);
+    g.preferred_leader = (id != 0).then_some(id);
+    g.transfer_soon = true;
+}
+
+/// An applied conf change that adds a node carries its raft address: remember it for the
+/// transport.
+fn learn_peer(g: &mut Group, cc: &ConfChange) {
+    let adds = matches!(cc.get_change_type(), ConfChangeType::AddNode | ConfChangeType::AddLearnerNode);
+    let addr = std::str::from_utf8(&cc.context).ok().and_then(|a| a.parse::<SocketAddr>().ok());
+    if let (true, Some(addr)) = (adds, addr) {
+        g.learned_peers.push((cc.node_id, addr));
+    }
+    g.compact_soon |= adds;
 }

@@ -7,7 +7,8 @@
 //!
 //! Connection: the node with the lower id dials the higher one and introduces itself with
 //! `MAGIC: u32`, `node_id: u64`; the acceptor keeps the newest connection per peer. The
-//! dialer redials every `REDIAL_MS` while the connection is down. There is no authentication
+//! dialer redials every `REDIAL_MS` while the connection is down. A node added by a membership
+//! change joins the peer map at run time (`add_peer`, its address from the conf change). There is no authentication
 //! yet: the raft port must only be reachable from the cluster's nodes (a host that can reach
 //! it can impersonate a peer).
 //! Frame: `len: u32 LE` (of what follows), `group: u64 LE`, protobuf `eraftpb::Message`.
@@ -23,7 +24,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -71,7 +72,8 @@ struct Link {
 
 struct Shared {
     node_id: u64,
-    links: BTreeMap<u64, Mutex<Link>>,
+    /// One per peer; grows when a membership change adds a node (`add_peer`).
+    links: RwLock<BTreeMap<u64, Arc<Mutex<Link>>>>,
     stopped: AtomicBool,
     deliver: Deliver,
     stats: TransportStats,
@@ -82,7 +84,7 @@ struct Shared {
 pub struct Transport {
     shared: Arc<Shared>,
     listen: SocketAddr,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Transport {
@@ -95,14 +97,10 @@ impl Transport {
         deliver: Deliver,
     ) -> io::Result<Transport> {
         let listener = TcpListener::bind(listen)?;
-        let links = peers
-            .keys()
-            .filter(|&&p| p != node_id)
-            .map(|&p| (p, Mutex::new(Link { generation: 0, out: None, stream: None })))
-            .collect();
+        let links = peers.keys().filter(|&&p| p != node_id).map(|&p| (p, new_link())).collect();
         let shared = Arc::new(Shared {
             node_id,
-            links,
+            links: RwLock::new(links),
             stopped: AtomicBool::new(false),
             deliver,
             stats: TransportStats::default(),
@@ -114,13 +112,34 @@ impl Transport {
             let s = shared.clone();
             threads.push(spawn("raft-dial", move || dial_loop(s, p, addr))?);
         }
-        Ok(Transport { shared, listen, threads })
+        Ok(Transport { shared, listen, threads: Mutex::new(threads) })
+    }
+
+    /// Learn a peer added by a membership change (its address came in the conf change): a
+    /// link for it, dialed if its id is higher. A known peer is left as it is.
+    pub fn add_peer(&self, peer: u64, addr: SocketAddr) {
+        if peer == self.shared.node_id {
+            return;
+        }
+        {
+            let mut links = self.shared.links.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if links.contains_key(&peer) {
+                return;
+            }
+            links.insert(peer, new_link());
+        }
+        if peer > self.shared.node_id {
+            let s = self.shared.clone();
+            if let Ok(t) = spawn("raft-dial", move || dial_loop(s, peer, addr)) {
+                self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(t);
+            }
+        }
     }
 
     /// Queue `msg` of `group` for its destination; false if it was dropped.
     pub fn send(&self, group: u64, msg: &Message) -> bool {
         let st = &self.shared.stats;
-        let Some(link) = self.shared.links.get(&msg.to) else {
+        let Some(link) = self.shared.link(msg.to) else {
             st.frames_dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         };
@@ -136,7 +155,7 @@ impl Transport {
         frame.extend_from_slice(&((body.len() + 8) as u32).to_le_bytes());
         frame.extend_from_slice(&group.to_le_bytes());
         frame.extend_from_slice(&body);
-        let l = lock(link);
+        let l = lock(&link);
         let ok = match &l.out {
             Some(tx) => match tx.try_send(frame) {
                 Ok(()) => true,
@@ -151,7 +170,7 @@ impl Transport {
 
     /// Whether a connection to `peer` is up now.
     pub fn connected(&self, peer: u64) -> bool {
-        self.shared.links.get(&peer).is_some_and(|l| lock(l).out.is_some())
+        self.shared.link(peer).is_some_and(|l| lock(&l).out.is_some())
     }
 
     pub fn stats(&self) -> &TransportStats {
@@ -162,14 +181,29 @@ impl Transport {
 impl Drop for Transport {
     fn drop(&mut self) {
         self.shared.stopped.store(true, Ordering::SeqCst);
-        for link in self.shared.links.values() {
-            close(&mut lock(link));
+        for link in self.shared.all_links() {
+            close(&mut lock(&link));
         }
         // Wake the acceptor so it sees `stopped` and drops the listener.
         let _ = TcpStream::connect_timeout(&self.listen, Duration::from_millis(CONNECT_TIMEOUT_MS));
-        for t in self.threads.drain(..) {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for t in threads {
             let _ = t.join();
         }
+    }
+}
+
+fn new_link() -> Arc<Mutex<Link>> {
+    Arc::new(Mutex::new(Link { generation: 0, out: None, stream: None }))
+}
+
+impl Shared {
+    fn link(&self, peer: u64) -> Option<Arc<Mutex<Link>>> {
+        self.links.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&peer).cloned()
+    }
+
+    fn all_links(&self) -> Vec<Arc<Mutex<Link>>> {
+        self.links.read().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect()
     }
 }
 
@@ -223,7 +257,7 @@ fn handshake(s: &Arc<Shared>, mut stream: TcpStream) {
     id.copy_from_slice(&hello[4..]);
     let peer = u64::from_le_bytes(id);
     // Only lower ids dial us; anything else is not a peer of this cluster.
-    if magic != MAGIC || peer >= s.node_id || !s.links.contains_key(&peer) || s.stopped.load(Ordering::SeqCst) {
+    if magic != MAGIC || peer >= s.node_id || s.link(peer).is_none() || s.stopped.load(Ordering::SeqCst) {
         return;
     }
     let _ = stream.set_read_timeout(None);
@@ -231,9 +265,9 @@ fn handshake(s: &Arc<Shared>, mut stream: TcpStream) {
 }
 
 fn dial_loop(s: Arc<Shared>, peer: u64, addr: SocketAddr) {
-    let Some(link) = s.links.get(&peer) else { return };
+    let Some(link) = s.link(peer) else { return };
     while !s.stopped.load(Ordering::SeqCst) {
-        if lock(link).out.is_none() {
+        if lock(&link).out.is_none() {
             if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(CONNECT_TIMEOUT_MS)) {
                 let mut hello = MAGIC.to_le_bytes().to_vec();
                 hello.extend_from_slice(&s.node_id.to_le_bytes());
@@ -248,12 +282,12 @@ fn dial_loop(s: Arc<Shared>, peer: u64, addr: SocketAddr) {
 
 /// Make `stream` the connection to `peer`, replacing any older one.
 fn install(s: &Arc<Shared>, peer: u64, stream: TcpStream) {
-    let Some(link) = s.links.get(&peer) else { return };
+    let Some(link) = s.link(peer) else { return };
     let _ = stream.set_nodelay(true);
     let (Ok(rd), Ok(wr), Ok(keep)) = (stream.try_clone(), stream.try_clone(), stream.try_clone()) else { return };
     let (tx, rx) = sync_channel(SEND_QUEUE_FRAMES_MAX);
     let generation = {
-        let mut l = lock(link);
+        let mut l = lock(&link);
         if s.stopped.load(Ordering::SeqCst) {
             let _ = stream.shutdown(Shutdown::Both);
             return;
@@ -269,8 +303,8 @@ fn install(s: &Arc<Shared>, peer: u64, stream: TcpStream) {
     let s2 = s.clone();
     let _ = spawn("raft-read", move || {
         read_loop(&s2, peer, rd);
-        if let Some(link) = s2.links.get(&peer) {
-            let mut l = lock(link);
+        if let Some(link) = s2.link(peer) {
+            let mut l = lock(&link);
             if l.generation == generation {
                 close(&mut l);
             }

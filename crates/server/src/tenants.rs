@@ -17,11 +17,12 @@ use crate::bind::{bind_all, Bound};
 use crate::exec::Settings;
 use crate::stats::{FastPathSource, FastPathTotals, ServerInfo, ThreadStats};
 use mio::Waker;
+use slipstream_replication::{AdminError, AdminOp};
 use slipstream_store::{KernelCache, Store, StoreConfig};
 use slipstream_tenancy::shaper::Member;
 use slipstream_tenancy::spec::{validate_all, SpecError, TENANTS_MAX};
 use slipstream_tenancy::{
-    ControlError, Shaper, ShapingSpec, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView,
+    ControlError, ReplicaChange, Shaper, ShapingSpec, TenantControl, TenantPatch, TenantShaper, TenantSpec, TenantView,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -447,6 +448,10 @@ impl TenantTable {
     }
 }
 
+/// How long `PUT /tenants/{name}` with a replication change (`leader`, `add_voter`,
+/// `remove_voter`) waits to see it take effect (the admin endpoint's thread waits with it).
+pub const REPLICA_CHANGE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl TenantControl for TenantTable {
     fn list(&self) -> Vec<TenantView> {
         self.snapshot().iter().filter_map(|t| self.view(t)).collect()
@@ -520,6 +525,25 @@ impl TenantControl for TenantTable {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.wake_all();
         Ok(())
+    }
+
+    fn change_replica(&self, name: &str, change: ReplicaChange) -> Result<(), ControlError> {
+        let t = self.find(name).ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let Some(r) = t.replica.get() else {
+            return Err(ControlError::Invalid(SpecError::Field(
+                "replicas",
+                format!("tenant {name:?} is not replicated"),
+            )));
+        };
+        let op = match change {
+            ReplicaChange::Leader(id) => AdminOp::PreferLeader(id),
+            ReplicaChange::AddVoter(id, addr) => AdminOp::AddVoter(id, addr),
+            ReplicaChange::RemoveVoter(id) => AdminOp::RemoveVoter(id),
+        };
+        r.node().admin(r.group, op, REPLICA_CHANGE_WAIT).map_err(|e| match e {
+            AdminError::Group(g) => ControlError::Failed(format!("replication: {g:?} (the change may still happen)")),
+            other => ControlError::Conflict(other.to_string()),
+        })
     }
 
     fn render_metrics(&self, out: &mut String) {

@@ -39,7 +39,8 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
             t.clone(),
             GroupSpec {
                 group_id: group_id(&spec.name),
-                voters: c.peers.keys().copied().collect(),
+                // A joining node learns its groups' voters from the leader (log or snapshot).
+                voters: if cfg.replica_opts.join { Vec::new() } else { c.peers.keys().copied().collect() },
                 store: t.store.clone(),
                 preferred_leader: spec.preferred_leader,
                 exec: Some(exec),

@@ -233,6 +233,11 @@ struct FileCluster {
     /// before the client gets `SERVER_ERROR`.
     #[serde(default = "default_wait_ms")]
     wait_ms: u64,
+    /// This node joins existing groups (it replaces a removed node): its groups start with no
+    /// voters and wait for the leader's log or snapshot; the operator adds it with
+    /// `PUT /tenants/{name}` `{"add_voter": id, "address": "ip:port"}`.
+    #[serde(default)]
+    join: bool,
 }
 
 fn default_fsync() -> String {
@@ -255,11 +260,13 @@ const REPLICA_WAIT_MS_MAX: u64 = 60_000;
 pub struct ReplicaOpts {
     pub local_reads: bool,
     pub wait_ms: u64,
+    /// `[cluster] join`: groups created here start with no voters.
+    pub join: bool,
 }
 
 impl Default for ReplicaOpts {
     fn default() -> Self {
-        ReplicaOpts { local_reads: false, wait_ms: default_wait_ms() }
+        ReplicaOpts { local_reads: false, wait_ms: default_wait_ms(), join: false }
     }
 }
 
@@ -282,7 +289,7 @@ fn check_cluster(
             }
             let spec = ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync)
                 .map_err(|e| format!("[cluster]: {e}"))?;
-            (Some(spec), ReplicaOpts { local_reads, wait_ms: c.wait_ms })
+            (Some(spec), ReplicaOpts { local_reads, wait_ms: c.wait_ms, join: c.join })
         }
         None => (None, ReplicaOpts::default()),
     };
@@ -1073,6 +1080,7 @@ mod tests {
             fsync: fsync.into(),
             reads: default_reads(),
             wait_ms: default_wait_ms(),
+            join: false,
         };
         let file: FileConfig = toml::from_str(
             "[cluster]\nnode_id = 1\npeers = [\"1=127.0.0.1:13001\", \"2=127.0.0.1:13002\", \"3=127.0.0.1:13003\"]\n\
@@ -1084,7 +1092,7 @@ mod tests {
         assert_eq!(file.tenant[0].preferred_leader, Some(1));
         let (spec, opts) = check_cluster(file.cluster, &file.tenant).unwrap();
         assert_eq!(spec.map(|s| s.fsync), Some(slipstream_replication::FsyncMode::Batch));
-        assert_eq!(opts, ReplicaOpts { local_reads: false, wait_ms: 3000 });
+        assert_eq!(opts, ReplicaOpts { local_reads: false, wait_ms: 3000, join: false });
         let mut two = file.tenant.clone();
         two[0].replicas = Some(2);
         let e = check_cluster(Some(cluster("batch")), &two).unwrap_err();
@@ -1092,8 +1100,10 @@ mod tests {
         let local = FileCluster { reads: "local".into(), wait_ms: 500, ..cluster("never") };
         assert_eq!(
             check_cluster(Some(local), &file.tenant).unwrap().1,
-            ReplicaOpts { local_reads: true, wait_ms: 500 }
+            ReplicaOpts { local_reads: true, wait_ms: 500, join: false }
         );
+        let joining = FileCluster { join: true, ..cluster("never") };
+        assert!(check_cluster(Some(joining), &file.tenant).unwrap().1.join);
         let e = check_cluster(Some(FileCluster { reads: "stale".into(), ..cluster("never") }), &file.tenant);
         assert!(e.unwrap_err().contains("reads \"stale\""));
         let e = check_cluster(Some(FileCluster { wait_ms: 0, ..cluster("never") }), &file.tenant);

@@ -48,6 +48,18 @@ impl std::fmt::Display for ControlError {
 
 impl std::error::Error for ControlError {}
 
+/// A change to a replicated tenant's Raft group (issue 15), asked with `PUT /tenants/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaChange {
+    /// `"leader": id` — move leadership to that node and keep it there (it becomes the
+    /// group's preferred leader on every replica).
+    Leader(u64),
+    /// `"add_voter": id, "address": "ip:port"` — a new node (its raft address) joins.
+    AddVoter(u64, std::net::SocketAddr),
+    /// `"remove_voter": id` — a (dead) node leaves the group.
+    RemoveVoter(u64),
+}
+
 pub trait TenantControl: Send + Sync {
     fn list(&self) -> Vec<TenantView>;
     fn get(&self, name: &str) -> Option<TenantView>;
@@ -59,4 +71,9 @@ pub trait TenantControl: Send + Sync {
     fn remove(&self, name: &str) -> Result<(), ControlError>;
     /// Append per-tenant Prometheus text (HELP/TYPE once per family, a `tenant` label).
     fn render_metrics(&self, out: &mut String);
+    /// Change a replicated tenant's group; returns once the change took effect (bounded).
+    fn change_replica(&self, name: &str, change: ReplicaChange) -> Result<(), ControlError> {
+        let _ = change;
+        Err(ControlError::Invalid(SpecError::Field("replicas", format!("tenant {name:?} is not replicated"))))
+    }
 }

@@ -18,7 +18,7 @@ pub mod shaper;
 pub mod spec;
 
 pub use bucket::TokenBucket;
-pub use control::{ControlError, TenantControl, TenantView};
+pub use control::{ControlError, ReplicaChange, TenantControl, TenantView};
 pub use shaper::{Admit, KernelLedger, Shaper, TenantShaper};
 pub use spec::{ShapingSpec, SpecError, TenantPatch, TenantSpec};
 

@@ -30,7 +30,7 @@ use metrics::AdminCounters;
 use serde_json::Value;
 use slipstream_store::Store;
 use slipstream_tenancy::spec::{JSON_BYTES_MAX, NAME_BYTES_MAX};
-use slipstream_tenancy::{ControlError, TenantControl, TenantPatch, TenantSpec};
+use slipstream_tenancy::{ControlError, ReplicaChange, TenantControl, TenantPatch, TenantSpec};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -353,6 +353,21 @@ fn put_tenant(t: &dyn TenantControl, name: &str, body: &[u8]) -> Reply {
                     }
                 }
             }
+            let change = match replica_change(obj) {
+                Ok(c) => c,
+                Err(msg) => return Reply::error(400, &msg),
+            };
+            if let Some(change) = change {
+                if let Err(e) = t.change_replica(name, change) {
+                    return control_error(&e);
+                }
+                if obj.is_empty() {
+                    return match t.get(name) {
+                        Some(v) => Reply::value(200, serde_json::to_value(&v)),
+                        None => not_found_tenant(name),
+                    };
+                }
+            }
             let patch = match serde_json::to_vec(&doc)
                 .map_err(|e| e.to_string())
                 .and_then(|b| TenantPatch::from_json(&b).map_err(|e| e.to_string()))
@@ -390,6 +405,36 @@ fn put_tenant(t: &dyn TenantControl, name: &str, body: &[u8]) -> Reply {
             }
         }
     }
+}
+
+/// The replication keys of a tenant edit (taken out of `obj`): `leader`, `add_voter` with
+/// `address`, or `remove_voter` — one of them per request.
+fn replica_change(obj: &mut serde_json::Map<String, Value>) -> Result<Option<ReplicaChange>, String> {
+    let id = |v: Value, key: &str| {
+        v.as_u64().filter(|&n| n > 0).ok_or_else(|| format!("{key} must be a node id (1 or more)"))
+    };
+    let leader = obj.remove("leader");
+    let add = obj.remove("add_voter");
+    let address = obj.remove("address");
+    let remove = obj.remove("remove_voter");
+    let change = match (leader, add, remove) {
+        (None, None, None) => None,
+        (Some(l), None, None) => Some(ReplicaChange::Leader(id(l, "leader")?)),
+        (None, Some(a), None) => {
+            let addr = address
+                .as_ref()
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse::<SocketAddr>().ok())
+                .ok_or("add_voter needs \"address\": \"ip:port\" (the node's raft address)")?;
+            Some(ReplicaChange::AddVoter(id(a, "add_voter")?, addr))
+        }
+        (None, None, Some(r)) => Some(ReplicaChange::RemoveVoter(id(r, "remove_voter")?)),
+        _ => return Err("one of leader, add_voter, remove_voter per request".into()),
+    };
+    if address.is_some() && !matches!(change, Some(ReplicaChange::AddVoter(..))) {
+        return Err("address goes with add_voter".into());
+    }
+    Ok(change)
 }
 
 #[cfg(test)]
@@ -543,6 +588,31 @@ mod tests {
         r.push_str("\r\n");
         r.push_str(body.unwrap_or(""));
         raw(addr, r.as_bytes())
+    }
+
+    #[test]
+    fn replication_keys_of_a_tenant_edit_parse_one_at_a_time() {
+        let parse = |body: &str| {
+            let mut v: Value = serde_json::from_str(body).unwrap();
+            let obj = v.as_object_mut().unwrap();
+            replica_change(obj).map(|c| (c, obj.len()))
+        };
+        assert_eq!(parse(r#"{"share":0.5}"#), Ok((None, 1)));
+        assert_eq!(parse(r#"{"leader":2}"#), Ok((Some(ReplicaChange::Leader(2)), 0)));
+        assert_eq!(parse(r#"{"remove_voter":3,"share":0.1}"#), Ok((Some(ReplicaChange::RemoveVoter(3)), 1)));
+        let add = parse(r#"{"add_voter":4,"address":"127.0.0.1:13004"}"#);
+        assert_eq!(add, Ok((Some(ReplicaChange::AddVoter(4, "127.0.0.1:13004".parse().unwrap())), 0)));
+        for bad in [
+            r#"{"leader":0}"#,
+            r#"{"leader":-1}"#,
+            r#"{"leader":"1"}"#,
+            r#"{"add_voter":4}"#,
+            r#"{"add_voter":4,"address":"nowhere"}"#,
+            r#"{"address":"127.0.0.1:1"}"#,
+            r#"{"leader":1,"remove_voter":2}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
