@@ -38,9 +38,11 @@ pub const PROTOCOL_TEXT: u8 = 1;
 /// `Mutation::Command` protocol byte: binary requests.
 pub const PROTOCOL_BINARY: u8 = 2;
 /// Proposals and read barriers in flight per replicated tenant on this node; past it a
-/// request is answered `SERVER_ERROR replication busy` at once. (Per connection: one, the
-/// connection is parked while it waits.)
+/// request is answered `SERVER_ERROR replication busy` at once.
 pub const TENANT_INFLIGHT_MAX: usize = 4096;
+/// Writes one connection may have proposed and not yet answered (pipelined); past it the
+/// connection reads and executes nothing more until the oldest answers.
+pub const CONN_INFLIGHT_MAX: usize = 128;
 /// How long a request waits for its group (a leader, the commit, the apply) before the
 /// client gets a `SERVER_ERROR` (see `fail_line`).
 pub const WAIT_DEFAULT: Duration = Duration::from_secs(3);
@@ -53,8 +55,13 @@ const BINARY_ETMPFAIL: u16 = 0x86;
 pub enum Route {
     /// Not a store access, not whole yet, or bad input: the executor handles it here.
     Local,
-    /// A mutation: these first bytes of the input are proposed as one command entry.
+    /// A mutation: these first bytes of the input are proposed as one command entry; more
+    /// writes may be proposed behind it before it answers (pipelined).
     Write(usize),
+    /// A mutation whose apply may tell the connection to swallow the data block still
+    /// arriving (an over-size storage command): proposed alone, nothing behind it until it
+    /// answers (the bytes after it are not known to be requests yet).
+    WriteAlone(usize),
     /// A read of the store, this many bytes long: needs a read barrier first (unless local
     /// reads).
     Read(usize),
@@ -149,9 +156,9 @@ pub fn route(store: &Store, settings: &Settings, conn: &ConnState, input: &[u8])
     if protocol_of(conn, input) == PROTOCOL_BINARY {
         return match binary::parse(input, &store.config().item_limits()) {
             Parsed::Complete { request, consumed } => match request.command {
+                Command::Oversize { .. } => Route::WriteAlone(consumed),
                 Command::Store { .. }
                 | Command::Concat { .. }
-                | Command::Oversize { .. }
                 | Command::Delete { .. }
                 | Command::Arith { .. }
                 | Command::Flush { .. }
@@ -165,8 +172,8 @@ pub fn route(store: &Store, settings: &Settings, conn: &ConnState, input: &[u8])
     }
     match text::parse(input, &text_limits_of(store, settings)) {
         Parsed::Complete { request, consumed } => match request {
+            Request::StoreTooLarge { .. } => Route::WriteAlone(consumed),
             Request::Store { .. }
-            | Request::StoreTooLarge { .. }
             | Request::Delete { .. }
             | Request::Arith { .. }
             | Request::Touch { .. }
@@ -183,6 +190,7 @@ pub fn route(store: &Store, settings: &Settings, conn: &ConnState, input: &[u8])
 fn route_meta(store: &Store, input: &[u8]) -> Route {
     match meta::parse_with(input, &store.config().item_limits()) {
         Parsed::Complete { request, consumed } => match request.command {
+            MetaCommand::Set if request.too_large => Route::WriteAlone(consumed),
             MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith => Route::Write(consumed),
             // mg with T (touch) or N (create on miss) writes.
             MetaCommand::Get if request.flags.has(b'T') || request.flags.has(b'N') => Route::Write(consumed),
@@ -335,6 +343,8 @@ fn unix_now_s() -> i64 {
 pub struct Delivery {
     pub idx: usize,
     pub serial: u64,
+    /// Which of the connection's requests in flight it answers.
+    pub seq: u64,
     pub outcome: Outcome,
 }
 
@@ -350,8 +360,16 @@ impl ReplInbox {
     }
 
     pub fn deliver(&self, d: Delivery) {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner).push(d);
-        let _ = self.waker.wake();
+        let was_empty = {
+            let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            q.push(d);
+            q.len() == 1
+        };
+        // The worker takes the whole queue at once: one wake per batch of deliveries is
+        // enough (a delivery after its take finds the queue empty and wakes it again).
+        if was_empty {
+            let _ = self.waker.wake();
+        }
     }
 
     pub fn take(&self) -> Vec<Delivery> {
