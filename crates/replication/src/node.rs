@@ -827,6 +827,13 @@ fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     if applied.saturating_sub(store.snapshot_index()) <= g.log_entries_max {
         return Ok(());
     }
+    // A snapshot costs the store's size: take one only once the entries since the last one
+    // are at least as large as it (the log is then at most about twice the store), so the
+    // copying stays proportional to the bytes written, whatever the store's size.
+    let snap_bytes = store.latest_snapshot().data.len() as u64;
+    if store.log_bytes() < snap_bytes.saturating_mul(2) {
+        return Ok(());
+    }
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
     let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
     let m = snap.mut_metadata();
