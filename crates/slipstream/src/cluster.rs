@@ -35,6 +35,9 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
         let t =
             tenants.iter().find(|t| t.name == spec.name).ok_or_else(|| format!("tenant {:?} missing", spec.name))?;
         let exec = Arc::new(ApplyExec::new(table.settings.clone(), t.info.clone()));
+        // Full, it refuses writes the same way on every replica instead of evicting by its
+        // own LRU order (docs/replication.md, "Memory").
+        t.store.set_deterministic_memory(true);
         groups.push((
             t.clone(),
             GroupSpec {
