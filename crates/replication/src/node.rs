@@ -107,6 +107,19 @@ pub struct GroupSpec {
     pub preferred_leader: Option<u64>,
     /// Runs command entries ([`Mutation::Command`]); None = such entries answer an error.
     pub exec: Option<Arc<dyn crate::machine::CommandExec>>,
+    /// Told the wire size of every raft message of the group this node sends or receives
+    /// (the server charges them to the tenant's egress/ingress buckets); None = not counted.
+    pub traffic: Option<Arc<dyn GroupTraffic>>,
+}
+
+/// Where a group's raft traffic is accounted (its tenant's token buckets: replication takes
+/// the tenant's own share of the node's capacity, no side path around it). Called on the
+/// node thread: keep it to a few atomic operations.
+pub trait GroupTraffic: Send + Sync {
+    /// A frame of `bytes` was queued for a peer.
+    fn sent(&self, bytes: u64);
+    /// A frame of `bytes` arrived from a peer.
+    fn received(&self, bytes: u64);
 }
 
 /// Why a node could not start.
@@ -217,6 +230,7 @@ struct Unsent {
 struct Group {
     raw: RawNode<GroupStorage>,
     machine: TenantMachine,
+    traffic: Option<Arc<dyn GroupTraffic>>,
     /// Proposed here as leader: index → waiter.
     pending: BTreeMap<u64, Waiter>,
     /// Proposed here as follower (forwarded by raft-rs): id → waiter.
@@ -290,6 +304,7 @@ impl ReplicationNode {
                 Group {
                     raw,
                     machine,
+                    traffic: g.traffic.clone(),
                     pending: BTreeMap::new(),
                     forwarded: HashMap::new(),
                     unsent: Default::default(),
@@ -457,6 +472,9 @@ impl Loop {
         match ev {
             Event::Raft(m) => {
                 if let Some(g) = self.groups.get_mut(&m.group) {
+                    if let Some(t) = &g.traffic {
+                        t.received(m.frame_bytes);
+                    }
                     // Errors here are stale or foreign messages; raft-rs ignores them safely.
                     let _ = g.raw.step(m.msg);
                 }
@@ -632,7 +650,11 @@ fn send_all(t: &Transport, gid: u64, g: &mut Group, msgs: Vec<Message>) {
     for m in msgs {
         let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
         let to = m.to;
-        let ok = t.send(gid, &m);
+        let sent = t.send_sized(gid, &m);
+        if let (Some(bytes), Some(tr)) = (sent, &g.traffic) {
+            tr.sent(bytes);
+        }
+        let ok = sent.is_some();
         if snapshot {
             // One ordered connection per peer: once queued, the snapshot arrives before any
             // later append, so the leader may go on probing from it.

@@ -27,6 +27,8 @@ use slipstream_proto::meta::{self, MetaCommand};
 use slipstream_proto::text::{self, Request};
 use slipstream_proto::Parsed;
 use slipstream_replication::machine::{CommandExec, CommandOutcome};
+use slipstream_replication::node::GroupTraffic;
+use slipstream_tenancy::TenantShaper;
 use slipstream_replication::{Applied, Mutation, ProposeError, ReplicationNode};
 use slipstream_store::Store;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -236,6 +238,39 @@ impl CommandExec for ApplyExec {
     }
 }
 
+/// A replicated tenant's raft traffic on this node, charged to the tenant's own buckets:
+/// messages sent to its egress bucket, received to its ingress bucket (Multes IV-D: the
+/// replication of a tenant travels through its own share, no side path). The debt this makes
+/// holds back the tenant's own client batches at the gate (`net/gate.rs`), which is what
+/// limits its proposals, so its replication cannot take another tenant's share.
+pub struct TenantTraffic {
+    shaper: Option<Arc<TenantShaper>>,
+    pub sent_bytes: AtomicU64,
+    pub received_bytes: AtomicU64,
+}
+
+impl TenantTraffic {
+    pub fn new(shaper: Option<Arc<TenantShaper>>) -> TenantTraffic {
+        TenantTraffic { shaper, sent_bytes: AtomicU64::new(0), received_bytes: AtomicU64::new(0) }
+    }
+}
+
+impl GroupTraffic for TenantTraffic {
+    fn sent(&self, bytes: u64) {
+        self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(s) = &self.shaper {
+            s.egress.charge(bytes);
+        }
+    }
+
+    fn received(&self, bytes: u64) {
+        self.received_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(s) = &self.shaper {
+            s.charge_ingress(bytes);
+        }
+    }
+}
+
 /// A replicated tenant's handle on its group, shared by the workers.
 pub struct Replica {
     node: Arc<ReplicationNode>,
@@ -249,15 +284,24 @@ pub struct Replica {
     pub writes: AtomicU64,
     pub barriers: AtomicU64,
     pub failures: AtomicU64,
+    /// Its raft bytes on this node (for metrics; charged to its buckets as they pass).
+    pub traffic: Arc<TenantTraffic>,
 }
 
 impl Replica {
-    pub fn new(node: Arc<ReplicationNode>, group: u64, local_reads: bool, wait: Duration) -> Replica {
+    pub fn new(
+        node: Arc<ReplicationNode>,
+        group: u64,
+        local_reads: bool,
+        wait: Duration,
+        traffic: Arc<TenantTraffic>,
+    ) -> Replica {
         Replica {
             node,
             group,
             local_reads,
             wait,
+            traffic,
             inflight: Arc::new(AtomicUsize::new(0)),
             writes: AtomicU64::new(0),
             barriers: AtomicU64::new(0),

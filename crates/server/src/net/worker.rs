@@ -244,8 +244,13 @@ impl Worker {
             if s.conn.repl.serial != d.serial {
                 continue;
             }
+            let before = s.conn.wbuf.len();
             if tcp::resume(&mut s.conn, s.tenant.replica.get(), d.seq, d.outcome) {
                 moved.push(d.idx);
+            }
+            // Replies of replicated requests come out of the tenant's egress bucket like any.
+            if let Some(sh) = s.tenant.shaper.as_deref() {
+                sh.charge_egress(0, s.conn.wbuf.len().saturating_sub(before) as u64);
             }
         }
         moved.sort_unstable();
