@@ -256,7 +256,8 @@ fn parse_snapshot(data: &[u8]) -> Result<Snap<'_>, DecodeError> {
         return Err(DecodeError::UnknownVersion(v));
     }
     let cas_last = u64_of(take(8)?);
-    let (memory_used, last_sweep_s) = if v >= 2 { (Some(u64_of(take(8)?)), u64_of(take(8)?) as i64) } else { (None, 0) };
+    let (memory_used, last_sweep_s) =
+        if v >= 2 { (Some(u64_of(take(8)?)), u64_of(take(8)?) as i64) } else { (None, 0) };
     let count = u64_of(take(8)?);
     // Each item takes at least 26 bytes: a count beyond that is corrupt, not an allocation.
     let mut items = Vec::with_capacity((count as usize).min(data.len() / 26));
@@ -414,10 +415,7 @@ mod tests {
     }
 
     fn small(started_unix_s: i64, deterministic: bool) -> TenantMachine {
-        let mut c = StoreConfig::default();
-        c.memory_bytes_max = 64 * 1024;
-        c.item_bytes_max = 8 * 1024;
-        c.shards = 1;
+        let c = StoreConfig { memory_bytes_max: 64 * 1024, item_bytes_max: 8 * 1024, shards: 1, ..Default::default() };
         let store = Arc::new(Store::with_clock(c, Clock::manual(started_unix_s)));
         store.set_deterministic_memory(deterministic);
         if !deterministic {

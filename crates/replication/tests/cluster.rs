@@ -5,8 +5,8 @@
 // Test code: unwrap() in test set-up is the clearest failure.
 #![allow(clippy::unwrap_used)]
 
-use slipstream_replication::storage::FsyncMode;
 use slipstream_replication::node::GroupTraffic;
+use slipstream_replication::storage::FsyncMode;
 use slipstream_replication::{Applied, GroupSpec, Mutation, NodeConfig, ProposeError, ReplicationNode, StateRole};
 use slipstream_store::{ArithResult, DeleteResult, GetOpts, SetMode, Store, StoreConfig, StoreResult};
 use std::collections::BTreeMap;
