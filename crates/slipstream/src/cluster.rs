@@ -134,6 +134,20 @@ fn render(table: &TenantTable, out: &mut String) {
             let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {v}");
         }
     }
+    // Node-wide: the transport carries every group's frames on one connection per peer.
+    if let Some((_, r)) = tenants.first() {
+        let st = r.node().transport().stats();
+        for (name, help, v) in [
+            ("slipstream_raft_frames_sent_total", "Raft frames queued for peers", &st.frames_sent),
+            (
+                "slipstream_raft_frames_dropped_total",
+                "Raft frames dropped (peer not connected or its send queue full; Raft resends)",
+                &st.frames_dropped,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
+        }
+    }
 }
 
 #[cfg(test)]
