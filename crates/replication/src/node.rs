@@ -11,8 +11,11 @@
 //! group with a Ready: send the leader's messages, install a snapshot, apply committed
 //! entries, append new entries and the hard state; then sync every group written this turn
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
-//! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot is
-//! compacted: its store's contents become the new snapshot (what a lagging follower gets).
+//! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
+//! whose log is at least twice the snapshot's size (so a snapshot's cost stays proportional to
+//! the bytes written), is compacted: its store's contents become the new snapshot (what a
+//! lagging follower gets). Every frame a group sends or receives is told to its
+//! [`GroupTraffic`] (the server charges its tenant's buckets).
 //!
 //! Completions: a proposal carries an id in its entry's context. On the leader the index Raft
 //! gives it is remembered: when that index is applied with the same id, the client gets the

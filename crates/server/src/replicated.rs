@@ -10,9 +10,12 @@
 //! entry (`dispatch::execute_one`) when it is committed, with the proposer's clock for relative
 //! exptimes and the entry's log index as the CAS. The reply the client gets is what that apply
 //! produced on this node (the same bytes on every replica). A read waits for a ReadIndex barrier
-//! unless the tenant opted into local reads. A connection with a proposal or barrier in flight
-//! is *parked* (tcp.rs stops reading and executing it, so replies keep their order) and woken
-//! through its worker's [`ReplInbox`].
+//! unless the tenant opted into local reads. A connection's writes pipeline: each is proposed
+//! as it is read and the connection goes on (up to [`CONN_INFLIGHT_MAX`] in flight); outcomes
+//! come back through its worker's [`ReplInbox`] and leave in request order (tcp.rs keeps the
+//! queue). Anything else waits until the writes before it answered: the connection is *parked*
+//! (tcp.rs reads and executes nothing more on it) until then. [`TenantTraffic`] charges the
+//! tenant's raft frames to its own buckets.
 //!
 //! What it is not for: Raft (slipstream-replication), sockets (net/), protocol rules (the
 //! executors; `route` only asks the parsers what the request is and how long it is).
