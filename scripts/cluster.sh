@@ -9,6 +9,8 @@
 # (node 1: 12100 t0, 12101 t1, 12102 t2), its admin endpoint on BASE + 100*n + 90, raft on
 # BASE + 1000 + n (13001..13003). fsync: CLUSTER_FSYNC (default batch). Shaping capacity:
 # CLUSTER_CAPACITY bytes/s each way (default 4e9: never binding).
+# CLUSTER_LEADERS: the preferred leaders of t0 t1 t2 (default "1 2 3": spread; "1 1 1" puts
+# all three on node 1, the single-leader layout of bench/replication_bench.sh).
 # CLUSTER_UNREPLICATED=1 adds a tenant u0 with replicas = 1 on each node (BASE + 100*n + 3),
 # the unreplicated baseline of bench/replication_bench.sh.
 set -euo pipefail
@@ -18,6 +20,7 @@ BASE=${CLUSTER_BASE_PORT:-12000}
 FSYNC=${CLUSTER_FSYNC:-batch}
 DIR=${CLUSTER_DIR:-$(mktemp -d /tmp/slipstream-cluster.XXXXXX)}
 NODES=3
+read -r -a LEADERS <<< "${CLUSTER_LEADERS:-1 2 3}"
 
 [ -x "$BIN" ] || { echo "cluster: $BIN not built (make build)" >&2; exit 1; }
 mkdir -p "$DIR"
@@ -56,7 +59,7 @@ tcp_port = $((BASE + 100 * n + k))
 memory_mb = 64
 share = 0.3
 replicas = $NODES
-preferred_leader = $((k + 1))
+preferred_leader = ${LEADERS[$k]}
 TOML
     done
     if [ "${CLUSTER_UNREPLICATED:-0}" = 1 ]; then
@@ -91,7 +94,7 @@ echo "cluster: 3 nodes, data/configs/logs in $DIR"
 for n in $(seq 1 $NODES); do
     echo "  node $n (pid ${pids[$((n - 1))]}): t0 127.0.0.1:$((BASE + 100 * n)) t1 :$((BASE + 100 * n + 1)) t2 :$((BASE + 100 * n + 2)), admin http://127.0.0.1:$((BASE + 100 * n + 90))/metrics, raft :$((BASE + 1000 + n))"
 done
-echo "  preferred leaders: t0 on node 1, t1 on node 2, t2 on node 3. Ctrl-C stops the cluster."
+echo "  preferred leaders: t0 on node ${LEADERS[0]}, t1 on node ${LEADERS[1]}, t2 on node ${LEADERS[2]}. Ctrl-C stops the cluster."
 echo "  kill a node to see a failover; restart it by hand with: $BIN serve --config $DIR/node<n>.toml"
 # Until every daemon has exited or we are told to stop (a killed node leaves the others up).
 wait || true

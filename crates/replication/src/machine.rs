@@ -12,16 +12,23 @@
 //!
 //! Known gaps (see docs/replication.md): an apply reads the replica's own clock for lazy
 //! expiry (two replicas whose clocks straddle an item's expiry second can disagree on an
-//! `add` at that second); eviction when a replicated tenant is full is per replica;
-//! a delayed `flush_all` still pending is not carried by a snapshot.
+//! `add` at that second); a delayed `flush_all` still pending is not carried by a snapshot.
+//!
+//! Memory: a replicated tenant's store has deterministic memory
+//! (`Store::set_deterministic_memory`): full, it refuses writes (`NoMemory`, the client's
+//! `SERVER_ERROR out of memory storing object`) instead of evicting by its own LRU order, and
+//! fullness counts expired items freed at local moments until a sweep at an entry's time
+//! (`sweep_if_full`), so every replica refuses the same writes.
 
 use crate::mutation::{DecodeError, Mutation};
 use slipstream_proto::rules::KEY_BYTES_MAX;
 use slipstream_store::{ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemExport, Store, StoreOpts, StoreResult};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-const SNAPSHOT_VERSION: u8 = 1;
+/// Snapshot data version written (1: no memory figures; still read).
+const SNAPSHOT_VERSION: u8 = 2;
 
 /// What applying one mutation did (what the client's reply is built from).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +68,9 @@ pub trait CommandExec: Send + Sync {
 pub struct TenantMachine {
     store: Arc<Store>,
     exec: Option<Arc<dyn CommandExec>>,
+    /// The entry time (proposer's Unix second) of the last sweep of dead items (see
+    /// `sweep_if_full`); part of the replicated state, carried by snapshots.
+    last_sweep_s: Arc<AtomicI64>,
 }
 
 impl std::fmt::Debug for TenantMachine {
@@ -71,12 +81,27 @@ impl std::fmt::Debug for TenantMachine {
 
 impl TenantMachine {
     pub fn new(store: Arc<Store>) -> TenantMachine {
-        TenantMachine { store, exec: None }
+        TenantMachine::with_exec(store, None)
     }
 
     /// A machine that can apply command entries with `exec`.
     pub fn with_exec(store: Arc<Store>, exec: Option<Arc<dyn CommandExec>>) -> TenantMachine {
-        TenantMachine { store, exec }
+        TenantMachine { store, exec, last_sweep_s: Arc::new(AtomicI64::new(0)) }
+    }
+
+    /// A store with deterministic memory (a replicated tenant's) that is within one item of
+    /// full frees what expired by this entry's time, at most once per entry second: the same
+    /// decision on every replica (it depends only on the log), so they refuse the same writes.
+    fn sweep_if_full(&self, entry_unix_s: i64) {
+        let s = &*self.store;
+        if !s.deterministic_memory() || entry_unix_s <= self.last_sweep_s.load(Ordering::Relaxed) {
+            return;
+        }
+        if s.memory_used_deterministic().saturating_add(s.config().item_bytes_max) < s.memory_bytes_max() {
+            return;
+        }
+        s.sweep_dead(entry_unix_s);
+        self.last_sweep_s.store(entry_unix_s, Ordering::Relaxed);
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -130,6 +155,10 @@ impl TenantMachine {
                 Applied::FlushAll
             }
             Mutation::Command { protocol, now_unix_s, request } => Applied::Command(match &self.exec {
+                Some(x) if s.deterministic_memory() => {
+                    self.sweep_if_full(*now_unix_s);
+                    x.execute(&self.store, *protocol, *now_unix_s, request)
+                }
                 Some(x) => x.execute(&self.store, *protocol, *now_unix_s, request),
                 // Every replica of a serving node has an executor; a bare machine (tests,
                 // tools) answers the same on every replica.
@@ -138,7 +167,8 @@ impl TenantMachine {
         }
     }
 
-    /// The store's contents as snapshot data: `version: u8`, `cas_last: u64`, `count: u64`,
+    /// The store's contents as snapshot data: `version: u8`, `cas_last: u64`,
+    /// `memory_used_deterministic: u64`, `last_sweep_s: i64`, `count: u64`,
     /// then per item key (`u8` len), value (`u32` len), `flags: u32`, `cas: u64`,
     /// `exptime_unix_s: i64`, `bits: u8` (1 stale, 2 base64 key). Integers little-endian.
     pub fn snapshot_data(&self) -> Vec<u8> {
@@ -155,9 +185,11 @@ impl TenantMachine {
             body.extend_from_slice(&i.exptime_unix_s.to_le_bytes());
             body.push(u8::from(i.stale) | (u8::from(i.key_binary) << 1));
         });
-        let mut out = Vec::with_capacity(body.len() + 17);
+        let mut out = Vec::with_capacity(body.len() + 33);
         out.push(SNAPSHOT_VERSION);
         out.extend_from_slice(&self.store.cas_last().to_le_bytes());
+        out.extend_from_slice(&(self.store.memory_used_deterministic() as u64).to_le_bytes());
+        out.extend_from_slice(&self.last_sweep_s.load(Ordering::Relaxed).to_le_bytes());
         out.extend_from_slice(&count.to_le_bytes());
         out.extend_from_slice(&body);
         out
@@ -166,14 +198,18 @@ impl TenantMachine {
     /// Replace the store's contents with snapshot `data` (empty data = empty store). The data
     /// is checked whole before the store is touched.
     pub fn restore(&self, data: &[u8]) -> Result<(), DecodeError> {
-        let (cas_last, items) = if data.is_empty() { (0, Vec::new()) } else { parse_snapshot(data)? };
+        let snap = if data.is_empty() { Snap::default() } else { parse_snapshot(data)? };
         self.store.clear();
-        for it in &items {
-            // An item that no longer fits (the tenant's memory was lowered) is skipped; the
-            // memory policy for full replicated tenants is an open item (docs/replication.md).
+        for it in &snap.items {
+            // An item that no longer fits (the tenant's memory was lowered) is skipped.
             let _ = self.store.import(it);
         }
-        self.store.set_cas_last(cas_last);
+        self.store.set_cas_last(snap.cas_last);
+        // The source's count of used + dead bytes, so this replica refuses what it refuses.
+        if let Some(m) = snap.memory_used {
+            self.store.set_memory_used_deterministic(usize::try_from(m).unwrap_or(usize::MAX));
+        }
+        self.last_sweep_s.store(snap.last_sweep_s, Ordering::Relaxed);
         Ok(())
     }
 
@@ -192,7 +228,17 @@ impl TenantMachine {
     }
 }
 
-fn parse_snapshot(data: &[u8]) -> Result<(u64, Vec<ItemExport<'_>>), DecodeError> {
+/// Snapshot data, parsed.
+#[derive(Default)]
+struct Snap<'a> {
+    cas_last: u64,
+    /// None in version 1 data.
+    memory_used: Option<u64>,
+    last_sweep_s: i64,
+    items: Vec<ItemExport<'a>>,
+}
+
+fn parse_snapshot(data: &[u8]) -> Result<Snap<'_>, DecodeError> {
     let mut at = 0usize;
     let mut take = |n: usize| -> Result<&[u8], DecodeError> {
         let end = at.checked_add(n).filter(|&e| e <= data.len()).ok_or(DecodeError::Truncated)?;
@@ -206,10 +252,12 @@ fn parse_snapshot(data: &[u8]) -> Result<(u64, Vec<ItemExport<'_>>), DecodeError
         u64::from_le_bytes(a)
     };
     let v = take(1)?[0];
-    if v != SNAPSHOT_VERSION {
+    if v != 1 && v != SNAPSHOT_VERSION {
         return Err(DecodeError::UnknownVersion(v));
     }
     let cas_last = u64_of(take(8)?);
+    let (memory_used, last_sweep_s) =
+        if v >= 2 { (Some(u64_of(take(8)?)), u64_of(take(8)?) as i64) } else { (None, 0) };
     let count = u64_of(take(8)?);
     // Each item takes at least 26 bytes: a count beyond that is corrupt, not an allocation.
     let mut items = Vec::with_capacity((count as usize).min(data.len() / 26));
@@ -240,14 +288,14 @@ fn parse_snapshot(data: &[u8]) -> Result<(u64, Vec<ItemExport<'_>>), DecodeError
     if at != data.len() {
         return Err(DecodeError::TrailingBytes(data.len() - at));
     }
-    Ok((cas_last, items))
+    Ok(Snap { cas_last, memory_used, last_sweep_s, items })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mutation::absolute_exptime;
-    use slipstream_store::{Clock, GetOpts, SetMode, StoreConfig};
+    use slipstream_store::{Clock, GetOpts, SetMode, StoreConfig, StoreOpts};
 
     fn machine(started_unix_s: i64) -> TenantMachine {
         TenantMachine::new(Arc::new(Store::with_clock(StoreConfig::default(), Clock::manual(started_unix_s))))
@@ -350,5 +398,103 @@ mod tests {
         assert_eq!(a.content_hash(), b.content_hash());
         b.restore(&[]).unwrap();
         assert_eq!(b.store().stats().curr_items, 0);
+    }
+    /// A command executor for tests: the request is `key`, stored with a 3000-byte value and
+    /// a 10-second TTL if the key starts with `e` (relative to the entry's time).
+    struct FillExec;
+
+    impl CommandExec for FillExec {
+        fn execute(&self, store: &Arc<Store>, _protocol: u8, now_unix_s: i64, request: &[u8]) -> CommandOutcome {
+            let exptime = if request.first() == Some(&b'e') { now_unix_s + 10 } else { 0 };
+            let r = slipstream_store::with_proposer_now(now_unix_s, || {
+                store.store(SetMode::Set, request, &[b'v'; 3000], 0, exptime, StoreOpts::default())
+            });
+            let reply = if matches!(r, StoreResult::NoMemory) { b"OOM".to_vec() } else { b"OK".to_vec() };
+            CommandOutcome { reply, swallow_bytes: 0 }
+        }
+    }
+
+    fn small(started_unix_s: i64, deterministic: bool) -> TenantMachine {
+        let c = StoreConfig { memory_bytes_max: 64 * 1024, item_bytes_max: 8 * 1024, shards: 1, ..Default::default() };
+        let store = Arc::new(Store::with_clock(c, Clock::manual(started_unix_s)));
+        store.set_deterministic_memory(deterministic);
+        if !deterministic {
+            store.set_evict_to_free(false); // memcached -M: refuses, but frees what it meets
+        }
+        TenantMachine::with_exec(store, Some(Arc::new(FillExec)))
+    }
+
+    fn cmd(key: &str, now_unix_s: i64) -> Mutation {
+        Mutation::Command { protocol: 1, now_unix_s, request: key.as_bytes().to_vec() }
+    }
+
+    /// Full replicated tenants refuse the same writes on every replica, although one replica
+    /// freed expired items at its own moments (a local read met them); a later entry sweeps
+    /// what expired by its time on all of them alike. Plain `-M` stores diverge here.
+    #[test]
+    fn full_replicas_refuse_the_same_writes() {
+        let t0 = 1_700_000_000;
+        for deterministic in [true, false] {
+            let (a, b) = (small(t0, deterministic), small(t0 - 500, deterministic));
+            b.store().clock().advance(500);
+            let mut index = 0;
+            let mut step = |m: &Mutation, a: &TenantMachine, b: &TenantMachine| {
+                index += 1;
+                (a.apply(index, m), b.apply(index, m))
+            };
+            // Three items that expire at t0 + 2, then live ones until both refuse.
+            for k in ["e1", "e2", "e3"] {
+                step(&cmd(k, t0), &a, &b);
+            }
+            let mut refused = false;
+            for i in 0..40 {
+                let (x, y) = step(&cmd(&format!("k{i}"), t0), &a, &b);
+                assert_eq!(x, y);
+                if x == Applied::Command(CommandOutcome { reply: b"OOM".to_vec(), swallow_bytes: 0 }) {
+                    refused = true;
+                    break;
+                }
+            }
+            assert!(refused, "never full");
+            // Replica a's clients read the soon-expiring items (its LRU order now differs).
+            for k in ["e1", "e2", "e3"] {
+                let bump = GetOpts { bump: true, ..GetOpts::default() };
+                assert!(a.store().get(k.as_bytes(), bump, |o| o.item.is_some()));
+            }
+            // Time passes; only replica b meets the expired items (a local read).
+            a.store().clock().advance(15);
+            b.store().clock().advance(15);
+            for k in ["e1", "e2", "e3"] {
+                assert!(b.store().get(k.as_bytes(), GetOpts::default(), |o| o.item.is_none()));
+            }
+            // Same second as the fill: no sweep yet; then a later entry second sweeps.
+            let mut diverged = false;
+            let mut stored_after_sweep = 0;
+            for (i, when) in [t0, t0, t0 + 15, t0 + 15, t0 + 15, t0 + 15].into_iter().enumerate() {
+                let (x, y) = step(&cmd(&format!("n{i}"), when), &a, &b);
+                diverged |= x != y;
+                let ok = Applied::Command(CommandOutcome { reply: b"OK".to_vec(), swallow_bytes: 0 });
+                stored_after_sweep += usize::from(when > t0 && x == ok);
+            }
+            if deterministic {
+                assert!(!diverged);
+                // The sweep at t0 + 15 freed the three expired items on both: three fit again.
+                assert_eq!(stored_after_sweep, 3);
+                assert_eq!(a.content_hash(), b.content_hash());
+                assert_eq!(a.store().memory_used_deterministic(), b.store().memory_used_deterministic());
+                // A replica restored from a's snapshot refuses what a refuses.
+                let c = small(t0, true);
+                c.store().clock().advance(15);
+                c.restore(&a.snapshot_data()).unwrap();
+                for i in 0..4 {
+                    let m = cmd(&format!("z{i}"), t0 + 15);
+                    assert_eq!(a.apply(100 + i, &m), c.apply(100 + i, &m));
+                }
+                assert_eq!(a.content_hash(), c.content_hash());
+                assert_eq!(a.store().stats().evictions, 0);
+            } else {
+                assert!(diverged, "a plain -M store was expected to diverge here");
+            }
+        }
     }
 }

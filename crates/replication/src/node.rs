@@ -11,8 +11,11 @@
 //! group with a Ready: send the leader's messages, install a snapshot, apply committed
 //! entries, append new entries and the hard state; then sync every group written this turn
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
-//! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot is
-//! compacted: its store's contents become the new snapshot (what a lagging follower gets).
+//! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
+//! whose log is at least twice the snapshot's size (so a snapshot's cost stays proportional to
+//! the bytes written), is compacted: its store's contents become the new snapshot (what a
+//! lagging follower gets). Every frame a group sends or receives is told to its
+//! [`GroupTraffic`] (the server charges its tenant's buckets).
 //!
 //! Completions: a proposal carries an id in its entry's context. On the leader the index Raft
 //! gives it is remembered: when that index is applied with the same id, the client gets the
@@ -107,6 +110,19 @@ pub struct GroupSpec {
     pub preferred_leader: Option<u64>,
     /// Runs command entries ([`Mutation::Command`]); None = such entries answer an error.
     pub exec: Option<Arc<dyn crate::machine::CommandExec>>,
+    /// Told the wire size of every raft message of the group this node sends or receives
+    /// (the server charges them to the tenant's egress/ingress buckets); None = not counted.
+    pub traffic: Option<Arc<dyn GroupTraffic>>,
+}
+
+/// Where a group's raft traffic is accounted (its tenant's token buckets: replication takes
+/// the tenant's own share of the node's capacity, no side path around it). Called on the
+/// node thread: keep it to a few atomic operations.
+pub trait GroupTraffic: Send + Sync {
+    /// A frame of `bytes` was queued for a peer.
+    fn sent(&self, bytes: u64);
+    /// A frame of `bytes` arrived from a peer.
+    fn received(&self, bytes: u64);
 }
 
 /// Why a node could not start.
@@ -222,6 +238,7 @@ struct Unsent {
 struct Group {
     raw: RawNode<GroupStorage>,
     machine: TenantMachine,
+    traffic: Option<Arc<dyn GroupTraffic>>,
     /// Proposed here as leader: index → waiter.
     pending: BTreeMap<u64, Waiter>,
     /// Proposed here as follower (forwarded by raft-rs): id → waiter.
@@ -303,6 +320,7 @@ impl ReplicationNode {
                 Group {
                     raw,
                     machine,
+                    traffic: g.traffic.clone(),
                     pending: BTreeMap::new(),
                     forwarded: HashMap::new(),
                     unsent: Default::default(),
@@ -501,6 +519,9 @@ impl Loop {
         match ev {
             Event::Raft(m) => {
                 if let Some(g) = self.groups.get_mut(&m.group) {
+                    if let Some(t) = &g.traffic {
+                        t.received(m.frame_bytes);
+                    }
                     // Errors here are stale or foreign messages; raft-rs ignores them safely.
                     let _ = g.raw.step(m.msg);
                 }
@@ -692,7 +713,11 @@ fn send_all(t: &Transport, gid: u64, g: &mut Group, msgs: Vec<Message>) {
     for m in msgs {
         let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
         let to = m.to;
-        let ok = t.send(gid, &m);
+        let sent = t.send_sized(gid, &m);
+        if let (Some(bytes), Some(tr)) = (sent, &g.traffic) {
+            tr.sent(bytes);
+        }
+        let ok = sent.is_some();
         if snapshot {
             // One ordered connection per peer: once queued, the snapshot arrives before any
             // later append, so the leader may go on probing from it.
@@ -896,6 +921,16 @@ fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     let due = applied.saturating_sub(store.snapshot_index()) > g.log_entries_max;
     if !(due || g.compact_soon && applied > store.snapshot_index()) {
         return Ok(());
+    }
+    // A snapshot costs the store's size: take one only once the entries since the last one
+    // are at least as large as it (the log is then at most about twice the store), so the
+    // copying stays proportional to the bytes written, whatever the store's size. A voter
+    // just added (`compact_soon`) needs one at once, whatever its size.
+    if !g.compact_soon {
+        let snap_bytes = store.latest_snapshot().data.len() as u64;
+        if store.log_bytes() < snap_bytes.saturating_mul(2) {
+            return Ok(());
+        }
     }
     g.compact_soon = false;
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };

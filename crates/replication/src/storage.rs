@@ -15,7 +15,8 @@
 //! before it were complete, and with `fsync = always` also on disk before Raft saw them.
 //!
 //! Memory: the entries after the last snapshot and the snapshot itself are also held in memory
-//! (the node compacts every `log_entries_max` entries, which bounds both).
+//! (the node compacts after `log_entries_max` entries once the log is twice the snapshot:
+//! the log stays within about the store's size plus `log_entries_max` entries).
 
 use protobuf::Message as PbMessage;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};

@@ -45,6 +45,8 @@ pub struct Incoming {
     pub from: u64,
     pub group: u64,
     pub msg: Message,
+    /// The frame's size on the wire (charged to the group's tenant).
+    pub frame_bytes: u64,
 }
 
 /// Where received messages go; false = the receiver is gone (the reader stops). May block
@@ -138,19 +140,25 @@ impl Transport {
 
     /// Queue `msg` of `group` for its destination; false if it was dropped.
     pub fn send(&self, group: u64, msg: &Message) -> bool {
+        self.send_sized(group, msg).is_some()
+    }
+
+    /// [`Transport::send`], telling the frame's size on the wire when it was queued.
+    pub fn send_sized(&self, group: u64, msg: &Message) -> Option<u64> {
         let st = &self.shared.stats;
         let Some(link) = self.shared.link(msg.to) else {
             st.frames_dropped.fetch_add(1, Ordering::Relaxed);
-            return false;
+            return None;
         };
         let Ok(body) = msg.write_to_bytes() else {
             st.frames_dropped.fetch_add(1, Ordering::Relaxed);
-            return false;
+            return None;
         };
         if body.len() + 8 > FRAME_BYTES_MAX {
             st.frames_dropped.fetch_add(1, Ordering::Relaxed);
-            return false;
+            return None;
         }
+        let frame_bytes = (12 + body.len()) as u64;
         let mut frame = Vec::with_capacity(12 + body.len());
         frame.extend_from_slice(&((body.len() + 8) as u32).to_le_bytes());
         frame.extend_from_slice(&group.to_le_bytes());
@@ -165,7 +173,7 @@ impl Transport {
         };
         let c = if ok { &st.frames_sent } else { &st.frames_dropped };
         c.fetch_add(1, Ordering::Relaxed);
-        ok
+        ok.then_some(frame_bytes)
     }
 
     /// Whether a connection to `peer` is up now.
@@ -361,7 +369,8 @@ fn read_loop(s: &Shared, peer: u64, stream: TcpStream) {
             continue;
         }
         s.stats.frames_received.fetch_add(1, Ordering::Relaxed);
-        if !(s.deliver)(Incoming { from: peer, group: u64::from_le_bytes(g), msg }) {
+        let frame_bytes = (len + 4) as u64;
+        if !(s.deliver)(Incoming { from: peer, group: u64::from_le_bytes(g), msg, frame_bytes }) {
             return;
         }
     }

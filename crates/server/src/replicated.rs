@@ -10,9 +10,12 @@
 //! entry (`dispatch::execute_one`) when it is committed, with the proposer's clock for relative
 //! exptimes and the entry's log index as the CAS. The reply the client gets is what that apply
 //! produced on this node (the same bytes on every replica). A read waits for a ReadIndex barrier
-//! unless the tenant opted into local reads. A connection with a proposal or barrier in flight
-//! is *parked* (tcp.rs stops reading and executing it, so replies keep their order) and woken
-//! through its worker's [`ReplInbox`].
+//! unless the tenant opted into local reads. A connection's writes pipeline: each is proposed
+//! as it is read and the connection goes on (up to [`CONN_INFLIGHT_MAX`] in flight); outcomes
+//! come back through its worker's [`ReplInbox`] and leave in request order (tcp.rs keeps the
+//! queue). Anything else waits until the writes before it answered: the connection is *parked*
+//! (tcp.rs reads and executes nothing more on it) until then. [`TenantTraffic`] charges the
+//! tenant's raft frames to its own buckets.
 //!
 //! What it is not for: Raft (slipstream-replication), sockets (net/), protocol rules (the
 //! executors; `route` only asks the parsers what the request is and how long it is).
@@ -27,8 +30,10 @@ use slipstream_proto::meta::{self, MetaCommand};
 use slipstream_proto::text::{self, Request};
 use slipstream_proto::Parsed;
 use slipstream_replication::machine::{CommandExec, CommandOutcome};
+use slipstream_replication::node::GroupTraffic;
 use slipstream_replication::{Applied, Mutation, ProposeError, ReplicationNode};
 use slipstream_store::Store;
+use slipstream_tenancy::TenantShaper;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -38,9 +43,11 @@ pub const PROTOCOL_TEXT: u8 = 1;
 /// `Mutation::Command` protocol byte: binary requests.
 pub const PROTOCOL_BINARY: u8 = 2;
 /// Proposals and read barriers in flight per replicated tenant on this node; past it a
-/// request is answered `SERVER_ERROR replication busy` at once. (Per connection: one, the
-/// connection is parked while it waits.)
+/// request is answered `SERVER_ERROR replication busy` at once.
 pub const TENANT_INFLIGHT_MAX: usize = 4096;
+/// Writes one connection may have proposed and not yet answered (pipelined); past it the
+/// connection reads and executes nothing more until the oldest answers.
+pub const CONN_INFLIGHT_MAX: usize = 128;
 /// How long a request waits for its group (a leader, the commit, the apply) before the
 /// client gets a `SERVER_ERROR` (see `fail_line`).
 pub const WAIT_DEFAULT: Duration = Duration::from_secs(3);
@@ -53,8 +60,13 @@ const BINARY_ETMPFAIL: u16 = 0x86;
 pub enum Route {
     /// Not a store access, not whole yet, or bad input: the executor handles it here.
     Local,
-    /// A mutation: these first bytes of the input are proposed as one command entry.
+    /// A mutation: these first bytes of the input are proposed as one command entry; more
+    /// writes may be proposed behind it before it answers (pipelined).
     Write(usize),
+    /// A mutation whose apply may tell the connection to swallow the data block still
+    /// arriving (an over-size storage command): proposed alone, nothing behind it until it
+    /// answers (the bytes after it are not known to be requests yet).
+    WriteAlone(usize),
     /// A read of the store, this many bytes long: needs a read barrier first (unless local
     /// reads).
     Read(usize),
@@ -149,9 +161,9 @@ pub fn route(store: &Store, settings: &Settings, conn: &ConnState, input: &[u8])
     if protocol_of(conn, input) == PROTOCOL_BINARY {
         return match binary::parse(input, &store.config().item_limits()) {
             Parsed::Complete { request, consumed } => match request.command {
+                Command::Oversize { .. } => Route::WriteAlone(consumed),
                 Command::Store { .. }
                 | Command::Concat { .. }
-                | Command::Oversize { .. }
                 | Command::Delete { .. }
                 | Command::Arith { .. }
                 | Command::Flush { .. }
@@ -165,8 +177,8 @@ pub fn route(store: &Store, settings: &Settings, conn: &ConnState, input: &[u8])
     }
     match text::parse(input, &text_limits_of(store, settings)) {
         Parsed::Complete { request, consumed } => match request {
+            Request::StoreTooLarge { .. } => Route::WriteAlone(consumed),
             Request::Store { .. }
-            | Request::StoreTooLarge { .. }
             | Request::Delete { .. }
             | Request::Arith { .. }
             | Request::Touch { .. }
@@ -183,6 +195,7 @@ pub fn route(store: &Store, settings: &Settings, conn: &ConnState, input: &[u8])
 fn route_meta(store: &Store, input: &[u8]) -> Route {
     match meta::parse_with(input, &store.config().item_limits()) {
         Parsed::Complete { request, consumed } => match request.command {
+            MetaCommand::Set if request.too_large => Route::WriteAlone(consumed),
             MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith => Route::Write(consumed),
             // mg with T (touch) or N (create on miss) writes.
             MetaCommand::Get if request.flags.has(b'T') || request.flags.has(b'N') => Route::Write(consumed),
@@ -228,6 +241,39 @@ impl CommandExec for ApplyExec {
     }
 }
 
+/// A replicated tenant's raft traffic on this node, charged to the tenant's own buckets:
+/// messages sent to its egress bucket, received to its ingress bucket (Multes IV-D: the
+/// replication of a tenant travels through its own share, no side path). The debt this makes
+/// holds back the tenant's own client batches at the gate (`net/gate.rs`), which is what
+/// limits its proposals, so its replication cannot take another tenant's share.
+pub struct TenantTraffic {
+    shaper: Option<Arc<TenantShaper>>,
+    pub sent_bytes: AtomicU64,
+    pub received_bytes: AtomicU64,
+}
+
+impl TenantTraffic {
+    pub fn new(shaper: Option<Arc<TenantShaper>>) -> TenantTraffic {
+        TenantTraffic { shaper, sent_bytes: AtomicU64::new(0), received_bytes: AtomicU64::new(0) }
+    }
+}
+
+impl GroupTraffic for TenantTraffic {
+    fn sent(&self, bytes: u64) {
+        self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(s) = &self.shaper {
+            s.egress.charge(bytes);
+        }
+    }
+
+    fn received(&self, bytes: u64) {
+        self.received_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(s) = &self.shaper {
+            s.charge_ingress(bytes);
+        }
+    }
+}
+
 /// A replicated tenant's handle on its group, shared by the workers.
 pub struct Replica {
     node: Arc<ReplicationNode>,
@@ -241,15 +287,24 @@ pub struct Replica {
     pub writes: AtomicU64,
     pub barriers: AtomicU64,
     pub failures: AtomicU64,
+    /// Its raft bytes on this node (for metrics; charged to its buckets as they pass).
+    pub traffic: Arc<TenantTraffic>,
 }
 
 impl Replica {
-    pub fn new(node: Arc<ReplicationNode>, group: u64, local_reads: bool, wait: Duration) -> Replica {
+    pub fn new(
+        node: Arc<ReplicationNode>,
+        group: u64,
+        local_reads: bool,
+        wait: Duration,
+        traffic: Arc<TenantTraffic>,
+    ) -> Replica {
         Replica {
             node,
             group,
             local_reads,
             wait,
+            traffic,
             inflight: Arc::new(AtomicUsize::new(0)),
             writes: AtomicU64::new(0),
             barriers: AtomicU64::new(0),
@@ -335,6 +390,8 @@ fn unix_now_s() -> i64 {
 pub struct Delivery {
     pub idx: usize,
     pub serial: u64,
+    /// Which of the connection's requests in flight it answers.
+    pub seq: u64,
     pub outcome: Outcome,
 }
 
@@ -350,8 +407,16 @@ impl ReplInbox {
     }
 
     pub fn deliver(&self, d: Delivery) {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner).push(d);
-        let _ = self.waker.wake();
+        let was_empty = {
+            let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            q.push(d);
+            q.len() == 1
+        };
+        // The worker takes the whole queue at once: one wake per batch of deliveries is
+        // enough (a delivery after its take finds the queue empty and wakes it again).
+        if was_empty {
+            let _ = self.waker.wake();
+        }
     }
 
     pub fn take(&self) -> Vec<Delivery> {

@@ -8,7 +8,7 @@
 use crate::config::Config;
 use slipstream_replication::{GroupSpec, NodeConfig, ReplicationNode};
 use slipstream_server::admin::MetricsFn;
-use slipstream_server::replicated::{ApplyExec, Replica};
+use slipstream_server::replicated::{ApplyExec, Replica, TenantTraffic};
 use slipstream_server::tenants::TenantTable;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,8 +35,13 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
         let t =
             tenants.iter().find(|t| t.name == spec.name).ok_or_else(|| format!("tenant {:?} missing", spec.name))?;
         let exec = Arc::new(ApplyExec::new(table.settings.clone(), t.info.clone()));
+        // Full, it refuses writes the same way on every replica instead of evicting by its
+        // own LRU order (docs/replication.md, "Memory").
+        t.store.set_deterministic_memory(true);
+        let traffic = Arc::new(TenantTraffic::new(t.shaper.clone()));
         groups.push((
             t.clone(),
+            traffic.clone(),
             GroupSpec {
                 group_id: group_id(&spec.name),
                 // A joining node learns its groups' voters from the leader (log or snapshot).
@@ -44,6 +49,7 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
                 store: t.store.clone(),
                 preferred_leader: spec.preferred_leader,
                 exec: Some(exec),
+                traffic: Some(traffic),
             },
         ));
     }
@@ -52,11 +58,11 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
     }
     let mut nc = NodeConfig::new(c.node_id, c.peers.clone(), c.data_dir.clone());
     nc.fsync = c.fsync;
-    let specs = groups.iter().map(|(_, g)| g.clone()).collect();
+    let specs = groups.iter().map(|(_, _, g)| g.clone()).collect();
     let node = Arc::new(ReplicationNode::start(nc, specs).map_err(|e| format!("replication: {e}"))?);
     let wait = Duration::from_millis(cfg.replica_opts.wait_ms);
-    for (t, g) in groups {
-        let r = Replica::new(node.clone(), g.group_id, cfg.replica_opts.local_reads, wait);
+    for (t, traffic, g) in groups {
+        let r = Replica::new(node.clone(), g.group_id, cfg.replica_opts.local_reads, wait, traffic);
         let _ = t.replica.set(Arc::new(r));
     }
     Ok(Some(node))
@@ -72,7 +78,7 @@ pub fn metrics(table: &Arc<TenantTable>) -> Option<MetricsFn> {
     Some(Arc::new(move |out: &mut String| render(&table, out)))
 }
 
-const METRICS: [(&str, &str); 12] = [
+const METRICS: [(&str, &str); 14] = [
     (
         "slipstream_replica_role",
         "gauge|This node's role in the tenant's group: 0 follower, 1 candidate, 2 leader, 3 pre-candidate",
@@ -90,6 +96,14 @@ const METRICS: [(&str, &str); 12] = [
     (
         "slipstream_replica_failures_total",
         "counter|Replicated requests answered SERVER_ERROR (no leader, timeout, lost, busy)",
+    ),
+    (
+        "slipstream_replica_raft_sent_bytes_total",
+        "counter|Bytes of the tenant's raft messages this node sent, charged to the tenant's egress bucket",
+    ),
+    (
+        "slipstream_replica_raft_received_bytes_total",
+        "counter|Bytes of the tenant's raft messages this node received, charged to the tenant's ingress bucket",
     ),
 ];
 
@@ -114,9 +128,25 @@ fn render(table: &TenantTable, out: &mut String) {
                 "slipstream_replica_forwarded_total" => st.forwarded,
                 "slipstream_replica_writes_total" => r.writes.load(Ordering::Relaxed),
                 "slipstream_replica_read_barriers_total" => r.barriers.load(Ordering::Relaxed),
+                "slipstream_replica_raft_sent_bytes_total" => r.traffic.sent_bytes.load(Ordering::Relaxed),
+                "slipstream_replica_raft_received_bytes_total" => r.traffic.received_bytes.load(Ordering::Relaxed),
                 _ => r.failures.load(Ordering::Relaxed),
             };
             let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {v}");
+        }
+    }
+    // Node-wide: the transport carries every group's frames on one connection per peer.
+    if let Some((_, r)) = tenants.first() {
+        let st = r.node().transport().stats();
+        for (name, help, v) in [
+            ("slipstream_raft_frames_sent_total", "Raft frames queued for peers", &st.frames_sent),
+            (
+                "slipstream_raft_frames_dropped_total",
+                "Raft frames dropped (peer not connected or its send queue full; Raft resends)",
+                &st.frames_dropped,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
         }
     }
 }

@@ -439,6 +439,11 @@ pub struct Store {
     evict_to_free: AtomicBool,
     /// Stores refused for want of memory while eviction was off (memcached's `outofmemory`).
     outofmemory: AtomicU64,
+    /// Replicated tenants: fullness is decided on `used + dead_freed` (see
+    /// [`Store::set_deterministic_memory`]).
+    deterministic: AtomicBool,
+    /// Charged bytes of expired/flushed items freed since the last [`Store::sweep_dead`].
+    dead_freed: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Store {
@@ -456,8 +461,9 @@ impl Store {
         let shards = config.shards.clamp(1, SHARDS_MAX).next_power_of_two();
         config.shards = shards;
         let lru = Arc::new(LruBoard::new(shards));
+        let dead_freed = Arc::new(AtomicUsize::new(0));
         Store {
-            shards: (0..shards).map(|i| Padded(Mutex::new(Shard::new(lru.clone(), i)))).collect(),
+            shards: (0..shards).map(|i| Padded(Mutex::new(Shard::new(lru.clone(), i, dead_freed.clone())))).collect(),
             shard_bits: shards.trailing_zeros(),
             memory_bytes_max: AtomicUsize::new(config.memory_bytes_max),
             lru,
@@ -472,9 +478,64 @@ impl Store {
             eviction_log: OnceLock::new(),
             evict_to_free: AtomicBool::new(true),
             outofmemory: AtomicU64::new(0),
+            deterministic: AtomicBool::new(false),
+            dead_freed,
             config,
             clock,
         }
+    }
+
+    /// A replicated tenant's store: a full store refuses (`NoMemory`) instead of evicting, and
+    /// "full" is decided on the same number on every replica applying the same log. Replicas
+    /// free expired and flushed items at different moments (a local read meets them, the LRU
+    /// tails differ), so those frees do not count: fullness is `used + dead`, where `dead` is
+    /// the bytes of expired/flushed items freed since the last [`Store::sweep_dead`] — a
+    /// function of the log alone (as exact as the replicas' clocks agree on expiry seconds).
+    pub fn set_deterministic_memory(&self, on: bool) {
+        self.deterministic.store(on, Ordering::Relaxed);
+        if on {
+            self.set_evict_to_free(false);
+        }
+    }
+
+    pub fn deterministic_memory(&self) -> bool {
+        self.deterministic.load(Ordering::Relaxed)
+    }
+
+    /// The bytes a deterministic store counts as used: charged bytes plus the dead ones freed
+    /// since the last sweep (see [`Store::set_deterministic_memory`]).
+    pub fn memory_used_deterministic(&self) -> usize {
+        self.used_bytes.0.load(Ordering::Relaxed) + self.dead_freed.load(Ordering::Relaxed)
+    }
+
+    /// Set the dead bytes so that [`Store::memory_used_deterministic`] reads `total` (a
+    /// replica that restored a snapshot takes the figure its source had).
+    pub fn set_memory_used_deterministic(&self, total: usize) {
+        let used = self.used_bytes.0.load(Ordering::Relaxed);
+        self.dead_freed.store(total.saturating_sub(used), Ordering::Relaxed);
+    }
+
+    /// Free every item expired at Unix second `now_unix_s` (absolute: every replica passes the
+    /// same, a log entry's time) or flushed, then forget the dead bytes: afterwards every
+    /// replica holds the items live at that second and counts the same. Returns the bytes
+    /// freed. O(items): callers run it rarely (only near full, once per second at most).
+    pub fn sweep_dead(&self, now_unix_s: i64) -> usize {
+        let mut t = self.now();
+        t.now = u32::try_from((now_unix_s - self.clock.started_unix_s()).max(0)).unwrap_or(u32::MAX);
+        let used = &self.used_bytes.0;
+        let before = used.load(Ordering::Relaxed);
+        for i in 0..self.shards.len() {
+            let mut sh = self.lock(i);
+            for idx in sh.linked() {
+                let e = &sh.entries[idx as usize];
+                if t.is_expired(e) || t.is_flushed(e) {
+                    sh.counters.reclaimed += 1;
+                    sh.remove(idx, used);
+                }
+            }
+        }
+        self.dead_freed.store(0, Ordering::Relaxed);
+        before.saturating_sub(used.load(Ordering::Relaxed))
     }
 
     /// memcached `-M`: with `false`, a store that needs memory frees only expired or flushed
@@ -656,6 +717,19 @@ impl Store {
     fn reserve(&self, si: usize, sh: &mut Shard, need: usize, t: &Now) -> bool {
         let max = self.memory_bytes_max();
         let used = &self.used_bytes.0;
+        if self.deterministic_memory() {
+            // Dead bytes count as used until a sweep; nothing is evicted.
+            let dead = self.dead_freed.load(Ordering::Relaxed);
+            let fits = used
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                    (cur.saturating_add(dead).saturating_add(need) <= max).then_some(cur + need)
+                })
+                .is_ok();
+            if !fits {
+                self.outofmemory.fetch_add(1, Ordering::Relaxed);
+            }
+            return fits;
+        }
         let mut blocked_rounds = 0;
         for _ in 0..RESERVE_STEPS_MAX {
             let cur = used.load(Ordering::Relaxed);
@@ -1050,7 +1124,11 @@ impl Store {
         let Some(idx) = sh.find(key, h as u32) else { return false };
         let e = &sh.entries[idx as usize];
         let live = !t.is_flushed(e) && !t.is_expired(e);
-        sh.remove(idx, &self.used_bytes.0);
+        if live {
+            sh.remove(idx, &self.used_bytes.0);
+        } else {
+            sh.remove_dead(idx, &self.used_bytes.0);
+        }
         live
     }
 
@@ -1297,7 +1375,7 @@ impl Store {
                 if e.bits & shard::FETCHED == 0 && !flushed {
                     sh.counters.expired_unfetched += 1;
                 }
-                sh.remove(i as u32, &self.used_bytes.0);
+                sh.remove_dead(i as u32, &self.used_bytes.0);
             }
         }
         (end < sh.entries.len()).then_some(end)
@@ -1440,6 +1518,7 @@ impl Store {
                 sh.remove(idx, &self.used_bytes.0);
             }
         }
+        self.dead_freed.store(0, Ordering::Relaxed);
     }
 }
 

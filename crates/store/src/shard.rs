@@ -191,10 +191,13 @@ pub(crate) struct Shard {
     /// Where this shard publishes its tail stamp (slot `id`) and reads the LRU clock.
     board: Arc<LruBoard>,
     id: usize,
+    /// Charged bytes of expired or flushed items freed since the store's last sweep (the
+    /// store's counter, shared by every shard; see `Store::set_deterministic_memory`).
+    dead_freed: Arc<AtomicUsize>,
 }
 
 impl Shard {
-    pub(crate) fn new(board: Arc<LruBoard>, id: usize) -> Shard {
+    pub(crate) fn new(board: Arc<LruBoard>, id: usize, dead_freed: Arc<AtomicUsize>) -> Shard {
         Shard {
             index: Index::new(),
             entries: Vec::new(),
@@ -208,6 +211,7 @@ impl Shard {
             eviction_log: None,
             board,
             id,
+            dead_freed,
         }
     }
 
@@ -270,12 +274,12 @@ impl Shard {
         let e = &self.entries[idx as usize];
         if t.is_flushed(e) {
             self.counters.get_flushed += 1;
-            self.remove(idx, used);
+            self.remove_dead(idx, used);
             return Err(Miss::Flushed);
         }
         if t.is_expired(e) {
             self.counters.get_expired += 1;
-            self.remove(idx, used);
+            self.remove_dead(idx, used);
             return Err(Miss::Expired);
         }
         Ok(idx)
@@ -385,6 +389,13 @@ impl Shard {
         self.remove_detached(idx, used);
     }
 
+    /// `remove` for an item that is expired or flushed: its bytes also count as freed dead
+    /// bytes (what differs between replicas that met it at different moments).
+    pub(crate) fn remove_dead(&mut self, idx: u32, used: &AtomicUsize) {
+        self.dead_freed.fetch_add(self.entries[idx as usize].charge(), Ordering::Relaxed);
+        self.remove(idx, used);
+    }
+
     /// Like `remove` for an item already taken off the LRU.
     fn remove_detached(&mut self, idx: u32, used: &AtomicUsize) {
         // Every removal (delete, replacement, eviction, expiry, flush, unlink) passes here:
@@ -425,7 +436,7 @@ impl Shard {
             if e.bits & FETCHED == 0 {
                 self.counters.expired_unfetched += 1;
             }
-            self.remove(i, used);
+            self.remove_dead(i, used);
         }
     }
 
@@ -444,7 +455,7 @@ impl Shard {
                 if e.bits & FETCHED == 0 {
                     self.counters.expired_unfetched += 1;
                 }
-                self.remove(i, used);
+                self.remove_dead(i, used);
                 return true;
             }
             i = e.prev;

@@ -61,18 +61,34 @@ pub(super) struct Conn {
 /// A connection's state toward its tenant's replication group.
 #[derive(Default)]
 pub(super) struct ReplConn {
-    /// A proposal or read barrier is in flight: read and execute nothing until it answers.
+    /// Nothing more is read or executed until the requests in flight answer (a request that
+    /// must wait for them is at the front, a read barrier is out, or the per-connection cap
+    /// is reached).
     pub parked: bool,
-    /// Identity for outcomes (0 until the connection first parks).
+    /// Identity for outcomes (0 until the connection first proposes).
     pub serial: u64,
+    /// Requests proposed (or barriers asked) and not yet answered to the client, oldest
+    /// first: replies leave in request order (at most `CONN_INFLIGHT_MAX`).
+    pub inflight: std::collections::VecDeque<InFlight>,
+    /// Sequence number of the next request put in flight.
+    pub next_seq: u64,
     /// Bytes at the front of the input a finished read barrier covers (they arrived before it
     /// was asked for, so reading them locally now is linearizable).
     pub covered_bytes: usize,
-    /// A read barrier is in flight for the read of this many bytes at the front of the input.
-    pub read_bytes: usize,
-    /// The proposed request's protocol and first bytes, to answer a failure in kind.
+}
+
+/// One request of a connection in flight to its tenant's group.
+pub(super) struct InFlight {
+    pub seq: u64,
+    /// The request's protocol and first bytes, to answer a failure in kind.
     pub protocol: u8,
     pub head: Vec<u8>,
+    /// A read barrier for the read of this many bytes at the front of the input (0: a write).
+    pub read_bytes: usize,
+    /// A write whose apply may ask to swallow input: nothing is proposed behind it.
+    pub alone: bool,
+    /// Arrived, waiting for the ones before it.
+    pub outcome: Option<crate::replicated::Outcome>,
 }
 
 /// What a round's reads found.

@@ -10,7 +10,7 @@
 //! What it is not for: accepting (listen.rs), buffer mechanics (conn.rs), the shaping decision
 //! (gate.rs) or protocol rules (the executors).
 
-use super::conn::{Conn, WRITE_BUF_BYTES_HIGH};
+use super::conn::{Conn, InFlight, WRITE_BUF_BYTES_HIGH};
 use super::env::{thread_stats, Env, Slot};
 use super::gate::{self, RoundPlan};
 use crate::dispatch::{execute_authenticating, execute_one};
@@ -233,7 +233,7 @@ fn execute_batch(
         if let Some(rep) = tenant.replica.get() {
             match replicated_turn(conn, tenant, rep, idx, env) {
                 Turn::Execute => {}
-                Turn::Answered => {
+                Turn::Proposed => {
                     end.requests += 1;
                     continue;
                 }
@@ -286,40 +286,54 @@ fn execute_batch(
 enum Turn {
     /// Run it here (not a store access, a covered or local read, bad or partial input).
     Execute,
-    /// Answered here without running it (over the in-flight cap).
-    Answered,
-    /// Proposed, or a read barrier asked: the connection waits for the outcome.
+    /// Proposed (or answered `busy` in its place): the batch goes on with the next request.
+    Proposed,
+    /// Proposed alone, or a read barrier asked: the connection waits for the outcome.
     Parked,
-    /// Already waiting: nothing more runs.
+    /// It must wait for the requests in flight: nothing more runs now.
     Wait,
 }
 
 /// The replication step before executing (see `crate::replicated`): a mutation is proposed
-/// whole and the connection parks; an uncovered read asks for a barrier and parks.
+/// whole and the batch goes on (writes pipeline, up to `CONN_INFLIGHT_MAX`); anything else
+/// waits until the writes in flight have answered, so replies keep request order and a read
+/// sees the connection's own writes; an uncovered read asks for a barrier and parks.
 fn replicated_turn(conn: &mut Conn, tenant: &Tenant, rep: &Arc<Replica>, idx: usize, env: &Env<'_>) -> Turn {
     if conn.repl.parked {
         return Turn::Wait;
     }
     let input = &conn.rbuf[conn.rstart..conn.rend];
     let route = replicated::route(&tenant.store, env.settings, &conn.state, input);
-    let protocol = replicated::protocol_of(&conn.state, input);
-    let (consumed, write) = match route {
-        Route::Local => return Turn::Execute,
-        Route::Read(_) if rep.local_reads || conn.repl.covered_bytes > 0 => return Turn::Execute,
-        Route::Read(n) => (n, false),
-        Route::Write(n) => (n, true),
+    let idle = conn.repl.inflight.is_empty();
+    let (consumed, write, alone) = match route {
+        Route::Local if idle => return Turn::Execute,
+        Route::Read(_) if idle && (rep.local_reads || conn.repl.covered_bytes > 0) => return Turn::Execute,
+        Route::Read(n) if idle => (n, false, false),
+        Route::Write(n) => (n, true, false),
+        Route::WriteAlone(n) => (n, true, true),
+        Route::Local | Route::Read(_) => {
+            conn.repl.parked = true;
+            return Turn::Wait;
+        }
     };
+    let behind_alone = conn.repl.inflight.back().is_some_and(|f| f.alone);
+    if behind_alone || conn.repl.inflight.len() >= replicated::CONN_INFLIGHT_MAX {
+        conn.repl.parked = true;
+        return Turn::Wait;
+    }
+    let protocol = replicated::protocol_of(&conn.state, input);
     if conn.state.protocol == Protocol::Undecided {
         conn.state.protocol = if protocol == replicated::PROTOCOL_BINARY { Protocol::Binary } else { Protocol::Text };
     }
     if conn.repl.serial == 0 {
         conn.repl.serial = replicated::next_serial();
     }
+    let seq = conn.repl.next_seq;
+    conn.repl.next_seq += 1;
     let (inbox, serial) = (env.inbox.clone(), conn.repl.serial);
-    let done = move |outcome| inbox.deliver(Delivery { idx, serial, outcome });
-    conn.repl.protocol = protocol;
-    conn.repl.head.clear();
-    conn.repl.head.extend_from_slice(&input[..consumed.min(HEAD_BYTES_MAX)]);
+    let done = move |outcome| inbox.deliver(Delivery { idx, serial, seq, outcome });
+    let head = input[..consumed.min(HEAD_BYTES_MAX)].to_vec();
+    let mut f = InFlight { seq, protocol, head, read_bytes: 0, alone, outcome: None };
     let sent = if write {
         let request = input[..consumed].to_vec();
         conn.rstart += consumed;
@@ -327,44 +341,69 @@ fn replicated_turn(conn: &mut Conn, tenant: &Tenant, rep: &Arc<Replica>, idx: us
         rep.propose(protocol, request, done)
     } else {
         // The read stays in the input: it runs when the barrier holds.
-        conn.repl.read_bytes = consumed;
+        f.read_bytes = consumed;
         rep.read_barrier(done)
     };
-    if sent {
+    if !sent {
+        rep.failures.fetch_add(1, Ordering::Relaxed);
+        if !write {
+            conn.rstart += consumed;
+            f.read_bytes = 0;
+        }
+        f.outcome = Some(Outcome::Failed(Fail::Busy));
+    }
+    conn.repl.inflight.push_back(f);
+    if !sent {
+        drain_answered(conn, Some(rep));
+        return Turn::Proposed;
+    }
+    if alone || !write {
         conn.repl.parked = true;
         return Turn::Parked;
     }
-    rep.failures.fetch_add(1, Ordering::Relaxed);
-    if !write {
-        conn.rstart += consumed;
-    }
-    replicated::compose_fail(&mut conn.wbuf, protocol, &conn.repl.head, Fail::Busy);
-    Turn::Answered
+    Turn::Proposed
 }
 
-/// An outcome arrived for a parked connection: its reply joins the others in order, and the
-/// connection goes on with its input.
-pub(super) fn resume(conn: &mut Conn, rep: Option<&Arc<Replica>>, outcome: Outcome) {
-    conn.repl.parked = false;
-    match outcome {
-        Outcome::Reply(o) => {
-            conn.wbuf.extend_from_slice(&o.reply);
-            conn.state.swallow_bytes = usize::try_from(o.swallow_bytes).unwrap_or(usize::MAX);
-        }
-        Outcome::ReadReady => conn.repl.covered_bytes = conn.rend - conn.rstart,
-        Outcome::Failed(f) => {
-            if let Some(r) = rep {
-                r.failures.fetch_add(1, Ordering::Relaxed);
+/// Outcome `seq` arrived for the connection: the replies of its requests in flight that are
+/// answered, oldest first up to the first still open, join the others in order. True if any
+/// left the queue (the connection may go on with its input).
+pub(super) fn resume(conn: &mut Conn, rep: Option<&Arc<Replica>>, seq: u64, outcome: Outcome) -> bool {
+    let Some(f) = conn.repl.inflight.iter_mut().find(|f| f.seq == seq) else { return false };
+    f.outcome = Some(outcome);
+    drain_answered(conn, rep)
+}
+
+fn drain_answered(conn: &mut Conn, rep: Option<&Arc<Replica>>) -> bool {
+    let mut any = false;
+    while conn.repl.inflight.front().is_some_and(|f| f.outcome.is_some()) {
+        let Some(f) = conn.repl.inflight.pop_front() else { break };
+        any = true;
+        match f.outcome {
+            Some(Outcome::Reply(o)) => {
+                conn.wbuf.extend_from_slice(&o.reply);
+                if o.swallow_bytes > 0 {
+                    conn.state.swallow_bytes = usize::try_from(o.swallow_bytes).unwrap_or(usize::MAX);
+                }
             }
-            if conn.repl.read_bytes > 0 {
-                // The read the barrier was for is answered with the error and dropped.
-                conn.rstart = (conn.rstart + conn.repl.read_bytes).min(conn.rend);
-                conn.repl.covered_bytes = 0;
+            Some(Outcome::ReadReady) => conn.repl.covered_bytes = conn.rend - conn.rstart,
+            Some(Outcome::Failed(fail)) => {
+                if let Some(r) = rep {
+                    r.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                if f.read_bytes > 0 {
+                    // The read the barrier was for is answered with the error and dropped.
+                    conn.rstart = (conn.rstart + f.read_bytes).min(conn.rend);
+                    conn.repl.covered_bytes = 0;
+                }
+                replicated::compose_fail(&mut conn.wbuf, f.protocol, &f.head, fail);
             }
-            replicated::compose_fail(&mut conn.wbuf, conn.repl.protocol, &conn.repl.head, f);
+            None => {}
         }
     }
-    conn.repl.read_bytes = 0;
+    if any {
+        conn.repl.parked = false;
+    }
+    any
 }
 
 /// The request at the front of the buffer is incomplete. A full buffer may grow for it next

@@ -240,7 +240,7 @@ fn execute_payload(
 fn refused_replicated_write(tenant: &Tenant, ctx: &Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Option<usize> {
     tenant.replica.get()?;
     match crate::replicated::route(ctx.store, ctx.settings, ctx.conn, input) {
-        crate::replicated::Route::Write(n) => {
+        crate::replicated::Route::Write(n) | crate::replicated::Route::WriteAlone(n) => {
             let protocol = crate::replicated::protocol_of(ctx.conn, input);
             crate::replicated::compose_udp_refusal(out, protocol, &input[..n]);
             Some(n)

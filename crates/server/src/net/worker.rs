@@ -235,20 +235,33 @@ impl Worker {
         }
     }
 
-    /// Replicated tenants: hand each parked connection its outcome and serve it on (a
-    /// connection blocked on writing goes on when the socket drains).
+    /// Replicated tenants: hand each connection its outcomes (replies join in request order)
+    /// and serve it on once (a connection blocked on writing goes on when the socket drains).
     fn resume_parked(&mut self, revisit: &mut Vec<usize>) {
+        let mut moved: Vec<usize> = Vec::new();
         for d in self.inbox.take() {
             let Some(s) = self.conns.slots.get_mut(d.idx).and_then(Option::as_mut) else { continue };
-            if s.conn.repl.serial != d.serial || !s.conn.repl.parked {
+            if s.conn.repl.serial != d.serial {
                 continue;
             }
-            tcp::resume(&mut s.conn, s.tenant.replica.get(), d.outcome);
+            let before = s.conn.wbuf.len();
+            if tcp::resume(&mut s.conn, s.tenant.replica.get(), d.seq, d.outcome) {
+                moved.push(d.idx);
+            }
+            // Replies of replicated requests come out of the tenant's egress bucket like any.
+            if let Some(sh) = s.tenant.shaper.as_deref() {
+                sh.charge_egress(0, s.conn.wbuf.len().saturating_sub(before) as u64);
+            }
+        }
+        moved.sort_unstable();
+        moved.dedup();
+        for idx in moved {
+            let Some(s) = self.conns.slots.get_mut(idx).and_then(Option::as_mut) else { continue };
             if s.conn.blocked_on_write || s.conn.gate.in_throttled {
                 continue;
             }
-            let after = self.conn_event(d.idx, true, false, false);
-            self.after_serve(d.idx, after, revisit);
+            let after = self.conn_event(idx, true, false, false);
+            self.after_serve(idx, after, revisit);
         }
     }
 
