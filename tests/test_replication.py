@@ -17,44 +17,33 @@ this module starts is SIGKILLed at teardown, failure or not; every wait is bound
 import os
 import random
 import shutil
-import signal
 import socket
 import struct
-import subprocess
 import tempfile
 import time
 
 import pytest
 
 import mcwire
+import replcluster
 import tenantlib as tl
 
 HOST = mcwire.HOST
 NODES = (1, 2, 3)
 TENANTS = ("t0", "t1")
 WAIT_MS = 1500  # [cluster] wait_ms: the bounded wait before SERVER_ERROR
-START_S = 10.0
 LEADER_S = 15.0
 NO_LEADER_LINE = b"SERVER_ERROR no leader for this tenant\r\n"
 TIMEOUT_LINE = b"SERVER_ERROR replication timeout, outcome unknown\r\n"
 BIN_HDR = struct.Struct(">BBHBBHIIQ")
 
 
-class Cluster:
+class Cluster(replcluster.Daemons):
     """Three daemons; node n: tenant ports, admin port, raft port, its own data_dir."""
 
     def __init__(self, root):
-        self.root = root
-        self.procs = {}
-        taken = set()
-
-        def fresh():
-            for _ in range(100):
-                p = mcwire.free_port()
-                if p not in taken:
-                    taken.add(p)
-                    return p
-            raise RuntimeError("no free port")
+        super().__init__(root)
+        fresh = self.fresh_port
 
         self.raft = {n: fresh() for n in NODES}
         self.ports = {n: {t: fresh() for t in TENANTS} for n in NODES}
@@ -82,52 +71,6 @@ class Cluster:
                           "memory_mb = 16", "share = 0.4", "replicas = 3", "preferred_leader = %d" % (k + 1)]
             with open(self.config(n), "w") as f:
                 f.write("\n".join(lines) + "\n")
-
-    def config(self, n):
-        return os.path.join(self.root, "node%d.toml" % n)
-
-    def log(self, n):
-        return os.path.join(self.root, "node%d.log" % n)
-
-    def start(self, n):
-        with open(self.log(n), "ab") as log:
-            self.procs[n] = subprocess.Popen(
-                [mcwire.SLIPSTREAM_BIN, "serve", "--config", self.config(n)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            )
-        deadline = time.monotonic() + START_S
-        for port in list(self.ports[n].values()) + [self.admin[n]]:
-            while True:
-                if self.procs[n].poll() is not None:
-                    raise RuntimeError("node %d exited: %s" % (n, self.log_tail(n)))
-                try:
-                    socket.create_connection((HOST, port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("node %d port %d not open: %s" % (n, port, self.log_tail(n)))
-                    time.sleep(0.05)
-
-    def kill(self, n, sig=signal.SIGKILL):
-        p = self.procs.pop(n, None)
-        if p is not None and p.poll() is None:
-            p.send_signal(sig)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-
-    def stop_all(self):
-        for n in list(self.procs):
-            self.kill(n)
-
-    def log_tail(self, n, size=2000):
-        try:
-            with open(self.log(n), "rb") as f:
-                return f.read()[-size:].decode("utf-8", "replace")
-        except OSError:
-            return ""
 
     def metric(self, n, name, tenant):
         r = tl.http_request(self.admin[n], "GET", "/metrics")

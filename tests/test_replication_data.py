@@ -17,9 +17,7 @@ SIGKILLed at teardown; every wait is bounded.
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -27,11 +25,11 @@ import time
 import pytest
 
 import mcwire
+import replcluster
 import tenantlib as tl
 
 HOST = mcwire.HOST
 NODES = (1, 2, 3)
-START_S = 10.0
 LEADER_S = 15.0
 OOM_LINE = b"SERVER_ERROR out of memory storing object\r\n"
 # [shaping]: 20 MB/s each way; the tenants' shares below divide it (no work conserving, so a
@@ -49,19 +47,10 @@ TENANTS = (
 )
 
 
-class Cluster:
+class Cluster(replcluster.Daemons):
     def __init__(self, root):
-        self.root = root
-        self.procs = {}
-        taken = set()
-
-        def fresh():
-            for _ in range(100):
-                p = mcwire.free_port()
-                if p not in taken:
-                    taken.add(p)
-                    return p
-            raise RuntimeError("no free port")
+        super().__init__(root)
+        fresh = self.fresh_port
 
         self.raft = {n: fresh() for n in NODES}
         self.ports = {n: {t[0]: fresh() for t in TENANTS} for n in NODES}
@@ -83,48 +72,6 @@ class Cluster:
                           "max_outstanding = 1024", "replicas = 3", "preferred_leader = %d" % lead]
             with open(self.config(n), "w") as f:
                 f.write("\n".join(lines) + "\n")
-
-    def config(self, n):
-        return os.path.join(self.root, "node%d.toml" % n)
-
-    def log(self, n):
-        return os.path.join(self.root, "node%d.log" % n)
-
-    def log_tail(self, n, size=2000):
-        try:
-            with open(self.log(n), "rb") as f:
-                return f.read()[-size:].decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def start(self, n):
-        with open(self.log(n), "ab") as log:
-            self.procs[n] = subprocess.Popen(
-                [mcwire.SLIPSTREAM_BIN, "serve", "--config", self.config(n)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            )
-        deadline = time.monotonic() + START_S
-        for port in list(self.ports[n].values()) + [self.admin[n]]:
-            while True:
-                if self.procs[n].poll() is not None:
-                    raise RuntimeError("node %d exited: %s" % (n, self.log_tail(n)))
-                try:
-                    socket.create_connection((HOST, port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("node %d port %d not open: %s" % (n, port, self.log_tail(n)))
-                    time.sleep(0.05)
-
-    def stop_all(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-        self.procs.clear()
 
     def metric(self, n, name, tenant):
         r = tl.http_request(self.admin[n], "GET", "/metrics")

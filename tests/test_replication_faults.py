@@ -23,7 +23,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -32,37 +31,30 @@ import time
 import pytest
 
 import mcwire
+import replcluster
 
 TOKEN = "repl-faults-admin-token-0123456789"
 TENANTS = ("t0", "t1")
 WAIT_MS = 1500
-START_S = 15.0
 LEADER_S = 20.0
 NO_LEADER_LINE = b"SERVER_ERROR no leader for this tenant\r\n"
 TIMEOUT_LINE = b"SERVER_ERROR replication timeout, outcome unknown\r\n"
 
 
-class Cluster:
+class Cluster(replcluster.Daemons):
     """Daemons on given addresses. node n: `host[n]` for clients and admin, `raft[n]` for
     raft, its own data_dir; `netns[n]` to run it inside a namespace (None: here)."""
 
+    start_s = 15.0
+
     def __init__(self, root, nodes, fsync="batch", host=None, raft_host=None, netns=None, fixed_ports=False):
-        self.root = root
+        super().__init__(root)
         self.nodes = list(nodes)
         self.fsync = fsync
         self.host = host or {n: mcwire.HOST for n in nodes}
         self.raft_host = raft_host or dict(self.host)
         self.netns = netns or {}
-        self.procs = {}
-        taken = set()
-
-        def fresh():
-            for _ in range(100):
-                p = mcwire.free_port()
-                if p not in taken:
-                    taken.add(p)
-                    return p
-            raise RuntimeError("no free port")
+        fresh = self.fresh_port
 
         if fixed_ports:  # own namespaces: nothing else binds there
             fresh = iter(range(21000, 22000)).__next__  # noqa: E731
@@ -103,52 +95,6 @@ class Cluster:
                       "preferred_leader = %d" % peers[k % len(peers)]]
         with open(self.config(n), "w") as f:
             f.write("\n".join(lines) + "\n")
-
-    def data_dir(self, n):
-        return os.path.join(self.root, "node%d" % n)
-
-    def config(self, n):
-        return os.path.join(self.root, "node%d.toml" % n)
-
-    def log(self, n):
-        return os.path.join(self.root, "node%d.log" % n)
-
-    def start(self, n):
-        cmd = [mcwire.SLIPSTREAM_BIN, "serve", "--config", self.config(n)]
-        if n in self.netns:
-            cmd = ["ip", "netns", "exec", self.netns[n]] + cmd
-        with open(self.log(n), "ab") as log:
-            self.procs[n] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                             start_new_session=True)
-        deadline = time.monotonic() + START_S
-        for port in list(self.ports[n].values()) + [self.admin[n]]:
-            while True:
-                if self.procs[n].poll() is not None:
-                    raise RuntimeError("node %d exited: %s" % (n, self.log_tail(n)))
-                try:
-                    socket.create_connection((self.host[n], port), timeout=0.5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("node %d port %d not open: %s" % (n, port, self.log_tail(n)))
-                    time.sleep(0.05)
-
-    def kill(self, n):
-        p = self.procs.pop(n, None)
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            p.wait(timeout=10)
-
-    def stop_all(self):
-        for n in list(self.procs):
-            self.kill(n)
-
-    def log_tail(self, n, size=2000):
-        try:
-            with open(self.log(n), "rb") as f:
-                return f.read()[-size:].decode("utf-8", "replace")
-        except OSError:
-            return ""
 
     def http(self, n, method, path, body=None, timeout=15.0):
         conn = http.client.HTTPConnection(self.host[n], self.admin[n], timeout=timeout)

@@ -1,0 +1,86 @@
+"""The daemons of one replication test cluster: config/log/data paths, start (waits until
+every client and admin port accepts), kill, stop, log tail. Each test file's `Cluster`
+subclasses it and writes its own configs (tenants, shaping, fsync differ per file); it sets
+`ports[n]` (tenant -> client port) and `admin[n]`, optionally `host[n]` (default
+mcwire.HOST) and `netns[n]` (run node n inside that network namespace).
+
+Not for: talking to the daemons (mcwire, tenantlib) or checking what they hold."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import mcwire
+
+
+class Daemons:
+    start_s = 10.0  # a daemon's ports must accept within this
+
+    def __init__(self, root):
+        self.root = root
+        self.procs = {}
+        self.host = {}
+        self.netns = {}
+        self._taken = set()
+
+    def fresh_port(self):
+        """A free loopback port not handed out before by this cluster."""
+        for _ in range(100):
+            p = mcwire.free_port()
+            if p not in self._taken:
+                self._taken.add(p)
+                return p
+        raise RuntimeError("no free port")
+
+    def config(self, n):
+        return os.path.join(self.root, "node%d.toml" % n)
+
+    def log(self, n):
+        return os.path.join(self.root, "node%d.log" % n)
+
+    def data_dir(self, n):
+        return os.path.join(self.root, "node%d" % n)
+
+    def log_tail(self, n, size=2000):
+        try:
+            with open(self.log(n), "rb") as f:
+                return f.read()[-size:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def start(self, n):
+        cmd = [mcwire.SLIPSTREAM_BIN, "serve", "--config", self.config(n)]
+        if n in self.netns:
+            cmd = ["ip", "netns", "exec", self.netns[n]] + cmd
+        with open(self.log(n), "ab") as log:
+            self.procs[n] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                             start_new_session=True)
+        host = self.host.get(n, mcwire.HOST)
+        deadline = time.monotonic() + self.start_s
+        for port in list(self.ports[n].values()) + [self.admin[n]]:
+            while True:
+                if self.procs[n].poll() is not None:
+                    raise RuntimeError("node %d exited: %s" % (n, self.log_tail(n)))
+                try:
+                    socket.create_connection((host, port), timeout=0.5).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("node %d port %d not open: %s" % (n, port, self.log_tail(n)))
+                    time.sleep(0.05)
+
+    def kill(self, n, sig=signal.SIGKILL):
+        p = self.procs.pop(n, None)
+        if p is not None and p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+    def stop_all(self):
+        for n in list(self.procs):
+            self.kill(n)
