@@ -5,6 +5,7 @@
 //! Not for: store gauges (items, bytes, evictions) — those live in `slipstream-store` next to
 //! the code that changes them — or the lists `stats` prints (`stats_report.rs`).
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -212,6 +213,23 @@ impl LastCmd {
 }
 
 impl ServerInfo {
+    /// List one address's sockets in `stats conns` as memcached does: its TCP listener (with
+    /// SO_REUSEPORT every thread has one, and the first stands for them all) and the first
+    /// `udp_listed` of its UDP sockets (`udp:` address, no listen address: an idle UDP socket).
+    pub(crate) fn register_listeners(&self, b: &crate::bind::Bound, udp_listed: usize) {
+        let now_s = self.uptime_s();
+        let Ok(mut reg) = self.conns.lock() else { return };
+        let entry = |addr: String| ConnEntry::socket(addr, now_s);
+        if let Some(Some(l)) = b.0.first() {
+            let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
+            reg.insert(l.as_raw_fd(), entry(addr));
+        }
+        for u in b.1.iter().flatten().take(udp_listed) {
+            let addr = u.local_addr().map(|a| format!("udp:{a}")).unwrap_or_default();
+            reg.insert(u.as_raw_fd(), entry(addr));
+        }
+    }
+
     /// A ServerInfo for tests and harnesses: one thread's counters, no listeners.
     pub fn detached(per_thread: Vec<Arc<ThreadStats>>, item_bytes_max: usize) -> ServerInfo {
         ServerInfo {

@@ -289,7 +289,7 @@ impl TenantTable {
         );
         // `stats conns` on the tenant's ports lists its listener and UDP sockets, as
         // memcached's lists its own.
-        crate::net::register_listeners(&info, &bound, self.threads);
+        info.register_listeners(&bound, self.threads);
         let (tcps, udps, tcp_local, udp_local) = bound;
         info.prefix_stats.set_enabled(self.settings.detail_enabled);
         // `stats` on the tenant's ports shows its own kernel hits once the fast path is attached.

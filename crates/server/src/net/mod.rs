@@ -194,7 +194,7 @@ impl Server {
         // address for a list (its num_threads_per_udp).
         let udp_listed = if more.is_empty() { threads } else { 1 };
         for b in std::iter::once(&bound).chain(more.iter()) {
-            register_listeners(&info, b, udp_listed);
+            info.register_listeners(b, udp_listed);
         }
         let unix = bind_unix(net.unix.as_ref(), &info)?;
         let mut all = vec![bound];
@@ -300,23 +300,6 @@ impl Listeners {
             poll.registry().register(l, UNIX_LISTENER, Interest::READABLE).map_err(NetError::Poll)?;
         }
         Ok(unix)
-    }
-}
-
-/// List one address's sockets in `stats conns` as memcached does: its TCP listener (with
-/// SO_REUSEPORT every thread has one, and the first stands for them all) and the first
-/// `udp_listed` of its UDP sockets (`udp:` address, no listen address: an idle UDP socket).
-pub(crate) fn register_listeners(info: &ServerInfo, b: &crate::bind::Bound, udp_listed: usize) {
-    let now_s = info.uptime_s();
-    let Ok(mut reg) = info.conns.lock() else { return };
-    let entry = |addr: String| ConnEntry::socket(addr, now_s);
-    if let Some(Some(l)) = b.0.first() {
-        let addr = l.local_addr().map(|a| format!("tcp:{a}")).unwrap_or_default();
-        reg.insert(l.as_raw_fd(), entry(addr));
-    }
-    for u in b.1.iter().flatten().take(udp_listed) {
-        let addr = u.local_addr().map(|a| format!("udp:{a}")).unwrap_or_default();
-        reg.insert(u.as_raw_fd(), entry(addr));
     }
 }
 
