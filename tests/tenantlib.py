@@ -369,6 +369,16 @@ def parse_values(data):
     return out
 
 
+def parse_gets_one(reply):
+    """A one-key `gets` reply -> (value, cas), or None for `END` alone; asserts it is one."""
+    if reply == b"END\r\n":
+        return None
+    head, rest = reply.split(b"\r\n", 1)
+    parts = head.split()
+    assert parts[0] == b"VALUE", reply
+    return rest[: int(parts[3])], int(parts[4])
+
+
 def port_refuses(port, max_s=2.0):
     """True once a TCP connect to port is refused (retried until max_s)."""
     deadline = time.monotonic() + max_s

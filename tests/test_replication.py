@@ -125,14 +125,7 @@ def ask(sock, data, suffix=b"\r\n", max_s=10.0):
 
 def gets(sock, key):
     """(value, cas) or None, with `gets` on this connection."""
-    r = ask(sock, b"gets %s\r\n" % key, b"END\r\n")
-    if r == b"END\r\n":
-        return None
-    head, rest = r.split(b"\r\n", 1)
-    parts = head.split()
-    assert parts[0] == b"VALUE", r
-    n = int(parts[3])
-    return rest[:n], int(parts[4])
+    return tl.parse_gets_one(ask(sock, b"gets %s\r\n" % key, b"END\r\n"))
 
 
 def write_retrying(c, node, tenant, data, suffix=b"\r\n", within_s=LEADER_S):

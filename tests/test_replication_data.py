@@ -143,13 +143,7 @@ def exchange(sock, data, want_bytes, max_s=20.0):
 
 def gets(sock, key):
     """(value, cas) or None, with `gets` on this connection."""
-    r = tl.ask(sock, b"gets %s\r\n" % key, b"END\r\n")
-    if r == b"END\r\n":
-        return None
-    head, rest = r.split(b"\r\n", 1)
-    parts = head.split()
-    assert parts[0] == b"VALUE", r
-    return rest[: int(parts[3])], int(parts[4])
+    return tl.parse_gets_one(tl.ask(sock, b"gets %s\r\n" % key, b"END\r\n"))
 
 
 @pytest.mark.parametrize("via", ["leader", "follower"])

@@ -32,6 +32,7 @@ import pytest
 
 import mcwire
 import replcluster
+import tenantlib as tl
 
 TOKEN = "repl-faults-admin-token-0123456789"
 TENANTS = ("t0", "t1")
@@ -173,14 +174,7 @@ def ask(sock, data, suffix=b"\r\n", max_s=10.0):
 
 def gets(sock, key):
     """(value, cas) or None; raises on an error line."""
-    r = ask(sock, b"gets %s\r\n" % key, b"END\r\n")
-    if r == b"END\r\n":
-        return None
-    head, rest = r.split(b"\r\n", 1)
-    parts = head.split()
-    assert parts[0] == b"VALUE", r
-    n = int(parts[3])
-    return rest[:n], int(parts[4])
+    return tl.parse_gets_one(ask(sock, b"gets %s\r\n" % key, b"END\r\n"))
 
 
 def set_cmd(key, value):
