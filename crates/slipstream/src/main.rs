@@ -89,6 +89,7 @@ slipstream's own:
 ";
 
 fn main() {
+    abort_on_panic();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match run(args) {
         Ok(()) => 0,
@@ -98,6 +99,18 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// A panic anywhere ends the process, as `panic = "abort"` would: the message first (the
+/// default hook), then abort. Without it a panicked worker or raft thread would leave a daemon
+/// that accepts connections it never serves. (The release profile unwinds only so that tests
+/// and binaries share one build of the dependencies: Cargo.toml.)
+fn abort_on_panic() {
+    let print_message = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        print_message(info);
+        std::process::abort();
+    }));
 }
 
 #[derive(Debug)]
