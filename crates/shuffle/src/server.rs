@@ -104,7 +104,7 @@ struct Shared {
 
 impl Shared {
     fn registry(&self) -> MutexGuard<'_, Registry> {
-        // A panic aborts the process (panic = "abort"), so the lock is never poisoned in use.
+        // A panic aborts the process (the daemon's abort_on_panic hook), so the lock is never poisoned in use.
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

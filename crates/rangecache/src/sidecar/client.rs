@@ -82,7 +82,7 @@ impl Conn {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic elsewhere aborts the process (panic = "abort"), so poisoning cannot be observed;
+    // A panic elsewhere aborts the process (the daemon's abort_on_panic hook), so poisoning cannot be observed;
     // recover the guard anyway rather than unwrap.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
