@@ -7,11 +7,13 @@
 //!
 //! Layout: [`pool`] (the block files and the memory limit), [`registry`] (apps, shuffles, map
 //! commits with first-successful-attempt-wins, lookups, pins), [`proto`] (the control protocol:
-//! parse and compose, no I/O), [`server`] (the TCP port, connection threads, metrics).
+//! parse and compose, no I/O), [`peer`] (the cross-host path: FETCH between daemons by
+//! sendfile/splice), [`server`] (the TCP port, connection threads, metrics).
 //!
-//! Not for (yet): the cross-host path between daemons, charging a Spark application's blocks to
-//! a tenant's memory, or compressing shuffle data.
+//! Not for (yet): charging a Spark application's blocks to a tenant's memory, or compressing
+//! shuffle data.
 
+pub mod peer;
 pub mod pool;
 pub mod proto;
 pub mod registry;

@@ -14,7 +14,12 @@
 //! UNREGISTER <app> <shuffle>              -> OK
 //! UNREGISTER_APP <app>                    -> OK
 //! QUIT                                    -> (closes)
+//! FETCH <app> <shuffle> <reduce>          -> DATA <n>, n times: a line <map> <attempt> <length>
+//!                                            then <length> raw bytes; END   (daemon to daemon)
 //! ```
+//! FETCH is what a reducer's daemon asks the daemons of the other hosts (`[shuffle] peers`) when
+//! it answers a LOOKUP: the bytes travel by sendfile/splice (crate::peer), the reader still
+//! sees only blocks of its own daemon.
 //! Errors are memcached's lines: `CLIENT_ERROR <why>` (bad input; after a bad COMMIT segment
 //! line the connection is closed, since the rest of the request cannot be framed) and
 //! `SERVER_ERROR <why>` (a limit of this daemon, e.g. the pool is full).
@@ -38,6 +43,7 @@ pub enum Request<'a> {
     Lost { app: &'a str, shuffle: u32, map: u32, attempt: u64 },
     Unregister { app: &'a str, shuffle: u32 },
     UnregisterApp { app: &'a str },
+    Fetch { app: &'a str, shuffle: u32, reduce: u32 },
     Quit,
 }
 
@@ -86,6 +92,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
             arity(4)?;
             Ok(Request::Lookup { app: w[1], shuffle: num(w[2], "shuffle")?, reduce: num(w[3], "partition")? })
         }
+        "FETCH" => {
+            arity(4)?;
+            Ok(Request::Fetch { app: w[1], shuffle: num(w[2], "shuffle")?, reduce: num(w[3], "partition")? })
+        }
         "RELEASE" => {
             arity(2)?;
             Ok(Request::Release { block: num(w[1], "block")? })
@@ -124,6 +134,43 @@ pub fn parse_segment(line: &[u8]) -> Result<Segment, ShuffleError> {
         length: num(w[3], "length")?,
     })
 }
+
+/// One segment of a FETCH answer as its header line announces it; `length` raw bytes follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub map: u32,
+    pub attempt: u64,
+    pub length: u32,
+}
+
+/// `DATA <n>`: how many records a FETCH answer holds. An error line is returned as its text.
+pub fn parse_data_head(line: &[u8]) -> Result<usize, ShuffleError> {
+    let w = words(line)?;
+    match w.as_slice() {
+        ["DATA", n] => num(n, "record count"),
+        _ => Err(ShuffleError::Syntax(format!("peer answered {:?}", w.join(" ")))),
+    }
+}
+
+/// A record's header line `<map> <attempt> <length>`.
+pub fn parse_record(line: &[u8]) -> Result<Record, ShuffleError> {
+    let w = words(line)?;
+    if w.len() != 3 {
+        return Err(ShuffleError::Syntax("a record line is <map> <attempt> <length>".into()));
+    }
+    Ok(Record { map: num(w[0], "map")?, attempt: num(w[1], "attempt")?, length: num(w[2], "length")? })
+}
+
+pub fn data_head(out: &mut String, records: usize) {
+    let _ = write!(out, "DATA {records}\r\n");
+}
+
+pub fn record(out: &mut String, r: &Record) {
+    let _ = write!(out, "{} {} {}\r\n", r.map, r.attempt, r.length);
+}
+
+/// The line after a FETCH answer's last record.
+pub const END: &[u8] = b"END\r\n";
 
 pub fn ok(out: &mut String) {
     out.push_str("OK\r\n");
@@ -172,6 +219,21 @@ mod tests {
         );
         assert_eq!(parse_request(b"LOOKUP a 1 2\n").unwrap(), Request::Lookup { app: "a", shuffle: 1, reduce: 2 });
         assert_eq!(parse_segment(b"1 2 3 4\r\n").unwrap(), Segment { partition: 1, block: 2, offset: 3, length: 4 });
+        assert_eq!(parse_request(b"FETCH a 1 2\r\n").unwrap(), Request::Fetch { app: "a", shuffle: 1, reduce: 2 });
+    }
+
+    #[test]
+    fn fetch_answer_heads_round_trip() {
+        let r = Record { map: 4, attempt: 1 << 33, length: 2 << 20 };
+        let mut out = String::new();
+        data_head(&mut out, 3);
+        assert_eq!(parse_data_head(out.as_bytes()).unwrap(), 3);
+        out.clear();
+        record(&mut out, &r);
+        assert_eq!(parse_record(out.as_bytes()).unwrap(), r);
+        assert!(parse_data_head(b"CLIENT_ERROR unknown shuffle\r\n").unwrap_err().to_string().contains("unknown"));
+        assert!(parse_record(b"1 2\r\n").is_err());
+        assert!(parse_record(b"1 2 -3\r\n").is_err());
     }
 
     #[test]

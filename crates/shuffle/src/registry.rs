@@ -80,7 +80,8 @@ enum Owner {
     Committed {
         shuffle: ShuffleKey,
     },
-    /// Its shuffle or attempt is gone; freed at the last unpin.
+    /// Its shuffle or attempt is gone, or it holds a reader's copies of another host's
+    /// segments; freed at the last unpin.
     Dead,
 }
 
@@ -290,6 +291,16 @@ impl Registry {
         self.counts.lookups += 1;
         self.counts.segments_served += found.len() as u64;
         Ok(found)
+    }
+
+    /// A block for copies of other hosts' segments that a LOOKUP on `conn` fetched
+    /// (crate::peer): owned by no shuffle, pinned for `conn`, so it is freed at the reader's
+    /// RELEASE or the connection's end. Counted against the pool's memory limit like any block.
+    pub fn alloc_copy(&mut self, conn: u64) -> Result<u32, ShuffleError> {
+        let id = self.pool.alloc().inspect_err(|_| self.counts.alloc_refused += 1)?;
+        self.blocks.insert(id, Block { owner: Owner::Dead, pins: 1 });
+        self.conns.entry(conn).or_default().pins.insert(id);
+        Ok(id)
     }
 
     /// `conn` is done reading `block`.
@@ -541,5 +552,18 @@ mod tests {
         let (_r, dir) = registry(1);
         let e = BlockPool::open(&dir, BLOCK, 1, 1).err().unwrap();
         assert!(e.to_string().contains("in use by another"), "{e}");
+    }
+
+    #[test]
+    fn copy_blocks_count_against_the_limit_and_go_at_release_or_hang_up() {
+        let (mut r, _dir) = registry(2);
+        let a = r.alloc_copy(1).unwrap();
+        let b = r.alloc_copy(2).unwrap();
+        assert!(matches!(r.alloc_copy(1), Err(ShuffleError::PoolFull { .. })));
+        r.release(1, a).unwrap();
+        assert_eq!(r.pool().in_use(), 1);
+        assert!(r.release(1, a).is_err(), "released twice");
+        r.drop_conn(2);
+        assert_eq!(r.pool().in_use(), 0, "block {b} freed when its reader hung up");
     }
 }

@@ -4,11 +4,13 @@
 //!
 //! Not for: the rules (crate::registry) or the wire format (crate::proto).
 
+use crate::peer;
 use crate::pool::BlockPool;
 use crate::proto::{self, Request, LINE_BYTES_MAX};
-use crate::registry::{Limits, Registry, Segment};
+use crate::registry::{Found, Limits, Registry, Segment};
 use crate::ShuffleError;
 use serde::Deserialize;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -34,6 +36,11 @@ pub struct ShuffleConfig {
     pub connections_max: usize,
     /// A connection silent this long is closed (its uncommitted blocks freed).
     pub idle_timeout_s: u64,
+    /// The other hosts' shuffle daemons (`ip:port`), asked for their segments when a reducer
+    /// here looks up a partition (crate::peer). Empty: one host.
+    pub peers: Vec<String>,
+    /// Connect/read/write timeout of one FETCH from a peer.
+    pub peer_timeout_ms: u64,
 }
 
 impl Default for ShuffleConfig {
@@ -47,6 +54,8 @@ impl Default for ShuffleConfig {
             free_blocks_keep: 64,
             connections_max: 512,
             idle_timeout_s: 600,
+            peers: Vec::new(),
+            peer_timeout_ms: 10_000,
         }
     }
 }
@@ -62,7 +71,12 @@ pub struct Settings {
     pub connections_max: usize,
     pub idle_timeout: Duration,
     pub limits: Limits,
+    pub peers: Vec<SocketAddr>,
+    pub peer_timeout: Duration,
 }
+
+/// Most `[shuffle] peers` (each LOOKUP asks every one of them).
+pub const PEERS_MAX: usize = 64;
 
 impl ShuffleConfig {
     pub fn validate(&self) -> Result<Settings, String> {
@@ -79,6 +93,14 @@ impl ShuffleConfig {
         if self.dir.is_empty() || self.connections_max == 0 || self.idle_timeout_s == 0 {
             return Err("dir, connections_max and idle_timeout_s must be set".into());
         }
+        if self.peers.len() > PEERS_MAX || self.peer_timeout_ms == 0 {
+            return Err(format!("at most {PEERS_MAX} peers, and peer_timeout_ms must be set"));
+        }
+        let peers = self
+            .peers
+            .iter()
+            .map(|p| p.parse::<SocketAddr>().map_err(|e| format!("peers: {p:?}: {e} (ip:port)")))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Settings {
             addr,
             dir: PathBuf::from(&self.dir),
@@ -88,6 +110,8 @@ impl ShuffleConfig {
             connections_max: self.connections_max,
             idle_timeout: Duration::from_secs(self.idle_timeout_s),
             limits: Limits::default(),
+            peers,
+            peer_timeout: Duration::from_millis(self.peer_timeout_ms),
         })
     }
 }
@@ -100,6 +124,9 @@ struct Shared {
     dir: String,
     /// The registry's bound, checked here too before a COMMIT's lines are read.
     segments_per_commit_max: usize,
+    peers: Vec<SocketAddr>,
+    fetch_limits: peer::FetchLimits,
+    peer_counts: peer::PeerCounts,
 }
 
 impl Shared {
@@ -132,6 +159,13 @@ impl ShuffleService {
             next_conn: AtomicU64::new(1),
             dir: settings.dir.display().to_string(),
             segments_per_commit_max: settings.limits.segments_per_commit_max,
+            peers: settings.peers.clone(),
+            fetch_limits: peer::FetchLimits {
+                timeout: settings.peer_timeout,
+                block_bytes: settings.block_bytes,
+                records_max: settings.limits.map_outputs_max,
+            },
+            peer_counts: peer::PeerCounts::default(),
         });
         let (sh, max, idle) = (shared.clone(), settings.connections_max, settings.idle_timeout);
         std::thread::Builder::new()
@@ -201,6 +235,10 @@ impl ShuffleService {
             let _ = writeln!(out, "# HELP slipstream_shuffle_{name} {help}\n# TYPE slipstream_shuffle_{name} {kind}");
             let _ = writeln!(out, "slipstream_shuffle_{name} {v}");
         }
+        for (name, kind, help, v) in self.shared.peer_counts.rows() {
+            let _ = writeln!(out, "# HELP slipstream_shuffle_{name} {help}\n# TYPE slipstream_shuffle_{name} {kind}");
+            let _ = writeln!(out, "slipstream_shuffle_{name} {v}");
+        }
         let refused = self.shared.connections_refused.load(Ordering::Relaxed);
         let _ =
             writeln!(out, "# HELP slipstream_shuffle_connections_refused_total Connections closed at connections_max");
@@ -262,6 +300,10 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
         }
         out.clear();
         let keep = match proto::parse_request(&line) {
+            Ok(Request::Fetch { app, shuffle, reduce }) => {
+                answer_fetch(&mut w, shared, conn, (app, shuffle, reduce))?;
+                continue;
+            }
             Ok(req) => handle(req, &mut r, shared, conn, &mut out)?,
             Err(e) => {
                 proto::error(&mut out, &e);
@@ -322,10 +364,12 @@ fn handle(
                 Err(e) => proto::error(out, &e),
             }
         }
-        Request::Lookup { app, shuffle, reduce } => match shared.registry().lookup(conn, app, shuffle, reduce) {
+        Request::Lookup { app, shuffle, reduce } => match lookup_everywhere(shared, conn, (app, shuffle, reduce)) {
             Ok(found) => proto::segments(out, &found),
             Err(e) => proto::error(out, &e),
         },
+        // Answered by `serve` (it streams).
+        Request::Fetch { .. } => {}
         Request::Release { block } => done(out, shared.registry().release(conn, block)),
         Request::Lost { app, shuffle, map, attempt } => done(out, shared.registry().lost(app, shuffle, map, attempt)),
         Request::Unregister { app, shuffle } => {
@@ -338,6 +382,83 @@ fn handle(
         }
     }
     Ok(true)
+}
+
+/// A peer's FETCH: this daemon's own segments of the partition, streamed (pinned while sent).
+/// A shuffle unknown here is an empty answer: no map task of it ran on this host.
+fn answer_fetch(
+    w: &mut TcpStream,
+    shared: &Shared,
+    conn: u64,
+    (app, shuffle, reduce): (&str, u32, u32),
+) -> std::io::Result<()> {
+    let found = match shared.registry().lookup(conn, app, shuffle, reduce) {
+        Ok(found) => found,
+        Err(ShuffleError::UnknownShuffle) => Vec::new(),
+        Err(e) => {
+            let mut out = String::new();
+            proto::error(&mut out, &e);
+            return w.write_all(out.as_bytes());
+        }
+    };
+    let dir = PathBuf::from(&shared.dir);
+    let sent = peer::send_answer(w, &found, &|id| dir.join(format!("blk-{id}")));
+    let mut r = shared.registry();
+    for f in &found {
+        let _ = r.release(conn, f.block);
+    }
+    drop(r);
+    shared.peer_counts.bytes_sent.fetch_add(*sent.as_ref().unwrap_or(&0), Ordering::Relaxed);
+    sent.map(|_| ())
+}
+
+/// LOOKUP: this daemon's segments, then each peer's (copied into blocks pinned for `conn`),
+/// in map order. A map found here is not taken again from a peer; a peer that fails leaves
+/// its maps out, and the reader's FetchFailed makes Spark recompute them.
+fn lookup_everywhere(
+    shared: &Shared,
+    conn: u64,
+    (app, shuffle, reduce): (&str, u32, u32),
+) -> Result<Vec<Found>, ShuffleError> {
+    let local = shared.registry().lookup(conn, app, shuffle, reduce);
+    if shared.peers.is_empty() {
+        return local;
+    }
+    let mut found = match local {
+        Ok(found) => found,
+        Err(ShuffleError::UnknownShuffle) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    for &p in &shared.peers {
+        let mut alloc = || {
+            let mut r = shared.registry();
+            let id = r.alloc_copy(conn)?;
+            Ok((id, r.pool().path(id)))
+        };
+        let got = peer::fetch(p, &shared.fetch_limits, (app, shuffle, reduce), &mut alloc);
+        shared.peer_counts.fetches.fetch_add(1, Ordering::Relaxed);
+        let kept: Vec<Found> = match got.result {
+            Ok(bytes) => {
+                shared.peer_counts.bytes_received.fetch_add(bytes, Ordering::Relaxed);
+                let have: HashSet<u32> = found.iter().map(|f| f.map).collect();
+                got.found.into_iter().filter(|f| !have.contains(&f.map)).collect()
+            }
+            Err(_) => {
+                shared.peer_counts.fetch_errors.fetch_add(1, Ordering::Relaxed);
+                Vec::new()
+            }
+        };
+        let used: HashSet<u32> = kept.iter().map(|f| f.block).collect();
+        let mut r = shared.registry();
+        for b in got.blocks.iter().filter(|b| !used.contains(b)) {
+            let _ = r.release(conn, *b);
+        }
+        drop(r);
+        found.extend(kept);
+    }
+    // Map order; within a map the peer's order (a stable sort keeps it).
+    found.sort_by_key(|f| f.map);
+    Ok(found)
 }
 
 #[cfg(test)]
