@@ -86,8 +86,8 @@ spark-changepoint: build
 spark-bench: build
 	bash bench/spark_bench.sh
 
-# Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager (bench/shuffle_bench.sh;
-# about 2 minutes).
+# Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager on
+# local-cluster[2,1,1024] (bench/shuffle_bench.sh; about 10 minutes on a loaded 2-core machine).
 shuffle-bench: build
 	SKIP_BUILD=1 bash bench/shuffle_bench.sh
 

@@ -95,6 +95,20 @@ if len(med) == 2:
     for k in keys:
         if med["sort"][k] > 0:
             lines.append("%s: slipstream / sort = %.2f  " % (k, med["slipstream"][k] / med["sort"][k]))
+# Paired by invocation (the same driver run, minutes apart): reduce stage and job medians.
+orders = sorted({x.get("order", "") for x in rows})
+if len(orders) > 1:
+    lines += ["", "| invocation (order) | sort reduce stage ms | slipstream reduce stage ms | ratio | sort job ms | slipstream job ms | ratio |",
+              "|---|---|---|---|---|---|---|"]
+    for o in orders:
+        m = {}
+        for mg in ("sort", "slipstream"):
+            r = [x for x in rows if x["manager"] == mg and not x["warmup"] and x.get("order", "") == o]
+            if r:
+                m[mg] = (statistics.median(x["reduce_stage_ms"] for x in r), statistics.median(x["job_ms"] for x in r))
+        if len(m) == 2:
+            lines.append("| %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |" % (o, m["sort"][0], m["slipstream"][0],
+                         m["slipstream"][0] / m["sort"][0], m["sort"][1], m["slipstream"][1], m["slipstream"][1] / m["sort"][1]))
 text = "\n".join(lines) + "\n"
 open(os.path.join(out, "summary.md"), "w").write(text)
 print(text)

@@ -126,9 +126,9 @@ public final class ShuffleBench {
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
-                        + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\"}%n",
+                        + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\"}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
-                        mapCpuMs, reduceCpuMs, fetchWaitMs, master);
+                        mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers));
             }
             spark.stop();
         }

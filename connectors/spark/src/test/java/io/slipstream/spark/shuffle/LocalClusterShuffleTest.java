@@ -180,6 +180,19 @@ class LocalClusterShuffleTest {
         return out.stream().sorted().toList();
     }
 
+    /** (i % 10, sum of i) for i in [0, n) through a shuffle into `reduces` partitions; `mapped`
+     * counts the records the map side made (more than n when map tasks ran again). */
+    static JavaPairRDD<Integer, Integer> sumsByTenRdd(int n, int reduces, LongAccumulator mapped) {
+        List<Integer> xs = new ArrayList<>(n);
+        for (int i = 0; i < n; i++) {
+            xs.add(i);
+        }
+        return sc().parallelize(xs, 4).mapToPair(i -> {
+            mapped.add(1);
+            return new Tuple2<>(i % 10, i);
+        }).reduceByKey(Integer::sum, reduces);
+    }
+
     /** Counts FetchFailed task ends and removed executors while installed. */
     static final class Watch extends SparkListener implements AutoCloseable {
         final AtomicInteger fetchFailed = new AtomicInteger();
@@ -229,20 +242,13 @@ class LocalClusterShuffleTest {
     @Order(2)
     void aLostSegmentRaisesFetchFailedAndSparkRecomputes() throws Exception {
         LongAccumulator mapped = sc().sc().longAccumulator("mapped-lost");
-        List<Integer> xs = new ArrayList<>();
-        for (int i = 0; i < 5000; i++) {
-            xs.add(i);
-        }
-        JavaPairRDD<Integer, Integer> sums = sc().parallelize(xs, 4).mapToPair(i -> {
-            mapped.add(1);
-            return new Tuple2<>(i % 10, i);
-        }).reduceByKey(Integer::sum, 3);
+        JavaPairRDD<Integer, Integer> sums = sumsByTenRdd(5000, 3, mapped);
         try (Watch w = new Watch()) {
             assertEquals(sumsByTen(5000), SlipstreamShuffleManagerTest.sorted(within(sums.collectAsync())));
             assertEquals(5000, mapped.value());
             // The daemon drops one map output (what LOST does for a reader that found its block
             // unreadable): the next reader of it must raise FetchFailed, not return less data.
-            String app = spark.sparkContext().applicationId().replaceAll("[^A-Za-z0-9._-]", "_");
+            String app = SlipstreamShuffleManager.daemonAppId(spark.sparkContext().applicationId());
             int shuffle = shuffleId(sums);
             try (ShuffleClient c = new ShuffleClient(daemon.endpoint(), 2000, 10_000)) {
                 List<ShuffleClient.Segment> segs = c.lookup(app, shuffle, 0);
@@ -287,14 +293,7 @@ class LocalClusterShuffleTest {
     @Order(3)
     void anExecutorKilledDuringTheReduceStageIsRecomputed() throws Exception {
         LongAccumulator mapped = sc().sc().longAccumulator("mapped-kill");
-        List<Integer> xs = new ArrayList<>();
-        for (int i = 0; i < 20_000; i++) {
-            xs.add(i);
-        }
-        JavaPairRDD<Integer, Integer> sums = sc().parallelize(xs, 4).mapToPair(i -> {
-            mapped.add(1);
-            return new Tuple2<>(i % 10, i);
-        }).reduceByKey(Integer::sum, 4);
+        JavaPairRDD<Integer, Integer> sums = sumsByTenRdd(20_000, 4, mapped);
         // Each reduce task takes a while, so the kill lands while the victim's reduce task runs.
         JavaPairRDD<Integer, Integer> slow = sums.mapPartitionsToPair(it -> {
             Thread.sleep(3000);
@@ -358,14 +357,7 @@ class LocalClusterShuffleTest {
     @Order(4)
     void aDaemonRestartedBetweenJobsIsRecomputed() throws Exception {
         LongAccumulator mapped = sc().sc().longAccumulator("mapped-restart");
-        List<Integer> xs = new ArrayList<>();
-        for (int i = 0; i < 5000; i++) {
-            xs.add(i);
-        }
-        JavaPairRDD<Integer, Integer> sums = sc().parallelize(xs, 4).mapToPair(i -> {
-            mapped.add(1);
-            return new Tuple2<>(i % 10, i);
-        }).reduceByKey(Integer::sum, 3);
+        JavaPairRDD<Integer, Integer> sums = sumsByTenRdd(5000, 3, mapped);
         try (Watch w = new Watch()) {
             assertEquals(sumsByTen(5000), SlipstreamShuffleManagerTest.sorted(within(sums.collectAsync())));
             daemon.restart(MEMORY_MB, BLOCK_KB);
