@@ -87,7 +87,7 @@ spark-bench: build
 	bash bench/spark_bench.sh
 
 # Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager on
-# local-cluster[2,1,1024] (bench/shuffle_bench.sh; about 10 minutes on a loaded 2-core machine).
+# local-cluster[2,1,1024] (bench/shuffle_bench.sh; 8-9 minutes on the loaded 2-core machine).
 shuffle-bench: build
 	SKIP_BUILD=1 bash bench/shuffle_bench.sh
 
