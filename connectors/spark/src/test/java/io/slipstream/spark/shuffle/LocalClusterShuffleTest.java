@@ -55,9 +55,11 @@ import org.junit.jupiter.api.MethodOrderer;
 import org.junit.jupiter.api.Order;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestMethodOrder;
+import org.junit.jupiter.api.Timeout;
 import scala.Tuple2;
 
 @TestMethodOrder(MethodOrderer.OrderAnnotation.class)
+@Timeout(value = 600, unit = TimeUnit.SECONDS)
 class LocalClusterShuffleTest {
     static final String MASTER = "local-cluster[2,1,1024]";
     static final int MEMORY_MB = 256;
@@ -104,10 +106,28 @@ class LocalClusterShuffleTest {
         SparkSession s = b.getOrCreate();
         s.sparkContext().setLogLevel("WARN");
         appIds.add(s.sparkContext().applicationId());
+        // Both executors up, or a clear failure: an executor that cannot start (its class path,
+        // SPARK_HOME) is restarted by its worker forever and a job would wait for it forever.
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(JOB_SECONDS_MAX);
+        while (s.sparkContext().statusTracker().getExecutorInfos().length < 3) { // the driver + 2
+            if (System.nanoTime() > deadline) {
+                String app = s.sparkContext().applicationId();
+                s.stop();
+                throw new IllegalStateException("local-cluster executors not registered in " + JOB_SECONDS_MAX
+                        + " s; their logs: target/local-cluster-logs/" + app + "/*/stderr");
+            }
+            try {
+                Thread.sleep(200);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("interrupted", e);
+            }
+        }
         return s;
     }
 
     @BeforeAll
+    @Timeout(value = 900, unit = TimeUnit.SECONDS)
     static void start() throws IOException {
         daemon = new ShuffleDaemon(MEMORY_MB, BLOCK_KB);
         SparkSession sort = session(null);
