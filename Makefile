@@ -46,8 +46,11 @@ MVN ?= mvn -B -ntp
 spark-build:
 	cd connectors/spark && $(MVN) -q -DskipTests package
 
+# The local-cluster tests start executor JVMs from a Spark installation: pip's pyspark==4.0.1
+# (tests/requirements.txt, installed by scripts/setup.sh).
+PYSPARK_HOME = $(shell $(PYTHON) -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)
 test-spark: test-rust
-	cd connectors/spark && SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(MVN) test
+	cd connectors/spark && SPARK_HOME=$(PYSPARK_HOME) SLIPSTREAM_BIN=$(CURDIR)/$(BIN) $(MVN) test
 
 test: lint test-rust test-py test-spark test-hbase-java
 
@@ -83,8 +86,8 @@ spark-changepoint: build
 spark-bench: build
 	bash bench/spark_bench.sh
 
-# Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager (bench/shuffle_bench.sh;
-# about 2 minutes).
+# Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager on
+# local-cluster[2,1,1024] (bench/shuffle_bench.sh; 8-9 minutes on the loaded 2-core machine).
 shuffle-bench: build
 	SKIP_BUILD=1 bash bench/shuffle_bench.sh
 

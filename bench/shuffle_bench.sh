@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
-# shuffle_bench.sh — issue 17's first measurement: Spark's GroupByTest shape (NetSpark's GroupBy)
+# shuffle_bench.sh — issue 17's GroupBy measurement: Spark's GroupByTest shape (NetSpark's GroupBy)
 # with Spark's built-in sort shuffle vs io.slipstream.spark.shuffle.SlipstreamShuffleManager over
-# the daemon's [shuffle] pool, same JVM run, same data, same machine.
+# the daemon's [shuffle] pool, same driver run, same data, same machine.
 #
-# Driver: connectors/spark/.../bench/ShuffleBench.java (Spark local[2], one SparkSession per
-# manager, one warm-up round then RUNS measured rounds each). Figures: map stage (shuffle write),
-# reduce stage (shuffle read + group), job (wall ms), and the stages' summed task CPU ms
-# (Spark's executorCpuTime: steadier than wall time on a shared machine); medians of the
-# measured rounds.
+# Driver: connectors/spark/.../bench/ShuffleBench.java (one SparkSession per manager, one warm-up
+# round then RUNS measured rounds each). By default on MASTER=local-cluster[2,1,1024]: a
+# standalone master and two workers in the driver JVM, two executor JVMs (1 core, 1 GiB each)
+# started from pip's pyspark 4.0.1 SPARK_HOME (scripts/setup.sh installs it), the jar in
+# spark.jars as users pass it; the sort shuffle then fetches half of each reducer's blocks from
+# the other executor over Spark's Netty transport (loopback). MASTER=local[2] gives the one-JVM
+# shape of the first figures. The script runs the driver twice, managers in the order
+# sort,slipstream then slipstream,sort, so neither always goes first on a drifting machine.
+# Figures: map stage (shuffle write), reduce stage (shuffle read + group), fetch wait, job (wall
+# ms), and the stages' summed task CPU ms (Spark's executorCpuTime: steadier than wall time on a
+# shared machine); medians over all measured rounds of both invocations.
 # Local path only (executors and the daemon on one host); the sort shuffle compresses (lz4,
 # Spark's default), Slipstream does not.
 #
-# Output: RESULTS_DIR (default bench/results/shuffle-<UTC timestamp>/): shuffle.jsonl, summary.md.
-# Knobs: RECORDS [1000000], MAPS [8], REDUCES [8], VALUE_BYTES [100], RUNS [3], MEMORY_MB [4096],
+# Output: RESULTS_DIR (default bench/results/shuffle-<UTC timestamp>/): shuffle.jsonl, summary.md,
+# uptime.txt (load before/after), executor-logs/.
+# Knobs: RECORDS [1000000], MAPS [8], REDUCES [8], VALUE_BYTES [100], RUNS [5, per invocation
+#   and manager: 2 x RUNS measured rounds each], MEMORY_MB [4096], MASTER [local-cluster[2,1,1024]],
 #   SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream].
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
 RECORDS="${RECORDS:-1000000}" MAPS="${MAPS:-8}" REDUCES="${REDUCES:-8}" VALUE_BYTES="${VALUE_BYTES:-100}"
-RUNS="${RUNS:-3}" MEMORY_MB="${MEMORY_MB:-4096}"
+RUNS="${RUNS:-5}" MEMORY_MB="${MEMORY_MB:-4096}" MASTER="${MASTER:-local-cluster[2,1,1024]}"
 OUT="${RESULTS_DIR:-$ROOT/bench/results/shuffle-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
+JAR="$ROOT/connectors/spark/target/slipstream-spark-0.1.0.jar"
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
     (cd "$ROOT" && cargo build --release -p slipstream)
+    (cd "$ROOT/connectors/spark" && mvn -B -ntp -q -DskipTests package)
 fi
+[[ -f "$JAR" ]] || { echo "shuffle_bench: $JAR missing (make spark-build)" >&2; exit 1; }
+# local-cluster's workers start executors from a Spark installation: pip's pyspark.
+SPARK_HOME="${SPARK_HOME:-$(python3 -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
+export SPARK_HOME SPARK_SCALA_VERSION=2.13
+mkdir -p "$SPARK_HOME/work"
+WORK_BEFORE=$(ls "$SPARK_HOME/work")
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 KV_PORT=$(free_port); PORT=$(free_port)
 DIR=$(mktemp -d /dev/shm/slipstream-shuffle-bench-XXXXXX)
@@ -31,36 +47,68 @@ CONF="$OUT/daemon.toml"
 printf '[shuffle]\ntcp_port = %s\nmemory_mb = %s\ndir = "%s"\n' "$PORT" "$MEMORY_MB" "$DIR" > "$CONF"
 "$BIN" serve -p "$KV_PORT" -l 127.0.0.1 --config "$CONF" > "$OUT/daemon.log" 2>&1 &
 DAEMON=$!
-cleanup() { kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; rm -rf "$DIR"; }
+cleanup() {
+    kill "$DAEMON" 2>/dev/null || true; wait "$DAEMON" 2>/dev/null || true; rm -rf "$DIR"
+    # The workers' per-application directories (executor logs, a copy of the jar) move here.
+    for app in $(ls "$SPARK_HOME/work"); do
+        grep -qx "$app" <<<"$WORK_BEFORE" && continue
+        mkdir -p "$OUT/executor-logs/$app"
+        for f in "$SPARK_HOME/work/$app"/*/std*; do
+            [[ -f "$f" ]] && cp "$f" "$OUT/executor-logs/$app/$(basename "$(dirname "$f")")-$(basename "$f")"
+        done
+        rm -rf "${SPARK_HOME:?}/work/$app"
+    done
+}
 trap cleanup EXIT
 for _ in $(seq 100); do
     (exec 3<>/dev/tcp/127.0.0.1/"$PORT") 2>/dev/null && break
     sleep 0.1
 done
-SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" bash "$ROOT/connectors/spark/bin/run-java.sh" io.slipstream.spark.bench.ShuffleBench \
-    endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" \
-    | grep '^{' | tee "$OUT/shuffle.jsonl"
+uptime > "$OUT/uptime.txt"
+for order in sort,slipstream slipstream,sort; do
+    SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
+        io.slipstream.spark.bench.ShuffleBench endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" \
+        reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" master="$MASTER" jar="$JAR" managers="$order" \
+        | grep '^{' | tee -a "$OUT/shuffle.jsonl"
+    uptime >> "$OUT/uptime.txt"
+done
 python3 - "$OUT" <<'PY'
 import json, statistics, sys, os
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(os.path.join(out, "shuffle.jsonl")) if l.strip()]
-lines = ["| manager | records | maps x reduces | value bytes | map stage ms | reduce stage ms | job ms | map task CPU ms | reduce task CPU ms | reduce stage ms per round |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+keys = ("map_stage_ms", "reduce_stage_ms", "fetch_wait_ms", "job_ms", "map_cpu_ms", "reduce_cpu_ms")
+lines = ["| manager | master | records | maps x reduces | value bytes | rounds | map stage ms | reduce stage ms | fetch wait ms | job ms | map task CPU ms | reduce task CPU ms | reduce stage ms per round |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 med = {}
 for m in ("sort", "slipstream"):
     r = [x for x in rows if x["manager"] == m and not x["warmup"]]
     if not r:
         continue
-    med[m] = {k: statistics.median(x[k] for x in r) for k in ("map_stage_ms", "reduce_stage_ms", "job_ms", "map_cpu_ms", "reduce_cpu_ms")}
+    med[m] = {k: statistics.median(x[k] for x in r) for k in keys}
     x = r[0]
-    lines.append("| %s | %d | %dx%d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %s |" % (
-        m, x["records"], x["maps"], x["reduces"], x["value_bytes"], med[m]["map_stage_ms"],
-        med[m]["reduce_stage_ms"], med[m]["job_ms"], med[m]["map_cpu_ms"], med[m]["reduce_cpu_ms"],
-        ", ".join(str(y["reduce_stage_ms"]) for y in r)))
+    lines.append("| %s | %s | %d | %dx%d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |" % (
+        m, x["master"], x["records"], x["maps"], x["reduces"], x["value_bytes"], len(r), med[m]["map_stage_ms"],
+        med[m]["reduce_stage_ms"], med[m]["fetch_wait_ms"], med[m]["job_ms"], med[m]["map_cpu_ms"],
+        med[m]["reduce_cpu_ms"], ", ".join(str(y["reduce_stage_ms"]) for y in r)))
 if len(med) == 2:
-    for k in ("map_stage_ms", "reduce_stage_ms", "job_ms", "map_cpu_ms", "reduce_cpu_ms"):
-        lines.append("")
-        lines.append("%s: slipstream / sort = %.2f" % (k, med["slipstream"][k] / med["sort"][k]))
+    lines.append("")
+    for k in keys:
+        if med["sort"][k] > 0:
+            lines.append("%s: slipstream / sort = %.2f  " % (k, med["slipstream"][k] / med["sort"][k]))
+# Paired by invocation (the same driver run, minutes apart): reduce stage and job medians.
+orders = sorted({x.get("order", "") for x in rows})
+if len(orders) > 1:
+    lines += ["", "| invocation (order) | sort reduce stage ms | slipstream reduce stage ms | ratio | sort job ms | slipstream job ms | ratio |",
+              "|---|---|---|---|---|---|---|"]
+    for o in orders:
+        m = {}
+        for mg in ("sort", "slipstream"):
+            r = [x for x in rows if x["manager"] == mg and not x["warmup"] and x.get("order", "") == o]
+            if r:
+                m[mg] = (statistics.median(x["reduce_stage_ms"] for x in r), statistics.median(x["job_ms"] for x in r))
+        if len(m) == 2:
+            lines.append("| %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |" % (o, m["sort"][0], m["slipstream"][0],
+                         m["slipstream"][0] / m["sort"][0], m["sort"][1], m["slipstream"][1], m["slipstream"][1] / m["sort"][1]))
 text = "\n".join(lines) + "\n"
 open(os.path.join(out, "summary.md"), "w").write(text)
 print(text)

@@ -37,8 +37,9 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   command -v rustup >/dev/null 2>&1 && rustup component add rustfmt clippy || true
 fi
 
-# Python test dependencies: whatever tests/requirements.txt names that is not installed (so a
-# package added to the file later reaches machines that already have the older set).
+# Python test dependencies (pyspark among them: the SPARK_HOME of the local-cluster Spark tests):
+# whatever tests/requirements.txt names that is not installed (so a package added to the file
+# later reaches machines that already have the older set).
 PY=${PYTHON:-python3}
 # Every distribution the file names is installed? (names only; pip decides versions below.)
 missing_py=$($PY - <<'PYEOF'

@@ -3,10 +3,14 @@
 // value), cached and counted first, then groupByKey(reduces).count(). For each shuffle manager in
 // turn (a new SparkSession each: the manager is fixed when a context starts), one warm-up round
 // and `runs` measured rounds; the map (shuffle write) and reduce (shuffle read + group) stage
-// times come from Spark's own stage submission/completion times, and each stage's task CPU time
-// (executorCpuTime summed over its tasks) from its task metrics. One JSON line per round on stdout.
+// times come from Spark's own stage submission/completion times, each stage's task CPU time
+// (executorCpuTime summed over its tasks) and the reduce stage's fetch wait from its task
+// metrics. One JSON line per round on stdout.
 //
-// Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3 master=local[2]
+// Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3
+//   master=local-cluster[2,1,1024] jar=PATH managers=sort,slipstream
+// With executor JVMs (local-cluster, spark://), `jar` (this module's jar) goes to spark.jars, as
+// users pass it with --jars: the executors load the shuffle manager and the job's code from it.
 // Not for: correctness (src/test/.../shuffle).
 package io.slipstream.spark.bench;
 
@@ -32,6 +36,7 @@ public final class ShuffleBench {
     static final class Stages extends SparkListener {
         final Map<Integer, Long> ms = new HashMap<>();
         final Map<Integer, Long> cpuMs = new HashMap<>();
+        final Map<Integer, Long> fetchWaitMs = new HashMap<>();
 
         @Override
         public synchronized void onStageCompleted(SparkListenerStageCompleted e) {
@@ -40,6 +45,7 @@ public final class ShuffleBench {
                 ms.put(s.stageId(), (Long) s.completionTime().get() - (Long) s.submissionTime().get());
                 // CPU of the stage's task threads: less at the mercy of other load than wall time.
                 cpuMs.put(s.stageId(), s.taskMetrics().executorCpuTime() / 1_000_000);
+                fetchWaitMs.put(s.stageId(), s.taskMetrics().shuffleReadMetrics().fetchWaitTime());
             }
         }
     }
@@ -57,11 +63,17 @@ public final class ShuffleBench {
         int runs = Integer.parseInt(o.getOrDefault("runs", "3"));
         String endpoint = o.getOrDefault("endpoint", "127.0.0.1:7300");
         String master = o.getOrDefault("master", "local[2]");
-        for (String manager : List.of("sort", "slipstream")) {
+        String jar = o.get("jar");
+        // The order the managers run in (the script alternates it between invocations).
+        List<String> managers = List.of(o.getOrDefault("managers", "sort,slipstream").split(","));
+        for (String manager : managers) {
             SparkSession.Builder b = SparkSession.builder().master(master).appName("shuffle-bench-" + manager)
                     .config("spark.ui.enabled", "false")
                     .config("spark.driver.host", "127.0.0.1")
                     .config("spark.driver.bindAddress", "127.0.0.1");
+            if (jar != null) {
+                b.config("spark.jars", jar);
+            }
             if (manager.equals("slipstream")) {
                 b.config("spark.shuffle.manager", SlipstreamShuffleManager.class.getName())
                         .config(SlipstreamShuffleManager.ENDPOINT, endpoint);
@@ -91,6 +103,7 @@ public final class ShuffleBench {
                 synchronized (stages) {
                     stages.ms.clear();
                     stages.cpuMs.clear();
+                    stages.fetchWaitMs.clear();
                 }
                 long t0 = System.nanoTime();
                 long groups = pairs.groupByKey(reduces).count();
@@ -100,6 +113,7 @@ public final class ShuffleBench {
                 long reduceMs;
                 long mapCpuMs;
                 long reduceCpuMs;
+                long fetchWaitMs;
                 synchronized (stages) {
                     // The job's two stages: the shuffle map stage has the lower id.
                     List<Integer> ids = new ArrayList<>(stages.ms.keySet());
@@ -108,12 +122,13 @@ public final class ShuffleBench {
                     reduceMs = ids.size() == 2 ? stages.ms.get(ids.get(1)) : -1L;
                     mapCpuMs = ids.size() == 2 ? stages.cpuMs.get(ids.get(0)) : -1L;
                     reduceCpuMs = ids.size() == 2 ? stages.cpuMs.get(ids.get(1)) : -1L;
+                    fetchWaitMs = ids.size() == 2 ? stages.fetchWaitMs.get(ids.get(1)) : -1L;
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
-                        + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d}%n",
+                        + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\"}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
-                        mapCpuMs, reduceCpuMs);
+                        mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers));
             }
             spark.stop();
         }

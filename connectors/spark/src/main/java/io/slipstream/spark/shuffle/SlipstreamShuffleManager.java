@@ -67,14 +67,16 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     String appId() {
         String a = appId;
         if (a == null) {
-            String raw = SparkEnv.get().conf().get("spark.app.id", "spark-app");
-            a = raw.replaceAll("[^A-Za-z0-9._-]", "_");
-            if (a.length() > 64) {
-                a = a.substring(a.length() - 64);
-            }
+            a = daemonAppId(SparkEnv.get().conf().get("spark.app.id", "spark-app"));
             appId = a;
         }
         return a;
+    }
+
+    /** A Spark application id as the daemon names it: one word of the control protocol, at most 64 characters. */
+    static String daemonAppId(String sparkAppId) {
+        String a = sparkAppId.replaceAll("[^A-Za-z0-9._-]", "_");
+        return a.length() > 64 ? a.substring(a.length() - 64) : a;
     }
 
     @Override
