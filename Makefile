@@ -107,6 +107,7 @@ bench: build
 	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
 	SKIP_BUILD=1 bash bench/shuffle_bench.sh
+	python3 bench/shuffle_peer_bench.py
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench
 	bash bench/repl_soak.sh
