@@ -5,10 +5,12 @@ For: the start-up they share — pick free loopback ports and render the config 
 write it to a temporary file, start the binary with its output in a log, wait until every port
 it should open accepts, retry with fresh ports when one was taken between probe and bind — and
 reading the log's tail, checking it is alive, removing its files.
-Not for: what goes in the config, how a subclass stops its process, or any traffic.
+Not for: what goes in the config or any traffic. `stop_group` is the one way the tests stop a
+process they started in a session of its own (SIGTERM, then SIGKILL after a bounded wait).
 """
 
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -19,6 +21,24 @@ import mcwire
 HOST = mcwire.HOST
 START_TIMEOUT_S = 10.0
 START_ATTEMPTS = 3
+
+
+def stop_group(proc, term_wait_s=5.0):
+    """Stops `proc` (started with start_new_session) and its process group: SIGTERM, then
+    SIGKILL if it has not exited within `term_wait_s`. A process already gone is fine."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=term_wait_s)
+        return
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
 
 
 class ConfigDaemon:

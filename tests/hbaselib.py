@@ -9,16 +9,14 @@ directly. Not for: assertions (tests/test_hbase.py).
 
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import tempfile
 import threading
-import time
 
 import mcwire
-from daemonlib import ConfigDaemon
+from daemonlib import ConfigDaemon, stop_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_SH = os.path.join(ROOT, "connectors", "hbase", "bin", "run.sh")
@@ -86,16 +84,7 @@ class MiniHBase:
         return None
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(20)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(10)
+        stop_group(self.proc, term_wait_s=20)
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

@@ -7,9 +7,7 @@ connection that ends frees its uncommitted blocks; the metrics have HELP lines.
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -48,13 +46,7 @@ class ShuffleDaemon(daemonlib.ConfigDaemon):
         return [self.kv_port, self.port, self.admin_port]
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        daemonlib.stop_group(self.proc)
         self.proc = None
 
     def metrics(self):

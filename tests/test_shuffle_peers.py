@@ -16,7 +16,6 @@ skipped otherwise. Every wait is bounded; the namespace, veth and daemons go eve
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ import urllib.request
 
 import pytest
 
+import daemonlib
 import mcwire
 
 BLOCK = 64 * 1024
@@ -75,13 +75,7 @@ class Host:
                 time.sleep(0.05)
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        daemonlib.stop_group(self.proc)
 
     def cleanup(self):
         self.stop()

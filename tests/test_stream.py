@@ -13,8 +13,6 @@ instead of hanging the suite. Seeds are fixed and printed (`pytest -s` shows the
 
 import json
 import math
-import os
-import signal
 import socket
 import struct
 import subprocess
@@ -97,21 +95,7 @@ class StreamDaemon(daemonlib.ConfigDaemon):
         return [self.kv_port, self.results_port]
 
     def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                self.proc.wait(timeout=5)
+        daemonlib.stop_group(self.proc)
         self.proc = None
 
     def send_udp(self, stream, payload):
