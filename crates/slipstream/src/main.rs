@@ -248,6 +248,27 @@ fn stream_metrics(streams: &Option<Arc<StreamService>>) -> Vec<MetricsFn> {
     }
 }
 
+/// The services with ports of their own, `[hbase]` (crates/rangecache's Thrift front end) and
+/// `[shuffle]` (crates/shuffle): started, described on the status line, metrics on the one
+/// admin endpoint. They run as long as the process.
+fn start_services(cfg: &Config, line: &mut String, metrics: &mut Vec<MetricsFn>) -> Result<(), MainError> {
+    if let Some(h) = cfg.hbase.clone() {
+        let svc = Arc::new(
+            slipstream_rangecache::HbaseService::start(h).map_err(|e| MainError::Start(format!("[hbase]: {e}")))?,
+        );
+        line.push_str(&svc.describe());
+        metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
+    }
+    if let Some(sh) = cfg.shuffle.clone() {
+        let svc = Arc::new(
+            slipstream_shuffle::ShuffleService::start(sh).map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
+        );
+        line.push_str(&svc.describe());
+        metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
+    }
+    Ok(())
+}
+
 /// Stop the stream engine's threads if nothing else holds it (the admin thread may; then the
 /// process exit ends them).
 fn stop_streams(streams: Option<Arc<StreamService>>) {
@@ -484,23 +505,21 @@ fn drop_privileges(
     }
 }
 
-/// Streams (and their results port) only, no KV port: `-p 0` with `[[stream]]`s.
-fn serve_streams_only(
+/// No KV port (`-p 0`): the other services only — streams and their results port, `[hbase]`,
+/// `[shuffle]` — with the admin endpoint.
+fn serve_without_kv(
     cfg: Config,
     sigset: libc::sigset_t,
     target: Option<privs::Target>,
     daemon: Option<daemon::Daemon>,
 ) -> Result<(), MainError> {
-    let (streams, stream_line) = start_streams(&cfg)?;
+    let (streams, mut stream_line) = start_streams(&cfg)?;
+    let mut extra_metrics = stream_metrics(&streams);
+    start_services(&cfg, &mut stream_line, &mut extra_metrics)?;
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
             addr,
-            AdminState {
-                node: None,
-                tenants: None,
-                token: cfg.admin_token.clone(),
-                extra_metrics: stream_metrics(&streams),
-            },
+            AdminState { node: None, tenants: None, token: cfg.admin_token.clone(), extra_metrics },
         ) {
             Ok(local) => format!(", metrics http://{local}/metrics"),
             Err(e) => return Err(admin_bind_error(addr, e)),
@@ -585,13 +604,13 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         return serve_tenants(cfg, sigset, target, daemon);
     }
     if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() && cfg.security.unix_socket.is_none() {
-        if cfg.streams.is_empty() {
+        if cfg.streams.is_empty() && cfg.hbase.is_none() && cfg.shuffle.is_none() {
             return Err(MainError::Start(
-                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]] or [[tenant]] is configured: nothing to serve"
+                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]], [[tenant]], [hbase] or [shuffle] is configured: nothing to serve"
                     .into(),
             ));
         }
-        return serve_streams_only(cfg, sigset, target, daemon);
+        return serve_without_kv(cfg, sigset, target, daemon);
     }
 
     let store_cfg = StoreConfig {
@@ -654,22 +673,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, mut stream_line) = start_streams(&cfg)?;
     let mut extra_metrics = stream_metrics(&streams);
-    if let Some(h) = cfg.hbase.clone() {
-        // The HBase Thrift front end (crates/rangecache): its own port, metrics on the same endpoint.
-        let svc = Arc::new(
-            slipstream_rangecache::HbaseService::start(h).map_err(|e| MainError::Start(format!("[hbase]: {e}")))?,
-        );
-        stream_line.push_str(&svc.describe());
-        extra_metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
-    }
-    if let Some(sh) = cfg.shuffle.clone() {
-        // The Spark shuffle service (crates/shuffle): its own port and block directory.
-        let svc = Arc::new(
-            slipstream_shuffle::ShuffleService::start(sh).map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
-        );
-        stream_line.push_str(&svc.describe());
-        extra_metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
-    }
+    start_services(&cfg, &mut stream_line, &mut extra_metrics)?;
 
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(

@@ -314,3 +314,26 @@ fn a_streams_only_daemon_serves_its_results() {
     let (failed, err) = refused(&["-p", "0", "-U", "0"]);
     assert!(failed && err.contains("nothing to serve"), "{err}");
 }
+
+#[test]
+fn a_shuffle_only_daemon_serves_its_port_and_metrics() {
+    let (port, admin) = (free_port(), free_port());
+    let blocks = std::env::temp_dir().join(format!("slipstream-ports-shuffle-{}", std::process::id()));
+    let text = format!(
+        "[server]\nadmin = \"127.0.0.1:{admin}\"\n[shuffle]\ntcp_port = {port}\nmemory_mb = 1\nblock_kb = 64\ndir = \"{}\"\n",
+        blocks.display()
+    );
+    let (dir, cfg) = config_file(&text);
+    let d = start(&["--config", &cfg, "-p", "0"], Some(dir));
+    assert!(d.status_line.contains("tcp off, udp off"), "{}", d.status_line);
+    assert!(d.status_line.contains(&format!("shuffle 127.0.0.1:{port}")), "{}", d.status_line);
+    let mut c = connect(port);
+    c.write_all(b"HELLO\r\n").expect("hello");
+    let mut line = String::new();
+    BufReader::new(&mut c).read_line(&mut line).expect("answer");
+    assert!(line.starts_with("OK 1 65536 "), "{line:?}");
+    let (code, body) = http(admin, "GET", "/metrics", "", "");
+    assert!(code == 200 && body.contains("slipstream_shuffle_blocks_max 16\n"), "{code} {body}");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&blocks);
+}
