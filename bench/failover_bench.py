@@ -175,7 +175,9 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root):
                 [sys.executable, os.path.abspath(__file__), "writer", t, ports, str(k + 1), logs[t],
                  str(rate), str(client_timeout_ms), str(kills * ROUND_S_MAX + 120)],
                 stdin=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        # Each writer has written (Python starts slowly on a loaded box).
+        c.wait(lambda: all(os.path.exists(p) and os.path.getsize(p) > 0 for p in logs.values()), 60,
+               "the writers' first writes")
         tails = {t: Tail(logs[t]) for t in TENANTS}
         for r in range(kills):
             k = r % len(TENANTS)

@@ -24,6 +24,7 @@ Not for: shaping accuracy (bench/tenant_bench.sh) or failover (bench/failover_be
 """
 
 import json
+import statistics
 import os
 import shutil
 import subprocess
@@ -133,9 +134,9 @@ def main():
         pts = [r for r in rows if r["readers"] == k]
         p50 = sorted(r["t0_p50_us"] for r in pts)
         p99 = sorted(r["t0_p99_us"] for r in pts)
-        summary[k] = {"p50_us_median": p50[len(p50) // 2], "p99_us_median": p99[len(p99) // 2],
+        summary[k] = {"p50_us_median": statistics.median(p50), "p99_us_median": statistics.median(p99),
                       "p50_us": p50, "p99_us": p99,
-                      "readers_mb_per_s": sorted(r["readers_mb_per_s"] for r in pts)[len(pts) // 2]}
+                      "readers_mb_per_s": statistics.median(r["readers_mb_per_s"] for r in pts)}
     base = summary[0]
     for k in range(8):
         s = summary[k]
