@@ -111,6 +111,8 @@ bench: build
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench
 	bash bench/repl_soak.sh
+	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/failover_bench.py
+	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/isolation_bench.py
 
 clean:
 	$(CARGO) clean

@@ -19,6 +19,49 @@ pub struct ClusterSpec {
     pub peers: BTreeMap<u64, SocketAddr>,
     pub data_dir: PathBuf,
     pub fsync: FsyncMode,
+    /// Raft timing (`tick_ms`, `election_ticks`, `heartbeat_ticks`; see [`Timing`]).
+    pub timing: Timing,
+}
+
+/// Raft's clock of a node: one tick every `tick_ms`; a follower that hears no leader for a
+/// randomized `[election_ticks, 2 * election_ticks)` ticks starts a (pre-)vote; a leader
+/// sends heartbeats every `heartbeat_ticks`. The election timeout bounds failover time (a
+/// leader kill is noticed only after it); too short a one on a loaded host causes needless
+/// elections (pre-vote and check-quorum keep them from disturbing a healthy leader).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    pub tick_ms: u64,
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+}
+
+/// Longest tick: past it failover takes many seconds, which no setting here wants.
+pub const TICK_MS_MAX: u64 = 1000;
+/// Most ticks in an election timeout or heartbeat interval.
+pub const TICKS_MAX: usize = 1000;
+
+impl Default for Timing {
+    /// 100 ms ticks, 1-2 s election timeout, 300 ms heartbeats.
+    fn default() -> Timing {
+        Timing { tick_ms: 100, election_ticks: 10, heartbeat_ticks: 3 }
+    }
+}
+
+impl Timing {
+    /// Check the raw values: `tick_ms` 1..=TICK_MS_MAX, heartbeats more often than elections
+    /// (raft-rs requires `election_ticks > heartbeat_ticks >= 1`).
+    pub fn parse(tick_ms: u64, election_ticks: usize, heartbeat_ticks: usize) -> Result<Timing, String> {
+        if tick_ms == 0 || tick_ms > TICK_MS_MAX {
+            return Err(format!("tick_ms {tick_ms}: must be 1..={TICK_MS_MAX}"));
+        }
+        if heartbeat_ticks == 0 || election_ticks > TICKS_MAX || election_ticks <= heartbeat_ticks {
+            return Err(format!(
+                "election_ticks {election_ticks}, heartbeat_ticks {heartbeat_ticks}: need \
+                 {TICKS_MAX} >= election_ticks > heartbeat_ticks >= 1"
+            ));
+        }
+        Ok(Timing { tick_ms, election_ticks, heartbeat_ticks })
+    }
 }
 
 impl ClusterSpec {
@@ -58,7 +101,7 @@ impl ClusterSpec {
         }
         let fsync =
             FsyncMode::parse(fsync).ok_or_else(|| format!("fsync {fsync:?}: expected always, batch or never"))?;
-        Ok(ClusterSpec { node_id, peers: map, data_dir: PathBuf::from(data_dir), fsync })
+        Ok(ClusterSpec { node_id, peers: map, data_dir: PathBuf::from(data_dir), fsync, timing: Timing::default() })
     }
 
     /// Check a tenant's `replicas` (1 = unreplicated) and `preferred_leader` against this
@@ -122,5 +165,17 @@ mod tests {
         assert!(ClusterSpec::check_tenant(Some(&c), 2, Some(9)).unwrap_err().contains("preferred_leader"));
         assert!(ClusterSpec::check_tenant(None, 3, None).unwrap_err().contains("[cluster]"));
         assert!(ClusterSpec::check_tenant(Some(&c), 1, Some(1)).is_err());
+    }
+
+    #[test]
+    fn timing_needs_heartbeats_inside_the_election_timeout() {
+        assert_eq!(Timing::parse(50, 8, 2), Ok(Timing { tick_ms: 50, election_ticks: 8, heartbeat_ticks: 2 }));
+        assert!(Timing::parse(0, 8, 2).unwrap_err().contains("tick_ms"));
+        assert!(Timing::parse(TICK_MS_MAX + 1, 8, 2).unwrap_err().contains("tick_ms"));
+        assert!(Timing::parse(50, 2, 2).unwrap_err().contains("election_ticks > heartbeat_ticks"));
+        assert!(Timing::parse(50, 8, 0).is_err());
+        assert!(Timing::parse(50, TICKS_MAX + 1, 2).is_err());
+        let d = Timing::default();
+        assert_eq!(Timing::parse(d.tick_ms, d.election_ticks, d.heartbeat_ticks), Ok(d));
     }
 }

@@ -37,6 +37,7 @@
 //! caller is completed with `ReadBarrier` once this replica has applied up to the index the
 //! leader returned, so a read of the local store after it is linearizable.
 
+use crate::cluster::Timing;
 use crate::machine::{Applied, TenantMachine};
 use crate::mutation::Mutation;
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
@@ -82,16 +83,16 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    /// Defaults for a node: 100 ms ticks, 1-2 s election timeout, 300 ms heartbeats.
+    /// Defaults for a node: [`Timing::default`], fsync always.
     pub fn new(node_id: u64, peers: BTreeMap<u64, SocketAddr>, data_dir: PathBuf) -> NodeConfig {
         NodeConfig {
             node_id,
             peers,
             data_dir,
             fsync: FsyncMode::Always,
-            tick_ms: 100,
-            election_ticks: 10,
-            heartbeat_ticks: 3,
+            tick_ms: Timing::default().tick_ms,
+            election_ticks: Timing::default().election_ticks,
+            heartbeat_ticks: Timing::default().heartbeat_ticks,
             log_entries_max: 10_000,
         }
     }

@@ -58,6 +58,9 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
     }
     let mut nc = NodeConfig::new(c.node_id, c.peers.clone(), c.data_dir.clone());
     nc.fsync = c.fsync;
+    nc.tick_ms = c.timing.tick_ms;
+    nc.election_ticks = c.timing.election_ticks;
+    nc.heartbeat_ticks = c.timing.heartbeat_ticks;
     let specs = groups.iter().map(|(_, _, g)| g.clone()).collect();
     let node = Arc::new(ReplicationNode::start(nc, specs).map_err(|e| format!("replication: {e}"))?);
     let wait = Duration::from_millis(cfg.replica_opts.wait_ms);

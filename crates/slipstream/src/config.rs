@@ -4,7 +4,7 @@
 //! Not for: validating protocol input; only start-up settings live here.
 
 use serde::Deserialize;
-use slipstream_replication::cluster::ClusterSpec;
+use slipstream_replication::cluster::{ClusterSpec, Timing};
 use slipstream_stream::config::ResultsConfig;
 use slipstream_stream::StreamConfig;
 use slipstream_tenancy::{ShapingSpec, TenantSpec};
@@ -238,6 +238,11 @@ struct FileCluster {
     /// `PUT /tenants/{name}` `{"add_voter": id, "address": "ip:port"}`.
     #[serde(default)]
     join: bool,
+    /// Raft's clock (slipstream_replication::cluster::Timing): tick length, election timeout
+    /// and heartbeat interval in ticks. Defaults there.
+    tick_ms: Option<u64>,
+    election_ticks: Option<usize>,
+    heartbeat_ticks: Option<usize>,
 }
 
 fn default_fsync() -> String {
@@ -287,8 +292,15 @@ fn check_cluster(
             if c.wait_ms == 0 || c.wait_ms > REPLICA_WAIT_MS_MAX {
                 return Err(format!("[cluster]: wait_ms {}: must be 1..={REPLICA_WAIT_MS_MAX}", c.wait_ms));
             }
-            let spec = ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync)
+            let mut spec = ClusterSpec::parse(c.node_id, &c.peers, &c.data_dir, &c.fsync)
                 .map_err(|e| format!("[cluster]: {e}"))?;
+            let d = Timing::default();
+            spec.timing = Timing::parse(
+                c.tick_ms.unwrap_or(d.tick_ms),
+                c.election_ticks.unwrap_or(d.election_ticks),
+                c.heartbeat_ticks.unwrap_or(d.heartbeat_ticks),
+            )
+            .map_err(|e| format!("[cluster]: {e}"))?;
             (Some(spec), ReplicaOpts { local_reads, wait_ms: c.wait_ms, join: c.join })
         }
         None => (None, ReplicaOpts::default()),
@@ -1081,6 +1093,9 @@ mod tests {
             reads: default_reads(),
             wait_ms: default_wait_ms(),
             join: false,
+            tick_ms: None,
+            election_ticks: None,
+            heartbeat_ticks: None,
         };
         let file: FileConfig = toml::from_str(
             "[cluster]\nnode_id = 1\npeers = [\"1=127.0.0.1:13001\", \"2=127.0.0.1:13002\", \"3=127.0.0.1:13003\"]\n\
@@ -1108,6 +1123,14 @@ mod tests {
         assert!(e.unwrap_err().contains("reads \"stale\""));
         let e = check_cluster(Some(FileCluster { wait_ms: 0, ..cluster("never") }), &file.tenant);
         assert!(e.unwrap_err().contains("wait_ms 0"));
+        let (spec, _) = check_cluster(Some(cluster("never")), &file.tenant).unwrap();
+        assert_eq!(spec.unwrap().timing, Timing::default());
+        let fast =
+            FileCluster { tick_ms: Some(50), election_ticks: Some(8), heartbeat_ticks: Some(2), ..cluster("never") };
+        let (spec, _) = check_cluster(Some(fast), &file.tenant).unwrap();
+        assert_eq!(spec.unwrap().timing, Timing { tick_ms: 50, election_ticks: 8, heartbeat_ticks: 2 });
+        let e = check_cluster(Some(FileCluster { heartbeat_ticks: Some(10), ..cluster("never") }), &file.tenant);
+        assert!(e.unwrap_err().contains("election_ticks > heartbeat_ticks"));
         let mut one = file.tenant.clone();
         one[0].replicas = Some(1);
         one[0].preferred_leader = None;
