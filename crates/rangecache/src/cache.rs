@@ -25,8 +25,12 @@
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
 //!
-//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`; the
-//! least recently used entries are evicted first. This module does no I/O.
+//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`;
+//! eviction is CLOCK (second chance): entries sit in a ring in fill order, a hit only sets the
+//! entry's reference bit, and the hand evicts the first entry whose bit is clear, clearing set
+//! bits (moving those entries to the back) as it passes. Why not exact LRU: reordering an
+//! ordered index on every hit was a large part of an each-row hit (two B-tree updates per row
+//! served; docs/benchmarks.md, issue 16). This module does no I/O.
 
 use crate::reply::CachedRow;
 use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
@@ -121,7 +125,7 @@ pub type Rows = Arc<[Arc<CachedRow>]>;
 /// Rows gathered from each-row entries for one answer.
 pub type Assembled = Vec<Arc<CachedRow>>;
 
-/// What the LRU index points at.
+/// What the CLOCK ring points at.
 #[derive(Clone, Debug)]
 enum EntryRef {
     Query(Arc<[u8]>, QueryKey),
@@ -133,14 +137,20 @@ struct QueryEntry {
     /// Where the query continues past the cached rows (None = the result is complete).
     continue_at: Option<Vec<u8>>,
     bytes: usize,
+    /// Position in the CLOCK ring.
     tick: u64,
+    /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
+    referenced: bool,
 }
 
 /// An each-row entry: the whole row, or `None` cells when HBase has no such row.
 struct RowEntry {
     row: Arc<CachedRow>,
     bytes: usize,
+    /// Position in the CLOCK ring.
     tick: u64,
+    /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
+    referenced: bool,
 }
 
 /// Counters per table (also summed for the whole cache).
@@ -214,7 +224,9 @@ pub struct Cache {
     bytes: usize,
     tick: u64,
     tables: HashMap<Arc<[u8]>, TableState>,
-    lru: BTreeMap<u64, EntryRef>,
+    /// The CLOCK ring: entries by position (fill order, or when the hand last gave them a second
+    /// chance); the hand takes the first.
+    clock: BTreeMap<u64, EntryRef>,
 }
 
 /// A result served from the cache, and where the query continues past it (None = complete).
@@ -227,7 +239,7 @@ pub enum Hit {
 
 impl Cache {
     pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
-        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), lru: BTreeMap::new() }
+        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), clock: BTreeMap::new() }
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -309,10 +321,8 @@ impl Cache {
 
     fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
         let each = self.each_row_for(table, q);
-        let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
-        let Cache { tables, lru, tick: ticks, .. } = self;
-        let st = tables.get_mut(table)?;
+        let st = self.tables.get_mut(table)?;
         if first {
             if each {
                 st.stats.chosen_each_row += 1;
@@ -321,15 +331,12 @@ impl Cache {
             }
         }
         if each {
-            if let Some((rows, next)) = each_row_lookup(st, q, rows_max, ticks, lru) {
+            if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
                 return Some(Hit::Assembled(rows, next));
             }
         } else if let Some(e) = st.queries.get_mut(q) {
-            if let Some(r) = lru.remove(&e.tick) {
-                lru.insert(tick, r);
-            }
-            e.tick = tick;
+            e.referenced = true;
             st.stats.hits_all_row += 1;
             return Some(Hit::Rows(e.rows.clone(), e.continue_at.clone()));
         }
@@ -395,13 +402,14 @@ impl Cache {
             if let Some(old) = st.queries.remove(q) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
-                self.lru.remove(&old.tick);
+                self.clock.remove(&old.tick);
             }
             let st = self.table(table);
-            st.queries.insert(q.clone(), QueryEntry { rows: rows.into(), continue_at, bytes, tick });
+            let e = QueryEntry { rows: rows.into(), continue_at, bytes, tick, referenced: false };
+            st.queries.insert(q.clone(), e);
             st.bytes += bytes;
             self.bytes += bytes;
-            self.lru.insert(tick, EntryRef::Query(name, q.clone()));
+            self.clock.insert(tick, EntryRef::Query(name, q.clone()));
         }
         self.evict();
         true
@@ -415,15 +423,15 @@ impl Cache {
             let st = self.table(table);
             let name = st.name.clone().expect("named table");
             let key = r.row.row.clone();
-            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick }) {
+            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick, referenced: false }) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
-                self.lru.remove(&old.tick);
+                self.clock.remove(&old.tick);
             }
             let st = self.table(table);
             st.bytes += bytes;
             self.bytes += bytes;
-            self.lru.insert(tick, EntryRef::Row(name, key));
+            self.clock.insert(tick, EntryRef::Row(name, key));
         }
         let st = self.table(table);
         add_interval(&mut st.complete, start.to_vec(), stop.to_vec());
@@ -464,13 +472,13 @@ impl Cache {
         for k in hit {
             if let Some(e) = st.queries.remove(&k) {
                 freed += e.bytes;
-                self.lru.remove(&e.tick);
+                self.clock.remove(&e.tick);
                 st.stats.invalidations += 1;
             }
         }
         if let Some(e) = st.rows.remove(row) {
             freed += e.bytes;
-            self.lru.remove(&e.tick);
+            self.clock.remove(&e.tick);
             st.stats.invalidations += 1;
         }
         split_interval(&mut st.complete, row);
@@ -523,10 +531,10 @@ impl Cache {
             return;
         };
         for e in st.queries.values() {
-            self.lru.remove(&e.tick);
+            self.clock.remove(&e.tick);
         }
         for e in st.rows.values() {
-            self.lru.remove(&e.tick);
+            self.clock.remove(&e.tick);
         }
         st.stats.invalidations += (st.queries.len() + st.rows.len()) as u64;
         st.queries.clear();
@@ -537,12 +545,31 @@ impl Cache {
         st.bytes = 0;
     }
 
-    /// Evicts least recently used entries until under the memory limit.
+    /// Evicts entries until under the memory limit (CLOCK: an entry hit since the hand last
+    /// passed is moved to the back with its bit cleared instead). Bounded: every turn evicts an
+    /// entry or clears a bit, so the hand goes round at most twice.
     fn evict(&mut self) {
         while self.bytes > self.memory_bytes_max {
-            let Some((_, victim)) = self.lru.pop_first() else {
+            let Some((_, victim)) = self.clock.pop_first() else {
                 break;
             };
+            if self.second_chance(&victim) {
+                let tick = self.next_tick();
+                match &victim {
+                    EntryRef::Query(t, k) => {
+                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)) {
+                            e.tick = tick;
+                        }
+                    }
+                    EntryRef::Row(t, r) => {
+                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)) {
+                            e.tick = tick;
+                        }
+                    }
+                }
+                self.clock.insert(tick, victim);
+                continue;
+            }
             match victim {
                 EntryRef::Query(t, k) => {
                     if let Some(st) = self.tables.get_mut(&t) {
@@ -568,6 +595,17 @@ impl Cache {
         }
     }
 
+    /// Clears the entry's reference bit; true if it was set (the entry stays).
+    fn second_chance(&mut self, victim: &EntryRef) -> bool {
+        let bit = match victim {
+            EntryRef::Query(t, k) => {
+                self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
+            }
+            EntryRef::Row(t, r) => self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)).map(|e| &mut e.referenced),
+        };
+        bit.is_some_and(|b| std::mem::take(b))
+    }
+
     /// Per-table stats, by table name.
     pub fn table_stats(&self) -> Vec<(Vec<u8>, Stats, usize)> {
         let mut v: Vec<_> = self.tables.iter().map(|(n, s)| (n.to_vec(), s.stats, s.bytes)).collect();
@@ -579,13 +617,7 @@ impl Cache {
 /// Serves the start of `q` from each-row entries when a complete interval holds `q.start`:
 /// up to `rows_max` rows, and the key to continue from (None = `q` is done). Rows are shared
 /// with the cache unless `q` names columns (then projected copies, encoded here).
-fn each_row_lookup(
-    st: &mut TableState,
-    q: &QueryKey,
-    rows_max: usize,
-    tick: &mut u64,
-    lru: &mut BTreeMap<u64, EntryRef>,
-) -> Option<(Assembled, Option<Vec<u8>>)> {
+fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option<(Assembled, Option<Vec<u8>>)> {
     let iv_end = covering_end(&st.complete, &q.start)?;
     // The walk ends at the query's stop or the interval's, whichever comes first.
     let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
@@ -596,7 +628,6 @@ fn each_row_lookup(
     };
     let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
     let rows_max = rows_max.max(1);
-    let recent = lru.len() as u64 / 4;
     let mut out = Vec::with_capacity(rows_max.min(1024));
     let mut next = next;
     for (k, e) in st.rows.range_mut::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
@@ -614,18 +645,7 @@ fn each_row_lookup(
             Arc::new(CachedRow::new(r))
         };
         out.push(served);
-        // Refresh the row's recency (each row its own tick: the LRU index is keyed by tick),
-        // unless it is already among the most recent quarter of entries: eviction takes the
-        // oldest first, so moving it again changes nothing soon, and the two index updates per
-        // row were a large part of an each-row hit (approximate LRU).
-        if tick.saturating_sub(e.tick) <= recent {
-            continue;
-        }
-        if let Some(r) = lru.remove(&e.tick) {
-            *tick += 1;
-            lru.insert(*tick, r);
-            e.tick = *tick;
-        }
+        e.referenced = true;
     }
     Some((out, next))
 }
@@ -884,7 +904,7 @@ mod tests {
         assert_eq!(project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(), 1);
     }
 
-    /// Each-row hits refresh every row served with its own tick, so all rows stay in the LRU
+    /// Each-row hits set every served row's reference bit and leave the rows in the CLOCK ring,
     /// index and the memory limit keeps holding after hits.
     #[test]
     fn each_row_hits_keep_every_row_evictable() {
@@ -893,15 +913,15 @@ mod tests {
         let rows: Vec<_> = (0..20).map(|i| row(&format!("k{i:02}"), "v")).collect();
         assert!(c.fill(b"t", &q("k", "l"), rows, None, t));
         assert!(matches!(c.lookup(b"t", &q("k", "l"), 100), Some(Hit::Assembled(r, None)) if r.len() == 20));
-        assert_eq!(c.lru.len(), 20, "every row still evictable");
+        assert_eq!(c.clock.len(), 20, "every row still evictable");
         let used = c.bytes();
         c.memory_bytes_max = used / 2;
         c.evict();
         assert!(c.bytes() <= used / 2, "{} > {}", c.bytes(), used / 2);
     }
 
-    /// Rows served by each-row hits outlive rows not asked for since (recency is approximate
-    /// only among the most recent quarter).
+    /// Rows served by each-row hits outlive rows not asked for since (their reference bits give
+    /// them a second chance).
     #[test]
     fn each_row_hits_keep_their_rows_over_unused_ones() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
