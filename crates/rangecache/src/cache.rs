@@ -10,13 +10,16 @@
 //!   served from its row (or from an interval that proves the row absent).
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
-//! contain the rows and bumps the table's version), is forwarded, then calls
-//! [`Cache::end_write`] (bumps again). Writes by other HBase clients arrive as the
+//! contain the rows and logs them at a new table version), is forwarded, then calls
+//! [`Cache::end_write`] (logs them again). Writes by other HBase clients arrive as the
 //! RegionObserver's notices: [`Cache::notice_begin`] before HBase applies the write (same
 //! invalidation; the write waits for it) and [`Cache::notice_end`] once it is visible. A fill
-//! records the version when it starts ([`Cache::fill_ticket`]) and is dropped if the version
-//! moved or a write (of either kind) was in flight when it finishes, so a result read from HBase
-//! before a write can never be stored after it.
+//! records the version when it starts ([`Cache::fill_ticket`]) and is dropped if a write (of
+//! either kind) to a row inside the filled range began or ended since, or is still in flight
+//! when it finishes, so a result read from HBase before a write can never be stored after it.
+//! The check is per row range, not per table (a write elsewhere in the table no longer voids
+//! every fill in flight: with 5% writes and pipelined clients that dropped most fills); the
+//! write log is bounded (`WRITE_LOG_MAX`) and a fill older than what it holds is dropped.
 //!
 //! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
 //!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
@@ -34,7 +37,7 @@
 
 use crate::reply::CachedRow;
 use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -43,6 +46,9 @@ const ENTRY_OVERHEAD_BYTES: usize = 96;
 const CELL_OVERHEAD_BYTES: usize = 32;
 /// Complete intervals kept per table before they are dropped (they only speed scans up).
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
+/// Write events (a row's write or notice beginning or ending) remembered per table for the
+/// fills' range check; a fill whose ticket is older than the oldest is dropped.
+const WRITE_LOG_MAX: usize = 4096;
 
 pub use crate::adaptive::Strategy;
 
@@ -181,9 +187,17 @@ struct ShapeKey {
 struct TableState {
     name: Option<Arc<[u8]>>,
     version: u64,
-    writes_in_flight: u32,
-    /// BEGIN notices (by id) whose END has not arrived: their writes may not be visible yet.
-    notices_in_flight: HashSet<u32>,
+    /// Rows of writes through Slipstream in flight (begin_write .. end_write), with counts.
+    rows_in_flight: HashMap<Vec<u8>, u32>,
+    /// Whole-table writes through Slipstream in flight (admin).
+    table_writes_in_flight: u32,
+    /// Write events since `log_floor`: (version, row; None = the whole table).
+    write_log: VecDeque<(u64, Option<Vec<u8>>)>,
+    /// Versions up to this one may have left the log.
+    log_floor: u64,
+    /// BEGIN notices (by id) whose END has not arrived, with their rows (empty = the whole
+    /// table): their writes may not be visible yet.
+    notices_in_flight: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
@@ -194,6 +208,47 @@ struct TableState {
     families: Option<Vec<Vec<u8>>>,
     /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
     shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
+}
+
+impl TableState {
+    /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
+    /// version.
+    fn log_write(&mut self, rows: Option<&[Vec<u8>]>) {
+        self.version += 1;
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    self.write_log.push_back((self.version, Some(r.clone())));
+                }
+            }
+            None => self.write_log.push_back((self.version, None)),
+        }
+        while self.write_log.len() > WRITE_LOG_MAX {
+            if let Some((v, _)) = self.write_log.pop_front() {
+                self.log_floor = v;
+            }
+        }
+    }
+
+    /// Could a write have changed rows of `q`'s range since version `since` (a write event
+    /// logged after it, or one still in flight)? The whole-table cases and a ticket older than
+    /// the log say yes.
+    fn write_touches(&self, q: &QueryKey, since: u64) -> bool {
+        if self.table_writes_in_flight > 0 || since < self.log_floor {
+            return true;
+        }
+        if self.rows_in_flight.keys().any(|r| q.contains(r)) {
+            return true;
+        }
+        if self.notices_in_flight.values().any(|rows| rows.is_empty() || rows.iter().any(|r| q.contains(r))) {
+            return true;
+        }
+        self.write_log
+            .iter()
+            .rev()
+            .take_while(|(v, _)| *v > since)
+            .any(|(_, r)| r.as_ref().is_none_or(|r| q.contains(r)))
+    }
 }
 
 /// Shapes tracked per table; past it new shapes use all-row untracked.
@@ -350,9 +405,9 @@ impl Cache {
         FillTicket { version: self.table(table).version, each_row }
     }
 
-    fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
+    fn fill_allowed(&mut self, table: &[u8], q: &QueryKey, t: FillTicket) -> bool {
         let st = self.table(table);
-        let ok = st.version == t.version && st.writes_in_flight == 0 && st.notices_in_flight.is_empty();
+        let ok = !st.write_touches(q, t.version);
         if ok {
             st.stats.fills += 1;
         } else {
@@ -389,7 +444,7 @@ impl Cache {
                 s.observe_result(rows.len());
             }
         }
-        if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
+        if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
         }
         if ticket.each_row {
@@ -440,32 +495,59 @@ impl Cache {
         }
     }
 
-    /// Before forwarding a write of `rows` (None = the whole table, e.g. table admin).
-    pub fn begin_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) {
+    /// Before forwarding a write of `rows` (None = the whole table, e.g. table admin). Returns
+    /// the rows that were inside complete each-row intervals (worth re-reading once the write
+    /// is acknowledged: see `RangeCache::refill` in crate::service).
+    pub fn begin_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) -> Vec<Vec<u8>> {
         let st = self.table(table);
-        st.version += 1;
-        st.writes_in_flight += 1;
+        st.log_write(rows);
         match rows {
             Some(rows) => {
                 for r in rows {
-                    self.invalidate_row(table, r);
+                    *st.rows_in_flight.entry(r.clone()).or_default() += 1;
+                }
+            }
+            None => st.table_writes_in_flight += 1,
+        }
+        let mut was_complete = Vec::new();
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    if self.invalidate_row(table, r) {
+                        was_complete.push(r.clone());
+                    }
                 }
             }
             None => self.clear_table(table),
         }
+        was_complete
     }
 
-    /// After the write was answered (successfully or not).
-    pub fn end_write(&mut self, table: &[u8]) {
+    /// After the write of `rows` (as given to [`Cache::begin_write`]) was answered
+    /// (successfully or not).
+    pub fn end_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) {
         let st = self.table(table);
-        st.version += 1;
-        st.writes_in_flight = st.writes_in_flight.saturating_sub(1);
+        st.log_write(rows);
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    if let Some(n) = st.rows_in_flight.get_mut(r) {
+                        *n -= 1;
+                        if *n == 0 {
+                            st.rows_in_flight.remove(r);
+                        }
+                    }
+                }
+            }
+            None => st.table_writes_in_flight = st.table_writes_in_flight.saturating_sub(1),
+        }
     }
 
-    /// Drops every entry that could contain `row`.
-    fn invalidate_row(&mut self, table: &[u8], row: &[u8]) {
+    /// Drops every entry that could contain `row`; true if the row was inside a complete
+    /// each-row interval.
+    fn invalidate_row(&mut self, table: &[u8], row: &[u8]) -> bool {
         let Some(st) = self.tables.get_mut(table) else {
-            return;
+            return false;
         };
         let hit: Vec<QueryKey> = st.queries.keys().filter(|k| k.contains(row)).cloned().collect();
         let mut freed = 0;
@@ -481,9 +563,11 @@ impl Cache {
             self.clock.remove(&e.tick);
             st.stats.invalidations += 1;
         }
+        let was_complete = covering_end(&st.complete, row).is_some();
         split_interval(&mut st.complete, row);
         st.bytes -= freed;
         self.bytes -= freed;
+        was_complete
     }
 
     /// Drops everything and voids fills in flight (the path to HBase was lost: whatever
@@ -492,7 +576,7 @@ impl Cache {
         let names: Vec<Arc<[u8]>> = self.tables.keys().cloned().collect();
         for t in names {
             let st = self.table(&t);
-            st.version += 1;
+            st.log_write(None);
             st.notices_in_flight.clear();
             self.clear_table(&t);
         }
@@ -503,9 +587,9 @@ impl Cache {
     /// table until [`Cache::notice_end`] with the same id.
     pub fn notice_begin(&mut self, table: &[u8], id: u32, rows: &[Vec<u8>]) {
         let st = self.table(table);
-        st.version += 1;
+        st.log_write((!rows.is_empty()).then_some(rows));
         st.stats.notices += 1;
-        st.notices_in_flight.insert(id);
+        st.notices_in_flight.insert(id, rows.to_vec());
         if rows.is_empty() {
             self.clear_table(table);
         } else {
@@ -519,8 +603,8 @@ impl Cache {
     pub fn notice_end(&mut self, id: u32) {
         // END carries no table: the id is unique among the notices in flight.
         for st in self.tables.values_mut() {
-            if st.notices_in_flight.remove(&id) {
-                st.version += 1;
+            if let Some(rows) = st.notices_in_flight.remove(&id) {
+                st.log_write((!rows.is_empty()).then_some(&rows[..]));
             }
         }
     }
@@ -747,10 +831,10 @@ mod tests {
         assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1"), row("b", "1")], None, t));
         assert!(matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2));
         c.begin_write(b"t", Some(&[b"x".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"x".to_vec()]));
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_some(), "write outside the range keeps the entry");
         c.begin_write(b"t", Some(&[b"b".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"b".to_vec()]));
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none(), "write inside the range drops it");
         assert_eq!(c.bytes(), 0);
     }
@@ -760,14 +844,63 @@ mod tests {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
         let t = c.fill_ticket(b"t", &q("", ""));
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"a".to_vec()]));
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t));
         // A fill that starts while a write is in flight is dropped even if it ends before.
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
         let t2 = c.fill_ticket(b"t", &q("", ""));
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t2));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"a".to_vec()]));
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
+    }
+
+    /// The version check is per row range: writes (and notices) elsewhere in the table leave a
+    /// fill alone; one inside its range, begun or ended since the ticket or still in flight,
+    /// drops it; a whole-table write drops every fill; a ticket older than the write log too.
+    #[test]
+    fn fills_are_dropped_only_by_writes_inside_their_range() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let outside = Some(&[b"x".to_vec()][..]);
+        let inside = Some(&[b"b".to_vec()][..]);
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.begin_write(b"t", outside);
+        c.notice_begin(b"t", 7, &[b"y".to_vec()]);
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "writes elsewhere in flight");
+        c.end_write(b"t", outside);
+        c.notice_end(7);
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "writes elsewhere ended");
+        // A write inside: begun after the ticket, in flight, or ended after it.
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.begin_write(b"t", inside);
+        let in_flight = c.fill_ticket(b"t", &q("a", "c"));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, in_flight), "write in flight");
+        c.end_write(b"t", inside);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, in_flight), "write ended since");
+        // A notice inside, and its END after the ticket.
+        c.notice_begin(b"t", 8, &[b"b".to_vec()]);
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "notice in flight");
+        c.notice_end(8);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "notice ended since");
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "after it all");
+        // Whole-table writes and notices.
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.begin_write(b"t", None);
+        c.end_write(b"t", None);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.notice_begin(b"t", 9, &[]);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        c.notice_end(9);
+        // A ticket older than the log: dropped, whatever the rows.
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        for _ in 0..WRITE_LOG_MAX {
+            c.begin_write(b"t", outside);
+            c.end_write(b"t", outside);
+        }
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "log overflowed");
     }
 
     #[test]
@@ -800,7 +933,7 @@ mod tests {
         assert!(c.lookup(b"t", &q("zz", ""), 100).is_none());
         // A write splits the interval: scans over the row miss, others still hit.
         c.begin_write(b"t", Some(&[b"d".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"d".to_vec()]));
         assert!(c.lookup(b"t", &q("d", "f"), 100).is_none());
         assert!(
             matches!(c.lookup(b"t", &q("c", "f"), 100), Some(Hit::Assembled(_, Some(_)))),
