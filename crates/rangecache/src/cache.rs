@@ -7,7 +7,13 @@
 //! * **each-row**: whole rows (every column, newest version) cached once, plus per table a set of
 //!   row intervals known to be *complete* (every existing row inside is cached, so a missing row
 //!   is known absent). A scan inside one complete interval is served by a range walk; a Get is
-//!   served from its row (or from an interval that proves the row absent).
+//!   served from its row (or from an interval that proves the row absent). A scan served whole
+//!   by such a walk also leaves a *result memo*: the list of the rows it returned (pointers to
+//!   the shared rows, 8 bytes each, not copies), so the same scan again is one hash lookup, as
+//!   with all-row, instead of a walk of its rows (a walk per hit was the rest of each-row's
+//!   extra cost over all-row: docs/benchmarks.md, issue 16). Row data stays stored once; a
+//!   write drops the memos whose range holds the row, as it drops all-row entries, and an
+//!   evicted row drops its table's memos (they would keep the row alive uncounted).
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
 //! contain the rows and logs them at a new table version), is forwarded, then calls
@@ -46,6 +52,8 @@ const ENTRY_OVERHEAD_BYTES: usize = 96;
 const CELL_OVERHEAD_BYTES: usize = 32;
 /// Complete intervals kept per table before they are dropped (they only speed scans up).
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
+/// Each-row result memos per table (see the module doc); when full they are all dropped.
+const MEMOS_PER_TABLE_MAX: usize = 4096;
 /// Write events (a row's write or notice beginning or ending) remembered per table for the
 /// fills' range check; a fill whose ticket is older than the oldest is dropped.
 const WRITE_LOG_MAX: usize = 4096;
@@ -195,11 +203,15 @@ struct TableState {
     write_log: VecDeque<(u64, Option<Vec<u8>>)>,
     /// Versions up to this one may have left the log.
     log_floor: u64,
+    /// Bytes of memos dropped by `drop_memos` not yet taken off the cache's total.
+    memo_freed: usize,
     /// BEGIN notices (by id) whose END has not arrived, with their rows (empty = the whole
     /// table): their writes may not be visible yet.
     notices_in_flight: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
+    /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
+    memos: HashMap<QueryKey, Rows>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
@@ -210,7 +222,31 @@ struct TableState {
     shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
 }
 
+/// Bytes charged for a result memo: its key, a pointer per row, the entry.
+fn memo_bytes(q: &QueryKey, rows: &[Arc<CachedRow>]) -> usize {
+    ENTRY_OVERHEAD_BYTES + q.size_bytes() + rows.len() * std::mem::size_of::<Arc<CachedRow>>()
+}
+
 impl TableState {
+    /// Drops the memos whose key `drop` selects (their bytes off the table's, and noted for
+    /// the cache's total: [`TableState::take_freed`]).
+    fn drop_memos(&mut self, drop: impl Fn(&QueryKey) -> bool) {
+        let mut freed = 0;
+        self.memos.retain(|k, rows| {
+            let gone = drop(k);
+            if gone {
+                freed += memo_bytes(k, rows);
+            }
+            !gone
+        });
+        self.bytes -= freed;
+        self.memo_freed += freed;
+    }
+
+    fn take_freed(&mut self) -> usize {
+        std::mem::take(&mut self.memo_freed)
+    }
+
     /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
     /// version.
     fn log_write(&mut self, rows: Option<&[Vec<u8>]>) {
@@ -386,8 +422,27 @@ impl Cache {
             }
         }
         if each {
+            let memo = first && !is_get(q);
+            if let Some(rows) = st.memos.get(q).filter(|r| memo && r.len() <= rows_max) {
+                st.stats.hits_each_row += 1;
+                return Some(Hit::Rows(rows.clone(), None));
+            }
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
+                let bytes = memo_bytes(q, &[]) + rows.len() * std::mem::size_of::<Arc<CachedRow>>();
+                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max {
+                    let rows: Rows = rows.into();
+                    if st.memos.len() >= MEMOS_PER_TABLE_MAX {
+                        st.drop_memos(|_| true);
+                    }
+                    if let Some(old) = st.memos.insert(q.clone(), rows.clone()) {
+                        st.bytes -= memo_bytes(q, &old);
+                    }
+                    st.bytes += bytes;
+                    let freed = st.take_freed();
+                    self.bytes = self.bytes + bytes - freed;
+                    return Some(Hit::Rows(rows, None));
+                }
                 return Some(Hit::Assembled(rows, next));
             }
         } else if let Some(e) = st.queries.get_mut(q) {
@@ -563,6 +618,8 @@ impl Cache {
             self.clock.remove(&e.tick);
             st.stats.invalidations += 1;
         }
+        st.drop_memos(|k| k.contains(row));
+        self.bytes -= st.take_freed();
         let was_complete = covering_end(&st.complete, row).is_some();
         split_interval(&mut st.complete, row);
         st.bytes -= freed;
@@ -623,6 +680,8 @@ impl Cache {
         st.stats.invalidations += (st.queries.len() + st.rows.len()) as u64;
         st.queries.clear();
         st.rows.clear();
+        st.memos.clear();
+        st.memo_freed = 0;
         st.complete.clear();
         st.families = None;
         self.bytes -= st.bytes;
@@ -673,6 +732,8 @@ impl Cache {
                         }
                         // The row is no longer cached, so intervals over it are not complete.
                         split_interval(&mut st.complete, &r);
+                        st.drop_memos(|_| true);
+                        self.bytes -= st.take_freed();
                     }
                 }
             }
@@ -820,6 +881,14 @@ mod tests {
         }))
     }
 
+    /// A hit's rows and where it continues, whichever form it came in.
+    fn served(h: Option<Hit>) -> Option<(Vec<Arc<CachedRow>>, Option<Vec<u8>>)> {
+        match h? {
+            Hit::Rows(r, n) => Some((r.to_vec(), n)),
+            Hit::Assembled(r, n) => Some((r, n)),
+        }
+    }
+
     fn q(start: &str, stop: &str) -> QueryKey {
         QueryKey { start: start.into(), stop: stop.into(), spec: ReadSpec::latest(), filter: Vec::new() }
     }
@@ -903,12 +972,37 @@ mod tests {
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "log overflowed");
     }
 
+    /// A scan served whole from each-row entries leaves a memo of its rows: the same scan again
+    /// is served from it (the same shared rows), a write inside its range drops it, one outside
+    /// does not, and its bytes are counted and given back.
+    #[test]
+    fn each_row_result_memos_serve_repeats_and_go_with_writes() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let t = c.fill_ticket(b"t", &q("", ""));
+        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
+        let filled = c.bytes();
+        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk, memo stored") };
+        assert!(c.bytes() > filled, "memo counted");
+        let Some(Hit::Rows(again, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("memo hit") };
+        assert!(Arc::ptr_eq(&first, &again) && again.len() == 2);
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 1), Some(Hit::Assembled(r, Some(_))) if r.len() == 1), "paged");
+        c.begin_write(b"t", Some(&[b"x".to_vec()]));
+        c.end_write(b"t", Some(&[b"x".to_vec()]));
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Rows(r, None)) if Arc::ptr_eq(&r, &first)));
+        c.begin_write(b"t", Some(&[b"d".to_vec()]));
+        c.end_write(b"t", Some(&[b"d".to_vec()]));
+        assert!(c.tables[&b"t"[..]].memos.is_empty(), "write inside drops the memo");
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Assembled(r, Some(_))) if r.is_empty()));
+        c.clear_table(b"t");
+        assert_eq!(c.bytes(), 0);
+    }
+
     #[test]
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
         let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
-        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
+        let Some((r, None)) = served(c.lookup(b"t", &q("c", "f"), 100)) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row.row, b"d");
         assert!(Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows[&b"d"[..]].row), "shared with the cache, not copied");
@@ -920,7 +1014,7 @@ mod tests {
         // Column projection.
         let mut pq = q("a", "z");
         pq.spec.columns = vec![b"g".to_vec()];
-        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else { panic!() };
+        let Some((r, _)) = served(c.lookup(b"t", &pq, 100)) else { panic!() };
         assert!(r.iter().all(|r| r.row.cells.len() == 1 && r.row.cells[0].family == b"g"));
         assert_eq!(r[0].encoded(), CachedRow::new(project(&row("b", "1").row, &pq.spec.columns)).encoded());
         // Past the interval: its part is served, with where to continue.
@@ -984,10 +1078,7 @@ mod tests {
         assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
         // Now a sliding range inside what was filled is served from each-row entries.
         scan_fill(&mut c, 10, 60);
-        assert!(matches!(
-            c.lookup(b"t", &q(&k(11), &k(59)), 1000),
-            Some(Hit::Assembled(r, None)) if r.len() == 48
-        ));
+        assert!(served(c.lookup(b"t", &q(&k(11), &k(59)), 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
         let st = c.table_stats()[0].1;
         assert!(st.chosen_all_row > 0 && st.chosen_each_row > 0, "{st:?}");
     }
@@ -1045,7 +1136,7 @@ mod tests {
         let t = c.fill_ticket(b"t", &q("", ""));
         let rows: Vec<_> = (0..20).map(|i| row(&format!("k{i:02}"), "v")).collect();
         assert!(c.fill(b"t", &q("k", "l"), rows, None, t));
-        assert!(matches!(c.lookup(b"t", &q("k", "l"), 100), Some(Hit::Assembled(r, None)) if r.len() == 20));
+        assert!(served(c.lookup(b"t", &q("k", "l"), 100)).is_some_and(|(r, n)| n.is_none() && r.len() == 20));
         assert_eq!(c.clock.len(), 20, "every row still evictable");
         let used = c.bytes();
         c.memory_bytes_max = used / 2;
