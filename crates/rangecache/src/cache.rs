@@ -224,7 +224,7 @@ struct TableState {
 
 /// Bytes charged for a result memo: its key, a pointer per row, the entry.
 fn memo_bytes(q: &QueryKey, rows: &[Arc<CachedRow>]) -> usize {
-    ENTRY_OVERHEAD_BYTES + q.size_bytes() + rows.len() * std::mem::size_of::<Arc<CachedRow>>()
+    ENTRY_OVERHEAD_BYTES + q.size_bytes() + std::mem::size_of_val(rows)
 }
 
 impl TableState {
@@ -429,7 +429,7 @@ impl Cache {
             }
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
-                let bytes = memo_bytes(q, &[]) + rows.len() * std::mem::size_of::<Arc<CachedRow>>();
+                let bytes = memo_bytes(q, &rows);
                 if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max {
                     let rows: Rows = rows.into();
                     if st.memos.len() >= MEMOS_PER_TABLE_MAX {
@@ -748,7 +748,7 @@ impl Cache {
             }
             EntryRef::Row(t, r) => self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)).map(|e| &mut e.referenced),
         };
-        bit.is_some_and(|b| std::mem::take(b))
+        bit.is_some_and(std::mem::take)
     }
 
     /// Per-table stats, by table name.
@@ -882,7 +882,7 @@ mod tests {
     }
 
     /// A hit's rows and where it continues, whichever form it came in.
-    fn served(h: Option<Hit>) -> Option<(Vec<Arc<CachedRow>>, Option<Vec<u8>>)> {
+    fn served(h: Option<Hit>) -> Option<(Assembled, Option<Vec<u8>>)> {
         match h? {
             Hit::Rows(r, n) => Some((r.to_vec(), n)),
             Hit::Assembled(r, n) => Some((r, n)),

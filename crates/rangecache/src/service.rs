@@ -69,6 +69,9 @@ struct Scanner {
     last_used: Instant,
 }
 
+/// Rows of a table to re-read after a write (RangeCache::refill).
+type Refill = (Vec<u8>, Vec<Vec<u8>>);
+
 /// Shared state of the service: one per daemon.
 pub struct RangeCache {
     sidecar: Arc<SidecarClient>,
@@ -79,7 +82,7 @@ pub struct RangeCache {
     /// The sidecar connection generation the cache was filled under.
     sidecar_generation: AtomicU64,
     /// To the refill thread (started by `attach`): (table, rows) after a write.
-    refill_queue: OnceLock<SyncSender<(Vec<u8>, Vec<Vec<u8>>)>>,
+    refill_queue: OnceLock<SyncSender<Refill>>,
     pub stats: FrontStats,
 }
 
@@ -164,7 +167,7 @@ impl RangeCache {
                 }
             }
         }));
-        let (tx, rx) = sync_channel::<(Vec<u8>, Vec<Vec<u8>>)>(REFILLS_QUEUED_MAX);
+        let (tx, rx) = sync_channel::<Refill>(REFILLS_QUEUED_MAX);
         let weak = Arc::downgrade(self);
         // Ends when the service (the only sender) is dropped.
         std::thread::Builder::new().name("hbase-refill".into()).spawn(move || {
