@@ -2,7 +2,9 @@
 //! message starts with 0x80; a framed one with a big-endian length), bounds every message, and
 //! answers it: the hot calls through [`HotCalls`] (crate::hot, replies from cached encodings),
 //! everything else through the generated processor. Replies go into one reused buffer per
-//! connection (framed: with their 4-byte length) and out with one write each. The `thrift` crate's binary protocol trusts lengths and counts
+//! connection (framed: with their 4-byte length) and out with one write per batch: the buffer is
+//! written only when the next request is not already read, so pipelined requests read together
+//! are answered with one write. The `thrift` crate's binary protocol trusts lengths and counts
 //! from the wire (a negative or huge one would allocate or abort), so [`BoundedInput`] checks
 //! each against the bytes the message may still use before the crate sees it.
 
