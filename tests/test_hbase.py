@@ -590,3 +590,48 @@ def test_adaptive_chooses_per_query_shape(hbase):
         conn.close()
     finally:
         d.stop()
+
+
+def _counter(d, name, table=None):
+    """Sum of slipstream_hbase_<name> series (of one table if given)."""
+    total = 0.0
+    for l in d.metrics().splitlines():
+        if l.startswith("slipstream_hbase_%s" % name) and l[len("slipstream_hbase_%s" % name)] in " {":
+            if table is None or ('table="%s"' % table.decode()) in l:
+                total += float(l.split()[-1])
+    return total
+
+
+def test_each_row_rows_are_refilled_after_a_write(hbase, oracle):
+    """each-row: a write through Slipstream takes its row out of the cached interval; once it is
+    acknowledged the row is re-read in the background (refills_total), so the next scan over it
+    is a hit (no new miss) and shows the written value (never stale)."""
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="each-row").start()
+    try:
+        conn = connect(d)
+        name = fresh_table(conn)
+        t = conn.table(name)
+        with t.batch() as b:
+            for i in range(50):
+                b.put(b"r%04d" % i, {b"cf1:a": b"old%d" % i})
+        scan = lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0050"))
+        assert len(scan()) == 50
+        misses = _counter(d, "misses_total", name)
+        assert len(scan()) == 50 and _counter(d, "misses_total", name) == misses, "second scan is a hit"
+        t.put(b"r0010", {b"cf1:a": b"new"})
+        deadline = time.time() + 10
+        while _counter(d, "refills_total") < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert _counter(d, "refills_total") >= 1, "the written row was re-read"
+        deadline = time.time() + 10
+        while _counter(d, "fills_total", name) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        misses = _counter(d, "misses_total", name)
+        rows = dict(scan())
+        assert rows[b"r0010"] == {b"cf1:a": b"new"}
+        assert rows == dict(oracle_scan_rows(oracle, name, b"r0000", b"r0050"))
+        assert _counter(d, "misses_total", name) == misses, "scan over the written row is a hit"
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()

@@ -526,6 +526,61 @@ mod tests {
         }
     }
 
+    /// Counts write calls.
+    struct Counting {
+        writes: usize,
+        bytes: Vec<u8>,
+    }
+    impl Write for Counting {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.writes += 1;
+            self.bytes.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Pipelined requests read together are answered with one write (both transports), and the
+    /// replies are those of one write per request.
+    #[test]
+    fn pipelined_requests_are_answered_with_one_write() {
+        let sidecar = crate::sidecar::client::SidecarClient::new(
+            "127.0.0.1:1".parse().unwrap(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let rc =
+            Arc::new(RangeCache::new(sidecar, crate::cache::Cache::new(crate::cache::Strategy::AllRow, 1 << 20), 10));
+        let processor = HbaseSyncProcessor::new(Handler(rc.clone()));
+        let hot = Handler(rc);
+        for framed in [false, true] {
+            let mut input = Vec::new();
+            let mut one_by_one = Vec::new();
+            for seq in 0..5 {
+                let m = if seq % 2 == 0 {
+                    call("scannerGet", seq, |p| i32_field(p, 1, 77 + seq))
+                } else {
+                    call("isTableEnabled", seq, |p| bytes_field(p, 1, b"t"))
+                };
+                let mut framed_m = Vec::new();
+                if framed {
+                    framed_m.extend_from_slice(&(m.len() as u32).to_be_bytes());
+                }
+                framed_m.extend_from_slice(&m);
+                let t = if framed { Transport::Framed } else { Transport::Buffered };
+                serve(&framed_m[..], &mut one_by_one, t, &processor, &hot, 1 << 20).unwrap();
+                input.extend_from_slice(&framed_m);
+            }
+            let t = if framed { Transport::Framed } else { Transport::Buffered };
+            let mut w = Counting { writes: 0, bytes: Vec::new() };
+            serve(&input[..], &mut w, t, &processor, &hot, 1 << 20).unwrap();
+            assert_eq!(w.writes, 1, "framed {framed}");
+            assert_eq!(w.bytes, one_by_one, "framed {framed}");
+        }
+    }
+
     fn msg(body: &[u8]) -> Vec<u8> {
         let mut m = vec![0x80, 0x01, 0x00, 0x01, 0, 0, 0, 3];
         m.extend_from_slice(b"get");
