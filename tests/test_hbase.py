@@ -614,7 +614,10 @@ def test_each_row_rows_are_refilled_after_a_write(hbase, oracle):
         with t.batch() as b:
             for i in range(50):
                 b.put(b"r%04d" % i, {b"cf1:a": b"old%d" % i})
-        scan = lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0050"))
+
+        def scan():
+            return list(t.scan(row_start=b"r0000", row_stop=b"r0050"))
+
         assert len(scan()) == 50
         misses = _counter(d, "misses_total", name)
         assert len(scan()) == 50 and _counter(d, "misses_total", name) == misses, "second scan is a hit"
