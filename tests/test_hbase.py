@@ -182,6 +182,11 @@ def test_reads_after_writes_through_slipstream_are_never_stale(daemon, oracle):
                 wt.delete(r)
                 acked[r] = (n, True)
                 del_acked[r] += 1
+                # HBase semantics, not the cache: a put given the same millisecond timestamp as
+                # an earlier delete of its row is masked by the delete marker (HBase itself then
+                # shows the row absent after the put is acknowledged). Seen once writes got fast
+                # enough: a delete and the next put landed in one millisecond.
+                time.sleep(0.003)
             else:
                 wt.counter_inc(wrnd.choice(rows), b"cf2:c")
 
