@@ -566,18 +566,24 @@ def _chosen(d, table):
     return out
 
 
+def table_with_rows(d, n, values):
+    """A connection to `d`, a fresh table and rows r0000.. r<n-1> holding values(i)."""
+    conn = connect(d)
+    name = fresh_table(conn)
+    t = conn.table(name)
+    with t.batch() as b:
+        for i in range(n):
+            b.put(b"r%04d" % i, values(i))
+    return conn, name, t
+
+
 def test_adaptive_chooses_per_query_shape(hbase):
     """strategy = "adaptive": repeated identical scans stay all-row, sliding overlapping scans
     (another column set = another shape) move to each-row, Gets are each-row; the per-table
     metric counts each choice."""
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
     try:
-        conn = connect(d)
-        name = fresh_table(conn)
-        t = conn.table(name)
-        with t.batch() as b:
-            for i in range(300):
-                b.put(b"r%04d" % i, {b"cf1:a": b"x", b"cf2:b": b"y"})
+        conn, name, t = table_with_rows(d, 300, lambda i: {b"cf1:a": b"x", b"cf2:b": b"y"})
         for i in range(130):  # two windows of exact repeats
             list(t.scan(row_start=b"r%04d" % (i % 2 * 100), row_stop=b"r%04d" % (i % 2 * 100 + 20), columns=[b"cf1"]))
         c1 = _chosen(d, name)
@@ -613,12 +619,7 @@ def test_each_row_rows_are_refilled_after_a_write(hbase, oracle):
     is a hit (no new miss) and shows the written value (never stale)."""
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="each-row").start()
     try:
-        conn = connect(d)
-        name = fresh_table(conn)
-        t = conn.table(name)
-        with t.batch() as b:
-            for i in range(50):
-                b.put(b"r%04d" % i, {b"cf1:a": b"old%d" % i})
+        conn, name, t = table_with_rows(d, 50, lambda i: {b"cf1:a": b"old%d" % i})
 
         def scan():
             return list(t.scan(row_start=b"r0000", row_stop=b"r0050"))

@@ -466,12 +466,9 @@ mod tests {
         p.write_i32(v).unwrap();
     }
 
-    /// The hot calls' replies (here: exceptions, the sidecar being unreachable and the
-    /// scanners unknown) are byte for byte the generated processor's, for both transports,
-    /// interleaved with calls only the processor answers.
-    #[test]
-    fn hot_calls_answer_exactly_as_the_generated_processor() {
-        // Nothing listens on port 1: every sidecar call fails at once (IOError).
+    /// The processor and hot calls of a service whose sidecar is unreachable: nothing listens
+    /// on port 1, so every sidecar call fails at once (IOError).
+    fn unreachable_hbase() -> (HbaseSyncProcessor<Handler>, Handler) {
         let sidecar = crate::sidecar::client::SidecarClient::new(
             "127.0.0.1:1".parse().unwrap(),
             Duration::from_secs(1),
@@ -479,8 +476,15 @@ mod tests {
         );
         let rc =
             Arc::new(RangeCache::new(sidecar, crate::cache::Cache::new(crate::cache::Strategy::AllRow, 1 << 20), 10));
-        let processor = HbaseSyncProcessor::new(Handler(rc.clone()));
-        let hot = Handler(rc);
+        (HbaseSyncProcessor::new(Handler(rc.clone())), Handler(rc))
+    }
+
+    /// The hot calls' replies (here: exceptions, the sidecar being unreachable and the
+    /// scanners unknown) are byte for byte the generated processor's, for both transports,
+    /// interleaved with calls only the processor answers.
+    #[test]
+    fn hot_calls_answer_exactly_as_the_generated_processor() {
+        let (processor, hot) = unreachable_hbase();
         let msgs = [
             call("getRow", 1, |p| {
                 bytes_field(p, 1, b"t");
@@ -546,15 +550,7 @@ mod tests {
     /// replies are those of one write per request.
     #[test]
     fn pipelined_requests_are_answered_with_one_write() {
-        let sidecar = crate::sidecar::client::SidecarClient::new(
-            "127.0.0.1:1".parse().unwrap(),
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
-        let rc =
-            Arc::new(RangeCache::new(sidecar, crate::cache::Cache::new(crate::cache::Strategy::AllRow, 1 << 20), 10));
-        let processor = HbaseSyncProcessor::new(Handler(rc.clone()));
-        let hot = Handler(rc);
+        let (processor, hot) = unreachable_hbase();
         for framed in [false, true] {
             let mut input = Vec::new();
             let mut one_by_one = Vec::new();
