@@ -7,16 +7,25 @@
 //! * **each-row**: whole rows (every column, newest version) cached once, plus per table a set of
 //!   row intervals known to be *complete* (every existing row inside is cached, so a missing row
 //!   is known absent). A scan inside one complete interval is served by a range walk; a Get is
-//!   served from its row (or from an interval that proves the row absent).
+//!   served from its row (or from an interval that proves the row absent). A scan served whole
+//!   by such a walk also leaves a *result memo*: the list of the rows it returned (pointers to
+//!   the shared rows, 8 bytes each, not copies), so the same scan again is one hash lookup, as
+//!   with all-row, instead of a walk of its rows (a walk per hit was the rest of each-row's
+//!   extra cost over all-row: docs/benchmarks.md, issue 16). Row data stays stored once; a
+//!   write drops the memos whose range holds the row, as it drops all-row entries, and an
+//!   evicted row drops its table's memos (they would keep the row alive uncounted).
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
-//! contain the rows and bumps the table's version), is forwarded, then calls
-//! [`Cache::end_write`] (bumps again). Writes by other HBase clients arrive as the
+//! contain the rows and logs them at a new table version), is forwarded, then calls
+//! [`Cache::end_write`] (logs them again). Writes by other HBase clients arrive as the
 //! RegionObserver's notices: [`Cache::notice_begin`] before HBase applies the write (same
 //! invalidation; the write waits for it) and [`Cache::notice_end`] once it is visible. A fill
-//! records the version when it starts ([`Cache::fill_ticket`]) and is dropped if the version
-//! moved or a write (of either kind) was in flight when it finishes, so a result read from HBase
-//! before a write can never be stored after it.
+//! records the version when it starts ([`Cache::fill_ticket`]) and is dropped if a write (of
+//! either kind) to a row inside the filled range began or ended since, or is still in flight
+//! when it finishes, so a result read from HBase before a write can never be stored after it.
+//! The check is per row range, not per table (a write elsewhere in the table no longer voids
+//! every fill in flight: with 5% writes and pipelined clients that dropped most fills); the
+//! write log is bounded (`WRITE_LOG_MAX`) and a fill older than what it holds is dropped.
 //!
 //! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
 //!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
@@ -25,12 +34,16 @@
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
 //!
-//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`; the
-//! least recently used entries are evicted first. This module does no I/O.
+//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`;
+//! eviction is CLOCK (second chance): entries sit in a ring in fill order, a hit only sets the
+//! entry's reference bit, and the hand evicts the first entry whose bit is clear, clearing set
+//! bits (moving those entries to the back) as it passes. Why not exact LRU: reordering an
+//! ordered index on every hit was a large part of an each-row hit (two B-tree updates per row
+//! served; docs/benchmarks.md, issue 16). This module does no I/O.
 
 use crate::reply::CachedRow;
 use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -39,6 +52,11 @@ const ENTRY_OVERHEAD_BYTES: usize = 96;
 const CELL_OVERHEAD_BYTES: usize = 32;
 /// Complete intervals kept per table before they are dropped (they only speed scans up).
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
+/// Each-row result memos per table (see the module doc); when full they are all dropped.
+const MEMOS_PER_TABLE_MAX: usize = 4096;
+/// Write events (a row's write or notice beginning or ending) remembered per table for the
+/// fills' range check; a fill whose ticket is older than the oldest is dropped.
+const WRITE_LOG_MAX: usize = 4096;
 
 pub use crate::adaptive::Strategy;
 
@@ -121,7 +139,7 @@ pub type Rows = Arc<[Arc<CachedRow>]>;
 /// Rows gathered from each-row entries for one answer.
 pub type Assembled = Vec<Arc<CachedRow>>;
 
-/// What the LRU index points at.
+/// What the CLOCK ring points at.
 #[derive(Clone, Debug)]
 enum EntryRef {
     Query(Arc<[u8]>, QueryKey),
@@ -133,14 +151,20 @@ struct QueryEntry {
     /// Where the query continues past the cached rows (None = the result is complete).
     continue_at: Option<Vec<u8>>,
     bytes: usize,
+    /// Position in the CLOCK ring.
     tick: u64,
+    /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
+    referenced: bool,
 }
 
 /// An each-row entry: the whole row, or `None` cells when HBase has no such row.
 struct RowEntry {
     row: Arc<CachedRow>,
     bytes: usize,
+    /// Position in the CLOCK ring.
     tick: u64,
+    /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
+    referenced: bool,
 }
 
 /// Counters per table (also summed for the whole cache).
@@ -171,11 +195,23 @@ struct ShapeKey {
 struct TableState {
     name: Option<Arc<[u8]>>,
     version: u64,
-    writes_in_flight: u32,
-    /// BEGIN notices (by id) whose END has not arrived: their writes may not be visible yet.
-    notices_in_flight: HashSet<u32>,
+    /// Rows of writes through Slipstream in flight (begin_write .. end_write), with counts.
+    rows_in_flight: HashMap<Vec<u8>, u32>,
+    /// Whole-table writes through Slipstream in flight (admin).
+    table_writes_in_flight: u32,
+    /// Write events since `log_floor`: (version, row; None = the whole table).
+    write_log: VecDeque<(u64, Option<Vec<u8>>)>,
+    /// Versions up to this one may have left the log.
+    log_floor: u64,
+    /// Bytes of memos dropped by `drop_memos` not yet taken off the cache's total.
+    memo_freed: usize,
+    /// BEGIN notices (by id) whose END has not arrived, with their rows (empty = the whole
+    /// table): their writes may not be visible yet.
+    notices_in_flight: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
+    /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
+    memos: HashMap<QueryKey, Rows>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
@@ -184,6 +220,71 @@ struct TableState {
     families: Option<Vec<Vec<u8>>>,
     /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
     shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
+}
+
+/// Bytes charged for a result memo: its key, a pointer per row, the entry.
+fn memo_bytes(q: &QueryKey, rows: &[Arc<CachedRow>]) -> usize {
+    ENTRY_OVERHEAD_BYTES + q.size_bytes() + std::mem::size_of_val(rows)
+}
+
+impl TableState {
+    /// Drops the memos whose key `drop` selects (their bytes off the table's, and noted for
+    /// the cache's total: [`TableState::take_freed`]).
+    fn drop_memos(&mut self, drop: impl Fn(&QueryKey) -> bool) {
+        let mut freed = 0;
+        self.memos.retain(|k, rows| {
+            let gone = drop(k);
+            if gone {
+                freed += memo_bytes(k, rows);
+            }
+            !gone
+        });
+        self.bytes -= freed;
+        self.memo_freed += freed;
+    }
+
+    fn take_freed(&mut self) -> usize {
+        std::mem::take(&mut self.memo_freed)
+    }
+
+    /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
+    /// version.
+    fn log_write(&mut self, rows: Option<&[Vec<u8>]>) {
+        self.version += 1;
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    self.write_log.push_back((self.version, Some(r.clone())));
+                }
+            }
+            None => self.write_log.push_back((self.version, None)),
+        }
+        while self.write_log.len() > WRITE_LOG_MAX {
+            if let Some((v, _)) = self.write_log.pop_front() {
+                self.log_floor = v;
+            }
+        }
+    }
+
+    /// Could a write have changed rows of `q`'s range since version `since` (a write event
+    /// logged after it, or one still in flight)? The whole-table cases and a ticket older than
+    /// the log say yes.
+    fn write_touches(&self, q: &QueryKey, since: u64) -> bool {
+        if self.table_writes_in_flight > 0 || since < self.log_floor {
+            return true;
+        }
+        if self.rows_in_flight.keys().any(|r| q.contains(r)) {
+            return true;
+        }
+        if self.notices_in_flight.values().any(|rows| rows.is_empty() || rows.iter().any(|r| q.contains(r))) {
+            return true;
+        }
+        self.write_log
+            .iter()
+            .rev()
+            .take_while(|(v, _)| *v > since)
+            .any(|(_, r)| r.as_ref().is_none_or(|r| q.contains(r)))
+    }
 }
 
 /// Shapes tracked per table; past it new shapes use all-row untracked.
@@ -214,7 +315,9 @@ pub struct Cache {
     bytes: usize,
     tick: u64,
     tables: HashMap<Arc<[u8]>, TableState>,
-    lru: BTreeMap<u64, EntryRef>,
+    /// The CLOCK ring: entries by position (fill order, or when the hand last gave them a second
+    /// chance); the hand takes the first.
+    clock: BTreeMap<u64, EntryRef>,
 }
 
 /// A result served from the cache, and where the query continues past it (None = complete).
@@ -227,7 +330,7 @@ pub enum Hit {
 
 impl Cache {
     pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
-        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), lru: BTreeMap::new() }
+        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), clock: BTreeMap::new() }
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -309,10 +412,8 @@ impl Cache {
 
     fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
         let each = self.each_row_for(table, q);
-        let tick = self.next_tick();
         self.table(table); // so a first query of a table counts as a miss
-        let Cache { tables, lru, tick: ticks, .. } = self;
-        let st = tables.get_mut(table)?;
+        let st = self.tables.get_mut(table)?;
         if first {
             if each {
                 st.stats.chosen_each_row += 1;
@@ -321,15 +422,31 @@ impl Cache {
             }
         }
         if each {
-            if let Some((rows, next)) = each_row_lookup(st, q, rows_max, ticks, lru) {
+            let memo = first && !is_get(q);
+            if let Some(rows) = st.memos.get(q).filter(|r| memo && r.len() <= rows_max) {
                 st.stats.hits_each_row += 1;
+                return Some(Hit::Rows(rows.clone(), None));
+            }
+            if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
+                st.stats.hits_each_row += 1;
+                let bytes = memo_bytes(q, &rows);
+                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max {
+                    let rows: Rows = rows.into();
+                    if st.memos.len() >= MEMOS_PER_TABLE_MAX {
+                        st.drop_memos(|_| true);
+                    }
+                    if let Some(old) = st.memos.insert(q.clone(), rows.clone()) {
+                        st.bytes -= memo_bytes(q, &old);
+                    }
+                    st.bytes += bytes;
+                    let freed = st.take_freed();
+                    self.bytes = self.bytes + bytes - freed;
+                    return Some(Hit::Rows(rows, None));
+                }
                 return Some(Hit::Assembled(rows, next));
             }
         } else if let Some(e) = st.queries.get_mut(q) {
-            if let Some(r) = lru.remove(&e.tick) {
-                lru.insert(tick, r);
-            }
-            e.tick = tick;
+            e.referenced = true;
             st.stats.hits_all_row += 1;
             return Some(Hit::Rows(e.rows.clone(), e.continue_at.clone()));
         }
@@ -343,9 +460,9 @@ impl Cache {
         FillTicket { version: self.table(table).version, each_row }
     }
 
-    fn fill_allowed(&mut self, table: &[u8], t: FillTicket) -> bool {
+    fn fill_allowed(&mut self, table: &[u8], q: &QueryKey, t: FillTicket) -> bool {
         let st = self.table(table);
-        let ok = st.version == t.version && st.writes_in_flight == 0 && st.notices_in_flight.is_empty();
+        let ok = !st.write_touches(q, t.version);
         if ok {
             st.stats.fills += 1;
         } else {
@@ -382,7 +499,7 @@ impl Cache {
                 s.observe_result(rows.len());
             }
         }
-        if bytes > self.result_bytes_max() || !self.fill_allowed(table, ticket) {
+        if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
         }
         if ticket.each_row {
@@ -395,13 +512,14 @@ impl Cache {
             if let Some(old) = st.queries.remove(q) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
-                self.lru.remove(&old.tick);
+                self.clock.remove(&old.tick);
             }
             let st = self.table(table);
-            st.queries.insert(q.clone(), QueryEntry { rows: rows.into(), continue_at, bytes, tick });
+            let e = QueryEntry { rows: rows.into(), continue_at, bytes, tick, referenced: false };
+            st.queries.insert(q.clone(), e);
             st.bytes += bytes;
             self.bytes += bytes;
-            self.lru.insert(tick, EntryRef::Query(name, q.clone()));
+            self.clock.insert(tick, EntryRef::Query(name, q.clone()));
         }
         self.evict();
         true
@@ -415,15 +533,15 @@ impl Cache {
             let st = self.table(table);
             let name = st.name.clone().expect("named table");
             let key = r.row.row.clone();
-            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick }) {
+            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick, referenced: false }) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
-                self.lru.remove(&old.tick);
+                self.clock.remove(&old.tick);
             }
             let st = self.table(table);
             st.bytes += bytes;
             self.bytes += bytes;
-            self.lru.insert(tick, EntryRef::Row(name, key));
+            self.clock.insert(tick, EntryRef::Row(name, key));
         }
         let st = self.table(table);
         add_interval(&mut st.complete, start.to_vec(), stop.to_vec());
@@ -432,50 +550,81 @@ impl Cache {
         }
     }
 
-    /// Before forwarding a write of `rows` (None = the whole table, e.g. table admin).
-    pub fn begin_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) {
+    /// Before forwarding a write of `rows` (None = the whole table, e.g. table admin). Returns
+    /// the rows that were inside complete each-row intervals (worth re-reading once the write
+    /// is acknowledged: see `RangeCache::refill` in crate::service).
+    pub fn begin_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) -> Vec<Vec<u8>> {
         let st = self.table(table);
-        st.version += 1;
-        st.writes_in_flight += 1;
+        st.log_write(rows);
         match rows {
             Some(rows) => {
                 for r in rows {
-                    self.invalidate_row(table, r);
+                    *st.rows_in_flight.entry(r.clone()).or_default() += 1;
+                }
+            }
+            None => st.table_writes_in_flight += 1,
+        }
+        let mut was_complete = Vec::new();
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    if self.invalidate_row(table, r) {
+                        was_complete.push(r.clone());
+                    }
                 }
             }
             None => self.clear_table(table),
         }
+        was_complete
     }
 
-    /// After the write was answered (successfully or not).
-    pub fn end_write(&mut self, table: &[u8]) {
+    /// After the write of `rows` (as given to [`Cache::begin_write`]) was answered
+    /// (successfully or not).
+    pub fn end_write(&mut self, table: &[u8], rows: Option<&[Vec<u8>]>) {
         let st = self.table(table);
-        st.version += 1;
-        st.writes_in_flight = st.writes_in_flight.saturating_sub(1);
+        st.log_write(rows);
+        match rows {
+            Some(rows) => {
+                for r in rows {
+                    if let Some(n) = st.rows_in_flight.get_mut(r) {
+                        *n -= 1;
+                        if *n == 0 {
+                            st.rows_in_flight.remove(r);
+                        }
+                    }
+                }
+            }
+            None => st.table_writes_in_flight = st.table_writes_in_flight.saturating_sub(1),
+        }
     }
 
-    /// Drops every entry that could contain `row`.
-    fn invalidate_row(&mut self, table: &[u8], row: &[u8]) {
+    /// Drops every entry that could contain `row`; true if the row was inside a complete
+    /// each-row interval.
+    fn invalidate_row(&mut self, table: &[u8], row: &[u8]) -> bool {
         let Some(st) = self.tables.get_mut(table) else {
-            return;
+            return false;
         };
         let hit: Vec<QueryKey> = st.queries.keys().filter(|k| k.contains(row)).cloned().collect();
         let mut freed = 0;
         for k in hit {
             if let Some(e) = st.queries.remove(&k) {
                 freed += e.bytes;
-                self.lru.remove(&e.tick);
+                self.clock.remove(&e.tick);
                 st.stats.invalidations += 1;
             }
         }
         if let Some(e) = st.rows.remove(row) {
             freed += e.bytes;
-            self.lru.remove(&e.tick);
+            self.clock.remove(&e.tick);
             st.stats.invalidations += 1;
         }
+        st.drop_memos(|k| k.contains(row));
+        self.bytes -= st.take_freed();
+        let was_complete = covering_end(&st.complete, row).is_some();
         split_interval(&mut st.complete, row);
         st.bytes -= freed;
         self.bytes -= freed;
+        was_complete
     }
 
     /// Drops everything and voids fills in flight (the path to HBase was lost: whatever
@@ -484,7 +633,7 @@ impl Cache {
         let names: Vec<Arc<[u8]>> = self.tables.keys().cloned().collect();
         for t in names {
             let st = self.table(&t);
-            st.version += 1;
+            st.log_write(None);
             st.notices_in_flight.clear();
             self.clear_table(&t);
         }
@@ -495,9 +644,9 @@ impl Cache {
     /// table until [`Cache::notice_end`] with the same id.
     pub fn notice_begin(&mut self, table: &[u8], id: u32, rows: &[Vec<u8>]) {
         let st = self.table(table);
-        st.version += 1;
+        st.log_write((!rows.is_empty()).then_some(rows));
         st.stats.notices += 1;
-        st.notices_in_flight.insert(id);
+        st.notices_in_flight.insert(id, rows.to_vec());
         if rows.is_empty() {
             self.clear_table(table);
         } else {
@@ -511,8 +660,8 @@ impl Cache {
     pub fn notice_end(&mut self, id: u32) {
         // END carries no table: the id is unique among the notices in flight.
         for st in self.tables.values_mut() {
-            if st.notices_in_flight.remove(&id) {
-                st.version += 1;
+            if let Some(rows) = st.notices_in_flight.remove(&id) {
+                st.log_write((!rows.is_empty()).then_some(&rows[..]));
             }
         }
     }
@@ -523,26 +672,47 @@ impl Cache {
             return;
         };
         for e in st.queries.values() {
-            self.lru.remove(&e.tick);
+            self.clock.remove(&e.tick);
         }
         for e in st.rows.values() {
-            self.lru.remove(&e.tick);
+            self.clock.remove(&e.tick);
         }
         st.stats.invalidations += (st.queries.len() + st.rows.len()) as u64;
         st.queries.clear();
         st.rows.clear();
+        st.memos.clear();
+        st.memo_freed = 0;
         st.complete.clear();
         st.families = None;
         self.bytes -= st.bytes;
         st.bytes = 0;
     }
 
-    /// Evicts least recently used entries until under the memory limit.
+    /// Evicts entries until under the memory limit (CLOCK: an entry hit since the hand last
+    /// passed is moved to the back with its bit cleared instead). Bounded: every turn evicts an
+    /// entry or clears a bit, so the hand goes round at most twice.
     fn evict(&mut self) {
         while self.bytes > self.memory_bytes_max {
-            let Some((_, victim)) = self.lru.pop_first() else {
+            let Some((_, victim)) = self.clock.pop_first() else {
                 break;
             };
+            if self.second_chance(&victim) {
+                let tick = self.next_tick();
+                match &victim {
+                    EntryRef::Query(t, k) => {
+                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)) {
+                            e.tick = tick;
+                        }
+                    }
+                    EntryRef::Row(t, r) => {
+                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)) {
+                            e.tick = tick;
+                        }
+                    }
+                }
+                self.clock.insert(tick, victim);
+                continue;
+            }
             match victim {
                 EntryRef::Query(t, k) => {
                     if let Some(st) = self.tables.get_mut(&t) {
@@ -562,10 +732,23 @@ impl Cache {
                         }
                         // The row is no longer cached, so intervals over it are not complete.
                         split_interval(&mut st.complete, &r);
+                        st.drop_memos(|_| true);
+                        self.bytes -= st.take_freed();
                     }
                 }
             }
         }
+    }
+
+    /// Clears the entry's reference bit; true if it was set (the entry stays).
+    fn second_chance(&mut self, victim: &EntryRef) -> bool {
+        let bit = match victim {
+            EntryRef::Query(t, k) => {
+                self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
+            }
+            EntryRef::Row(t, r) => self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)).map(|e| &mut e.referenced),
+        };
+        bit.is_some_and(std::mem::take)
     }
 
     /// Per-table stats, by table name.
@@ -579,13 +762,7 @@ impl Cache {
 /// Serves the start of `q` from each-row entries when a complete interval holds `q.start`:
 /// up to `rows_max` rows, and the key to continue from (None = `q` is done). Rows are shared
 /// with the cache unless `q` names columns (then projected copies, encoded here).
-fn each_row_lookup(
-    st: &mut TableState,
-    q: &QueryKey,
-    rows_max: usize,
-    tick: &mut u64,
-    lru: &mut BTreeMap<u64, EntryRef>,
-) -> Option<(Assembled, Option<Vec<u8>>)> {
+fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option<(Assembled, Option<Vec<u8>>)> {
     let iv_end = covering_end(&st.complete, &q.start)?;
     // The walk ends at the query's stop or the interval's, whichever comes first.
     let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
@@ -596,7 +773,6 @@ fn each_row_lookup(
     };
     let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
     let rows_max = rows_max.max(1);
-    let recent = lru.len() as u64 / 4;
     let mut out = Vec::with_capacity(rows_max.min(1024));
     let mut next = next;
     for (k, e) in st.rows.range_mut::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
@@ -614,18 +790,7 @@ fn each_row_lookup(
             Arc::new(CachedRow::new(r))
         };
         out.push(served);
-        // Refresh the row's recency (each row its own tick: the LRU index is keyed by tick),
-        // unless it is already among the most recent quarter of entries: eviction takes the
-        // oldest first, so moving it again changes nothing soon, and the two index updates per
-        // row were a large part of an each-row hit (approximate LRU).
-        if tick.saturating_sub(e.tick) <= recent {
-            continue;
-        }
-        if let Some(r) = lru.remove(&e.tick) {
-            *tick += 1;
-            lru.insert(*tick, r);
-            e.tick = *tick;
-        }
+        e.referenced = true;
     }
     Some((out, next))
 }
@@ -716,6 +881,14 @@ mod tests {
         }))
     }
 
+    /// A hit's rows and where it continues, whichever form it came in.
+    fn served(h: Option<Hit>) -> Option<(Assembled, Option<Vec<u8>>)> {
+        match h? {
+            Hit::Rows(r, n) => Some((r.to_vec(), n)),
+            Hit::Assembled(r, n) => Some((r, n)),
+        }
+    }
+
     fn q(start: &str, stop: &str) -> QueryKey {
         QueryKey { start: start.into(), stop: stop.into(), spec: ReadSpec::latest(), filter: Vec::new() }
     }
@@ -727,10 +900,10 @@ mod tests {
         assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1"), row("b", "1")], None, t));
         assert!(matches!(c.lookup(b"t", &q("a", "c"), 100), Some(Hit::Rows(r, None)) if r.len() == 2));
         c.begin_write(b"t", Some(&[b"x".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"x".to_vec()]));
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_some(), "write outside the range keeps the entry");
         c.begin_write(b"t", Some(&[b"b".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"b".to_vec()]));
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none(), "write inside the range drops it");
         assert_eq!(c.bytes(), 0);
     }
@@ -740,14 +913,88 @@ mod tests {
         let mut c = Cache::new(Strategy::AllRow, 1 << 20);
         let t = c.fill_ticket(b"t", &q("", ""));
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"a".to_vec()]));
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t));
         // A fill that starts while a write is in flight is dropped even if it ends before.
         c.begin_write(b"t", Some(&[b"a".to_vec()]));
         let t2 = c.fill_ticket(b"t", &q("", ""));
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "old")], None, t2));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"a".to_vec()]));
         assert!(c.lookup(b"t", &q("a", "c"), 100).is_none());
+    }
+
+    /// The version check is per row range: writes (and notices) elsewhere in the table leave a
+    /// fill alone; one inside its range, begun or ended since the ticket or still in flight,
+    /// drops it; a whole-table write drops every fill; a ticket older than the write log too.
+    #[test]
+    fn fills_are_dropped_only_by_writes_inside_their_range() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let outside = Some(&[b"x".to_vec()][..]);
+        let inside = Some(&[b"b".to_vec()][..]);
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.begin_write(b"t", outside);
+        c.notice_begin(b"t", 7, &[b"y".to_vec()]);
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "writes elsewhere in flight");
+        c.end_write(b"t", outside);
+        c.notice_end(7);
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "writes elsewhere ended");
+        // A write inside: begun after the ticket, in flight, or ended after it.
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.begin_write(b"t", inside);
+        let in_flight = c.fill_ticket(b"t", &q("a", "c"));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, in_flight), "write in flight");
+        c.end_write(b"t", inside);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, in_flight), "write ended since");
+        // A notice inside, and its END after the ticket.
+        c.notice_begin(b"t", 8, &[b"b".to_vec()]);
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "notice in flight");
+        c.notice_end(8);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "notice ended since");
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        assert!(c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "after it all");
+        // Whole-table writes and notices.
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.begin_write(b"t", None);
+        c.end_write(b"t", None);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        c.notice_begin(b"t", 9, &[]);
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t));
+        c.notice_end(9);
+        // A ticket older than the log: dropped, whatever the rows.
+        let t = c.fill_ticket(b"t", &q("a", "c"));
+        for _ in 0..WRITE_LOG_MAX {
+            c.begin_write(b"t", outside);
+            c.end_write(b"t", outside);
+        }
+        assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "log overflowed");
+    }
+
+    /// A scan served whole from each-row entries leaves a memo of its rows: the same scan again
+    /// is served from it (the same shared rows), a write inside its range drops it, one outside
+    /// does not, and its bytes are counted and given back.
+    #[test]
+    fn each_row_result_memos_serve_repeats_and_go_with_writes() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let t = c.fill_ticket(b"t", &q("", ""));
+        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
+        let filled = c.bytes();
+        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk, memo stored") };
+        assert!(c.bytes() > filled, "memo counted");
+        let Some(Hit::Rows(again, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("memo hit") };
+        assert!(Arc::ptr_eq(&first, &again) && again.len() == 2);
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 1), Some(Hit::Assembled(r, Some(_))) if r.len() == 1), "paged");
+        c.begin_write(b"t", Some(&[b"x".to_vec()]));
+        c.end_write(b"t", Some(&[b"x".to_vec()]));
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Rows(r, None)) if Arc::ptr_eq(&r, &first)));
+        c.begin_write(b"t", Some(&[b"d".to_vec()]));
+        c.end_write(b"t", Some(&[b"d".to_vec()]));
+        assert!(c.tables[&b"t"[..]].memos.is_empty(), "write inside drops the memo");
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Assembled(r, Some(_))) if r.is_empty()));
+        c.clear_table(b"t");
+        assert_eq!(c.bytes(), 0);
     }
 
     #[test]
@@ -755,7 +1002,7 @@ mod tests {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
         let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
-        let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
+        let Some((r, None)) = served(c.lookup(b"t", &q("c", "f"), 100)) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row.row, b"d");
         assert!(Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows[&b"d"[..]].row), "shared with the cache, not copied");
@@ -767,7 +1014,7 @@ mod tests {
         // Column projection.
         let mut pq = q("a", "z");
         pq.spec.columns = vec![b"g".to_vec()];
-        let Some(Hit::Assembled(r, _)) = c.lookup(b"t", &pq, 100) else { panic!() };
+        let Some((r, _)) = served(c.lookup(b"t", &pq, 100)) else { panic!() };
         assert!(r.iter().all(|r| r.row.cells.len() == 1 && r.row.cells[0].family == b"g"));
         assert_eq!(r[0].encoded(), CachedRow::new(project(&row("b", "1").row, &pq.spec.columns)).encoded());
         // Past the interval: its part is served, with where to continue.
@@ -780,7 +1027,7 @@ mod tests {
         assert!(c.lookup(b"t", &q("zz", ""), 100).is_none());
         // A write splits the interval: scans over the row miss, others still hit.
         c.begin_write(b"t", Some(&[b"d".to_vec()]));
-        c.end_write(b"t");
+        c.end_write(b"t", Some(&[b"d".to_vec()]));
         assert!(c.lookup(b"t", &q("d", "f"), 100).is_none());
         assert!(
             matches!(c.lookup(b"t", &q("c", "f"), 100), Some(Hit::Assembled(_, Some(_)))),
@@ -831,10 +1078,7 @@ mod tests {
         assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
         // Now a sliding range inside what was filled is served from each-row entries.
         scan_fill(&mut c, 10, 60);
-        assert!(matches!(
-            c.lookup(b"t", &q(&k(11), &k(59)), 1000),
-            Some(Hit::Assembled(r, None)) if r.len() == 48
-        ));
+        assert!(served(c.lookup(b"t", &q(&k(11), &k(59)), 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
         let st = c.table_stats()[0].1;
         assert!(st.chosen_all_row > 0 && st.chosen_each_row > 0, "{st:?}");
     }
@@ -884,7 +1128,7 @@ mod tests {
         assert_eq!(project(&r, &[b"f:zz".to_vec(), b"f".to_vec()]).cells.len(), 1);
     }
 
-    /// Each-row hits refresh every row served with its own tick, so all rows stay in the LRU
+    /// Each-row hits set every served row's reference bit and leave the rows in the CLOCK ring,
     /// index and the memory limit keeps holding after hits.
     #[test]
     fn each_row_hits_keep_every_row_evictable() {
@@ -892,16 +1136,16 @@ mod tests {
         let t = c.fill_ticket(b"t", &q("", ""));
         let rows: Vec<_> = (0..20).map(|i| row(&format!("k{i:02}"), "v")).collect();
         assert!(c.fill(b"t", &q("k", "l"), rows, None, t));
-        assert!(matches!(c.lookup(b"t", &q("k", "l"), 100), Some(Hit::Assembled(r, None)) if r.len() == 20));
-        assert_eq!(c.lru.len(), 20, "every row still evictable");
+        assert!(served(c.lookup(b"t", &q("k", "l"), 100)).is_some_and(|(r, n)| n.is_none() && r.len() == 20));
+        assert_eq!(c.clock.len(), 20, "every row still evictable");
         let used = c.bytes();
         c.memory_bytes_max = used / 2;
         c.evict();
         assert!(c.bytes() <= used / 2, "{} > {}", c.bytes(), used / 2);
     }
 
-    /// Rows served by each-row hits outlive rows not asked for since (recency is approximate
-    /// only among the most recent quarter).
+    /// Rows served by each-row hits outlive rows not asked for since (their reference bits give
+    /// them a second chance).
     #[test]
     fn each_row_hits_keep_their_rows_over_unused_ones() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);

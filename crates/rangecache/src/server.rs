@@ -186,6 +186,11 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     for (name, help, v) in [
         ("scanners_opened_total", "Scanners opened through the Thrift API", s.scanners_opened.load(Ordering::Relaxed)),
         ("sidecar_calls_total", "Requests sent to the HBase sidecar", s.sidecar_calls.load(Ordering::Relaxed)),
+        (
+            "refills_total",
+            "Rows re-read from HBase right after a write through Slipstream invalidated them (each-row)",
+            s.refills.load(Ordering::Relaxed),
+        ),
     ] {
         metric(out, name, "counter", help);
         let _ = writeln!(out, "slipstream_hbase_{name} {v}");

@@ -16,7 +16,8 @@ use crate::sidecar::codec::{
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Most rows asked of the sidecar per scan page.
@@ -34,6 +35,9 @@ const CACHED_SCAN_ROWS_MAX: usize = 10_000;
 const OPEN_SCAN_FIRST_PAGE_ROWS: usize = 100;
 /// A scanner unused this long may be reclaimed when the scanner table is full.
 const SCANNER_IDLE_MAX: Duration = Duration::from_secs(60);
+/// Writes whose rows wait to be re-read (crate::service::RangeCache::refill); past it a write's
+/// rows are simply left uncached until a read misses on them.
+const REFILLS_QUEUED_MAX: usize = 1024;
 
 /// Counters of the front end (the cache keeps its own per table).
 #[derive(Default)]
@@ -42,6 +46,8 @@ pub struct FrontStats {
     pub errors: AtomicU64,
     pub scanners_opened: AtomicU64,
     pub sidecar_calls: AtomicU64,
+    /// Rows re-read from HBase right after a write through Slipstream invalidated them.
+    pub refills: AtomicU64,
 }
 
 /// A scanner's rows in hand, and where the query continues after them (None = done).
@@ -63,6 +69,9 @@ struct Scanner {
     last_used: Instant,
 }
 
+/// Rows of a table to re-read after a write (RangeCache::refill).
+type Refill = (Vec<u8>, Vec<Vec<u8>>);
+
 /// Shared state of the service: one per daemon.
 pub struct RangeCache {
     sidecar: Arc<SidecarClient>,
@@ -72,6 +81,8 @@ pub struct RangeCache {
     scanners_max: usize,
     /// The sidecar connection generation the cache was filled under.
     sidecar_generation: AtomicU64,
+    /// To the refill thread (started by `attach`): (table, rows) after a write.
+    refill_queue: OnceLock<SyncSender<Refill>>,
     pub stats: FrontStats,
 }
 
@@ -139,6 +150,7 @@ impl RangeCache {
             next_scanner: AtomicI32::new(1),
             scanners_max,
             sidecar_generation: AtomicU64::new(0),
+            refill_queue: OnceLock::new(),
             stats: FrontStats::default(),
         }
     }
@@ -155,7 +167,47 @@ impl RangeCache {
                 }
             }
         }));
+        let (tx, rx) = sync_channel::<Refill>(REFILLS_QUEUED_MAX);
+        let weak = Arc::downgrade(self);
+        // Ends when the service (the only sender) is dropped.
+        std::thread::Builder::new().name("hbase-refill".into()).spawn(move || {
+            while let Ok((table, rows)) = rx.recv() {
+                let Some(rc) = weak.upgrade() else { return };
+                rc.refill(&table, &rows);
+            }
+        })?;
+        let _ = self.refill_queue.set(tx);
         self.sidecar.start_keepalive()
+    }
+
+    /// Re-reads rows a write through Slipstream took out of complete each-row intervals, once
+    /// the write is acknowledged, so the next read of a written row is a hit, not a miss (with
+    /// writes aimed at popular rows, those misses were most of the misses: docs/benchmarks.md,
+    /// issue 16). Never stale for the same reason as any fill: the ticket is taken after the
+    /// write ended, and a write or notice that starts before the fill is stored voids it (version
+    /// check), so what is stored is at least as new as every acknowledged write. Best effort: any
+    /// error leaves the rows uncached.
+    fn refill(&self, table: &[u8], rows: &[Vec<u8>]) {
+        if rows.is_empty() || !self.sidecar.lease_valid() {
+            return;
+        }
+        let spec = ReadSpec::latest();
+        let keys: Vec<QueryKey> = rows
+            .iter()
+            .map(|r| QueryKey { start: r.clone(), stop: next_key(r), spec: spec.clone(), filter: Vec::new() })
+            .collect();
+        let ticket = self.cache().fill_ticket(table, &keys[0]);
+        if !ticket.whole_rows() {
+            return;
+        }
+        let Ok(got) = self.side(|s| s.get(table, rows, &spec)) else {
+            return;
+        };
+        self.stats.refills.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        let mut c = self.cache();
+        for (k, r) in keys.iter().zip(got) {
+            c.fill(table, k, served(r).into_iter().collect(), None, ticket);
+        }
     }
 
     /// Is the notice channel up (subscribed and within the lease), and was a RegionObserver
@@ -188,9 +240,15 @@ impl RangeCache {
         rows: Option<&[Vec<u8>]>,
         f: impl FnOnce(&SidecarClient) -> Result<T, SidecarError>,
     ) -> Result<T, SidecarError> {
-        self.cache().begin_write(table, rows);
+        let refill = self.cache().begin_write(table, rows);
         let r = self.side(f);
-        self.cache().end_write(table);
+        self.cache().end_write(table, rows);
+        if !refill.is_empty() {
+            if let Some(q) = self.refill_queue.get() {
+                // A full queue drops the refill: those rows miss once instead.
+                let _ = q.try_send((table.to_vec(), refill));
+            }
+        }
         r
     }
 

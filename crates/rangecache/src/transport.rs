@@ -2,7 +2,9 @@
 //! message starts with 0x80; a framed one with a big-endian length), bounds every message, and
 //! answers it: the hot calls through [`HotCalls`] (crate::hot, replies from cached encodings),
 //! everything else through the generated processor. Replies go into one reused buffer per
-//! connection (framed: with their 4-byte length) and out with one write each. The `thrift` crate's binary protocol trusts lengths and counts
+//! connection (framed: with their 4-byte length) and out with one write per batch: the buffer is
+//! written only when the next request is not already read, so pipelined requests read together
+//! are answered with one write. The `thrift` crate's binary protocol trusts lengths and counts
 //! from the wire (a negative or huge one would allocate or abort), so [`BoundedInput`] checks
 //! each against the bytes the message may still use before the crate sees it.
 
@@ -239,6 +241,9 @@ pub trait HotCalls {
 /// A connection's output buffer is shrunk back to this after a larger reply.
 const OUT_KEEP_BYTES: usize = 1 << 20;
 const OUT_INITIAL_BYTES: usize = 16 << 10;
+/// Replies gathered for pipelined requests are written once they reach this, even if more
+/// requests are already buffered.
+const OUT_FLUSH_BYTES: usize = 256 << 10;
 const IN_BUFFER_BYTES: usize = 64 << 10;
 
 /// Starts a reply in `out`: a framed one with room for its 4-byte length. Returns where.
@@ -286,6 +291,16 @@ impl<R: Read> Read for Frames<R> {
 }
 
 impl<R: Read> Frames<R> {
+    /// Is the next message (framed: its whole frame) already in the read buffer, so answering
+    /// it needs no read from the socket?
+    fn next_message_buffered(&self, framed: bool) -> bool {
+        let b = self.inner.buffer();
+        if !framed {
+            return !b.is_empty();
+        }
+        b.len() >= 4 && b.len() - 4 >= u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
+    }
+
     /// Reads a frame's length; Ok(None) at a clean end of stream.
     fn next_frame(&mut self, message_bytes_max: usize) -> io::Result<Option<usize>> {
         self.left = None;
@@ -356,8 +371,12 @@ pub fn serve_connection(
     serve(stream, &mut w, transport, processor, hot, message_bytes_max)
 }
 
-/// The message loop: one reply written (one write call) per request; the input is read in
-/// 64 KiB chunks and the output buffer is reused, so a request costs no allocation here.
+/// The message loop: replies are gathered in one reused buffer and written with one write call
+/// when the next request is not already in the read buffer (before the loop would wait on the
+/// socket), so a batch of pipelined requests read together is answered with one write; the
+/// input is read in 64 KiB chunks, so a request costs no allocation here. (Buffered transport
+/// cannot tell a whole next message from part of one: a partial one in the buffer delays the
+/// earlier replies until its rest arrives, which the client sends without waiting for them.)
 pub fn serve<R: Read, W: Write>(
     r: R,
     w: &mut W,
@@ -389,6 +408,9 @@ pub fn serve<R: Read, W: Write>(
         }
         if framed {
             input.source().skip_rest_of_frame()?;
+        }
+        if input.source().next_message_buffered(framed) && out.len() < OUT_FLUSH_BYTES {
+            continue;
         }
         w.write_all(&out)?;
         out.clear();
@@ -444,12 +466,9 @@ mod tests {
         p.write_i32(v).unwrap();
     }
 
-    /// The hot calls' replies (here: exceptions, the sidecar being unreachable and the
-    /// scanners unknown) are byte for byte the generated processor's, for both transports,
-    /// interleaved with calls only the processor answers.
-    #[test]
-    fn hot_calls_answer_exactly_as_the_generated_processor() {
-        // Nothing listens on port 1: every sidecar call fails at once (IOError).
+    /// The processor and hot calls of a service whose sidecar is unreachable: nothing listens
+    /// on port 1, so every sidecar call fails at once (IOError).
+    fn unreachable_hbase() -> (HbaseSyncProcessor<Handler>, Handler) {
         let sidecar = crate::sidecar::client::SidecarClient::new(
             "127.0.0.1:1".parse().unwrap(),
             Duration::from_secs(1),
@@ -457,8 +476,15 @@ mod tests {
         );
         let rc =
             Arc::new(RangeCache::new(sidecar, crate::cache::Cache::new(crate::cache::Strategy::AllRow, 1 << 20), 10));
-        let processor = HbaseSyncProcessor::new(Handler(rc.clone()));
-        let hot = Handler(rc);
+        (HbaseSyncProcessor::new(Handler(rc.clone())), Handler(rc))
+    }
+
+    /// The hot calls' replies (here: exceptions, the sidecar being unreachable and the
+    /// scanners unknown) are byte for byte the generated processor's, for both transports,
+    /// interleaved with calls only the processor answers.
+    #[test]
+    fn hot_calls_answer_exactly_as_the_generated_processor() {
+        let (processor, hot) = unreachable_hbase();
         let msgs = [
             call("getRow", 1, |p| {
                 bytes_field(p, 1, b"t");
@@ -501,6 +527,53 @@ mod tests {
             assert!(r1.is_err() && r2.is_err(), "the hostile last message closes the connection");
             assert!(ours.len() > 200, "framed {framed}: {} bytes", ours.len());
             assert_eq!(ours, theirs, "framed {framed}");
+        }
+    }
+
+    /// Counts write calls.
+    struct Counting {
+        writes: usize,
+        bytes: Vec<u8>,
+    }
+    impl Write for Counting {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.writes += 1;
+            self.bytes.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Pipelined requests read together are answered with one write (both transports), and the
+    /// replies are those of one write per request.
+    #[test]
+    fn pipelined_requests_are_answered_with_one_write() {
+        let (processor, hot) = unreachable_hbase();
+        for framed in [false, true] {
+            let mut input = Vec::new();
+            let mut one_by_one = Vec::new();
+            for seq in 0..5 {
+                let m = if seq % 2 == 0 {
+                    call("scannerGet", seq, |p| i32_field(p, 1, 77 + seq))
+                } else {
+                    call("isTableEnabled", seq, |p| bytes_field(p, 1, b"t"))
+                };
+                let mut framed_m = Vec::new();
+                if framed {
+                    framed_m.extend_from_slice(&(m.len() as u32).to_be_bytes());
+                }
+                framed_m.extend_from_slice(&m);
+                let t = if framed { Transport::Framed } else { Transport::Buffered };
+                serve(&framed_m[..], &mut one_by_one, t, &processor, &hot, 1 << 20).unwrap();
+                input.extend_from_slice(&framed_m);
+            }
+            let t = if framed { Transport::Framed } else { Transport::Buffered };
+            let mut w = Counting { writes: 0, bytes: Vec::new() };
+            serve(&input[..], &mut w, t, &processor, &hot, 1 << 20).unwrap();
+            assert_eq!(w.writes, 1, "framed {framed}");
+            assert_eq!(w.bytes, one_by_one, "framed {framed}");
         }
     }
 
