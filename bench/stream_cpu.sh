@@ -71,7 +71,9 @@
 #   does not do); xdp = the live-frame generator (bench/xdpgen_send.sh, `slipstream-loadgen
 #   xdp-gen --word-templates`): frames reach the server veth as xdp_frames, as from a NIC, for
 #   all three setups; the words are XDPGEN_TEMPLATES [256] datagrams of send's Zipf stream (same
-#   seed) sent round-robin, an exact multiset; word count only (PARTS defaults to "wc");
+#   seed) sent round-robin, an exact multiset; the change-point series is
+#   XDPGEN_NUMBER_TEMPLATES [128] datagrams of send's series and as many shifted by the step,
+#   switched at the frame `send` would first shift (its send time reported back the same way);
 #   SLIPSTREAM_BIN [target/release/slipstream]; RESULTS_DIR.
 set -euo pipefail
 
@@ -94,12 +96,8 @@ RUNS="${RUNS:-2}"
 IDLE_S="${IDLE_S:-10}"
 SETUPS="${SETUPS:-plain user xdp}"
 GEN="${GEN:-socket}"
-if [[ "$GEN" == xdp ]]; then PARTS="${PARTS:-wc}"; else PARTS="${PARTS:-wc cp}"; fi
+PARTS="${PARTS:-wc cp}"
 case "$GEN" in socket | xdp) ;; *) echo "GEN must be socket or xdp" >&2; exit 2 ;; esac
-if [[ "$GEN" == xdp && " $PARTS " == *" cp "* ]]; then
-    echo "GEN=xdp drives word count only (no change-point templates yet): PARTS=wc" >&2
-    exit 2
-fi
 GEN_CPU="${GEN_CPU:-1}"
 RX_CPU="${RX_CPU:-0}"
 RX_DEFER_US="${RX_DEFER_US:-0}"
@@ -299,7 +297,7 @@ done
     echo "date: $(date -u +%FT%TZ)"
     echo "machine: $(nproc) cores, $(uname -r), $(java -version 2>&1 | head -1)"
     echo "load before the report: $(cat /proc/loadavg)"
-    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
+    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_NUMBER_TEMPLATES=${XDPGEN_NUMBER_TEMPLATES:-128} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
 } >"$RESULTS_DIR/env.txt"
 python3 bench/stream_cpu_report.py "$RESULTS_DIR" "$RX_CPU"
