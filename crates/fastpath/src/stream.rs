@@ -345,7 +345,7 @@ impl WcCache {
     fn take(&self, stream: u32, before_window: u64, into: &mut std::collections::HashMap<(u64, Vec<u8>), u64>) {
         for c in self.slots() {
             let tag = c.tag.load(Ordering::Acquire);
-            if tag == 0 || tag - 1 >= before_window || c.stream.load(Ordering::Relaxed) != stream {
+            if tag == 0 || tag > before_window || c.stream.load(Ordering::Relaxed) != stream {
                 continue;
             }
             let len = (c.len.load(Ordering::Relaxed) as usize).min(WORD_KEY_BYTES);

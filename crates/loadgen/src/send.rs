@@ -595,6 +595,9 @@ pub(crate) fn word_datagrams(
     Some(out)
 }
 
+/// Payloads, in sending order.
+pub(crate) type Datagrams = Vec<Vec<u8>>;
+
 /// What a text number series is drawn from (`send --kind numbers` options).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct NumberSeries {
@@ -614,12 +617,12 @@ pub(crate) fn number_datagrams(
     step_by: f64,
     before: usize,
     after: usize,
-) -> Option<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+) -> Option<(Datagrams, Datagrams)> {
     let in_bounds = p.mean.is_finite()
         && p.stddev.is_finite()
         && p.stddev >= 0.0
         && step_by.is_finite()
-        && p.decimals.map_or(true, |d| d <= DECIMALS_MAX)
+        && p.decimals.unwrap_or(0) <= DECIMALS_MAX
         && (1..=RECORDS_PER_DATAGRAM_MAX).contains(&p.records_per_datagram);
     if !in_bounds {
         return None;

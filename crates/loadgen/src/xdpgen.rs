@@ -159,6 +159,7 @@ fn unescape(v: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+#[allow(clippy::too_many_lines)] // one arm per flag, then the checks that span flags
 fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
     let mut c = Cfg {
         iface: String::new(),
@@ -248,23 +249,7 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         w.records_per_datagram = k;
         nt.series.records_per_datagram = k;
     }
-    if step_frame.is_some() != step_by.is_some() || (step_frame.is_some() && nt.templates == 0) {
-        return Err("a step needs --number-templates, --step-at-frame and --step-by".into());
-    }
-    if nt.templates > 0 {
-        let sets = if step_frame.is_some() { 2 } else { 1 };
-        if nt.templates * sets > TEMPLATES_MAX {
-            return Err(format!("--number-templates: {sets} sets of it must fit {TEMPLATES_MAX} templates"));
-        }
-        nt.step = step_frame.zip(step_by);
-        if number_datagrams(&nt.series, step_by.unwrap_or(0.0), 1, 0).is_none() {
-            return Err(
-                "--mean, --stddev, --decimals, --step-by or --records-per-datagram out of bounds (see `send --help`)"
-                    .into(),
-            );
-        }
-        c.numbers = Some(nt);
-    }
+    c.numbers = numbers(nt, step_frame, step_by)?;
     if w.templates > TEMPLATES_MAX {
         return Err(format!("--word-templates: must be within 1..={TEMPLATES_MAX}"));
     }
@@ -291,6 +276,28 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         return Err("--batch: must be within 1..=256".into());
     }
     Ok(Some(c))
+}
+
+/// `--number-templates` and its step, checked (`None`: not asked for).
+fn numbers(mut nt: Numbers, step_frame: Option<u64>, step_by: Option<f64>) -> Result<Option<Numbers>, String> {
+    if step_frame.is_some() != step_by.is_some() || (step_frame.is_some() && nt.templates == 0) {
+        return Err("a step needs --number-templates, --step-at-frame and --step-by".into());
+    }
+    if nt.templates == 0 {
+        return Ok(None);
+    }
+    let sets = if step_frame.is_some() { 2 } else { 1 };
+    if nt.templates * sets > TEMPLATES_MAX {
+        return Err(format!("--number-templates: {sets} sets of it must fit {TEMPLATES_MAX} templates"));
+    }
+    nt.step = step_frame.zip(step_by);
+    if number_datagrams(&nt.series, step_by.unwrap_or(0.0), 1, 0).is_none() {
+        return Err(
+            "--mean, --stddev, --decimals, --step-by or --records-per-datagram out of bounds (see `send --help`)"
+                .into(),
+        );
+    }
+    Ok(Some(nt))
 }
 
 fn ones_sum(bytes: &[u8]) -> u32 {
