@@ -172,6 +172,18 @@ fn drained(s: &ks::StreamKernel, slot: u32, before: u64) -> BTreeMap<Vec<u8>, u6
     got
 }
 
+/// A word-count stream on `slot`/`port` taking up to 1,024 words of up to 32 bytes per datagram.
+fn wc_stream(s: &ks::StreamKernel, slot: u32, port: u16, window_ns: u64) {
+    let cfg =
+        StreamCfg { op: ks::OP_WORDCOUNT, window_ns, word_bytes_max: 32, records_max: 1024, ..Default::default() };
+    s.add_stream(slot, port, cfg).expect("add stream");
+}
+
+/// CPUs the test's runs may land on (each has its own cache slots).
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// More distinct words than the word-count cache has slots on every CPU together: by
 /// pigeonhole, thousands of them find their slot taken and are counted in the hash map, the
 /// rest in the cache; the drain must merge both places exactly, and leave nothing behind.
@@ -179,16 +191,8 @@ fn drained(s: &ks::StreamKernel, slot: u32, before: u64) -> BTreeMap<Vec<u8>, u6
 fn cache_collisions_fall_back_to_the_map_and_merge_exactly() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
-    let cfg = StreamCfg {
-        op: ks::OP_WORDCOUNT,
-        window_ns: u64::MAX / 4,
-        word_bytes_max: 32,
-        records_max: 1024,
-        ..Default::default()
-    };
-    s.add_stream(5, 7005, cfg).expect("add stream");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let distinct = 3 * ks::WCC_SLOTS as usize * cpus.max(1) + 17;
+    wc_stream(s, 5, 7005, u64::MAX / 4);
+    let distinct = 3 * ks::WCC_SLOTS as usize * cpus() + 17;
     // Twice over, plus one hot word in every datagram (it stays in its slot).
     let mut payloads = word_datagrams("c", distinct, 100, 2);
     for p in &mut payloads {
@@ -212,9 +216,7 @@ fn cache_slots_of_an_undrained_window_are_left_alone() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     let window_ns = 200_000_000u64;
-    let cfg =
-        StreamCfg { op: ks::OP_WORDCOUNT, window_ns, word_bytes_max: 32, records_max: 1024, ..Default::default() };
-    s.add_stream(6, 7006, cfg).expect("add stream");
+    wc_stream(s, 6, 7006, window_ns);
     let now_window = || slipstream_fastpath::clock_monotonic_ns() / window_ns;
     // Start right after a window boundary so the first batch stays within one window.
     let w0 = now_window();
@@ -251,17 +253,9 @@ fn cache_slots_of_an_undrained_window_are_left_alone() {
 fn a_full_map_undoes_the_cache_too() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
-    let cfg = StreamCfg {
-        op: ks::OP_WORDCOUNT,
-        window_ns: u64::MAX / 4,
-        word_bytes_max: 32,
-        records_max: 1024,
-        ..Default::default()
-    };
-    s.add_stream(7, 7007, cfg).expect("add stream");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    wc_stream(s, 7, 7007, u64::MAX / 4);
     // Enough distinct words to fill every cache slot and the map.
-    let distinct = ks::WC_ENTRIES as usize + ks::WCC_SLOTS as usize * cpus.max(1) + 5_000;
+    let distinct = ks::WC_ENTRIES as usize + ks::WCC_SLOTS as usize * cpus() + 5_000;
     let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     let mut consumed_all = true;
     for (i, p) in word_datagrams("f", distinct, 200, 1).iter().enumerate() {

@@ -11,52 +11,12 @@ use std::net::UdpSocket;
 use std::process::Command;
 use std::time::Duration;
 
+mod common;
+use common::field_u64 as field;
+
 const PORT: u16 = 23612;
 const SRV_IP: &str = "10.214.0.1";
 const CLI_IP: &str = "10.214.0.2";
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
-}
-
-/// The namespace and the veth pair; dropping deletes both.
-struct Net {
-    ns: String,
-    srv: String,
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = ip(&["link", "del", &self.srv]);
-        let _ = ip(&["netns", "del", &self.ns]);
-    }
-}
-
-fn setup() -> Option<(Net, String)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: not root (network namespaces, BPF)");
-        return None;
-    }
-    let id = std::process::id() % 100_000;
-    let net = Net { ns: format!("sssn{id}"), srv: format!("ssss{id}") };
-    let cli = format!("sssc{id}");
-    assert!(ip(&["netns", "add", &net.ns]), "ip netns add");
-    assert!(ip(&["link", "add", &net.srv, "type", "veth", "peer", "name", &cli, "netns", &net.ns]), "veth pair");
-    assert!(ip(&["addr", "add", &format!("{SRV_IP}/24"), "dev", &net.srv]), "server address");
-    assert!(ip(&["link", "set", &net.srv, "up"]), "server end up");
-    assert!(ip(&["-n", &net.ns, "addr", "add", &format!("{CLI_IP}/24"), "dev", &cli]), "client address");
-    assert!(ip(&["-n", &net.ns, "link", "set", &cli, "up"]), "client end up");
-    Some((net, cli))
-}
-
-fn field(json: &str, name: &str) -> u64 {
-    let pat = format!("\"{name}\":");
-    let at = json.find(&pat).unwrap_or_else(|| panic!("no field {name} in {json}")) + pat.len();
-    let rest = &json[at..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end].parse().unwrap_or_else(|_| panic!("field {name} not an integer in {json}"))
-}
 
 fn mono_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -67,7 +27,8 @@ fn mono_ns() -> u64 {
 
 #[test]
 fn number_templates_switch_sets_at_the_step_frame_and_report_its_send_time() {
-    let Some((net, cli)) = setup() else { return };
+    let Some(net) = common::veth("sss", Some((SRV_IP, CLI_IP))) else { return };
+    let cli = net.cli.clone();
     // A veth takes its peer's XDP_TX frames only with an XDP program of its own.
     let pass = slipstream_fastpath::PassProgram::attach(&net.srv).expect("attach xdp_pass");
     let sock = UdpSocket::bind((SRV_IP, PORT)).expect("bind the server socket");
