@@ -56,8 +56,8 @@
 #   loaded machine in plain Spark's setup) of WC_WORDS [16] words; CP_RATE [10000]
 #   datagrams/s of CP_VALUES [16] values; STEP_S [10] seconds per run; RUNS [2]; IDLE_S [10];
 #   WC_WINDOW_MS [1000] (the daemon's word-count window) and SLIP_TRIGGER_MS [1000] (the
-#   Slipstream setups' trigger interval): 1 s like plain Spark's batches, so every setup
-#   delivers counts per second; WC_TRIGGER [continuous]: the Slipstream word-count query runs in
+#   Slipstream setups' trigger interval): 1 s like plain Spark's batches (PLAIN_BATCH_MS
+#   [1000]), so every setup delivers counts per second; WC_TRIGGER [continuous]: the Slipstream word-count query runs in
 #   Spark's continuous mode (one long-running read task, epochs every SLIP_TRIGGER_MS, rows summed
 #   by a ForeachWriter: no micro-batch to plan per second; at-least-once on failure), or micro:
 #   micro-batches with SLIP_SINK [collect]: each batch's rows (per-word counts the daemon made)
@@ -89,6 +89,7 @@ CP_VALUES="${CP_VALUES:-16}"
 STEP_S="${STEP_S:-10}"
 WC_WINDOW_MS="${WC_WINDOW_MS:-1000}"
 SLIP_TRIGGER_MS="${SLIP_TRIGGER_MS:-1000}"
+PLAIN_BATCH_MS="${PLAIN_BATCH_MS:-1000}"
 CP_TRIGGER="${CP_TRIGGER:-micro}"
 SLIP_SINK="${SLIP_SINK:-collect}"
 WC_TRIGGER="${WC_TRIGGER:-continuous}"
@@ -261,12 +262,12 @@ for setup in $SETUPS; do
             if [[ " $PARTS " == *" wc "* ]]; then
                 echo "== word count: plain spark"
                 run_java plain-spark wc wc-plain udp="$PLAIN_PORT" bind="$V4S" rates="$(rates "$WC_RATE")" \
-                    step_s="$STEP_S" words="$WC_WORDS" batch_ms=1000 stop_on_inexact=false
+                    step_s="$STEP_S" words="$WC_WORDS" batch_ms="$PLAIN_BATCH_MS" stop_on_inexact=false
             fi
             if [[ " $PARTS " == *" cp "* ]]; then
                 echo "== change point: plain spark"
                 run_java plain-spark cp cp-plain measure=rate udp="$PLAIN_PORT" bind="$V4S" rate="$CP_RATE" \
-                    values="$CP_VALUES" step_s="$STEP_S" runs="$RUNS" batch_ms=1000 window_ms=10 n=4 threshold=7
+                    values="$CP_VALUES" step_s="$STEP_S" runs="$RUNS" batch_ms="$PLAIN_BATCH_MS" window_ms=10 n=4 threshold=7
             fi
             ;;
         user | xdp)
