@@ -56,8 +56,8 @@
 #   loaded machine in plain Spark's setup) of WC_WORDS [16] words; CP_RATE [10000]
 #   datagrams/s of CP_VALUES [16] values; STEP_S [10] seconds per run; RUNS [2]; IDLE_S [10];
 #   WC_WINDOW_MS [1000] (the daemon's word-count window) and SLIP_TRIGGER_MS [1000] (the
-#   Slipstream setups' trigger interval): 1 s like plain Spark's batches, so every setup
-#   delivers counts per second; WC_TRIGGER [continuous]: the Slipstream word-count query runs in
+#   Slipstream setups' trigger interval): 1 s like plain Spark's batches (PLAIN_BATCH_MS
+#   [1000]), so every setup delivers counts per second; WC_TRIGGER [continuous]: the Slipstream word-count query runs in
 #   Spark's continuous mode (one long-running read task, epochs every SLIP_TRIGGER_MS, rows summed
 #   by a ForeachWriter: no micro-batch to plan per second; at-least-once on failure), or micro:
 #   micro-batches with SLIP_SINK [collect]: each batch's rows (per-word counts the daemon made)
@@ -71,7 +71,9 @@
 #   does not do); xdp = the live-frame generator (bench/xdpgen_send.sh, `slipstream-loadgen
 #   xdp-gen --word-templates`): frames reach the server veth as xdp_frames, as from a NIC, for
 #   all three setups; the words are XDPGEN_TEMPLATES [256] datagrams of send's Zipf stream (same
-#   seed) sent round-robin, an exact multiset; word count only (PARTS defaults to "wc");
+#   seed) sent round-robin, an exact multiset; the change-point series is
+#   XDPGEN_NUMBER_TEMPLATES [128] datagrams of send's series and as many shifted by the step,
+#   switched at the frame `send` would first shift (its send time reported back the same way);
 #   SLIPSTREAM_BIN [target/release/slipstream]; RESULTS_DIR.
 set -euo pipefail
 
@@ -87,6 +89,7 @@ CP_VALUES="${CP_VALUES:-16}"
 STEP_S="${STEP_S:-10}"
 WC_WINDOW_MS="${WC_WINDOW_MS:-1000}"
 SLIP_TRIGGER_MS="${SLIP_TRIGGER_MS:-1000}"
+PLAIN_BATCH_MS="${PLAIN_BATCH_MS:-1000}"
 CP_TRIGGER="${CP_TRIGGER:-micro}"
 SLIP_SINK="${SLIP_SINK:-collect}"
 WC_TRIGGER="${WC_TRIGGER:-continuous}"
@@ -94,12 +97,8 @@ RUNS="${RUNS:-2}"
 IDLE_S="${IDLE_S:-10}"
 SETUPS="${SETUPS:-plain user xdp}"
 GEN="${GEN:-socket}"
-if [[ "$GEN" == xdp ]]; then PARTS="${PARTS:-wc}"; else PARTS="${PARTS:-wc cp}"; fi
+PARTS="${PARTS:-wc cp}"
 case "$GEN" in socket | xdp) ;; *) echo "GEN must be socket or xdp" >&2; exit 2 ;; esac
-if [[ "$GEN" == xdp && " $PARTS " == *" cp "* ]]; then
-    echo "GEN=xdp drives word count only (no change-point templates yet): PARTS=wc" >&2
-    exit 2
-fi
 GEN_CPU="${GEN_CPU:-1}"
 RX_CPU="${RX_CPU:-0}"
 RX_DEFER_US="${RX_DEFER_US:-0}"
@@ -263,12 +262,12 @@ for setup in $SETUPS; do
             if [[ " $PARTS " == *" wc "* ]]; then
                 echo "== word count: plain spark"
                 run_java plain-spark wc wc-plain udp="$PLAIN_PORT" bind="$V4S" rates="$(rates "$WC_RATE")" \
-                    step_s="$STEP_S" words="$WC_WORDS" batch_ms=1000 stop_on_inexact=false
+                    step_s="$STEP_S" words="$WC_WORDS" batch_ms="$PLAIN_BATCH_MS" stop_on_inexact=false
             fi
             if [[ " $PARTS " == *" cp "* ]]; then
                 echo "== change point: plain spark"
                 run_java plain-spark cp cp-plain measure=rate udp="$PLAIN_PORT" bind="$V4S" rate="$CP_RATE" \
-                    values="$CP_VALUES" step_s="$STEP_S" runs="$RUNS" batch_ms=1000 window_ms=10 n=4 threshold=7
+                    values="$CP_VALUES" step_s="$STEP_S" runs="$RUNS" batch_ms="$PLAIN_BATCH_MS" window_ms=10 n=4 threshold=7
             fi
             ;;
         user | xdp)
@@ -299,7 +298,7 @@ done
     echo "date: $(date -u +%FT%TZ)"
     echo "machine: $(nproc) cores, $(uname -r), $(java -version 2>&1 | head -1)"
     echo "load before the report: $(cat /proc/loadavg)"
-    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
+    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_NUMBER_TEMPLATES=${XDPGEN_NUMBER_TEMPLATES:-128} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
 } >"$RESULTS_DIR/env.txt"
 python3 bench/stream_cpu_report.py "$RESULTS_DIR" "$RX_CPU"

@@ -31,13 +31,6 @@
 #define GEN_DIGITS_MAX SS_GEN_DIGITS_MAX
 #define GEN_FRAME_BYTES_MAX SS_GEN_FRAME_BYTES_MAX
 
-struct gen_config {
-	__u32 key_off;    /* byte offset of the first key digit in the frame; 0 = no rewrite */
-	__u32 key_digits; /* 1..GEN_DIGITS_MAX */
-	__u32 keys;       /* keys 0..keys-1, uniform */
-	__u32 templates;  /* templates in gen_tpl, sent round-robin; 0 counts as 1 */
-};
-
 /* The frames every run starts from. Pages of the test run's pool are recycled with whatever the
  * last user left in them (a server that answers in place writes its reply over the request),
  * so the program writes the whole template back before each send. The test run's frame is as
@@ -65,7 +58,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct gen_config);
+	__type(value, struct ss_gen_config);
 } gen_cfg SEC(".maps");
 
 struct {
@@ -102,16 +95,22 @@ SEC("xdp")
 int ss_gen(struct xdp_md *ctx)
 {
 	__u32 zero = 0;
-	struct gen_config *c = bpf_map_lookup_elem(&gen_cfg, &zero);
+	struct ss_gen_config *c = bpf_map_lookup_elem(&gen_cfg, &zero);
 	__u64 *seq = bpf_map_lookup_elem(&gen_seq, &zero);
 	if (!c || !seq)
 		return XDP_DROP;
 	__u32 templates = c->templates;
+	__u32 after = c->templates_after;
 	if (templates == 0)
 		templates = 1;
-	if (templates > SS_GEN_TEMPLATES_MAX)
+	if (templates > SS_GEN_TEMPLATES_MAX || after > SS_GEN_TEMPLATES_MAX - templates)
 		return XDP_DROP;
-	__u32 idx = __sync_fetch_and_add(seq, 1) % templates;
+	__u64 n = __sync_fetch_and_add(seq, 1);
+	__u32 idx;
+	if (after > 0 && n >= c->step_frame)
+		idx = templates + (__u32)((n - c->step_frame) % after);
+	else
+		idx = (__u32)(n % templates);
 	struct gen_template *t = bpf_map_lookup_elem(&gen_tpl, &idx);
 	if (!t)
 		return XDP_DROP;

@@ -34,13 +34,27 @@ pub struct SinkCounts {
     pub bytes: u64,
 }
 
+/// `struct ss_gen_config` (bpf/xdp_gen.h).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct GenConfig {
+    key_off: u32,
+    key_digits: u32,
+    keys: u32,
+    templates: u32,
+    step_frame: u64,
+    templates_after: u32,
+    pad0: u32,
+}
+crate::mirror!(GenConfig, ss_gen_config, [key_off, key_digits, keys, templates, step_frame, templates_after, pad0]);
+impl crate::abi::Plain for GenConfig {}
+
 /// The loaded generator and sink programs. The sink detaches when this is dropped.
 pub struct Generator {
     ebpf: Ebpf,
     gen_fd: RawFd,
     sink_ifindex: Option<u32>,
-    /// `struct gen_config`: key offset, key digits, keys, templates.
-    cfg: [u32; 4],
+    cfg: GenConfig,
 }
 
 impl Generator {
@@ -60,7 +74,7 @@ impl Generator {
             .try_into()
             .map_err(|e| refusal(&e, false))?;
         let gen_fd = gen.fd().map_err(|e| refusal(&e, false))?.as_fd().as_raw_fd();
-        Ok(Generator { ebpf, gen_fd, sink_ifindex: None, cfg: [0, 0, 0, 1] })
+        Ok(Generator { ebpf, gen_fd, sink_ifindex: None, cfg: GenConfig { templates: 1, ..GenConfig::default() } })
     }
 
     /// Rewrite `digits` decimal digits at frame byte `key_off` with a key uniform over
@@ -69,14 +83,17 @@ impl Generator {
         if keys > 0 && (key_off == 0 || digits == 0 || digits > KEY_DIGITS_MAX) {
             return Err(FastPathError::BadConfig { detail: format!("key rewrite at {key_off}, {digits} digits") });
         }
-        self.cfg = [key_off, digits, keys, self.cfg[3]];
+        self.cfg.key_off = key_off;
+        self.cfg.key_digits = digits;
+        self.cfg.keys = keys;
         self.write_cfg()
     }
 
     fn write_cfg(&mut self) -> Result<(), FastPathError> {
-        let value = self.cfg;
-        let mut cfg: Array<_, [u32; 4]> = self.map("gen_cfg")?;
-        cfg.set(0, value, 0).map_err(|e| FastPathError::LoadRefused { detail: format!("gen_cfg: {e}") })
+        use crate::abi::Plain;
+        let fd = self.map_fd("gen_cfg")?;
+        sys::map_update(fd, &0u32.to_ne_bytes(), self.cfg.as_bytes(), sys::BPF_ANY)
+            .map_err(|e| FastPathError::LoadRefused { detail: format!("gen_cfg: {e}") })
     }
 
     /// The frame every send starts from (the generator rewrites it into each frame, see
@@ -89,9 +106,23 @@ impl Generator {
     /// `frames[n % frames.len()]`. Returns the frame to pass to [`Generator::send`]: the
     /// longest template (shorter ones trim it, see xdp_gen.c).
     pub fn set_templates(&mut self, frames: &[Vec<u8>]) -> Result<Vec<u8>, FastPathError> {
-        if frames.is_empty() || frames.len() > TEMPLATES_MAX {
+        self.set_templates_stepped(frames, &[], 0)
+    }
+
+    /// Two template sets switched at a frame: frame n (counted as in [`Generator::set_templates`])
+    /// is `before[n % before.len()]` while n < `step_frame`, then
+    /// `after[(n - step_frame) % after.len()]` (`after` empty: no step). Returns the frame to
+    /// pass to [`Generator::send`].
+    pub fn set_templates_stepped(
+        &mut self,
+        before: &[Vec<u8>],
+        after: &[Vec<u8>],
+        step_frame: u64,
+    ) -> Result<Vec<u8>, FastPathError> {
+        let frames: Vec<&Vec<u8>> = before.iter().chain(after).collect();
+        if before.is_empty() || frames.len() > TEMPLATES_MAX {
             return Err(FastPathError::BadConfig {
-                detail: format!("{} templates (1..={TEMPLATES_MAX})", frames.len()),
+                detail: format!("{} + {} templates (1..={TEMPLATES_MAX} in all)", before.len(), after.len()),
             });
         }
         let fd = self.map_fd("gen_tpl")?;
@@ -106,9 +137,11 @@ impl Generator {
             sys::map_update(fd, &(i as u32).to_ne_bytes(), &value, sys::BPF_ANY)
                 .map_err(|e| FastPathError::LoadRefused { detail: format!("gen_tpl: {e}") })?;
         }
-        self.cfg[3] = frames.len() as u32;
+        self.cfg.templates = before.len() as u32;
+        self.cfg.templates_after = after.len() as u32;
+        self.cfg.step_frame = step_frame;
         self.write_cfg()?;
-        let longest = frames.iter().max_by_key(|f| f.len()).cloned().unwrap_or_default();
+        let longest = frames.iter().max_by_key(|f| f.len()).map(|f| f.to_vec()).unwrap_or_default();
         Ok(longest)
     }
 

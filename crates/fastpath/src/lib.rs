@@ -396,8 +396,12 @@ impl Kernel {
                 detail: format!("entries_max {entries_max} not in 1..={ENTRIES_MAX_LIMIT}"),
             });
         }
+        let cpus = aya::util::nr_cpus().map_err(|(what, error)| FastPathError::LoadRefused {
+            detail: format!("cannot count possible CPUs ({what}): {error}"),
+        })?;
         let mut ebpf = EbpfLoader::new()
             .set_max_entries(abi::MAP_ITEMS, entries_max)
+            .set_max_entries(stream::MAP_WC_CACHE, stream::wc_cache_entries(cpus)?)
             .load(OBJECT)
             .map_err(|e| refusal(&e, false))?;
         let prog: &mut Xdp = ebpf
@@ -422,9 +426,6 @@ impl Kernel {
         let ports_fd = map_fd(&ebpf, abi::MAP_PORTS)?;
         let tstats_fd = map_fd(&ebpf, abi::MAP_TENANT_STATS)?;
         let tenants = TenantTable::map(map_fd(&ebpf, abi::MAP_TENANTS)?)?;
-        let cpus = aya::util::nr_cpus().map_err(|(what, error)| FastPathError::LoadRefused {
-            detail: format!("cannot count possible CPUs ({what}): {error}"),
-        })?;
         let streams = std::sync::Arc::new(stream::StreamKernel::new(&mut ebpf, ports_fd, prog_fd, cpus)?);
         let k = Kernel {
             streams,

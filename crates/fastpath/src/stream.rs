@@ -15,6 +15,7 @@
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use aya::maps::{MapData, RingBuf};
@@ -26,6 +27,8 @@ use crate::{mirror, sys, AttachMode, FastPath, FastPathError};
 pub const MAP_STREAMS: &str = "ss_streams";
 pub const MAP_STREAM_STATS: &str = "ss_sstats";
 pub const MAP_WORDCOUNT: &str = "ss_wc";
+/// The word-count cache in front of `ss_wc` (mmapped; see [`WccSlot`]).
+pub const MAP_WC_CACHE: &str = "ss_wcc";
 pub const MAP_CHANGEPOINT: &str = "ss_cp";
 pub const MAP_EVENTS: &str = "ss_events";
 
@@ -37,6 +40,8 @@ pub const STREAM_PAYLOAD_MAX: usize = h::SS_STREAM_PAYLOAD_MAX as usize;
 pub const WORDS_MAX: usize = h::SS_WORDS_MAX as usize;
 pub const VALUES_MAX: usize = h::SS_VALUES_MAX as usize;
 pub const WC_ENTRIES: u32 = h::SS_WC_ENTRIES as u32;
+/// Word-count cache slots per CPU.
+pub const WCC_SLOTS: u32 = h::SS_WCC_SLOTS as u32;
 pub const CP_REF_MAX: usize = h::SS_CP_REF_MAX as usize;
 pub const CP_HISTORY_MAX: usize = h::SS_CP_HISTORY_MAX as usize;
 /// Values are micro-units: `value = micro / FIXED_SCALE`.
@@ -99,6 +104,20 @@ pub struct WcKey {
     pub word: [u8; WORD_KEY_BYTES],
 }
 
+/// `struct ss_wcc_slot`: one slot of the word-count cache, read and written with atomic
+/// operations here because the program on the slot's CPU writes it concurrently (the header
+/// says who may write what when).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct WccSlot {
+    pub tag: AtomicU64,
+    pub count: AtomicU64,
+    pub stream: AtomicU32,
+    pub len: AtomicU32,
+    pub word: [AtomicU64; WORD_KEY_BYTES / 8],
+    pub pad0: AtomicU64,
+}
+
 /// `struct ss_cp_state` (the lock word reads as 0 in a BPF_F_LOCK copy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -127,6 +146,8 @@ mirror!(
 );
 mirror!(StreamStats, ss_stream_stats, [datagrams, records, malformed, passed, alerts, events_lost, pad0, pad1]);
 mirror!(WcKey, ss_wc_key, [window, stream, len, word]);
+mirror!(WccSlot, ss_wcc_slot, [tag, count, stream, len, word, pad0]);
+const _: () = assert!(std::mem::align_of::<WccSlot>() == 8 && WORD_KEY_BYTES % 8 == 0);
 mirror!(
     CpState,
     ss_cp_state,
@@ -269,12 +290,94 @@ fn dup(fd: RawFd) -> Result<OwnedFd, FastPathError> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
+/// `max_entries` of the word-count cache for `cpus` possible CPUs.
+pub(crate) fn wc_cache_entries(cpus: usize) -> Result<u32, FastPathError> {
+    u32::try_from(cpus).ok().and_then(|c| c.checked_mul(WCC_SLOTS)).ok_or_else(|| FastPathError::LoadRefused {
+        detail: format!("{cpus} CPUs: the word-count cache would not fit a map"),
+    })
+}
+
+/// The `ss_wcc` array map, mapped into this process (every field accessed atomically: the
+/// program writes it on every CPU).
+struct WcCache {
+    base: std::ptr::NonNull<WccSlot>,
+    slots: usize,
+}
+
+// SAFETY: the mapping is shared memory that lives until Drop and is only accessed through the
+// atomic fields of `WccSlot`, which are Sync.
+unsafe impl Send for WcCache {}
+// SAFETY: as above.
+unsafe impl Sync for WcCache {}
+
+impl WcCache {
+    fn map(fd: RawFd, cpus: usize) -> Result<WcCache, FastPathError> {
+        let slots = wc_cache_entries(cpus)? as usize;
+        let len_bytes = slots * size_of::<WccSlot>();
+        // SAFETY: mmap with a null hint creates a new mapping and touches no existing memory;
+        // fd is the live ss_wcc map (BPF_F_MMAPABLE) loaded with max_entries = slots, whose
+        // value area is slots * 64 bytes (the array's stride for a 64-byte value), page
+        // aligned; failure is reported as MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(FastPathError::Map { op: "mmap word-count cache", error: io::Error::last_os_error() });
+        }
+        let base = std::ptr::NonNull::new(p.cast::<WccSlot>()).ok_or_else(|| FastPathError::Map {
+            op: "mmap word-count cache",
+            error: io::Error::other("null mapping"),
+        })?;
+        Ok(WcCache { base, slots })
+    }
+
+    fn slots(&self) -> &[WccSlot] {
+        // SAFETY: the mapping holds `slots` consecutive 64-byte elements (WccSlot's size, checked
+        // against the header), page aligned so 8-byte aligned; the kernel zero-fills it and
+        // all-zero is a valid WccSlot (atomics); the slice lives no longer than &self, and the
+        // mapping lives until self is dropped.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.slots) }
+    }
+
+    /// Takes every slot of `stream` holding a window below `before_window`, adding its count to
+    /// `into` (wrapping: see the header). The order (count, then tag) is the one the program
+    /// relies on: it never writes a slot whose tag is an older window, and claims only tag 0.
+    fn take(&self, stream: u32, before_window: u64, into: &mut std::collections::HashMap<(u64, Vec<u8>), u64>) {
+        for c in self.slots() {
+            let tag = c.tag.load(Ordering::Acquire);
+            if tag == 0 || tag > before_window || c.stream.load(Ordering::Relaxed) != stream {
+                continue;
+            }
+            let len = (c.len.load(Ordering::Relaxed) as usize).min(WORD_KEY_BYTES);
+            let mut word = Vec::with_capacity(WORD_KEY_BYTES);
+            for w in &c.word {
+                word.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+            word.truncate(len);
+            let n = c.count.swap(0, Ordering::AcqRel);
+            c.tag.store(0, Ordering::Release);
+            let e = into.entry((tag - 1, word)).or_insert(0);
+            *e = e.wrapping_add(n);
+        }
+    }
+}
+
+impl Drop for WcCache {
+    fn drop(&mut self) {
+        // SAFETY: base and slots * 64 bytes are exactly what mmap returned and was given; no
+        // reference into the mapping outlives self (slots() borrows self).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.slots * size_of::<WccSlot>()) };
+    }
+}
+
 /// The stream maps of one loaded program (descriptors of their own, so they outlive the
 /// loader's handles) and its ring buffer (taken once, by the service's reader thread).
 pub struct StreamKernel {
     streams: OwnedFd,
     stats: OwnedFd,
     wc: OwnedFd,
+    /// The word-count cache (mmapped ss_wcc).
+    wcc: WcCache,
     cp: OwnedFd,
     ports: OwnedFd,
     prog: OwnedFd,
@@ -333,6 +436,7 @@ impl StreamKernel {
         let streams = fd_of(ebpf, MAP_STREAMS)?;
         let stats = fd_of(ebpf, MAP_STREAM_STATS)?;
         let wc = fd_of(ebpf, MAP_WORDCOUNT)?;
+        let wcc = WcCache::map(fd_of(ebpf, MAP_WC_CACHE)?.as_raw_fd(), cpus)?;
         let cp = fd_of(ebpf, MAP_CHANGEPOINT)?;
         let events = ebpf
             .take_map(MAP_EVENTS)
@@ -343,6 +447,7 @@ impl StreamKernel {
             streams,
             stats,
             wc,
+            wcc,
             cp,
             ports: dup(ports_fd)?,
             prog: dup(prog_fd)?,
@@ -456,15 +561,27 @@ impl StreamKernel {
     }
 
     /// Takes (reads and deletes) every word count of `slot` in windows below `before_window`:
-    /// (window, word, count summed over CPUs). Bounded by the map's size (two passes' worth).
-    /// On an error the counts already taken come back with it (they are no longer in the map).
+    /// (window, word, count summed over CPUs and over the cache and the map), one entry per
+    /// (window, word). Bounded by the map's size (two passes' worth). On an error the counts
+    /// already taken come back with it (they are no longer in the kernel).
     pub fn drain_wordcount(&self, slot: u32, before_window: u64) -> (Vec<WordCount>, Option<FastPathError>) {
-        let mut out = Vec::new();
-        let err = self.drain_into(slot, before_window, &mut out).err();
+        let mut merged = std::collections::HashMap::new();
+        let err = self.drain_into(slot, before_window, &mut merged).err();
+        if err.is_none() {
+            self.wcc.take(slot, before_window, &mut merged);
+        }
+        // A datagram's undo can leave one place below zero (wrapped) and the other above: only
+        // the sum is a count. It is never negative, so the wrapped sum is the count.
+        let out = merged.into_iter().filter(|(_, n)| *n != 0).map(|((w, word), n)| (w, word, n)).collect();
         (out, err)
     }
 
-    fn drain_into(&self, slot: u32, before_window: u64, out: &mut Vec<WordCount>) -> Result<(), FastPathError> {
+    fn drain_into(
+        &self,
+        slot: u32,
+        before_window: u64,
+        out: &mut std::collections::HashMap<(u64, Vec<u8>), u64>,
+    ) -> Result<(), FastPathError> {
         let fd = self.wc.as_raw_fd();
         let kb = size_of::<WcKey>();
         let mut cur = vec![0u8; kb];
@@ -486,9 +603,8 @@ impl StreamKernel {
                 sys::map_delete(fd, &cur).map_err(|error| FastPathError::Map { op: "wc delete", error })?;
                 if found {
                     let n: u64 = val.chunks_exact(8).map(|c| u64_at(c, 0).unwrap_or(0)).fold(0, u64::wrapping_add);
-                    if n > 0 {
-                        out.push((window, cur.get(16..16 + len).unwrap_or(&[]).to_vec(), n));
-                    }
+                    let e = out.entry((window, cur.get(16..16 + len).unwrap_or(&[]).to_vec())).or_insert(0);
+                    *e = e.wrapping_add(n);
                 }
             }
             have = more;

@@ -142,6 +142,142 @@ fn random_word_payloads_agree_with_the_user_space_parser() {
     assert_eq!(got, want, "SEED={seed}");
 }
 
+/// Runs `payloads` through the program on `port`; every one must get `verdict`.
+fn run_all(s: &ks::StreamKernel, port: u16, payloads: &[Vec<u8>], verdict: u32) {
+    for (i, p) in payloads.iter().enumerate() {
+        let got = s.test_run(&udp_frame(i % 2 == 1, port, p)).expect("test run");
+        assert_eq!(got, verdict, "payload {i} of {}: {:?}", payloads.len(), String::from_utf8_lossy(p));
+    }
+}
+
+/// Distinct words `prefix0..prefixN`, `per` to a datagram, `rounds` times over.
+fn word_datagrams(prefix: &str, n: usize, per: usize, rounds: usize) -> Vec<Vec<u8>> {
+    let words: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    let mut out = Vec::new();
+    for _ in 0..rounds {
+        for chunk in words.chunks(per) {
+            out.push(chunk.join(" ").into_bytes());
+        }
+    }
+    out
+}
+
+fn drained(s: &ks::StreamKernel, slot: u32, before: u64) -> BTreeMap<Vec<u8>, u64> {
+    let (d, err) = s.drain_wordcount(slot, before);
+    assert!(err.is_none(), "{err:?}");
+    let mut got = BTreeMap::new();
+    for (_, w, n) in d {
+        assert!(got.insert(w, n).is_none(), "one entry per (window, word)");
+    }
+    got
+}
+
+/// A word-count stream on `slot`/`port` taking up to 1,024 words of up to 32 bytes per datagram.
+fn wc_stream(s: &ks::StreamKernel, slot: u32, port: u16, window_ns: u64) {
+    let cfg =
+        StreamCfg { op: ks::OP_WORDCOUNT, window_ns, word_bytes_max: 32, records_max: 1024, ..Default::default() };
+    s.add_stream(slot, port, cfg).expect("add stream");
+}
+
+/// CPUs the test's runs may land on (each has its own cache slots).
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// More distinct words than the word-count cache has slots on every CPU together: by
+/// pigeonhole, thousands of them find their slot taken and are counted in the hash map, the
+/// rest in the cache; the drain must merge both places exactly, and leave nothing behind.
+#[test]
+fn cache_collisions_fall_back_to_the_map_and_merge_exactly() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    wc_stream(s, 5, 7005, u64::MAX / 4);
+    let distinct = 3 * ks::WCC_SLOTS as usize * cpus() + 17;
+    // Twice over, plus one hot word in every datagram (it stays in its slot).
+    let mut payloads = word_datagrams("c", distinct, 100, 2);
+    for p in &mut payloads {
+        p.extend_from_slice(b" hot hot");
+    }
+    run_all(s, 7005, &payloads, XDP_DROP);
+    let mut want: BTreeMap<Vec<u8>, u64> = (0..distinct).map(|i| (format!("c{i}").into_bytes(), 2)).collect();
+    want.insert(b"hot".to_vec(), 2 * payloads.len() as u64);
+    assert_eq!(drained(s, 5, u64::MAX), want);
+    assert!(drained(s, 5, u64::MAX).is_empty(), "the cache and the map are empty after a drain");
+    // The emptied slots are taken again.
+    run_all(s, 7005, &[b"hot c1 c1".to_vec()], XDP_DROP);
+    let again: BTreeMap<Vec<u8>, u64> = [(b"c1".to_vec(), 2), (b"hot".to_vec(), 1)].into_iter().collect();
+    assert_eq!(drained(s, 5, u64::MAX), again);
+}
+
+/// Windows: a slot holding a window that has not been drained is not reused for the next one
+/// (those words go to the map), and a drain up to a window takes only the windows before it.
+#[test]
+fn cache_slots_of_an_undrained_window_are_left_alone() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let window_ns = 200_000_000u64;
+    wc_stream(s, 6, 7006, window_ns);
+    let now_window = || slipstream_fastpath::clock_monotonic_ns() / window_ns;
+    // Start right after a window boundary so the first batch stays within one window.
+    let w0 = now_window();
+    while now_window() == w0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let first = now_window();
+    let a = word_datagrams("x", 300, 50, 1);
+    run_all(s, 7006, &a, XDP_DROP);
+    assert_eq!(now_window(), first, "the first batch took longer than a window on this machine");
+    while now_window() == first {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let second = now_window();
+    let b = word_datagrams("x", 300, 50, 2);
+    run_all(s, 7006, &b, XDP_DROP);
+    assert!(drained(s, 6, first).is_empty(), "nothing before the first window");
+    let want_a: BTreeMap<Vec<u8>, u64> = (0..300).map(|i| (format!("x{i}").into_bytes(), 1)).collect();
+    assert_eq!(drained(s, 6, second), want_a, "exactly the first window");
+    let (rest, err) = s.drain_wordcount(6, u64::MAX);
+    assert!(err.is_none(), "{err:?}");
+    let mut by_window: BTreeMap<u64, u64> = BTreeMap::new();
+    for (w, _, n) in &rest {
+        *by_window.entry(*w).or_default() += n;
+    }
+    assert_eq!(by_window.keys().next(), Some(&second), "{by_window:?}");
+    assert_eq!(by_window.values().sum::<u64>(), 600, "every word of the later windows: {by_window:?}");
+}
+
+/// A full hash map: a datagram with a word that finds neither a cache slot nor room in the map
+/// passes to user space whole, and what it had counted before that word (in the cache and in
+/// the map) is undone exactly.
+#[test]
+fn a_full_map_undoes_the_cache_too() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    wc_stream(s, 7, 7007, u64::MAX / 4);
+    // Enough distinct words to fill every cache slot and the map.
+    let distinct = ks::WC_ENTRIES as usize + ks::WCC_SLOTS as usize * cpus() + 5_000;
+    let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut consumed_all = true;
+    for (i, p) in word_datagrams("f", distinct, 200, 1).iter().enumerate() {
+        let got = s.test_run(&udp_frame(false, 7007, p)).expect("test run");
+        if got == XDP_DROP {
+            for w in p.split(|b| *b == b' ') {
+                *want.entry(w.to_vec()).or_default() += 1;
+            }
+        } else {
+            assert_eq!(got, XDP_PASS, "datagram {i}");
+            consumed_all = false;
+        }
+    }
+    assert!(!consumed_all, "the map never filled up");
+    // Words already counted (hot in a slot or in the map), then one that fits nowhere.
+    let counted: Vec<Vec<u8>> = want.keys().take(50).cloned().collect();
+    let mut p = counted.join(&b' ');
+    p.extend_from_slice(b" never-seen-before");
+    assert_eq!(s.test_run(&udp_frame(false, 7007, &p)).expect("test run"), XDP_PASS);
+    assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
+}
+
 #[test]
 fn number_fixtures_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };

@@ -375,7 +375,7 @@ fn ns_since(start: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(start).as_nanos()).unwrap_or(u64::MAX)
 }
 
-fn unix_ns() -> u64 {
+pub(crate) fn unix_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
@@ -593,6 +593,72 @@ pub(crate) fn word_datagrams(
         out.push((buf, g.ranks.clone()));
     }
     Some(out)
+}
+
+/// Payloads, in sending order.
+pub(crate) type Datagrams = Vec<Vec<u8>>;
+
+/// What a text number series is drawn from (`send --kind numbers` options).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct NumberSeries {
+    pub seed: u64,
+    pub mean: f64,
+    pub stddev: f64,
+    pub decimals: Option<usize>,
+    pub records_per_datagram: usize,
+}
+
+/// Text number datagrams as `send --kind numbers` builds them for this series: the first
+/// `before` unshifted, then `after` more (the generator's next draws) with every value shifted
+/// by `step_by` — the two template sets `xdp-gen --number-templates` switches between at its
+/// step frame. `None` when a parameter is out of `send`'s bounds.
+pub(crate) fn number_datagrams(
+    p: &NumberSeries,
+    step_by: f64,
+    before: usize,
+    after: usize,
+) -> Option<(Datagrams, Datagrams)> {
+    let in_bounds = p.mean.is_finite()
+        && p.stddev.is_finite()
+        && p.stddev >= 0.0
+        && step_by.is_finite()
+        && p.decimals.unwrap_or(0) <= DECIMALS_MAX
+        && (1..=RECORDS_PER_DATAGRAM_MAX).contains(&p.records_per_datagram);
+    if !in_bounds {
+        return None;
+    }
+    let o = Options {
+        to: SocketAddr::from(([0, 0, 0, 0], 0)),
+        kind: Kind::Numbers,
+        count: Some((before + after) as u64),
+        duration_ns: None,
+        rate_per_s: 0,
+        records_per_datagram: p.records_per_datagram,
+        seed: p.seed,
+        vocabulary: 1,
+        zipf_s: 1.0,
+        expect_counts: None,
+        mean: p.mean,
+        stddev: p.stddev,
+        step_at_ms: None,
+        step_by: None,
+        binary: false,
+        batch: 1,
+        decimals: p.decimals,
+    };
+    let mut g = Generator::new(&o);
+    let mut make = |n: usize, shift: f64| -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|_| {
+                let mut buf = Vec::new();
+                g.build(&mut buf, shift);
+                buf
+            })
+            .collect()
+    };
+    let b = make(before, 0.0);
+    let a = make(after, step_by);
+    Some((b, a))
 }
 
 /// `--expect-counts` file text: `{"w<rank>":count,...}` for every rank counted at least once.
@@ -849,6 +915,25 @@ mod tests {
         }
         assert!(word_datagrams(9, 0, 1.0, 16, 5).is_none());
         assert!(word_datagrams(9, 50, f64::NAN, 16, 5).is_none());
+    }
+
+    #[test]
+    fn number_datagrams_are_what_send_builds_with_a_step() {
+        let o = parse_args(&args(
+            "--to 127.0.0.1:9 --kind numbers --count 5 --seed 4 --mean 10 --records-per-datagram 3 --decimals 6",
+        ))
+        .unwrap();
+        let mut g = Generator::new(&o);
+        let p = NumberSeries { seed: 4, mean: 10.0, stddev: 1.0, decimals: Some(6), records_per_datagram: 3 };
+        let (before, after) = number_datagrams(&p, 20.0, 2, 3).unwrap();
+        assert_eq!((before.len(), after.len()), (2, 3));
+        for (i, want) in before.iter().chain(&after).enumerate() {
+            let mut buf = Vec::new();
+            g.build(&mut buf, if i < 2 { 0.0 } else { 20.0 });
+            assert_eq!(&buf, want, "datagram {i}");
+        }
+        assert!(number_datagrams(&NumberSeries { stddev: -1.0, ..p.clone() }, 0.0, 1, 0).is_none());
+        assert!(number_datagrams(&p, f64::INFINITY, 1, 1).is_none());
     }
 
     #[test]

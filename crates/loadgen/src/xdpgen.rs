@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use slipstream_fastpath::gen::{Generator, SinkCounts, FRAMES_PER_CALL_MAX, TEMPLATES_MAX};
 
 use crate::pace::Pacer;
-use crate::send::{counts_json, word_datagrams};
+use crate::send::{counts_json, number_datagrams, unix_ns, word_datagrams, NumberSeries};
 use crate::sysstat;
+use slipstream_fastpath::clock_monotonic_ns;
 
 const USAGE: &str = "\
 slipstream-loadgen xdp-gen: live-frame UDP generator (root; prints one JSON line)
@@ -36,6 +37,18 @@ slipstream-loadgen xdp-gen: live-frame UDP generator (root; prints one JSON line
     --seed N                  PRNG seed                                  [1]
     --expect-counts FILE      write the exact multiset of words sent (every frame
                               the program built, warm-up included) as a JSON map
+  --number-templates N   instead: N datagrams of text numbers (Gaussian), built by the same
+                         code as `send --kind numbers` (same seed), sent round-robin:
+    --records-per-datagram K  values per datagram                        [1]
+    --mean M --stddev D       the noise                                  [0, 1]
+    --decimals N              fractional digits (default: shortest round trip)
+    --seed N                  PRNG seed                                  [1]
+    --step-at-frame F --step-by X  from frame F on (counting from 0, warm-up
+                              included) send N further datagrams of the same series
+                              with every value shifted by X, round-robin (2N <= 256);
+                              the JSON line then has step_frame and step_sent_mono_ns /
+                              step_sent_unix_ns (CLOCK_MONOTONIC and wall clock read right
+                              before the call that sent frame F), as `send` reports a step
   --rate-per-s R         frames per second (0 = as fast as possible)     [0]
   --count N              stop after N frames (0 = run for the duration)  [0]
   --duration-s SECS      measured window                                 [10]
@@ -73,6 +86,7 @@ struct Cfg {
     key_digits: u32,
     payload: Option<Vec<u8>>,
     words: Option<Words>,
+    numbers: Option<Numbers>,
     rate_per_s: f64,
     count: u64,
     duration: Duration,
@@ -92,6 +106,14 @@ struct Words {
     zipf_s: f64,
     seed: u64,
     expect_counts: Option<String>,
+}
+
+/// `--number-templates`: what the templates hold, and the step.
+struct Numbers {
+    templates: usize,
+    series: NumberSeries,
+    /// (first frame of the shifted set, shift)
+    step: Option<(u64, f64)>,
 }
 
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
@@ -137,6 +159,7 @@ fn unescape(v: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+#[allow(clippy::too_many_lines)] // one arm per flag, then the checks that span flags
 fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
     let mut c = Cfg {
         iface: String::new(),
@@ -149,6 +172,7 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         key_digits: 8,
         payload: None,
         words: None,
+        numbers: None,
         rate_per_s: 0.0,
         count: 0,
         duration: Duration::from_secs(10),
@@ -162,6 +186,13 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
     let mut have_mac = false;
     let mut w =
         Words { templates: 0, records_per_datagram: 16, vocabulary: 1000, zipf_s: 1.0, seed: 1, expect_counts: None };
+    let mut records: Option<usize> = None;
+    let mut nt = Numbers {
+        templates: 0,
+        series: NumberSeries { seed: 1, mean: 0.0, stddev: 1.0, decimals: None, records_per_datagram: 1 },
+        step: None,
+    };
+    let (mut step_frame, mut step_by): (Option<u64>, Option<f64>) = (None, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -182,10 +213,19 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
             "--key-digits" => c.key_digits = num(flag, v)?,
             "--payload" => c.payload = Some(unescape(v)?),
             "--word-templates" => w.templates = num(flag, v)?,
-            "--records-per-datagram" => w.records_per_datagram = num(flag, v)?,
+            "--records-per-datagram" => records = Some(num(flag, v)?),
+            "--number-templates" => nt.templates = num(flag, v)?,
+            "--mean" => nt.series.mean = num(flag, v)?,
+            "--stddev" => nt.series.stddev = num(flag, v)?,
+            "--decimals" => nt.series.decimals = Some(num(flag, v)?),
+            "--step-at-frame" => step_frame = Some(num(flag, v)?),
+            "--step-by" => step_by = Some(num(flag, v)?),
             "--vocabulary" => w.vocabulary = num(flag, v)?,
             "--zipf-s" => w.zipf_s = num(flag, v)?,
-            "--seed" => w.seed = num(flag, v)?,
+            "--seed" => {
+                w.seed = num(flag, v)?;
+                nt.series.seed = w.seed;
+            }
             "--expect-counts" => w.expect_counts = Some(v.clone()),
             "--rate-per-s" => c.rate_per_s = num(flag, v)?,
             "--count" => c.count = num(flag, v)?,
@@ -202,9 +242,14 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
     if c.iface.is_empty() || !have_mac || c.src.is_unspecified() || c.dst.is_unspecified() {
         return Err("--iface, --dst-mac, --src and --dst are required".into());
     }
-    if [c.get_keys > 0, c.payload.is_some(), w.templates > 0].iter().filter(|&&b| b).count() != 1 {
-        return Err("give exactly one of --get-keys, --payload and --word-templates".into());
+    if [c.get_keys > 0, c.payload.is_some(), w.templates > 0, nt.templates > 0].iter().filter(|&&b| b).count() != 1 {
+        return Err("give exactly one of --get-keys, --payload, --word-templates and --number-templates".into());
     }
+    if let Some(k) = records {
+        w.records_per_datagram = k;
+        nt.series.records_per_datagram = k;
+    }
+    c.numbers = numbers(nt, step_frame, step_by)?;
     if w.templates > TEMPLATES_MAX {
         return Err(format!("--word-templates: must be within 1..={TEMPLATES_MAX}"));
     }
@@ -231,6 +276,28 @@ fn parse(args: &[String]) -> Result<Option<Cfg>, String> {
         return Err("--batch: must be within 1..=256".into());
     }
     Ok(Some(c))
+}
+
+/// `--number-templates` and its step, checked (`None`: not asked for).
+fn numbers(mut nt: Numbers, step_frame: Option<u64>, step_by: Option<f64>) -> Result<Option<Numbers>, String> {
+    if step_frame.is_some() != step_by.is_some() || (step_frame.is_some() && nt.templates == 0) {
+        return Err("a step needs --number-templates, --step-at-frame and --step-by".into());
+    }
+    if nt.templates == 0 {
+        return Ok(None);
+    }
+    let sets = if step_frame.is_some() { 2 } else { 1 };
+    if nt.templates * sets > TEMPLATES_MAX {
+        return Err(format!("--number-templates: {sets} sets of it must fit {TEMPLATES_MAX} templates"));
+    }
+    nt.step = step_frame.zip(step_by);
+    if number_datagrams(&nt.series, step_by.unwrap_or(0.0), 1, 0).is_none() {
+        return Err(
+            "--mean, --stddev, --decimals, --step-by or --records-per-datagram out of bounds (see `send --help`)"
+                .into(),
+        );
+    }
+    Ok(Some(nt))
 }
 
 fn ones_sum(bytes: &[u8]) -> u32 {
@@ -357,9 +424,22 @@ fn run(c: &Cfg) -> Result<String, String> {
     let src_mac = iface_mac(&c.iface)?;
     let ifindex = iface_index(&c.iface)?;
     let mut g = Generator::load().map_err(|e| format!("loading the generator: {e}"))?;
+    let built_before = g.frames_built().map_err(|e| e.to_string())?;
     // Word templates: each one's ranks, to count what was sent.
     let mut word_ranks: Vec<Vec<u32>> = Vec::new();
-    let (payload, key_off) = if let Some(w) = &c.words {
+    let (payload, key_off) = if let Some(nt) = &c.numbers {
+        let (before, after) = number_datagrams(
+            &nt.series,
+            nt.step.map_or(0.0, |s| s.1),
+            nt.templates,
+            if nt.step.is_some() { nt.templates } else { 0 },
+        )
+        .ok_or("number parameters out of bounds")?;
+        let to_frames =
+            |ps: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>, String> { ps.iter().map(|p| frame(c, src_mac, p)).collect() };
+        let step_frame = built_before.saturating_add(nt.step.map_or(0, |s| s.0));
+        (g.set_templates_stepped(&to_frames(before)?, &to_frames(after)?, step_frame).map_err(|e| e.to_string())?, 0)
+    } else if let Some(w) = &c.words {
         let made = word_datagrams(w.seed, w.vocabulary, w.zipf_s, w.records_per_datagram, w.templates)
             .ok_or("word parameters out of bounds")?;
         let mut frames = Vec::with_capacity(made.len());
@@ -379,14 +459,13 @@ fn run(c: &Cfg) -> Result<String, String> {
         p.extend_from_slice(b"\r\n");
         (p, (14 + 20 + 8 + at) as u32)
     };
-    let template = if c.words.is_some() {
+    let template = if c.words.is_some() || c.numbers.is_some() {
         payload // already the longest whole frame
     } else {
         let t = frame(c, src_mac, &payload)?;
         g.set_template(&t).map_err(|e| e.to_string())?;
         t
     };
-    let built_before = g.frames_built().map_err(|e| e.to_string())?;
     g.set_keys(key_off, c.key_digits, c.get_keys).map_err(|e| e.to_string())?;
     let sink_mode = match c.sink_port {
         Some(p) => Some(g.attach_sink(&c.iface, p).map_err(|e| format!("attaching the reply counter: {e}"))?),
@@ -414,6 +493,9 @@ fn run(c: &Cfg) -> Result<String, String> {
     let mut sent: u64 = 0;
     let mut calls: u64 = 0;
     let mut start: Option<Snap> = None;
+    let step_at = c.numbers.as_ref().and_then(|nt| nt.step).map(|s| s.0);
+    // (CLOCK_MONOTONIC, wall clock) read right before the call that sends the step frame.
+    let mut step_sent: Option<(u64, u64)> = None;
     loop {
         let now = Instant::now();
         if start.is_none() && now >= window_start {
@@ -447,6 +529,9 @@ fn run(c: &Cfg) -> Result<String, String> {
             n = n.min(c.count - sent);
         }
         let n = n.min(u64::from(FRAMES_PER_CALL_MAX)) as u32;
+        if step_sent.is_none() && step_at.is_some_and(|f| f >= sent && f < sent + u64::from(n)) {
+            step_sent = Some((clock_monotonic_ns(), unix_ns()));
+        }
         g.send(&template, ifindex, n, c.batch).map_err(|e| e.to_string())?;
         if let Some(p) = &mut pacer {
             p.take_many(u64::from(n));
@@ -458,9 +543,16 @@ fn run(c: &Cfg) -> Result<String, String> {
     std::thread::sleep(Duration::from_millis(50));
     let end = snap(&g, sent)?;
     let built = g.frames_built().map_err(|e| e.to_string())? - built_before;
-    let records = match &c.words {
-        Some(w) => write_expected(w, &word_ranks, built_before, built)?,
-        None => 0,
+    let records = match (&c.words, &c.numbers) {
+        (Some(w), _) => write_expected(w, &word_ranks, built_before, built)?,
+        (None, Some(nt)) => built * nt.series.records_per_datagram as u64,
+        (None, None) => 0,
+    };
+    let step_json = match (step_at, step_sent) {
+        (Some(f), Some((mono, unix))) => {
+            format!(",\"step_frame\":{f},\"step_sent_mono_ns\":{mono},\"step_sent_unix_ns\":{unix}")
+        }
+        _ => String::new(),
     };
     let start =
         start.unwrap_or(Snap { at: load_start, sent: 0, sink: SinkCounts::default(), cpus: Vec::new(), server: None });
@@ -478,7 +570,7 @@ fn run(c: &Cfg) -> Result<String, String> {
         "{{\"mode\":\"xdp-gen\",\"frame_bytes\":{},\"rate_per_s\":{},\"window_s\":{secs:.3},\"sent_total\":{sent},\
 \"calls\":{calls},\"sent\":{sent_w},\"sent_per_s\":{:.0},\"sink\":{},\"replies\":{replies},\"replies_per_s\":{:.0},\
 \"hits\":{},\"misses\":{},\"reply_bytes\":{},\"machine_busy_pct\":{:.1},\"per_cpu_busy_pct\":[{}],\"server_cpu_s\":{server_cpu_s},\
-\"templates\":{},\"frames_built\":{built},\"records\":{records},\"elapsed_s\":{:.6}}}",
+\"templates\":{},\"frames_built\":{built},\"records\":{records},\"elapsed_s\":{:.6}{step_json}}}",
         template.len(),
         c.rate_per_s,
         sent_w as f64 / secs,
@@ -492,7 +584,7 @@ fn run(c: &Cfg) -> Result<String, String> {
         end.sink.bytes - start.sink.bytes,
         busy.first().copied().unwrap_or(0.0),
         per_cpu.join(","),
-        word_ranks.len().max(1),
+        c.numbers.as_ref().map_or(word_ranks.len().max(1), |nt| nt.templates * if nt.step.is_some() { 2 } else { 1 }),
         end.at.duration_since(load_start).as_secs_f64(),
     ))
 }
@@ -577,6 +669,14 @@ mod tests {
         assert!(parse(&with(&["--get-keys", "1000", "--key-digits", "2"])).is_err());
         assert!(parse(&with(&["--payload", "x\\q"])).is_err());
         assert!(parse(&with(&["--payload", "a b\\r\\n", "--batch", "0"])).is_err());
+        assert!(parse(&with(&["--number-templates", "128", "--step-at-frame", "5", "--step-by", "1"]))
+            .unwrap()
+            .is_some());
+        assert!(parse(&with(&["--number-templates", "129", "--step-at-frame", "5", "--step-by", "1"])).is_err());
+        assert!(parse(&with(&["--number-templates", "4", "--step-at-frame", "5"])).is_err(), "step needs both");
+        assert!(parse(&with(&["--word-templates", "4", "--step-at-frame", "5", "--step-by", "1"])).is_err());
+        assert!(parse(&with(&["--number-templates", "4", "--word-templates", "4"])).is_err());
+        assert!(parse(&with(&["--number-templates", "4", "--stddev", "-1"])).is_err());
         assert_eq!(unescape("a\\r\\n").unwrap(), b"a\r\n");
         assert!(mac("02:00:00").is_err());
     }

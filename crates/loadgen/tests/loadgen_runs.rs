@@ -7,19 +7,13 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+mod common;
+use common::field;
+
 const MEMCACHED: &str = "/usr/bin/memcached";
 
 fn loadgen(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_slipstream-loadgen")).args(args).output().expect("run loadgen")
-}
-
-/// A numeric field of the flat JSON line (nested lat_ns fields included), by name.
-fn field(json: &str, name: &str) -> f64 {
-    let pat = format!("\"{name}\":");
-    let at = json.find(&pat).unwrap_or_else(|| panic!("no field {name} in {json}")) + pat.len();
-    let rest = &json[at..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end].parse().unwrap_or_else(|_| panic!("field {name} not a number in {json}"))
 }
 
 struct Memcached(Child);

@@ -11,41 +11,10 @@ use std::time::Duration;
 
 use slipstream_fastpath::stream::{StreamCfg, StreamKernel, OP_WORDCOUNT};
 
+mod common;
+use common::field_u64 as field;
+
 const PORT: u16 = 23611;
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
-}
-
-/// The namespace and the veth pair; dropping deletes both (deleting the namespace removes the
-/// client end, and with it its peer).
-struct Net {
-    ns: String,
-    srv: String,
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = ip(&["link", "del", &self.srv]);
-        let _ = ip(&["netns", "del", &self.ns]);
-    }
-}
-
-fn setup() -> Option<(Net, String)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: not root (network namespaces, BPF)");
-        return None;
-    }
-    let id = std::process::id() % 100_000;
-    let net = Net { ns: format!("ssgt{id}"), srv: format!("ssgs{id}") };
-    let cli = format!("ssgc{id}");
-    assert!(ip(&["netns", "add", &net.ns]), "ip netns add");
-    assert!(ip(&["link", "add", &net.srv, "type", "veth", "peer", "name", &cli, "netns", &net.ns]), "veth pair");
-    assert!(ip(&["link", "set", &net.srv, "up"]), "server end up");
-    assert!(ip(&["-n", &net.ns, "link", "set", &cli, "up"]), "client end up");
-    Some((net, cli))
-}
 
 /// `{"w1":3,"w0":7}` (the generator's flat map) as word -> count.
 fn parse_counts(text: &str) -> BTreeMap<Vec<u8>, u64> {
@@ -59,17 +28,10 @@ fn parse_counts(text: &str) -> BTreeMap<Vec<u8>, u64> {
         .collect()
 }
 
-fn field(json: &str, name: &str) -> u64 {
-    let pat = format!("\"{name}\":");
-    let at = json.find(&pat).unwrap_or_else(|| panic!("no field {name} in {json}")) + pat.len();
-    let rest = &json[at..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end].parse().unwrap_or_else(|_| panic!("field {name} not an integer in {json}"))
-}
-
 #[test]
 fn round_robin_word_templates_are_the_multiset_the_xdp_engine_counts() {
-    let Some((net, cli)) = setup() else { return };
+    let Some(net) = common::veth("ssg", None) else { return };
+    let cli = net.cli.clone();
     let attach = StreamKernel::attach(&net.srv).expect("attach the XDP stream engine");
     let cfg = StreamCfg {
         op: OP_WORDCOUNT,

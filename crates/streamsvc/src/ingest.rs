@@ -232,11 +232,16 @@ pub(crate) struct Ingest {
 
 impl Ingest {
     pub(crate) fn run(mut self) {
-        let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(self.tick_ns)));
+        // A change-point stream in the XDP engine has nothing for this thread to do on time
+        // (the kernel keeps its windows; alerts come through the event reader): until user
+        // space takes it over, it ticks only to refresh the counters, at the longest tick.
+        let xdp_cp = matches!(&self.xdp, Some(XdpStream { kind: Kind::ChangePoint { .. }, .. }));
+        let mut tick_ns = if xdp_cp { self.tick_ns.max(TICK_NS_MAX) } else { self.tick_ns };
+        let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(tick_ns)));
         let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut datagrams = 0u64;
         let mut parsed = ParseStats::default();
-        let mut next_tick = clock_monotonic_ns().saturating_add(self.tick_ns);
+        let mut next_tick = clock_monotonic_ns().saturating_add(tick_ns);
         // XDP change point: whether user space has taken the stream over.
         let mut taken_over = false;
         // The XDP engine's counters for this stream, read once per tick (a map lookup is a
@@ -248,7 +253,7 @@ impl Ingest {
                 Err(_) => {
                     // A persistent socket error (should not happen on a bound UDP socket):
                     // back off one tick instead of spinning.
-                    std::thread::sleep(Duration::from_nanos(self.tick_ns));
+                    std::thread::sleep(Duration::from_nanos(tick_ns));
                     0
                 }
             };
@@ -260,6 +265,8 @@ impl Ingest {
                             *self.op.lock().unwrap_or_else(|p| p.into_inner()) = op;
                         }
                         taken_over = true;
+                        tick_ns = self.tick_ns;
+                        let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(tick_ns)));
                     }
                 }
             }
@@ -296,7 +303,7 @@ impl Ingest {
             let mut extra_lines = 0;
             if t_ns >= next_tick {
                 self.rx.poll_drops();
-                next_tick = t_ns.saturating_add(self.tick_ns);
+                next_tick = t_ns.saturating_add(tick_ns);
                 if let Some(x) = &self.xdp {
                     if let Kind::WordCount { window_ns, distinct_max } = x.kind {
                         self.wc.flush(x, &self.name, window_ns, distinct_max, t_ns, &mut out);

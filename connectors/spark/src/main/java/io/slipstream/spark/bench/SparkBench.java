@@ -123,6 +123,10 @@ public final class SparkBench {
                 // second with this one.
                 .config("spark.sql.streaming.checkpointFileManagerClass",
                         "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager")
+                // ... and the `chmod` left per log file (and its .crc) done in the JVM instead of by a
+                // process (NioLocalFileSystem). Set for every setup; plain Spark's DStream jobs keep
+                // no checkpoint, so only the Slipstream queries write through it.
+                .config("spark.hadoop.fs.file.impl", NioLocalFileSystem.class.getName())
                 .getOrCreate();
         s.sparkContext().setLogLevel("ERROR");
         return s;
