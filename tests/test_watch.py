@@ -58,9 +58,11 @@ def watcher(srv, cmd=b"watch fetchers mutations\r\n"):
 
 
 def watched_lines(w, count, max_s=5.0):
-    """The next `count` log lines from watcher `w` (fewer if they do not come in time)."""
+    """The next `count` or more whole log lines from watcher `w` (fewer if they do not come in
+    time). A read can end inside the line after them: that part is left out, not returned as a
+    cut line."""
     data = mcwire.read_until(w, max_s=max_s, stop=lambda b: b.count(b"\n") >= count)
-    return data.decode().splitlines()
+    return data[: data.rfind(b"\n") + 1].decode().splitlines()
 
 
 def masked(line):
