@@ -297,6 +297,9 @@ pub(crate) fn wc_cache_entries(cpus: usize) -> Result<u32, FastPathError> {
     })
 }
 
+/// A drain's counts by (window, word): the cache's and the map's add up here (wrapping).
+type WindowCounts = std::collections::HashMap<(u64, Vec<u8>), u64>;
+
 /// The `ss_wcc` array map, mapped into this process (every field accessed atomically: the
 /// program writes it on every CPU).
 struct WcCache {
@@ -342,7 +345,7 @@ impl WcCache {
     /// Takes every slot of `stream` holding a window below `before_window`, adding its count to
     /// `into` (wrapping: see the header). The order (count, then tag) is the one the program
     /// relies on: it never writes a slot whose tag is an older window, and claims only tag 0.
-    fn take(&self, stream: u32, before_window: u64, into: &mut std::collections::HashMap<(u64, Vec<u8>), u64>) {
+    fn take(&self, stream: u32, before_window: u64, into: &mut WindowCounts) {
         for c in self.slots() {
             let tag = c.tag.load(Ordering::Acquire);
             if tag == 0 || tag > before_window || c.stream.load(Ordering::Relaxed) != stream {
@@ -565,7 +568,7 @@ impl StreamKernel {
     /// (window, word). Bounded by the map's size (two passes' worth). On an error the counts
     /// already taken come back with it (they are no longer in the kernel).
     pub fn drain_wordcount(&self, slot: u32, before_window: u64) -> (Vec<WordCount>, Option<FastPathError>) {
-        let mut merged = std::collections::HashMap::new();
+        let mut merged = WindowCounts::new();
         let err = self.drain_into(slot, before_window, &mut merged).err();
         if err.is_none() {
             self.wcc.take(slot, before_window, &mut merged);
@@ -576,12 +579,7 @@ impl StreamKernel {
         (out, err)
     }
 
-    fn drain_into(
-        &self,
-        slot: u32,
-        before_window: u64,
-        out: &mut std::collections::HashMap<(u64, Vec<u8>), u64>,
-    ) -> Result<(), FastPathError> {
+    fn drain_into(&self, slot: u32, before_window: u64, out: &mut WindowCounts) -> Result<(), FastPathError> {
         let fd = self.wc.as_raw_fd();
         let kb = size_of::<WcKey>();
         let mut cur = vec![0u8; kb];

@@ -12,6 +12,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+/// The file of block `id` in a pool directory `dir`: `<dir>/blk-<id>` (the one home of the name
+/// in the daemon; the JVM's `BlockFiles` mirrors it).
+pub fn block_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("blk-{id}"))
+}
+
 pub struct BlockPool {
     dir: PathBuf,
     block_bytes: usize,
@@ -62,7 +68,7 @@ impl BlockPool {
 
     /// The file of block `id` (the JVM computes the same name from the directory).
     pub fn path(&self, id: u32) -> PathBuf {
-        self.dir.join(format!("blk-{id}"))
+        block_path(&self.dir, id)
     }
 
     /// A block of `block_bytes` (zero pages when new, stale data when reused: the writer

@@ -231,11 +231,7 @@ impl ShuffleService {
                 self.shared.connections.load(Ordering::Relaxed) as u64,
             ),
         ];
-        for (name, kind, help, v) in rows {
-            let _ = writeln!(out, "# HELP slipstream_shuffle_{name} {help}\n# TYPE slipstream_shuffle_{name} {kind}");
-            let _ = writeln!(out, "slipstream_shuffle_{name} {v}");
-        }
-        for (name, kind, help, v) in self.shared.peer_counts.rows() {
+        for (name, kind, help, v) in rows.into_iter().chain(self.shared.peer_counts.rows()) {
             let _ = writeln!(out, "# HELP slipstream_shuffle_{name} {help}\n# TYPE slipstream_shuffle_{name} {kind}");
             let _ = writeln!(out, "slipstream_shuffle_{name} {v}");
         }
@@ -402,7 +398,7 @@ fn answer_fetch(
         }
     };
     let dir = PathBuf::from(&shared.dir);
-    let sent = peer::send_answer(w, &found, &|id| dir.join(format!("blk-{id}")));
+    let sent = peer::send_answer(w, &found, &|id| crate::pool::block_path(&dir, id));
     let mut r = shared.registry();
     for f in &found {
         let _ = r.release(conn, f.block);
