@@ -436,7 +436,11 @@ impl Cache {
                         st.drop_memos(|_| true);
                     }
                     if let Some(old) = st.memos.insert(q.clone(), rows.clone()) {
-                        st.bytes -= memo_bytes(q, &old);
+                        // Off the cache's total too (through `take_freed` below), not only the
+                        // table's.
+                        let old_bytes = memo_bytes(q, &old);
+                        st.bytes -= old_bytes;
+                        st.memo_freed += old_bytes;
                     }
                     st.bytes += bytes;
                     let freed = st.take_freed();
