@@ -204,6 +204,9 @@ pub struct GroupStatus {
     pub elections_won: u64,
     /// Snapshots received from a leader and installed.
     pub snapshots_installed: u64,
+    /// Elections this node started at once because its connection to the leader dropped
+    /// (not after an election timeout).
+    pub leader_loss_elections: u64,
     /// Proposals made on this node while it was a follower (raft-rs sent them to the leader).
     pub forwarded: u64,
     /// The group's voters as this node last applied them (0 = unused slot).
@@ -273,6 +276,11 @@ struct Group {
     /// set) and never replays the log from index 1 with an empty configuration.
     compact_soon: bool,
     election_ticks: usize,
+    /// Ticks left in which a pre-vote started because the leader's connection dropped is
+    /// asked again while unanswered (a peer that had not yet seen the drop ignored it).
+    loss_campaign_ticks: usize,
+    /// Elections this node started because the leader's connection dropped.
+    loss_campaigns: u64,
 }
 
 /// A running node (see the module doc). Dropping it stops the thread and closes every
@@ -340,6 +348,8 @@ impl ReplicationNode {
                     learned_peers: Vec::new(),
                     compact_soon: false,
                     election_ticks: cfg.election_ticks,
+                    loss_campaign_ticks: 0,
+                    loss_campaigns: 0,
                 },
             );
         }
@@ -489,6 +499,7 @@ impl Loop {
                 let now = Instant::now();
                 for g in self.groups.values_mut() {
                     g.raw.tick();
+                    notice_leader_loss(g, &self.transport);
                     restore_preferred_leader(g, &self.transport);
                     expire(g, now);
                     resend_reads(g, now);
@@ -557,7 +568,7 @@ impl Loop {
         }
         self.next_id += 1;
         let waiter = Waiter { id: self.next_id, deadline, done };
-        if let Some(u) = try_propose(g, data, waiter) {
+        if let Some(u) = try_propose(g, data, waiter, &self.transport) {
             g.unsent.push_back(u);
         }
     }
@@ -573,7 +584,7 @@ impl Loop {
         }
         self.next_id += 1;
         let waiter = Waiter { id: self.next_id, deadline, done };
-        if let Some(u) = try_read_index(g, waiter) {
+        if let Some(u) = try_read_index(g, waiter, &self.transport) {
             g.unsent.push_back(u);
         }
     }
@@ -586,8 +597,8 @@ impl Loop {
             }
             for u in std::mem::take(&mut g.unsent) {
                 let again = match u.data {
-                    Some(data) => try_propose(g, data, u.waiter),
-                    None => try_read_index(g, u.waiter),
+                    Some(data) => try_propose(g, data, u.waiter, &self.transport),
+                    None => try_read_index(g, u.waiter, &self.transport),
                 };
                 if let Some(u) = again {
                     g.unsent.push_back(u);
@@ -701,6 +712,7 @@ impl Loop {
                     log_bytes: r.raft_log.store.log_bytes(),
                     elections_won: g.elections_won,
                     snapshots_installed: g.snapshots_installed,
+                    leader_loss_elections: g.loss_campaigns,
                     forwarded: g.forwarded_total,
                     voters,
                     preferred_leader: g.preferred_leader.unwrap_or(0),
@@ -799,9 +811,9 @@ fn waiting(g: &Group) -> usize {
 
 /// Propose on the leader (index remembered) or through raft-rs's forwarding on a follower
 /// (id remembered); Some = no leader to take it yet (keep it for a retry).
-fn try_propose(g: &mut Group, data: Vec<u8>, w: Waiter) -> Option<Unsent> {
+fn try_propose(g: &mut Group, data: Vec<u8>, w: Waiter, t: &Transport) -> Option<Unsent> {
     let r = &g.raw.raft;
-    if r.leader_id == 0 || r.lead_transferee.is_some() {
+    if r.leader_id == 0 || r.lead_transferee.is_some() || leader_unreachable(g, t) {
         return Some(Unsent { data: Some(data), waiter: w });
     }
     let leader = r.state == StateRole::Leader;
@@ -833,14 +845,66 @@ fn try_propose(g: &mut Group, data: Vec<u8>, w: Waiter) -> Option<Unsent> {
 }
 
 /// Ask for a ReadIndex; Some = no leader to ask yet.
-fn try_read_index(g: &mut Group, w: Waiter) -> Option<Unsent> {
-    if g.raw.raft.leader_id == 0 {
+fn try_read_index(g: &mut Group, w: Waiter, t: &Transport) -> Option<Unsent> {
+    if g.raw.raft.leader_id == 0 || leader_unreachable(g, t) {
         return Some(Unsent { data: None, waiter: w });
     }
     g.raw.read_index(w.id.to_le_bytes().to_vec());
     g.reads_sent_at.insert(w.id, Instant::now());
     g.reads_asked.insert(w.id, w);
     None
+}
+
+/// This node follows a leader it has no connection to: a proposal or read sent now would be
+/// dropped by the transport, so it waits (in `unsent`) for a leader it can reach.
+fn leader_unreachable(g: &Group, t: &Transport) -> bool {
+    let r = &g.raw.raft;
+    r.state != StateRole::Leader && r.leader_id != 0 && !t.connected(r.leader_id)
+}
+
+/// Every tick, on a follower: if the connection to the group's leader is down (a killed
+/// process's sockets are closed by its kernel at once, so this is seen within a tick, not
+/// after an election timeout of silence), act on it now:
+/// - proposals forwarded to that leader are answered `Timeout` (outcome unknown: the leader
+///   may have replicated them before dying, and a new leader may still commit them), so the
+///   client hears back at once instead of at its deadline;
+/// - this node leaves the leader's lease (raft-rs's check-quorum refuses votes for an
+///   election timeout after hearing from a leader), so it can vote for a successor;
+/// - the lowest-id voter still connected (one node, so the two survivors of three do not
+///   split the vote) starts a pre-vote election at once and asks again every tick while it
+///   gets no answer (a peer that has not yet seen the drop ignores it), for one election
+///   timeout; after that the randomized timeout rules as usual.
+///
+/// Safe whatever the cause of the drop: a pre-vote changes no term, and it wins only if a
+/// majority is out of the lease too, i.e. has lost the leader as well; a live leader that
+/// still reaches a majority is never disturbed. A hung leader whose sockets stay open is
+/// still found by the election timeout.
+fn notice_leader_loss(g: &mut Group, t: &Transport) {
+    let r = &g.raw.raft;
+    if r.state == StateRole::PreCandidate && g.loss_campaign_ticks > 0 {
+        g.loss_campaign_ticks -= 1;
+        let _ = g.raw.campaign();
+        return;
+    }
+    if r.state != StateRole::PreCandidate {
+        g.loss_campaign_ticks = 0;
+    }
+    let lead = r.leader_id;
+    if r.state != StateRole::Follower || lead == 0 || lead == r.id || t.connected(lead) {
+        return;
+    }
+    for (_, w) in g.forwarded.drain() {
+        g.replies.push((w.done, Err(ProposeError::Timeout)));
+    }
+    let lease = r.election_timeout();
+    let me = r.id;
+    g.raw.raft.election_elapsed = g.raw.raft.election_elapsed.max(lease);
+    let first =
+        g.raw.store().conf_state().voters.iter().copied().filter(|&v| v != lead && (v == me || t.connected(v))).min();
+    if first == Some(me) && g.raw.campaign().is_ok() {
+        g.loss_campaigns += 1;
+        g.loss_campaign_ticks = g.election_ticks;
+    }
 }
 
 /// Reads whose index this replica has applied are released.

@@ -81,7 +81,7 @@ pub fn metrics(table: &Arc<TenantTable>) -> Option<MetricsFn> {
     Some(Arc::new(move |out: &mut String| render(&table, out)))
 }
 
-const METRICS: [(&str, &str); 14] = [
+const METRICS: [(&str, &str); 15] = [
     (
         "slipstream_replica_role",
         "gauge|This node's role in the tenant's group: 0 follower, 1 candidate, 2 leader, 3 pre-candidate",
@@ -93,6 +93,10 @@ const METRICS: [(&str, &str); 14] = [
     ("slipstream_replica_lag_entries", "gauge|Committed entries not applied here yet"),
     ("slipstream_replica_log_bytes", "gauge|Bytes of the group's log on disk"),
     ("slipstream_replica_elections_won_total", "counter|Times this node became the group's leader"),
+    (
+        "slipstream_replica_leader_loss_elections_total",
+        "counter|Elections this node started at once because its connection to the leader dropped",
+    ),
     ("slipstream_replica_forwarded_total", "counter|Proposals made here as a follower and forwarded to the leader"),
     ("slipstream_replica_writes_total", "counter|Client writes proposed from this node"),
     ("slipstream_replica_read_barriers_total", "counter|ReadIndex barriers asked for client reads"),
@@ -128,6 +132,7 @@ fn render(table: &TenantTable, out: &mut String) {
                 "slipstream_replica_lag_entries" => st.commit_index.saturating_sub(st.applied_index),
                 "slipstream_replica_log_bytes" => st.log_bytes,
                 "slipstream_replica_elections_won_total" => st.elections_won,
+                "slipstream_replica_leader_loss_elections_total" => st.leader_loss_elections,
                 "slipstream_replica_forwarded_total" => st.forwarded,
                 "slipstream_replica_writes_total" => r.writes.load(Ordering::Relaxed),
                 "slipstream_replica_read_barriers_total" => r.barriers.load(Ordering::Relaxed),
