@@ -67,6 +67,8 @@ struct Cluster {
     preferred: bool,
     /// (node, group) → its raft traffic, kept across restarts.
     meters: BTreeMap<(u64, u64), Arc<Meter>>,
+    /// Election timeout in 20 ms ticks (randomized up to twice that).
+    election_ticks: usize,
 }
 
 impl Cluster {
@@ -75,14 +77,32 @@ impl Cluster {
     }
 
     fn build(name: &str, fsync: FsyncMode, log_entries_max: u64, preferred: bool) -> Cluster {
+        Cluster::build_timed(name, fsync, log_entries_max, preferred, 10)
+    }
+
+    fn build_timed(
+        name: &str,
+        fsync: FsyncMode,
+        log_entries_max: u64,
+        preferred: bool,
+        election_ticks: usize,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!("slipstream-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         // Hold all three listeners at once so the ports differ, then free them for the nodes.
         let ls: Vec<TcpListener> = NODES.iter().map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let peers = NODES.iter().zip(&ls).map(|(&id, l)| (id, l.local_addr().unwrap())).collect();
         drop(ls);
-        let mut c =
-            Cluster { dir, peers, nodes: BTreeMap::new(), fsync, log_entries_max, preferred, meters: BTreeMap::new() };
+        let mut c = Cluster {
+            dir,
+            peers,
+            nodes: BTreeMap::new(),
+            fsync,
+            log_entries_max,
+            preferred,
+            meters: BTreeMap::new(),
+            election_ticks,
+        };
         for id in NODES {
             c.start(id);
         }
@@ -93,7 +113,7 @@ impl Cluster {
         let mut cfg = NodeConfig::new(id, self.peers.clone(), self.dir.join(format!("node-{id}")));
         cfg.fsync = self.fsync;
         cfg.tick_ms = 20;
-        cfg.election_ticks = 10;
+        cfg.election_ticks = self.election_ticks;
         cfg.heartbeat_ticks = 2;
         cfg.log_entries_max = self.log_entries_max;
         let groups: Vec<GroupSpec> = GROUPS
@@ -598,4 +618,37 @@ fn followers_forward_proposals_and_read_barriers_and_waits_are_bounded() {
     let r = rx.recv_timeout(Duration::from_secs(3)).unwrap();
     assert!(matches!(r, Err(ProposeError::NoLeader | ProposeError::Timeout)), "{r:?}");
     assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+}
+
+/// A killed leader's sockets close at once: its followers act on that within a tick, not
+/// after the election timeout (here 2-4 s). A survivor starts the election at once (counted),
+/// a successor leads well before the shortest election timeout, and a write forwarded to the
+/// dead leader hears back at once (applied, or `Timeout`: outcome unknown), not at its wait.
+#[test]
+fn a_dead_leaders_connection_drop_starts_the_election_at_once() {
+    const ELECTION_TICKS: usize = 100; // 20 ms ticks: 2 s at least
+    let mut c = Cluster::build_timed("leaderloss", FsyncMode::Batch, 10_000, false, ELECTION_TICKS);
+    let l = c.wait_leader(1, Duration::from_secs(15));
+    c.write(1, &set("warm", "0"), Duration::from_secs(5));
+    let f = NODES.into_iter().find(|&n| n != l).unwrap();
+    // Forwarded to the leader just before it dies: the entry may or may not be committed.
+    let inflight = c.nodes[&f].propose(1, &set("inflight", "x"));
+    let killed_at = Instant::now();
+    c.kill(l);
+    let r = inflight.wait(Duration::from_secs(1));
+    eprintln!("write forwarded to the dying leader: {r:?} after {:?}", killed_at.elapsed());
+    assert!(
+        matches!(r, Some(Ok(Applied::Store(StoreResult::Stored(_)))) | Some(Err(ProposeError::Timeout))),
+        "forwarded write not answered within 1 s of the leader's death: {r:?}"
+    );
+    let new_leader = c.wait_leader(1, Duration::from_secs(10));
+    let took = killed_at.elapsed();
+    eprintln!("node {new_leader} leads {took:?} after node {l} was killed");
+    assert_ne!(new_leader, l);
+    assert!(took < Duration::from_millis(20 * ELECTION_TICKS as u64 / 2), "new leader only after {took:?}");
+    let started: u64 = c.nodes.values().map(|n| n.status(1).unwrap().leader_loss_elections).sum();
+    assert!(started >= 1, "no survivor started an election on the connection drop");
+    // A write through the other survivor is acknowledged by the new leader.
+    let r = c.nodes[&f].propose(1, &set("after", "y")).wait(Duration::from_secs(5));
+    assert!(matches!(r, Some(Ok(Applied::Store(StoreResult::Stored(_))))), "{r:?}");
 }
