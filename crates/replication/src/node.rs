@@ -13,7 +13,8 @@
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
 //! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
 //! whose log is at least twice the snapshot's size (so a snapshot's cost stays proportional to
-//! the bytes written), is compacted: its store's contents become the new snapshot (what a
+//! the bytes written) and at least `compact_log_bytes_min` (so a small store under a high
+//! write rate is not copied every few thousand writes), is compacted: its store's contents become the new snapshot (what a
 //! lagging follower gets). Every frame a group sends or receives is told to its
 //! [`GroupTraffic`] (the server charges its tenant's buckets).
 //!
@@ -80,7 +81,14 @@ pub struct NodeConfig {
     pub heartbeat_ticks: usize,
     /// Compact a group's log once this many applied entries follow its snapshot.
     pub log_entries_max: u64,
+    /// ... and not before its log holds this many bytes (a small store's snapshot is cheap
+    /// to take but taken very often under a high write rate: each one copies the whole
+    /// store, rewrites the file and syncs it; the log is held in memory up to about this).
+    pub compact_log_bytes_min: u64,
 }
+
+/// Default of [`NodeConfig::compact_log_bytes_min`].
+pub const COMPACT_LOG_BYTES_MIN_DEFAULT: u64 = 8 << 20;
 
 impl NodeConfig {
     /// Defaults for a node: [`Timing::default`], fsync always.
@@ -94,6 +102,7 @@ impl NodeConfig {
             election_ticks: Timing::default().election_ticks,
             heartbeat_ticks: Timing::default().heartbeat_ticks,
             log_entries_max: 10_000,
+            compact_log_bytes_min: COMPACT_LOG_BYTES_MIN_DEFAULT,
         }
     }
 }
@@ -261,6 +270,7 @@ struct Group {
     /// its answer sees a status with the entry applied).
     replies: Vec<(Reply, Result<Applied, ProposeError>)>,
     log_entries_max: u64,
+    compact_log_bytes_min: u64,
     elections_won: u64,
     snapshots_installed: u64,
     was_leader: bool,
@@ -339,6 +349,7 @@ impl ReplicationNode {
                     forwarded_total: 0,
                     replies: Vec::new(),
                     log_entries_max: cfg.log_entries_max.max(1),
+                    compact_log_bytes_min: cfg.compact_log_bytes_min,
                     elections_won: 0,
                     snapshots_installed: 0,
                     was_leader: false,
@@ -993,7 +1004,7 @@ fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     // just added (`compact_soon`) needs one at once, whatever its size.
     if !g.compact_soon {
         let snap_bytes = store.latest_snapshot().data.len() as u64;
-        if store.log_bytes() < snap_bytes.saturating_mul(2) {
+        if store.log_bytes() < snap_bytes.saturating_mul(2).max(g.compact_log_bytes_min) {
             return Ok(());
         }
     }

@@ -15,8 +15,9 @@
 //! before it were complete, and with `fsync = always` also on disk before Raft saw them.
 //!
 //! Memory: the entries after the last snapshot and the snapshot itself are also held in memory
-//! (the node compacts after `log_entries_max` entries once the log is twice the snapshot:
-//! the log stays within about the store's size plus `log_entries_max` entries).
+//! (the node compacts after `log_entries_max` entries once the log is twice the snapshot and
+//! at least `compact_log_bytes_min`: the log stays within about the larger of the store's
+//! size and that floor, plus `log_entries_max` entries).
 
 use protobuf::Message as PbMessage;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
