@@ -44,7 +44,7 @@ use crate::mutation::Mutation;
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
 use crate::transport::{Deliver, Incoming, Transport};
 use protobuf::Message as PbMessage;
-use raft::eraftpb::{ConfChange, ConfChangeType, ConfChangeV2, EntryType, Message, MessageType, Snapshot};
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfChangeV2, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slipstream_store::Store;
 use std::collections::{BTreeMap, HashMap};
@@ -258,6 +258,9 @@ struct Group {
     forwarded: HashMap<u64, Waiter>,
     /// Waiting for a known leader (retried every turn).
     unsent: std::collections::VecDeque<Unsent>,
+    /// Proposals that arrived this turn, proposed together at its end (one raft-rs proposal
+    /// of many entries: one append per follower, or one forwarded message, not one each).
+    batch: Vec<(Vec<u8>, Waiter)>,
     /// ReadIndex asked: id → waiter.
     reads_asked: HashMap<u64, Waiter>,
     /// When each asked read was last sent (a ReadIndex lost to a leader change is asked again:
@@ -343,6 +346,7 @@ impl ReplicationNode {
                     pending: BTreeMap::new(),
                     forwarded: HashMap::new(),
                     unsent: Default::default(),
+                    batch: Vec::new(),
                     reads_asked: HashMap::new(),
                     reads_sent_at: HashMap::new(),
                     reads_ready: Vec::new(),
@@ -521,6 +525,7 @@ impl Loop {
                 }
             }
             self.retry_unsent();
+            self.propose_batches();
             if let Err((gid, e)) = self.handle_readies() {
                 // A storage failure leaves the group inoperable (raft-rs's contract); stop
                 // the node rather than acknowledge anything not on disk.
@@ -578,9 +583,16 @@ impl Loop {
             return;
         }
         self.next_id += 1;
-        let waiter = Waiter { id: self.next_id, deadline, done };
-        if let Some(u) = try_propose(g, data, waiter, &self.transport) {
-            g.unsent.push_back(u);
+        g.batch.push((data, Waiter { id: self.next_id, deadline, done }));
+    }
+
+    /// Propose every group's proposals of this turn (see `Group::batch`).
+    fn propose_batches(&mut self) {
+        for g in self.groups.values_mut() {
+            if !g.batch.is_empty() {
+                let batch = std::mem::take(&mut g.batch);
+                propose_batch(g, batch, &self.transport);
+            }
         }
     }
 
@@ -627,6 +639,7 @@ impl Loop {
                 .into_values()
                 .chain(std::mem::take(&mut g.forwarded).into_values())
                 .chain(std::mem::take(&mut g.unsent).into_iter().map(|u| u.waiter))
+                .chain(std::mem::take(&mut g.batch).into_iter().map(|(_, w)| w))
                 .chain(std::mem::take(&mut g.reads_asked).into_values())
                 .chain(std::mem::take(&mut g.reads_ready).into_iter().map(|(_, w)| w));
             for w in waiters {
@@ -817,7 +830,7 @@ fn id_of(ctx: &[u8]) -> Option<u64> {
 
 /// Callers waiting in the group (bounded by `PENDING_PROPOSALS_MAX`).
 fn waiting(g: &Group) -> usize {
-    g.pending.len() + g.forwarded.len() + g.unsent.len() + g.reads_asked.len() + g.reads_ready.len()
+    g.pending.len() + g.forwarded.len() + g.unsent.len() + g.batch.len() + g.reads_asked.len() + g.reads_ready.len()
 }
 
 /// Propose on the leader (index remembered) or through raft-rs's forwarding on a follower
@@ -852,6 +865,50 @@ fn try_propose(g: &mut Group, data: Vec<u8>, w: Waiter, t: &Transport) -> Option
         }
         // A candidate, or no leader after all: not sent anywhere.
         Err(_) => Some(Unsent { data: Some(copy), waiter: w }),
+    }
+}
+
+/// Propose a turn's proposals of one group as one raft-rs proposal of many entries (in
+/// order): on the leader they take consecutive indexes (remembered) and go to each follower
+/// in one append; on a follower raft-rs forwards them to the leader in one message (ids
+/// remembered). With no leader (reachable) yet they wait in `unsent`, as `try_propose`'s do.
+fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
+    let r = &g.raw.raft;
+    if r.leader_id == 0 || r.lead_transferee.is_some() || leader_unreachable(g, t) {
+        g.unsent.extend(batch.into_iter().map(|(data, waiter)| Unsent { data: Some(data), waiter }));
+        return;
+    }
+    let leader = r.state == StateRole::Leader;
+    let before = r.raft_log.last_index();
+    let n = batch.len() as u64;
+    let mut waiters = Vec::with_capacity(batch.len());
+    let mut entries = Vec::with_capacity(batch.len());
+    for (data, w) in batch {
+        let mut e = Entry::default();
+        e.data = data.into();
+        e.context = w.id.to_le_bytes().to_vec().into();
+        entries.push(e);
+        waiters.push(w);
+    }
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgPropose);
+    m.from = r.id;
+    m.set_entries(entries.into());
+    let res = g.raw.raft.step(m);
+    if leader {
+        if res.is_ok() && g.raw.raft.raft_log.last_index() == before + n {
+            for (i, w) in (before + 1..).zip(waiters) {
+                g.pending.insert(i, w);
+            }
+        } else {
+            g.replies.extend(waiters.into_iter().map(|w| (w.done, Err(ProposeError::NotLeader(None)))));
+        }
+    } else if res.is_ok() {
+        g.forwarded_total += n;
+        g.forwarded.extend(waiters.into_iter().map(|w| (w.id, w)));
+    } else {
+        // raft-rs sent nothing (no leader after all): never proposed.
+        g.replies.extend(waiters.into_iter().map(|w| (w.done, Err(ProposeError::NoLeader))));
     }
 }
 
