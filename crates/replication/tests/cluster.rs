@@ -681,3 +681,35 @@ fn a_log_below_its_byte_floor_is_not_compacted() {
         assert_eq!(st.snapshot_index, snap_before[i], "node {n} compacted a log of {} bytes", st.log_bytes);
     }
 }
+
+/// Proposals that reach the node thread together are proposed together (one raft-rs
+/// proposal of many entries): each still completes with its own result, on the leader and
+/// when forwarded by a follower, and their entries carry consecutive indexes (the CAS).
+#[test]
+fn proposals_of_one_turn_complete_each_with_its_own_result() {
+    let c = Cluster::new("batch", FsyncMode::Batch, 10_000);
+    let l = c.wait_leader(1, Duration::from_secs(10));
+    c.write(1, &set("warm", "0"), Duration::from_secs(5));
+    let f = NODES.into_iter().find(|&n| n != l).unwrap();
+    for (node, label) in [(l, "leader"), (f, "follower")] {
+        let before = c.nodes[&f].status(1).unwrap().forwarded;
+        let waits: Vec<_> =
+            (0..200).map(|i| c.nodes[&node].propose(1, &set(&format!("{label}{i}"), &format!("v{i}")))).collect();
+        let mut cas = Vec::new();
+        for (i, w) in waits.iter().enumerate() {
+            match w.wait(Duration::from_secs(10)) {
+                Some(Ok(Applied::Store(StoreResult::Stored(c)))) => cas.push(c),
+                r => panic!("{label} proposal {i}: {r:?}"),
+            }
+        }
+        cas.sort_unstable();
+        cas.dedup();
+        assert_eq!(cas.len(), 200, "{label}: every proposal its own entry");
+        let forwarded = c.nodes[&f].status(1).unwrap().forwarded - before;
+        assert_eq!(forwarded, if node == f { 200 } else { 0 }, "{label}");
+        c.wait_converged(1, Duration::from_secs(5));
+        for i in [0, 199] {
+            assert_eq!(c.value_on(l, 1, &format!("{label}{i}")), Some(format!("v{i}")));
+        }
+    }
+}
