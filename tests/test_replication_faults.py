@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -47,6 +48,7 @@ class Cluster(replcluster.Daemons):
     raft, its own data_dir; `netns[n]` to run it inside a namespace (None: here)."""
 
     start_s = 15.0
+    wait_ms = WAIT_MS
 
     def __init__(self, root, nodes, fsync="batch", host=None, raft_host=None, netns=None, fixed_ports=False):
         super().__init__(root)
@@ -87,7 +89,7 @@ class Cluster(replcluster.Daemons):
             "peers = [%s]" % ", ".join('"%d=%s:%d"' % (p, self.raft_host[p], self.raft[p]) for p in peers),
             'data_dir = "%s"' % self.data_dir(n),
             'fsync = "%s"' % self.fsync,
-            "wait_ms = %d" % WAIT_MS,
+            "wait_ms = %d" % self.wait_ms,
             "join = %s" % ("true" if join else "false"),
         ]
         for k, t in enumerate(TENANTS):
@@ -335,6 +337,49 @@ def test_admin_replaces_a_dead_node(root, rng):
             expect[t][b"after-replace"] = b"y"
             same_everywhere(c, [1, 4], t, list(expect[t]), expect[t])
         print("node 3 replaced by node 4 for %r; writes commit on {1, 4} with node 2 down" % (TENANTS,))
+    finally:
+        c.stop_all()
+
+
+def test_writes_forwarded_to_a_killed_leader_are_answered_at_once(root):
+    """Writes a follower forwarded to its leader, in flight when the leader dies, are answered
+    as soon as the follower sees the leader's connection drop, not at wait_ms (10 s here):
+    `outcome unknown` (the dead leader may have replicated them) or STORED, never a line that
+    says they were not applied. The leader is stopped first so the writes are surely in flight
+    (queued at it), then killed; the follower then writes again through the new leader."""
+    c = Cluster(root, (1, 2, 3))
+    c.wait_ms = 10000
+    for n in c.nodes:
+        c.write_config(n, [1, 2, 3])
+    try:
+        for n in c.nodes:
+            c.start(n)
+        leader = c.leader("t0", c.nodes)
+        f = next(n for n in c.nodes if n != leader)
+        write_until_stored(c, f, "t0", set_cmd(b"warm", b"1"))
+        with c.conn(f, "t0", timeout=20) as s:
+            c.procs[leader].send_signal(signal.SIGSTOP)
+            s.sendall(b"".join(set_cmd(b"k%d" % i, b"v%d" % i) for i in range(32)))
+            time.sleep(0.3)  # forwarded, queued at the stopped leader (elections need >= 1 s)
+            killed = time.monotonic()
+            c.kill(leader)
+            replies = []
+            buf = b""
+            while len(replies) < 32:
+                left = killed + 20 - time.monotonic()
+                assert left > 0, "only %d replies: %r" % (len(replies), replies)
+                s.settimeout(left)
+                chunk = s.recv(65536)
+                assert chunk, "closed after %r" % replies
+                buf += chunk
+                while b"\r\n" in buf:
+                    line, buf = buf.split(b"\r\n", 1)
+                    replies.append(line + b"\r\n")
+            took = time.monotonic() - killed
+        print("32 forwarded writes answered %.3f s after the kill: %r" % (took, sorted(set(replies))))
+        assert set(replies) <= {b"STORED\r\n", TIMEOUT_LINE}, replies
+        assert took < 3.0, "answered only after %.1f s (wait_ms 10 s)" % took
+        write_until_stored(c, f, "t0", set_cmd(b"after", b"1"), within_s=5.0)
     finally:
         c.stop_all()
 

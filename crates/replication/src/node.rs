@@ -7,8 +7,10 @@
 //! from the [`Applied`] result. Only the leader accepts proposals; elsewhere the caller gets
 //! [`ProposeError::NotLeader`] with the leader's id (forwarding is the next step).
 //!
-//! One turn of the loop: take the events that arrived (bounded), tick if due, then for every
-//! group with a Ready: send the leader's messages, install a snapshot, apply committed
+//! One turn of the loop: take the events that arrived (bounded), tick if due (and check each
+//! follower's connection to its leader: see `notice_leader_loss`), propose each group's
+//! proposals of the turn as one raft-rs proposal of many entries, then for every group with a
+//! Ready: send the leader's messages, install a snapshot, apply committed
 //! entries, append new entries and the hard state; then sync every group written this turn
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
 //! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
