@@ -886,10 +886,7 @@ fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
     let mut waiters = Vec::with_capacity(batch.len());
     let mut entries = Vec::with_capacity(batch.len());
     for (data, w) in batch {
-        let mut e = Entry::default();
-        e.data = data.into();
-        e.context = w.id.to_le_bytes().to_vec().into();
-        entries.push(e);
+        entries.push(Entry { data: data.into(), context: w.id.to_le_bytes().to_vec().into(), ..Default::default() });
         waiters.push(w);
     }
     let mut m = Message::default();
