@@ -13,7 +13,9 @@
 //!   with all-row, instead of a walk of its rows (a walk per hit was the rest of each-row's
 //!   extra cost over all-row: docs/benchmarks.md, issue 16). Row data stays stored once; a
 //!   write drops the memos whose range holds the row, as it drops all-row entries, and an
-//!   evicted row drops its table's memos (they would keep the row alive uncounted).
+//!   evicted row drops its table's memos (they would keep the row alive uncounted). A memo hit
+//!   counts as a hit on each of its rows for eviction (their CLOCK bits, set by the hand from
+//!   the memo's own bit before it reads a row's).
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
 //! contain the rows and logs them at a new table version), is forwarded, then calls
@@ -211,7 +213,10 @@ struct TableState {
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
     /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
-    memos: HashMap<QueryKey, Rows>,
+    memos: HashMap<QueryKey, Memo>,
+    /// Some memo was hit since its rows' reference bits were last set from it
+    /// ([`TableState::mark_memo_rows`]).
+    memos_referenced: bool,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
@@ -220,6 +225,17 @@ struct TableState {
     families: Option<Vec<Vec<u8>>>,
     /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
     shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
+}
+
+/// An each-row result memo: the rows a scan returned (shared with `rows`, or projected copies).
+struct Memo {
+    rows: Rows,
+    /// Hit since its rows' reference bits were last set from it. A hit only sets this bit (one
+    /// store, not one per row: the memo exists to make a repeat cost one lookup); the CLOCK
+    /// hand copies it onto the rows of the memo's range before it reads a row's bit of the
+    /// table, so to eviction a memo hit is a hit on each of its rows. Without that, rows served
+    /// only through memos looked unused, were evicted, and each eviction dropped every memo.
+    referenced: bool,
 }
 
 /// Bytes charged for a result memo: its key, a pointer per row, the entry.
@@ -232,10 +248,10 @@ impl TableState {
     /// the cache's total: [`TableState::take_freed`]).
     fn drop_memos(&mut self, drop: impl Fn(&QueryKey) -> bool) {
         let mut freed = 0;
-        self.memos.retain(|k, rows| {
+        self.memos.retain(|k, m| {
             let gone = drop(k);
             if gone {
-                freed += memo_bytes(k, rows);
+                freed += memo_bytes(k, &m.rows);
             }
             !gone
         });
@@ -245,6 +261,24 @@ impl TableState {
 
     fn take_freed(&mut self) -> usize {
         std::mem::take(&mut self.memo_freed)
+    }
+
+    /// Sets the reference bit of every row in the range of each memo hit since the last call
+    /// (the rows a memo returned are exactly the cached rows of its range: it is made only
+    /// from a walk that served the whole range, and a write or eviction in the range drops it).
+    /// Called by the CLOCK hand before it reads a row's bit of this table; the cost is one range
+    /// walk per memo hit since the hand last came by, paid at eviction, not on the hit path.
+    fn mark_memo_rows(&mut self) {
+        if !std::mem::take(&mut self.memos_referenced) {
+            return;
+        }
+        for (k, m) in self.memos.iter_mut().filter(|(_, m)| m.referenced) {
+            m.referenced = false;
+            let upper = if k.stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(k.stop.as_slice()) };
+            for (_, e) in self.rows.range_mut::<[u8], _>((Bound::Included(k.start.as_slice()), upper)) {
+                e.referenced = true;
+            }
+        }
     }
 
     /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
@@ -423,9 +457,12 @@ impl Cache {
         }
         if each {
             let memo = first && !is_get(q);
-            if let Some(rows) = st.memos.get(q).filter(|r| memo && r.len() <= rows_max) {
+            if let Some(m) = st.memos.get_mut(q).filter(|m| memo && m.rows.len() <= rows_max) {
+                m.referenced = true;
+                let rows = m.rows.clone();
+                st.memos_referenced = true;
                 st.stats.hits_each_row += 1;
-                return Some(Hit::Rows(rows.clone(), None));
+                return Some(Hit::Rows(rows, None));
             }
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
@@ -435,10 +472,12 @@ impl Cache {
                     if st.memos.len() >= MEMOS_PER_TABLE_MAX {
                         st.drop_memos(|_| true);
                     }
-                    if let Some(old) = st.memos.insert(q.clone(), rows.clone()) {
+                    // The walk just set the rows' bits: the new memo starts unreferenced.
+                    let m = Memo { rows: rows.clone(), referenced: false };
+                    if let Some(old) = st.memos.insert(q.clone(), m) {
                         // Off the cache's total too (through `take_freed` below), not only the
                         // table's.
-                        let old_bytes = memo_bytes(q, &old);
+                        let old_bytes = memo_bytes(q, &old.rows);
                         st.bytes -= old_bytes;
                         st.memo_freed += old_bytes;
                     }
@@ -746,6 +785,11 @@ impl Cache {
 
     /// Clears the entry's reference bit; true if it was set (the entry stays).
     fn second_chance(&mut self, victim: &EntryRef) -> bool {
+        if let EntryRef::Row(t, _) = victim {
+            if let Some(st) = self.tables.get_mut(t) {
+                st.mark_memo_rows();
+            }
+        }
         let bit = match victim {
             EntryRef::Query(t, k) => {
                 self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
@@ -1165,6 +1209,32 @@ mod tests {
         c.evict();
         let st = &c.tables[&b"t"[..]];
         assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "hit rows kept");
+        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
+    }
+
+    /// Rows served only through a result memo keep their place as well: the memo's hits count
+    /// as hits on its rows (else the hand evicted them as unused, which dropped the memos too).
+    #[test]
+    fn memo_hits_keep_their_rows_over_unused_ones() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        for p in ["a", "b"] {
+            let t = c.fill_ticket(b"t", &q("", ""));
+            let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
+            assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
+            // The walk that makes the memo.
+            assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Rows(..))));
+        }
+        // The hand has passed since: every row's bit is clear.
+        for e in c.tables.get_mut(&b"t"[..]).unwrap().rows.values_mut() {
+            e.referenced = false;
+        }
+        for _ in 0..3 {
+            assert!(matches!(c.lookup(b"t", &q("a", "a~"), 100), Some(Hit::Rows(..))), "memo hit");
+        }
+        c.memory_bytes_max = c.bytes() / 2 + 1;
+        c.evict();
+        let st = &c.tables[&b"t"[..]];
+        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "rows hit through the memo kept");
         assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 }
