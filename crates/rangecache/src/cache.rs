@@ -380,6 +380,16 @@ impl Cache {
         self.bytes
     }
 
+    pub fn memory_limit(&self) -> usize {
+        self.memory_bytes_max
+    }
+
+    /// A new memory limit (a tenant's `memory_mb` edited): evicts down to it at once.
+    pub fn set_memory_limit(&mut self, bytes: usize) {
+        self.memory_bytes_max = bytes;
+        self.evict();
+    }
+
     fn table(&mut self, table: &[u8]) -> &mut TableState {
         if !self.tables.contains_key(table) {
             let name: Arc<[u8]> = Arc::from(table);
