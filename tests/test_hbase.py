@@ -577,25 +577,38 @@ def table_with_rows(d, n, values):
     return conn, name, t
 
 
-def test_adaptive_chooses_per_query_shape(hbase):
-    """strategy = "adaptive": repeated identical scans stay all-row, sliding overlapping scans
-    (another column set = another shape) move to each-row, Gets are each-row; the per-table
-    metric counts each choice."""
+def test_adaptive_chooses_per_query_shape(hbase, oracle):
+    """strategy = "adaptive": each-row for every query shape each-row can serve (Gets, scans with
+    and without columns, prefix and open-ended scans), all-row only where it cannot (a filter, a
+    time range, several versions); answers equal the native client's; the per-table metric
+    counts each choice."""
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
     try:
-        conn, name, t = table_with_rows(d, 300, lambda i: {b"cf1:a": b"x", b"cf2:b": b"y"})
-        for i in range(130):  # two windows of exact repeats
-            list(t.scan(row_start=b"r%04d" % (i % 2 * 100), row_stop=b"r%04d" % (i % 2 * 100 + 20), columns=[b"cf1"]))
-        c1 = _chosen(d, name)
-        assert c1.get("all-row", 0) >= 130 and c1.get("each-row", 0) == 0, c1
-        for i in range(130):  # sliding windows, another shape (columns cf2)
-            list(t.scan(row_start=b"r%04d" % i, row_stop=b"r%04d" % (i + 20), columns=[b"cf2"]))
-        c2 = _chosen(d, name)
-        assert c2["each-row"] >= 60, c2
-        for i in range(20):
-            t.row(b"r%04d" % i)
-        c3 = _chosen(d, name)
-        assert c3["each-row"] - c2["each-row"] >= 20, (c2, c3)
+        conn, name, t = table_with_rows(d, 300, lambda i: {b"cf1:a": b"x%d" % i, b"cf2:b": b"y"})
+        shapes = [
+            ("each-row", "get", lambda: t.row(b"r0001")),
+            ("each-row", "get columns", lambda: t.row(b"r0002", columns=[b"cf1:a"])),
+            ("each-row", "scan", lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0020"))),
+            ("each-row", "scan columns", lambda: list(t.scan(row_start=b"r0100", row_stop=b"r0120", columns=[b"cf2"]))),
+            ("each-row", "prefix scan", lambda: list(t.scan(row_prefix=b"r02"))),
+            ("each-row", "open-ended scan", lambda: list(t.scan(row_start=b"r0290"))),
+            ("all-row", "filter scan", lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0020",
+                                                           filter=b"KeyOnlyFilter()"))),
+            ("all-row", "time-range scan", lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0020",
+                                                               timestamp=(1 << 62)))),
+            ("all-row", "versions", lambda: t.cells(b"r0003", b"cf1:a", versions=3)),
+            ("all-row", "time-range get", lambda: t.row(b"r0004", timestamp=(1 << 62))),
+        ]
+        for want, what, run in shapes:
+            before = _chosen(d, name)
+            first, again = run(), run()
+            assert first == again, what
+            after = _chosen(d, name)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("all-row", "each-row")}
+            other = "all-row" if want == "each-row" else "each-row"
+            assert delta[want] >= 2 and delta[other] == 0, (what, delta)
+        assert dict(t.scan(row_start=b"r0100", row_stop=b"r0120", columns=[b"cf2"])) == \
+            dict(oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf2"]))
         assert 'slipstream_hbase_strategy{strategy="adaptive"} 1' in d.metrics()
         conn.delete_table(name, disable=True)
         conn.close()

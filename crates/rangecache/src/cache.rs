@@ -29,9 +29,9 @@
 //! every fill in flight: with 5% writes and pipelined clients that dropped most fills); the
 //! write log is bounded (`WRITE_LOG_MAX`) and a fill older than what it holds is dropped.
 //!
-//! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
-//!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
-//!   the same table state and every write invalidates both, so a shape may switch at any time.
+//! * **adaptive**: each-row wherever each-row can serve the query, all-row where it cannot (a
+//!   filter, a time range, versions): the rule is [`crate::adaptive`]'s. Both kinds of entry
+//!   live in the same table state and every write invalidates both.
 //!
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
@@ -44,7 +44,7 @@
 //! served; docs/benchmarks.md, issue 16). This module does no I/O.
 
 use crate::reply::CachedRow;
-use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
+use crate::sidecar::codec::{ReadSpec, Row};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ const MEMOS_PER_TABLE_MAX: usize = 4096;
 /// fills' range check; a fill whose ticket is older than the oldest is dropped.
 const WRITE_LOG_MAX: usize = 4096;
 
-pub use crate::adaptive::Strategy;
+pub use crate::adaptive::{each_row_servable, Strategy};
 
 /// The identity of one query inside a table (all-row key).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -87,11 +87,6 @@ pub fn next_key(row: &[u8]) -> Vec<u8> {
     k.extend_from_slice(row);
     k.push(0);
     k
-}
-
-/// Is `spec` what each-row entries hold (newest version of every column, no time range)?
-pub fn each_row_servable(spec: &ReadSpec) -> bool {
-    spec.max_versions == 1 && spec.ts_min == 0 && spec.ts_max == TS_LATEST
 }
 
 /// Keeps only the cells `columns` selects, with HBase's Get/Scan addFamily/addColumn rules
@@ -186,13 +181,6 @@ pub struct Stats {
     pub chosen_each_row: u64,
 }
 
-/// A query shape for the adaptive strategy: Get or Scan, and what is read.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct ShapeKey {
-    get: bool,
-    spec: ReadSpec,
-}
-
 #[derive(Default)]
 struct TableState {
     name: Option<Arc<[u8]>>,
@@ -223,8 +211,6 @@ struct TableState {
     stats: Stats,
     /// The table's column families, once looked up (each-row projections check against them).
     families: Option<Vec<Vec<u8>>>,
-    /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
-    shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
 }
 
 /// An each-row result memo: the rows a scan returned (shared with `rows`, or projected copies).
@@ -321,9 +307,6 @@ impl TableState {
     }
 }
 
-/// Shapes tracked per table; past it new shapes use all-row untracked.
-const SHAPES_PER_TABLE_MAX: usize = 1024;
-
 fn is_get(q: &QueryKey) -> bool {
     q.stop.len() == q.start.len() + 1 && q.stop.starts_with(&q.start) && q.stop.last() == Some(&0)
 }
@@ -405,57 +388,35 @@ impl Cache {
         self.tick
     }
 
-    /// Could this query use each-row entries under the configured strategy?
+    /// Could this query use each-row entries under the configured strategy? (Each-row and
+    /// adaptive: wherever each-row can serve it, crate::adaptive.)
     pub fn may_use_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
-        self.strategy != Strategy::AllRow && filter.is_empty() && each_row_servable(spec)
+        self.strategy != Strategy::AllRow && crate::adaptive::each_row_serves(spec, filter)
     }
 
-    /// Uses each-row entries for this query now? (Adaptive: its shape's current choice.)
-    pub fn each_row_for(&self, table: &[u8], q: &QueryKey) -> bool {
-        if !self.may_use_each_row(&q.spec, &q.filter) {
-            return false;
-        }
-        match self.strategy {
-            Strategy::EachRow => true,
-            Strategy::AllRow => false,
-            Strategy::Adaptive => {
-                let get = is_get(q);
-                // Policy rule 2: Gets are each-row.
-                get || self
-                    .tables
-                    .get(table)
-                    .and_then(|st| st.shapes.get(&ShapeKey { get, spec: q.spec.clone() }))
-                    .is_some_and(|s| s.choice() == Strategy::EachRow)
-            }
-        }
+    /// Uses each-row entries for this query?
+    pub fn each_row_for(&self, q: &QueryKey) -> bool {
+        self.may_use_each_row(&q.spec, &q.filter)
     }
 
-    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss and, in adaptive
-    /// mode, feeds the shape's statistics. Each-row hits need only `q.start` inside a complete
-    /// interval and return at most `rows_max` rows, with where to continue.
+    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss. Each-row hits
+    /// need only `q.start` inside a complete interval and return at most `rows_max` rows, with
+    /// where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        let hit = self.lookup_at(table, q, rows_max, true);
-        if self.strategy == Strategy::Adaptive && !is_get(q) && self.may_use_each_row(&q.spec, &q.filter) {
-            let st = self.table(table);
-            let key = ShapeKey { get: false, spec: q.spec.clone() };
-            if st.shapes.len() < SHAPES_PER_TABLE_MAX || st.shapes.contains_key(&key) {
-                st.shapes.entry(key).or_default().observe(&q.start, &q.stop, hit.is_some());
-            }
-        }
-        hit
+        self.lookup_at(table, q, rows_max, true)
     }
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
-    /// query by the adaptive statistics).
+    /// query's strategy choice).
     pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        if !self.each_row_for(table, q) {
+        if !self.each_row_for(q) {
             return None;
         }
         self.lookup_at(table, q, rows_max, false)
     }
 
     fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
-        let each = self.each_row_for(table, q);
+        let each = self.each_row_for(q);
         self.table(table); // so a first query of a table counts as a miss
         let st = self.tables.get_mut(table)?;
         if first {
@@ -509,7 +470,7 @@ impl Cache {
 
     /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
     pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
-        let each_row = self.each_row_for(table, q);
+        let each_row = self.each_row_for(q);
         FillTicket { version: self.table(table).version, each_row }
     }
 
@@ -546,12 +507,6 @@ impl Cache {
         ticket: FillTicket,
     ) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
-        if self.strategy == Strategy::Adaptive && !is_get(q) {
-            let key = ShapeKey { get: false, spec: q.spec.clone() };
-            if let Some(s) = self.table(table).shapes.get_mut(&key) {
-                s.observe_result(rows.len());
-            }
-        }
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
         }
@@ -1107,38 +1062,42 @@ mod tests {
         assert_eq!(c.bytes(), 0);
     }
 
-    /// Adaptive, through the cache: Gets are each-row; a shape whose scans repeat exactly stays
-    /// all-row; one whose ranges slide (overlapping, never repeating) moves to each-row, after
-    /// which its shifted ranges hit.
+    /// Adaptive, through the cache, per query shape: Gets, whole-row and column-list scans are
+    /// each-row (a sliding range inside filled ones is then a hit, and repeats are memo hits);
+    /// filter, time-range and multi-version queries are all-row; `chosen_*` counts each.
     #[test]
-    fn adaptive_picks_each_strategy_where_the_policy_says() {
-        use crate::adaptive::WINDOW;
+    fn adaptive_is_each_row_wherever_each_row_can_serve() {
         let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
-        let rows: Vec<Arc<CachedRow>> = (0..400).map(|i| row(&format!("r{i:04}"), "v")).collect();
         let k = |i: usize| format!("r{i:04}");
-        let get = q("r0001", "r0001\0");
-        assert!(c.each_row_for(b"t", &get), "Gets are each-row");
-        let scan_fill = |c: &mut Cache, a: usize, b: usize| {
-            let qq = q(&k(a), &k(b));
-            if c.lookup(b"t", &qq, 1000).is_none() {
-                let t = c.fill_ticket(b"t", &qq);
-                let want: Vec<Arc<CachedRow>> = rows[a..b].to_vec();
-                c.fill(b"t", &qq, want, None, t);
-            }
-        };
-        for i in 0..WINDOW as usize {
-            scan_fill(&mut c, i % 3 * 100, i % 3 * 100 + 50);
+        let each = [
+            q("r0001", "r0001\0"),
+            q(&k(0), &k(50)),
+            q(&k(0), ""),
+            QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..q(&k(0), &k(50)) },
+        ];
+        for qq in &each {
+            assert!(c.each_row_for(qq), "{qq:?}");
         }
-        assert!(!c.each_row_for(b"t", &q(&k(0), &k(50))), "exact repeats stay all-row");
-        for i in 0..WINDOW as usize {
-            scan_fill(&mut c, i * 3, i * 3 + 50);
+        let all = [
+            QueryKey { filter: b"PrefixFilter('r')".to_vec(), ..q(&k(0), &k(50)) },
+            QueryKey { spec: ReadSpec { ts_max: 7, ..ReadSpec::latest() }, ..q(&k(0), &k(50)) },
+            QueryKey { spec: ReadSpec { max_versions: 3, ..ReadSpec::latest() }, ..q("r0001", "r0001\0") },
+        ];
+        for qq in &all {
+            assert!(!c.each_row_for(qq), "{qq:?}");
         }
-        assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
-        // Now a sliding range inside what was filled is served from each-row entries.
-        scan_fill(&mut c, 10, 60);
-        assert!(served(c.lookup(b"t", &q(&k(11), &k(59)), 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
+        let rows: Vec<Arc<CachedRow>> = (0..100).map(|i| row(&k(i), "v")).collect();
+        let full = q(&k(0), &k(100));
+        assert!(c.lookup(b"t", &full, 1000).is_none());
+        let t = c.fill_ticket(b"t", &full);
+        assert!(c.fill(b"t", &full, rows, None, t));
+        let slide = q(&k(11), &k(59));
+        assert!(served(c.lookup(b"t", &slide, 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
+        assert!(matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Rows(r, None)) if r.len() == 48), "memo hit");
+        let fq = &all[0];
+        assert!(c.lookup(b"t", fq, 1000).is_none());
         let st = c.table_stats()[0].1;
-        assert!(st.chosen_all_row > 0 && st.chosen_each_row > 0, "{st:?}");
+        assert_eq!((st.chosen_each_row, st.chosen_all_row), (3, 1), "{st:?}");
     }
 
     #[test]
