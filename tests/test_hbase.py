@@ -659,6 +659,38 @@ def test_each_row_rows_are_refilled_after_a_write(hbase, oracle):
         d.stop()
 
 
+def test_each_row_rows_are_refilled_after_a_direct_write(hbase, oracle):
+    """each-row: a write by another HBase client (the native client, reported by the
+    RegionObserver) takes its rows out of the cached interval; once it is visible they are
+    re-read in the background with the same version check (refills_total), so the next scan
+    over them is a hit and shows the written values (never stale)."""
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="each-row").start()
+    try:
+        conn, name, t = table_with_rows(d, 50, lambda i: {b"cf1:a": b"old%d" % i})
+
+        def scan():
+            return list(t.scan(row_start=b"r0000", row_stop=b"r0050"))
+
+        assert len(scan()) == 50
+        misses = _counter(d, "misses_total", name)
+        assert len(scan()) == 50 and _counter(d, "misses_total", name) == misses, "second scan is a hit"
+        refills = _counter(d, "refills_total")
+        oracle.mutate_rows(name, {b"r0010": {b"cf1:a": b"new10"}, b"r0020": {b"cf1:a": b"new20"}})
+        deadline = time.time() + 10
+        while _counter(d, "refills_total") < refills + 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert _counter(d, "refills_total") >= refills + 2, "the directly written rows were re-read"
+        misses = _counter(d, "misses_total", name)
+        rows = dict(scan())
+        assert (rows[b"r0010"], rows[b"r0020"]) == ({b"cf1:a": b"new10"}, {b"cf1:a": b"new20"})
+        assert rows == dict(oracle_scan_rows(oracle, name, b"r0000", b"r0050"))
+        assert _counter(d, "misses_total", name) == misses, "scan over the written rows is a hit"
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()
+
+
 def _scan_loop(conn, table, seconds, stop=b"r0100"):
     """Scans r0000..stop over and over for `seconds`: (scans done, elapsed s, last result)."""
     t = conn.table(table)

@@ -198,6 +198,9 @@ struct TableState {
     /// BEGIN notices (by id) whose END has not arrived, with their rows (empty = the whole
     /// table): their writes may not be visible yet.
     notices_in_flight: HashMap<u32, Vec<Vec<u8>>>,
+    /// Of those notices' rows, the ones that were inside complete each-row intervals: re-read
+    /// once the write is visible (as after a write through Slipstream).
+    notice_refills: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
     /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
@@ -643,13 +646,15 @@ impl Cache {
             let st = self.table(&t);
             st.log_write(None);
             st.notices_in_flight.clear();
+            st.notice_refills.clear();
             self.clear_table(&t);
         }
     }
 
     /// The RegionObserver reports a write about to be applied to `rows` (empty = the whole
     /// table) by any client: invalidate as [`Cache::begin_write`] does; fills stay off for the
-    /// table until [`Cache::notice_end`] with the same id.
+    /// table until [`Cache::notice_end`] with the same id. The rows taken out of complete
+    /// each-row intervals are kept for `notice_end` to hand back for a refill.
     pub fn notice_begin(&mut self, table: &[u8], id: u32, rows: &[Vec<u8>]) {
         let st = self.table(table);
         st.log_write((!rows.is_empty()).then_some(rows));
@@ -657,21 +662,34 @@ impl Cache {
         st.notices_in_flight.insert(id, rows.to_vec());
         if rows.is_empty() {
             self.clear_table(table);
-        } else {
-            for r in rows {
-                self.invalidate_row(table, r);
+            return;
+        }
+        let mut was_complete = Vec::new();
+        for r in rows {
+            if self.invalidate_row(table, r) {
+                was_complete.push(r.clone());
             }
+        }
+        if !was_complete.is_empty() {
+            self.table(table).notice_refills.insert(id, was_complete);
         }
     }
 
-    /// The write of notice `id` is visible (or failed).
-    pub fn notice_end(&mut self, id: u32) {
+    /// The write of notice `id` is visible (or failed). Returns the table and the rows worth
+    /// re-reading now (they were in complete each-row intervals; see `RangeCache::refill`),
+    /// if any.
+    pub fn notice_end(&mut self, id: u32) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
         // END carries no table: the id is unique among the notices in flight.
-        for st in self.tables.values_mut() {
+        let mut refill = None;
+        for (name, st) in self.tables.iter_mut() {
             if let Some(rows) = st.notices_in_flight.remove(&id) {
                 st.log_write((!rows.is_empty()).then_some(&rows[..]));
+                if let Some(r) = st.notice_refills.remove(&id) {
+                    refill = Some((name.to_vec(), r));
+                }
             }
         }
+        refill
     }
 
     /// Drops everything cached for a table (admin operations, lost notifications).
@@ -939,6 +957,28 @@ mod tests {
     /// The version check is per row range: writes (and notices) elsewhere in the table leave a
     /// fill alone; one inside its range, begun or ended since the ticket or still in flight,
     /// drops it; a whole-table write drops every fill; a ticket older than the write log too.
+    /// A notice (a write by another client) hands back at its END the rows it took out of
+    /// complete each-row intervals, for a refill; rows not cached, and whole-table notices,
+    /// give none. The refill of such a row is a fill like any other (version checked).
+    #[test]
+    fn notice_end_hands_back_the_rows_to_refill() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let t = c.fill_ticket(b"t", &q("a", "z"));
+        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1")], None, t));
+        c.notice_begin(b"t", 1, &[b"d".to_vec(), b"zz".to_vec()]);
+        c.notice_begin(b"t", 2, &[b"zz".to_vec()]);
+        assert_eq!(c.notice_end(2), None, "nothing cached there");
+        assert_eq!(c.notice_end(1), Some((b"t".to_vec(), vec![b"d".to_vec()])));
+        assert_eq!(c.notice_end(1), None, "once");
+        let k = q("d", "d\0");
+        let t = c.fill_ticket(b"t", &k);
+        assert!(t.whole_rows());
+        assert!(c.fill(b"t", &k, vec![row("d", "2")], None, t), "the refill");
+        assert!(served(c.lookup(b"t", &q("a", "z"), 100)).is_some_and(|(r, n)| n.is_none() && r.len() == 2));
+        c.notice_begin(b"t", 3, &[]);
+        assert_eq!(c.notice_end(3), None, "whole table: nothing to refill");
+    }
+
     #[test]
     fn fills_are_dropped_only_by_writes_inside_their_range() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
