@@ -237,6 +237,12 @@ impl Accept {
             if let Ok(c) = stream.try_clone() {
                 lock(&self.open).insert(id, c);
             }
+            if self.stopping.load(Ordering::SeqCst) {
+                // `stop` ran between the accept and the insert: it did not see this one.
+                lock(&self.open).remove(&id);
+                self.conns.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
             let (st, c, open, shaper, msg_max) =
                 (self.state.clone(), self.conns.clone(), self.open.clone(), self.shaper.clone(), self.msg_max);
             let spawned = std::thread::Builder::new().name("hbase-conn".into()).spawn(move || {
