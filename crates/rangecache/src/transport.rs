@@ -474,8 +474,9 @@ pub fn serve<R: Read, W: Write>(
         let res = one_message(processor, hot, &mut input, &mut out);
         frame_end(&mut out, at, framed);
         if let Some(p) = pacer.as_mut() {
-            // A frame's 4-byte length counts as read too (a skipped rest of it: below, uncharged).
-            p.charge(input.used(budget) + if framed { 4 } else { 0 }, out.len() - at);
+            // Framed: the whole frame and its 4-byte length were read (a rest the message left
+            // is skipped below); buffered: what the message used.
+            p.charge(if framed { budget + 4 } else { input.used(budget) }, out.len() - at);
         }
         if let Err(e) = res {
             // Whatever the failed message produced (an exception reply) goes out before closing.
@@ -653,6 +654,39 @@ mod tests {
             serve(&input[..], &mut w, t, &processor, &hot, 1 << 20, None).unwrap();
             assert_eq!(w.writes, 1, "framed {framed}");
             assert_eq!(w.bytes, one_by_one, "framed {framed}");
+        }
+    }
+
+    /// On a tenant's port every request byte is charged to the tenant's ingress bucket and
+    /// every reply byte to its egress bucket (both transports), a tenant over its rate is held
+    /// back (the run takes at least the time its rate allows) and counted, and no request stays
+    /// outstanding once its reply is written.
+    #[test]
+    fn tenant_ports_are_shaped_by_the_tenants_buckets() {
+        let (processor, hot) = unreachable_hbase();
+        for framed in [false, true] {
+            let mut input = Vec::new();
+            for seq in 0..40 {
+                let m = call("isTableEnabled", seq, |p| bytes_field(p, 1, b"t"));
+                if framed {
+                    input.extend_from_slice(&(m.len() as u32).to_be_bytes());
+                }
+                input.extend_from_slice(&m);
+            }
+            // 20 kB/s each way, 200-byte bursts: the ~2.5 kB of replies need >= 100 ms.
+            let now = slipstream_tenancy::since_start_ns();
+            let shaper = TenantShaper::new(20_000, 20_000, 200, 4, 0.5, now);
+            let t = if framed { Transport::Framed } else { Transport::Buffered };
+            let mut out = Vec::new();
+            let started = std::time::Instant::now();
+            serve(&input[..], &mut out, t, &processor, &hot, 1 << 20, Some(&shaper)).unwrap();
+            let took = started.elapsed();
+            assert_eq!(shaper.ingress.charged_bytes_total(), input.len() as u64, "framed {framed}");
+            assert_eq!(shaper.egress.charged_bytes_total(), out.len() as u64, "framed {framed}");
+            let floor_s = (out.len() as f64 - 200.0) / 20_000.0;
+            assert!(took.as_secs_f64() >= floor_s * 0.9, "framed {framed}: {took:?} < {floor_s} s");
+            assert!(shaper.counters.throttled.load(std::sync::atomic::Ordering::Relaxed) > 0);
+            assert_eq!(shaper.outstanding(), 0);
         }
     }
 
