@@ -16,7 +16,9 @@ Usage: SLIPSTREAM_BIN=target/release/slipstream python3 bench/hbase_load_bench.p
 Knobs (environment): KEYS, CONNS (client connections), CLIENT (raw | crate), DEPTH (operations
 in flight per connection, raw client), SECS (per figure), THRIFT_LOAD (the load
 generator binary), PLOT_OUT (where the PNG goes), ONLY_HITS=1 (skip direct and miss runs),
-PERF=1 (`perf stat` on the daemon: context switches per operation). Every row also gives the
+PERF=1 (`perf stat` on the daemon: context switches per operation), PAIRED=N (after the table:
+N rounds of cached 100-row scans and Gets against the three strategies' daemons alternated
+A B C C B A, SECS each, one line per run plus each strategy's median). Every row also gives the
 CPU each process used during the run and CPU microseconds per operation (daemon, client, JVM),
 which say which side saturates and stay meaningful on a shared machine.
 """
@@ -44,6 +46,7 @@ SECS = float(os.environ.get("SECS", "4"))
 SWEEP = [1, 10, 25, 50, 100]
 PERF = os.environ.get("PERF") == "1"
 ONLY_HITS = os.environ.get("ONLY_HITS") == "1"  # skip direct and miss runs (A/B of the hit path)
+PAIRED = int(os.environ.get("PAIRED", "0"))  # rounds of alternated strategy runs (A B C C B A)
 
 
 def proc_cpu_s(pid):
@@ -129,6 +132,41 @@ def fmt(name, r, extra=""):
         name, r["ops_per_s"], r["rows_per_op"], r["p50_us"], r["p99_us"], r["cpu"], r["cpu_per_op"], extra)
 
 
+STRATEGIES = ("all-row", "each-row", "adaptive")
+
+
+def paired_rounds(thrift):
+    """PAIRED=N: cached scans then Gets, the strategies alternated A B C C B A per round, so each
+    strategy sees the same share of the machine's busy and quiet moments (the box is shared).
+    Returns {(op, strategy): [(ops/s, daemon CPU us/op, load average), ...]}."""
+    out = {}
+    for _ in range(PAIRED):
+        for op, starts in (("scan", "64"), ("get", "256")):
+            for s in STRATEGIES + tuple(reversed(STRATEGIES)):
+                r = run(thrift[s], "--op", op, "--starts", starts, daemon=s)
+                cpu = float(r["cpu_per_op"].split(",")[0].split()[1])
+                load = float(open("/proc/loadavg").read().split()[0])
+                out.setdefault((op, s), []).append((float(r["ops_per_s"]), cpu, load, r["p99_us"]))
+    return out
+
+
+def print_paired(paired):
+    if not paired:
+        return
+    print("paired runs (A B C C B A per round, %.0f s each): ops/s (daemon CPU us/op, load, p99 us)" % SECS)
+    for (op, s), runs in sorted(paired.items()):
+        rates = sorted(r[0] for r in runs)
+        cpus = sorted(r[1] for r in runs)
+        print("%s %s: %s; median %.0f/s, daemon %.1f us/op" % (
+            op, s, " ".join("%.0f (%.0f, %.1f, %s)" % r for r in runs), rates[len(rates) // 2], cpus[len(cpus) // 2]))
+    for op in ("scan", "get"):
+        base = sorted(r[0] for r in paired[(op, "all-row")])
+        for s in ("each-row", "adaptive"):
+            mine = sorted(r[0] for r in paired[(op, s)])
+            print("%s %s / all-row (medians): %.2f" % (op, s, mine[len(mine) // 2] / max(1.0, base[len(base) // 2])))
+    print()
+
+
 def main():
     m = hbaselib.MiniHBase().start()
     print("mini cluster: start %.1f s, RSS %s MB; %d CPUs, load average %s" % (
@@ -137,7 +175,7 @@ def main():
     lines = []
     sweep = {}
     try:
-        for s in ("all-row", "each-row", "adaptive"):
+        for s in STRATEGIES:
             daemons[s] = hbaselib.HbaseDaemon(m.sidecar_port, strategy=s, memory_mb=512).start()
             CPU_PIDS[s] = daemons[s].proc.pid
         CPU_PIDS["hbase-jvm"] = m.proc.pid
@@ -165,6 +203,7 @@ def main():
                 run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=0.5)
                 r = run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=2)
                 sweep[(s, rows)] = float(r["ops_per_s"])
+        paired = paired_rounds(thrift)
     finally:
         for d in daemons.values():
             d.stop()
@@ -175,6 +214,7 @@ def main():
     for l in lines:
         print(l)
     print()
+    print_paired(paired)
     print("| scan rows | " + " | ".join(str(r) for r in SWEEP) + " |")
     print("| --- |" + " ---: |" * len(SWEEP))
     for s in ("all-row", "each-row"):

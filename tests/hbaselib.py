@@ -16,6 +16,7 @@ import tempfile
 import threading
 
 import mcwire
+import tenantlib
 from daemonlib import ConfigDaemon, stop_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -268,3 +269,34 @@ class HbaseDaemon(ConfigDaemon):
                 self.proc.kill()
                 self.proc.wait(5)
         self.remove_files()
+
+
+class TenantHbaseDaemon(tenantlib.TenantDaemon):
+    """Tenants (tenantlib.TenantDaemon) with `[hbase]` in front of `sidecar_port`; a tenant dict
+    with "thrift": True gets a `thrift_port` (picked here, in `thrift_ports[name]`)."""
+
+    what = "slipstream with tenants and [hbase]"
+
+    def __init__(self, sidecar_port, tenants, strategy="all-row", **kw):
+        super().__init__(tenants, **kw)
+        self.sidecar_port, self.strategy = sidecar_port, strategy
+        self.thrift_ports = {}
+
+    def _pick_ports(self):
+        self.thrift_ports = {}
+        asked = self.tenant_args
+        self.tenant_args = []
+        for t in asked:
+            t = dict(t)
+            if t.pop("thrift", False):
+                t["thrift_port"] = self.thrift_ports[t["name"]] = mcwire.free_port()
+            self.tenant_args.append(t)
+        try:
+            text = super()._pick_ports()
+        finally:
+            self.tenant_args = asked
+        return text + '\n[hbase]\nsidecar = "127.0.0.1:%d"\nstrategy = "%s"\ntimeout_ms = 5000\n' % (
+            self.sidecar_port, self.strategy)
+
+    def _ready_ports(self):
+        return super()._ready_ports() + list(self.thrift_ports.values())

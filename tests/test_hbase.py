@@ -577,25 +577,38 @@ def table_with_rows(d, n, values):
     return conn, name, t
 
 
-def test_adaptive_chooses_per_query_shape(hbase):
-    """strategy = "adaptive": repeated identical scans stay all-row, sliding overlapping scans
-    (another column set = another shape) move to each-row, Gets are each-row; the per-table
-    metric counts each choice."""
+def test_adaptive_chooses_per_query_shape(hbase, oracle):
+    """strategy = "adaptive": each-row for every query shape each-row can serve (Gets, scans with
+    and without columns, prefix and open-ended scans), all-row only where it cannot (a filter, a
+    time range, several versions); answers equal the native client's; the per-table metric
+    counts each choice."""
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
     try:
-        conn, name, t = table_with_rows(d, 300, lambda i: {b"cf1:a": b"x", b"cf2:b": b"y"})
-        for i in range(130):  # two windows of exact repeats
-            list(t.scan(row_start=b"r%04d" % (i % 2 * 100), row_stop=b"r%04d" % (i % 2 * 100 + 20), columns=[b"cf1"]))
-        c1 = _chosen(d, name)
-        assert c1.get("all-row", 0) >= 130 and c1.get("each-row", 0) == 0, c1
-        for i in range(130):  # sliding windows, another shape (columns cf2)
-            list(t.scan(row_start=b"r%04d" % i, row_stop=b"r%04d" % (i + 20), columns=[b"cf2"]))
-        c2 = _chosen(d, name)
-        assert c2["each-row"] >= 60, c2
-        for i in range(20):
-            t.row(b"r%04d" % i)
-        c3 = _chosen(d, name)
-        assert c3["each-row"] - c2["each-row"] >= 20, (c2, c3)
+        conn, name, t = table_with_rows(d, 300, lambda i: {b"cf1:a": b"x%d" % i, b"cf2:b": b"y"})
+        shapes = [
+            ("each-row", "get", lambda: t.row(b"r0001")),
+            ("each-row", "get columns", lambda: t.row(b"r0002", columns=[b"cf1:a"])),
+            ("each-row", "scan", lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0020"))),
+            ("each-row", "scan columns", lambda: list(t.scan(row_start=b"r0100", row_stop=b"r0120", columns=[b"cf2"]))),
+            ("each-row", "prefix scan", lambda: list(t.scan(row_prefix=b"r02"))),
+            ("each-row", "open-ended scan", lambda: list(t.scan(row_start=b"r0290"))),
+            ("all-row", "filter scan", lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0020",
+                                                           filter=b"KeyOnlyFilter()"))),
+            ("all-row", "time-range scan", lambda: list(t.scan(row_start=b"r0000", row_stop=b"r0020",
+                                                               timestamp=(1 << 62)))),
+            ("all-row", "versions", lambda: t.cells(b"r0003", b"cf1:a", versions=3)),
+            ("all-row", "time-range get", lambda: t.row(b"r0004", timestamp=(1 << 62))),
+        ]
+        for want, what, run in shapes:
+            before = _chosen(d, name)
+            first, again = run(), run()
+            assert first == again, what
+            after = _chosen(d, name)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("all-row", "each-row")}
+            other = "all-row" if want == "each-row" else "each-row"
+            assert delta[want] >= 2 and delta[other] == 0, (what, delta)
+        assert dict(t.scan(row_start=b"r0100", row_stop=b"r0120", columns=[b"cf2"])) == \
+            dict(oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf2"]))
         assert 'slipstream_hbase_strategy{strategy="adaptive"} 1' in d.metrics()
         conn.delete_table(name, disable=True)
         conn.close()
@@ -613,10 +626,13 @@ def _counter(d, name, table=None):
     return total
 
 
-def test_each_row_rows_are_refilled_after_a_write(hbase, oracle):
-    """each-row: a write through Slipstream takes its row out of the cached interval; once it is
-    acknowledged the row is re-read in the background (refills_total), so the next scan over it
-    is a hit (no new miss) and shows the written value (never stale)."""
+@pytest.mark.parametrize("writer", ["slipstream", "direct"])
+def test_each_row_rows_are_refilled_after_a_write(hbase, oracle, writer):
+    """each-row: a write takes its rows out of the cached interval — through Slipstream, or by
+    another HBase client (the native client, reported by the RegionObserver) —; once it is
+    acknowledged (visible, for the direct write) the rows are re-read in the background with
+    the same version check (refills_total), so the next scan over them is a hit and shows the
+    written values (never stale)."""
     d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="each-row").start()
     try:
         conn, name, t = table_with_rows(d, 50, lambda i: {b"cf1:a": b"old%d" % i})
@@ -627,20 +643,119 @@ def test_each_row_rows_are_refilled_after_a_write(hbase, oracle):
         assert len(scan()) == 50
         misses = _counter(d, "misses_total", name)
         assert len(scan()) == 50 and _counter(d, "misses_total", name) == misses, "second scan is a hit"
-        t.put(b"r0010", {b"cf1:a": b"new"})
+        fills = _counter(d, "fills_total", name)
+        written = {b"r0010": {b"cf1:a": b"new10"}, b"r0020": {b"cf1:a": b"new20"}}
+        if writer == "slipstream":
+            with t.batch() as b:
+                for row, values in written.items():
+                    b.put(row, values)
+        else:
+            oracle.mutate_rows(name, written)
         deadline = time.time() + 10
-        while _counter(d, "refills_total") < 1 and time.time() < deadline:
+        while _counter(d, "refills_total") < 2 and time.time() < deadline:
             time.sleep(0.05)
-        assert _counter(d, "refills_total") >= 1, "the written row was re-read"
-        deadline = time.time() + 10
-        while _counter(d, "fills_total", name) < 2 and time.time() < deadline:
+        assert _counter(d, "refills_total") >= 2, "the written rows were re-read"
+        while _counter(d, "fills_total", name) < fills + 2 and time.time() < deadline:
             time.sleep(0.05)
         misses = _counter(d, "misses_total", name)
         rows = dict(scan())
-        assert rows[b"r0010"] == {b"cf1:a": b"new"}
+        assert {r: rows[r] for r in written} == written
         assert rows == dict(oracle_scan_rows(oracle, name, b"r0000", b"r0050"))
-        assert _counter(d, "misses_total", name) == misses, "scan over the written row is a hit"
+        assert _counter(d, "misses_total", name) == misses, "scan over the written rows is a hit"
         conn.delete_table(name, disable=True)
         conn.close()
+    finally:
+        d.stop()
+
+
+def _scan_loop(conn, table, seconds, stop=b"r0100"):
+    """Scans r0000..stop over and over for `seconds`: (scans done, elapsed s, last result)."""
+    t = conn.table(table)
+    t0 = time.monotonic()
+    n, rows = 0, None
+    while time.monotonic() - t0 < seconds and n < 100000:
+        rows = list(t.scan(row_start=b"r0000", row_stop=stop))
+        n += 1
+    return n, time.monotonic() - t0, rows
+
+
+def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
+    """[[tenant]] thrift_port: each tenant's Thrift port is shaped by that tenant's own buckets
+    (a tenant over its egress rate is held back, another tenant's port is not), its cache is
+    half the tenant's memory_mb (the store has the other half; eviction keeps the cache inside
+    it), metrics carry the tenant, and the admin API resizes, adds and removes such ports."""
+    import tenantlib
+    slow_rate = 100_000  # bytes/s: share 0.001 of 100 MB/s
+    d = hbaselib.TenantHbaseDaemon(hbase.sidecar_port, [
+        dict(name="slow", share=0.001, burst_bytes=16384, memory_mb=4, thrift=True),
+        dict(name="fast", share=0.9, burst_bytes=1 << 20, memory_mb=2, thrift=True),
+    ], shaping=dict(ingress_bytes_per_s=100_000_000, egress_bytes_per_s=100_000_000)).start()
+    try:
+        fast = happybase.Connection(mcwire.HOST, d.thrift_ports["fast"], timeout=30000)
+        slow = happybase.Connection(mcwire.HOST, d.thrift_ports["slow"], timeout=30000)
+        name = fresh_table(fast)
+        with fast.table(name).batch() as b:
+            for i in range(100):
+                b.put(b"r%04d" % i, {b"cf1:a": b"v" * 100})
+        n_slow, t_slow, rows_slow = _scan_loop(slow, name, 2.0)
+        n_fast, t_fast, rows_fast = _scan_loop(fast, name, 2.0)
+        print("scans: slow %d in %.2fs, fast %d in %.2fs" % (n_slow, t_slow, n_fast, t_fast))
+        assert rows_slow == rows_fast == oracle_scan_rows(oracle, name, b"r0000", b"r0100")
+        # Every scan's reply holds at least 100 values of 100 bytes; the slow tenant may send
+        # its rate for the time plus one burst plus one reply (the debt rule) at most.
+        assert n_slow * 100 * 100 <= slow_rate * t_slow + 16384 + 20000, n_slow
+        assert n_fast >= 5 * n_slow, (n_fast, n_slow)
+        m = d.metrics()
+        assert tenantlib.metric_value(m, "slipstream_tenant_throttled_total", "slow") > 0
+        assert tenantlib.metric_value(m, "slipstream_tenant_throttled_total", "fast") == 0
+
+        # Memory: fast's cache is half its 2 MB; 1.5 MB of rows read twice stay inside it.
+        mib = 1 << 20
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == mib
+        assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == mib
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "slow") == 2 * mib
+        big = fresh_table(fast)
+        with fast.table(big).batch(batch_size=100) as b:
+            for i in range(1500):
+                b.put(b"r%04d" % i, {b"cf1:a": b"x" * 1000})
+        for _ in range(2):
+            for c in range(15):
+                got = list(fast.table(big).scan(row_start=b"r%04d" % (c * 100), row_stop=b"r%04d" % (c * 100 + 100)))
+                assert len(got) == 100
+        m = d.metrics()
+        used = tenantlib.metric_value(m, "slipstream_hbase_cache_bytes", "fast")
+        assert 0 < used <= mib, used
+        evicted = [l for l in m.splitlines() if l.startswith("slipstream_hbase_evictions_total{tenant=\"fast\",table=\"%s\"" % big.decode())]
+        assert evicted and float(evicted[0].split()[-1]) > 0, evicted
+        slow_big = [l for l in m.splitlines()
+                    if l.startswith("slipstream_hbase_table_cache_bytes{tenant=\"slow\",table=\"%s\"" % big.decode())]
+        assert all(float(l.split()[-1]) == 0 for l in slow_big), ("slow never read it", slow_big)
+
+        # Admin: memory_mb resizes the cache; a tenant added with a thrift_port serves it; a
+        # removed one's port closes.
+        r = d.http("PUT", "/tenants/fast", {"memory_mb": 4})
+        assert r.status == 200, r
+        m = d.metrics()
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == 2 * mib
+        assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == 2 * mib
+        extra_port = mcwire.free_port()
+        r = d.http("PUT", "/tenants/extra", {"name": "extra", "tcp_port": d.free_port_extra, "share": 0.05,
+                                              "thrift_port": extra_port})
+        assert r.status == 201, r
+        assert d.tenants()["extra"]["thrift_port"] == extra_port
+        extra = happybase.Connection(mcwire.HOST, extra_port, timeout=30000)
+        assert name in extra.tables()
+        extra.close()
+        r = d.http("PUT", "/tenants/clash", {"name": "clash", "tcp_port": mcwire.free_port(), "share": 0.01,
+                                              "thrift_port": d.thrift_ports["slow"]})
+        assert r.status == 409, r
+        r = d.http("DELETE", "/tenants/extra")
+        assert r.status in (200, 204), r
+        assert tenantlib.port_refuses(extra_port, max_s=5.0)
+        assert tenantlib.metric_value(d.metrics(), "slipstream_hbase_cache_bytes", "extra") is None
+        for t in (name, big):
+            fast.delete_table(t, disable=True)
+        fast.close()
+        slow.close()
     finally:
         d.stop()

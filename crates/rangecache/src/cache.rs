@@ -13,7 +13,9 @@
 //!   with all-row, instead of a walk of its rows (a walk per hit was the rest of each-row's
 //!   extra cost over all-row: docs/benchmarks.md, issue 16). Row data stays stored once; a
 //!   write drops the memos whose range holds the row, as it drops all-row entries, and an
-//!   evicted row drops its table's memos (they would keep the row alive uncounted).
+//!   evicted row drops its table's memos (they would keep the row alive uncounted). A memo hit
+//!   counts as a hit on each of its rows for eviction (their CLOCK bits, set by the hand from
+//!   the memo's own bit before it reads a row's).
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
 //! contain the rows and logs them at a new table version), is forwarded, then calls
@@ -27,9 +29,9 @@
 //! every fill in flight: with 5% writes and pipelined clients that dropped most fills); the
 //! write log is bounded (`WRITE_LOG_MAX`) and a fill older than what it holds is dropped.
 //!
-//! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
-//!   shape's hit rate, overlap between its ranges and result size. Both kinds of entry live in
-//!   the same table state and every write invalidates both, so a shape may switch at any time.
+//! * **adaptive**: each-row wherever each-row can serve the query, all-row where it cannot (a
+//!   filter, a time range, versions): the rule is [`crate::adaptive`]'s. Both kinds of entry
+//!   live in the same table state and every write invalidates both.
 //!
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
@@ -42,7 +44,7 @@
 //! served; docs/benchmarks.md, issue 16). This module does no I/O.
 
 use crate::reply::CachedRow;
-use crate::sidecar::codec::{ReadSpec, Row, TS_LATEST};
+use crate::sidecar::codec::{ReadSpec, Row};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
@@ -58,7 +60,7 @@ const MEMOS_PER_TABLE_MAX: usize = 4096;
 /// fills' range check; a fill whose ticket is older than the oldest is dropped.
 const WRITE_LOG_MAX: usize = 4096;
 
-pub use crate::adaptive::Strategy;
+pub use crate::adaptive::{each_row_servable, Strategy};
 
 /// The identity of one query inside a table (all-row key).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -85,11 +87,6 @@ pub fn next_key(row: &[u8]) -> Vec<u8> {
     k.extend_from_slice(row);
     k.push(0);
     k
-}
-
-/// Is `spec` what each-row entries hold (newest version of every column, no time range)?
-pub fn each_row_servable(spec: &ReadSpec) -> bool {
-    spec.max_versions == 1 && spec.ts_min == 0 && spec.ts_max == TS_LATEST
 }
 
 /// Keeps only the cells `columns` selects, with HBase's Get/Scan addFamily/addColumn rules
@@ -184,13 +181,6 @@ pub struct Stats {
     pub chosen_each_row: u64,
 }
 
-/// A query shape for the adaptive strategy: Get or Scan, and what is read.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct ShapeKey {
-    get: bool,
-    spec: ReadSpec,
-}
-
 #[derive(Default)]
 struct TableState {
     name: Option<Arc<[u8]>>,
@@ -208,18 +198,33 @@ struct TableState {
     /// BEGIN notices (by id) whose END has not arrived, with their rows (empty = the whole
     /// table): their writes may not be visible yet.
     notices_in_flight: HashMap<u32, Vec<Vec<u8>>>,
+    /// Of those notices' rows, the ones that were inside complete each-row intervals: re-read
+    /// once the write is visible (as after a write through Slipstream).
+    notice_refills: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
     rows: BTreeMap<Vec<u8>, RowEntry>,
     /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
-    memos: HashMap<QueryKey, Rows>,
+    memos: HashMap<QueryKey, Memo>,
+    /// Some memo was hit since its rows' reference bits were last set from it
+    /// ([`TableState::mark_memo_rows`]).
+    memos_referenced: bool,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
     stats: Stats,
     /// The table's column families, once looked up (each-row projections check against them).
     families: Option<Vec<Vec<u8>>>,
-    /// Adaptive: per query shape (bounded by SHAPES_PER_TABLE_MAX).
-    shapes: HashMap<ShapeKey, crate::adaptive::Shape>,
+}
+
+/// An each-row result memo: the rows a scan returned (shared with `rows`, or projected copies).
+struct Memo {
+    rows: Rows,
+    /// Hit since its rows' reference bits were last set from it. A hit only sets this bit (one
+    /// store, not one per row: the memo exists to make a repeat cost one lookup); the CLOCK
+    /// hand copies it onto the rows of the memo's range before it reads a row's bit of the
+    /// table, so to eviction a memo hit is a hit on each of its rows. Without that, rows served
+    /// only through memos looked unused, were evicted, and each eviction dropped every memo.
+    referenced: bool,
 }
 
 /// Bytes charged for a result memo: its key, a pointer per row, the entry.
@@ -232,10 +237,10 @@ impl TableState {
     /// the cache's total: [`TableState::take_freed`]).
     fn drop_memos(&mut self, drop: impl Fn(&QueryKey) -> bool) {
         let mut freed = 0;
-        self.memos.retain(|k, rows| {
+        self.memos.retain(|k, m| {
             let gone = drop(k);
             if gone {
-                freed += memo_bytes(k, rows);
+                freed += memo_bytes(k, &m.rows);
             }
             !gone
         });
@@ -245,6 +250,24 @@ impl TableState {
 
     fn take_freed(&mut self) -> usize {
         std::mem::take(&mut self.memo_freed)
+    }
+
+    /// Sets the reference bit of every row in the range of each memo hit since the last call
+    /// (the rows a memo returned are exactly the cached rows of its range: it is made only
+    /// from a walk that served the whole range, and a write or eviction in the range drops it).
+    /// Called by the CLOCK hand before it reads a row's bit of this table; the cost is one range
+    /// walk per memo hit since the hand last came by, paid at eviction, not on the hit path.
+    fn mark_memo_rows(&mut self) {
+        if !std::mem::take(&mut self.memos_referenced) {
+            return;
+        }
+        for (k, m) in self.memos.iter_mut().filter(|(_, m)| m.referenced) {
+            m.referenced = false;
+            let upper = if k.stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(k.stop.as_slice()) };
+            for (_, e) in self.rows.range_mut::<[u8], _>((Bound::Included(k.start.as_slice()), upper)) {
+                e.referenced = true;
+            }
+        }
     }
 
     /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
@@ -286,9 +309,6 @@ impl TableState {
             .any(|(_, r)| r.as_ref().is_none_or(|r| q.contains(r)))
     }
 }
-
-/// Shapes tracked per table; past it new shapes use all-row untracked.
-const SHAPES_PER_TABLE_MAX: usize = 1024;
 
 fn is_get(q: &QueryKey) -> bool {
     q.stop.len() == q.start.len() + 1 && q.stop.starts_with(&q.start) && q.stop.last() == Some(&0)
@@ -346,6 +366,16 @@ impl Cache {
         self.bytes
     }
 
+    pub fn memory_limit(&self) -> usize {
+        self.memory_bytes_max
+    }
+
+    /// A new memory limit (a tenant's `memory_mb` edited): evicts down to it at once.
+    pub fn set_memory_limit(&mut self, bytes: usize) {
+        self.memory_bytes_max = bytes;
+        self.evict();
+    }
+
     fn table(&mut self, table: &[u8]) -> &mut TableState {
         if !self.tables.contains_key(table) {
             let name: Arc<[u8]> = Arc::from(table);
@@ -361,57 +391,35 @@ impl Cache {
         self.tick
     }
 
-    /// Could this query use each-row entries under the configured strategy?
+    /// Could this query use each-row entries under the configured strategy? (Each-row and
+    /// adaptive: wherever each-row can serve it, crate::adaptive.)
     pub fn may_use_each_row(&self, spec: &ReadSpec, filter: &[u8]) -> bool {
-        self.strategy != Strategy::AllRow && filter.is_empty() && each_row_servable(spec)
+        self.strategy != Strategy::AllRow && crate::adaptive::each_row_serves(spec, filter)
     }
 
-    /// Uses each-row entries for this query now? (Adaptive: its shape's current choice.)
-    pub fn each_row_for(&self, table: &[u8], q: &QueryKey) -> bool {
-        if !self.may_use_each_row(&q.spec, &q.filter) {
-            return false;
-        }
-        match self.strategy {
-            Strategy::EachRow => true,
-            Strategy::AllRow => false,
-            Strategy::Adaptive => {
-                let get = is_get(q);
-                // Policy rule 2: Gets are each-row.
-                get || self
-                    .tables
-                    .get(table)
-                    .and_then(|st| st.shapes.get(&ShapeKey { get, spec: q.spec.clone() }))
-                    .is_some_and(|s| s.choice() == Strategy::EachRow)
-            }
-        }
+    /// Uses each-row entries for this query?
+    pub fn each_row_for(&self, q: &QueryKey) -> bool {
+        self.may_use_each_row(&q.spec, &q.filter)
     }
 
-    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss and, in adaptive
-    /// mode, feeds the shape's statistics. Each-row hits need only `q.start` inside a complete
-    /// interval and return at most `rows_max` rows, with where to continue.
+    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss. Each-row hits
+    /// need only `q.start` inside a complete interval and return at most `rows_max` rows, with
+    /// where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        let hit = self.lookup_at(table, q, rows_max, true);
-        if self.strategy == Strategy::Adaptive && !is_get(q) && self.may_use_each_row(&q.spec, &q.filter) {
-            let st = self.table(table);
-            let key = ShapeKey { get: false, spec: q.spec.clone() };
-            if st.shapes.len() < SHAPES_PER_TABLE_MAX || st.shapes.contains_key(&key) {
-                st.shapes.entry(key).or_default().observe(&q.start, &q.stop, hit.is_some());
-            }
-        }
-        hit
+        self.lookup_at(table, q, rows_max, true)
     }
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
-    /// query by the adaptive statistics).
+    /// query's strategy choice).
     pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        if !self.each_row_for(table, q) {
+        if !self.each_row_for(q) {
             return None;
         }
         self.lookup_at(table, q, rows_max, false)
     }
 
     fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
-        let each = self.each_row_for(table, q);
+        let each = self.each_row_for(q);
         self.table(table); // so a first query of a table counts as a miss
         let st = self.tables.get_mut(table)?;
         if first {
@@ -423,9 +431,12 @@ impl Cache {
         }
         if each {
             let memo = first && !is_get(q);
-            if let Some(rows) = st.memos.get(q).filter(|r| memo && r.len() <= rows_max) {
+            if let Some(m) = st.memos.get_mut(q).filter(|m| memo && m.rows.len() <= rows_max) {
+                m.referenced = true;
+                let rows = m.rows.clone();
+                st.memos_referenced = true;
                 st.stats.hits_each_row += 1;
-                return Some(Hit::Rows(rows.clone(), None));
+                return Some(Hit::Rows(rows, None));
             }
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
@@ -435,10 +446,12 @@ impl Cache {
                     if st.memos.len() >= MEMOS_PER_TABLE_MAX {
                         st.drop_memos(|_| true);
                     }
-                    if let Some(old) = st.memos.insert(q.clone(), rows.clone()) {
+                    // The walk just set the rows' bits: the new memo starts unreferenced.
+                    let m = Memo { rows: rows.clone(), referenced: false };
+                    if let Some(old) = st.memos.insert(q.clone(), m) {
                         // Off the cache's total too (through `take_freed` below), not only the
                         // table's.
-                        let old_bytes = memo_bytes(q, &old);
+                        let old_bytes = memo_bytes(q, &old.rows);
                         st.bytes -= old_bytes;
                         st.memo_freed += old_bytes;
                     }
@@ -460,7 +473,7 @@ impl Cache {
 
     /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
     pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
-        let each_row = self.each_row_for(table, q);
+        let each_row = self.each_row_for(q);
         FillTicket { version: self.table(table).version, each_row }
     }
 
@@ -497,12 +510,6 @@ impl Cache {
         ticket: FillTicket,
     ) -> bool {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
-        if self.strategy == Strategy::Adaptive && !is_get(q) {
-            let key = ShapeKey { get: false, spec: q.spec.clone() };
-            if let Some(s) = self.table(table).shapes.get_mut(&key) {
-                s.observe_result(rows.len());
-            }
-        }
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
         }
@@ -639,13 +646,15 @@ impl Cache {
             let st = self.table(&t);
             st.log_write(None);
             st.notices_in_flight.clear();
+            st.notice_refills.clear();
             self.clear_table(&t);
         }
     }
 
     /// The RegionObserver reports a write about to be applied to `rows` (empty = the whole
     /// table) by any client: invalidate as [`Cache::begin_write`] does; fills stay off for the
-    /// table until [`Cache::notice_end`] with the same id.
+    /// table until [`Cache::notice_end`] with the same id. The rows taken out of complete
+    /// each-row intervals are kept for `notice_end` to hand back for a refill.
     pub fn notice_begin(&mut self, table: &[u8], id: u32, rows: &[Vec<u8>]) {
         let st = self.table(table);
         st.log_write((!rows.is_empty()).then_some(rows));
@@ -653,21 +662,34 @@ impl Cache {
         st.notices_in_flight.insert(id, rows.to_vec());
         if rows.is_empty() {
             self.clear_table(table);
-        } else {
-            for r in rows {
-                self.invalidate_row(table, r);
+            return;
+        }
+        let mut was_complete = Vec::new();
+        for r in rows {
+            if self.invalidate_row(table, r) {
+                was_complete.push(r.clone());
             }
+        }
+        if !was_complete.is_empty() {
+            self.table(table).notice_refills.insert(id, was_complete);
         }
     }
 
-    /// The write of notice `id` is visible (or failed).
-    pub fn notice_end(&mut self, id: u32) {
+    /// The write of notice `id` is visible (or failed). Returns the table and the rows worth
+    /// re-reading now (they were in complete each-row intervals; see `RangeCache::refill`),
+    /// if any.
+    pub fn notice_end(&mut self, id: u32) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
         // END carries no table: the id is unique among the notices in flight.
-        for st in self.tables.values_mut() {
+        let mut refill = None;
+        for (name, st) in self.tables.iter_mut() {
             if let Some(rows) = st.notices_in_flight.remove(&id) {
                 st.log_write((!rows.is_empty()).then_some(&rows[..]));
+                if let Some(r) = st.notice_refills.remove(&id) {
+                    refill = Some((name.to_vec(), r));
+                }
             }
         }
+        refill
     }
 
     /// Drops everything cached for a table (admin operations, lost notifications).
@@ -746,6 +768,11 @@ impl Cache {
 
     /// Clears the entry's reference bit; true if it was set (the entry stays).
     fn second_chance(&mut self, victim: &EntryRef) -> bool {
+        if let EntryRef::Row(t, _) = victim {
+            if let Some(st) = self.tables.get_mut(t) {
+                st.mark_memo_rows();
+            }
+        }
         let bit = match victim {
             EntryRef::Query(t, k) => {
                 self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
@@ -930,6 +957,28 @@ mod tests {
     /// The version check is per row range: writes (and notices) elsewhere in the table leave a
     /// fill alone; one inside its range, begun or ended since the ticket or still in flight,
     /// drops it; a whole-table write drops every fill; a ticket older than the write log too.
+    /// A notice (a write by another client) hands back at its END the rows it took out of
+    /// complete each-row intervals, for a refill; rows not cached, and whole-table notices,
+    /// give none. The refill of such a row is a fill like any other (version checked).
+    #[test]
+    fn notice_end_hands_back_the_rows_to_refill() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        let t = c.fill_ticket(b"t", &q("a", "z"));
+        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1")], None, t));
+        c.notice_begin(b"t", 1, &[b"d".to_vec(), b"zz".to_vec()]);
+        c.notice_begin(b"t", 2, &[b"zz".to_vec()]);
+        assert_eq!(c.notice_end(2), None, "nothing cached there");
+        assert_eq!(c.notice_end(1), Some((b"t".to_vec(), vec![b"d".to_vec()])));
+        assert_eq!(c.notice_end(1), None, "once");
+        let k = q("d", "d\0");
+        let t = c.fill_ticket(b"t", &k);
+        assert!(t.whole_rows());
+        assert!(c.fill(b"t", &k, vec![row("d", "2")], None, t), "the refill");
+        assert!(served(c.lookup(b"t", &q("a", "z"), 100)).is_some_and(|(r, n)| n.is_none() && r.len() == 2));
+        c.notice_begin(b"t", 3, &[]);
+        assert_eq!(c.notice_end(3), None, "whole table: nothing to refill");
+    }
+
     #[test]
     fn fills_are_dropped_only_by_writes_inside_their_range() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
@@ -1053,38 +1102,42 @@ mod tests {
         assert_eq!(c.bytes(), 0);
     }
 
-    /// Adaptive, through the cache: Gets are each-row; a shape whose scans repeat exactly stays
-    /// all-row; one whose ranges slide (overlapping, never repeating) moves to each-row, after
-    /// which its shifted ranges hit.
+    /// Adaptive, through the cache, per query shape: Gets, whole-row and column-list scans are
+    /// each-row (a sliding range inside filled ones is then a hit, and repeats are memo hits);
+    /// filter, time-range and multi-version queries are all-row; `chosen_*` counts each.
     #[test]
-    fn adaptive_picks_each_strategy_where_the_policy_says() {
-        use crate::adaptive::WINDOW;
+    fn adaptive_is_each_row_wherever_each_row_can_serve() {
         let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
-        let rows: Vec<Arc<CachedRow>> = (0..400).map(|i| row(&format!("r{i:04}"), "v")).collect();
         let k = |i: usize| format!("r{i:04}");
-        let get = q("r0001", "r0001\0");
-        assert!(c.each_row_for(b"t", &get), "Gets are each-row");
-        let scan_fill = |c: &mut Cache, a: usize, b: usize| {
-            let qq = q(&k(a), &k(b));
-            if c.lookup(b"t", &qq, 1000).is_none() {
-                let t = c.fill_ticket(b"t", &qq);
-                let want: Vec<Arc<CachedRow>> = rows[a..b].to_vec();
-                c.fill(b"t", &qq, want, None, t);
-            }
-        };
-        for i in 0..WINDOW as usize {
-            scan_fill(&mut c, i % 3 * 100, i % 3 * 100 + 50);
+        let each = [
+            q("r0001", "r0001\0"),
+            q(&k(0), &k(50)),
+            q(&k(0), ""),
+            QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..q(&k(0), &k(50)) },
+        ];
+        for qq in &each {
+            assert!(c.each_row_for(qq), "{qq:?}");
         }
-        assert!(!c.each_row_for(b"t", &q(&k(0), &k(50))), "exact repeats stay all-row");
-        for i in 0..WINDOW as usize {
-            scan_fill(&mut c, i * 3, i * 3 + 50);
+        let all = [
+            QueryKey { filter: b"PrefixFilter('r')".to_vec(), ..q(&k(0), &k(50)) },
+            QueryKey { spec: ReadSpec { ts_max: 7, ..ReadSpec::latest() }, ..q(&k(0), &k(50)) },
+            QueryKey { spec: ReadSpec { max_versions: 3, ..ReadSpec::latest() }, ..q("r0001", "r0001\0") },
+        ];
+        for qq in &all {
+            assert!(!c.each_row_for(qq), "{qq:?}");
         }
-        assert!(c.each_row_for(b"t", &q(&k(0), &k(50))), "sliding ranges move to each-row");
-        // Now a sliding range inside what was filled is served from each-row entries.
-        scan_fill(&mut c, 10, 60);
-        assert!(served(c.lookup(b"t", &q(&k(11), &k(59)), 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
+        let rows: Vec<Arc<CachedRow>> = (0..100).map(|i| row(&k(i), "v")).collect();
+        let full = q(&k(0), &k(100));
+        assert!(c.lookup(b"t", &full, 1000).is_none());
+        let t = c.fill_ticket(b"t", &full);
+        assert!(c.fill(b"t", &full, rows, None, t));
+        let slide = q(&k(11), &k(59));
+        assert!(served(c.lookup(b"t", &slide, 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
+        assert!(matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Rows(r, None)) if r.len() == 48), "memo hit");
+        let fq = &all[0];
+        assert!(c.lookup(b"t", fq, 1000).is_none());
         let st = c.table_stats()[0].1;
-        assert!(st.chosen_all_row > 0 && st.chosen_each_row > 0, "{st:?}");
+        assert_eq!((st.chosen_each_row, st.chosen_all_row), (3, 1), "{st:?}");
     }
 
     #[test]
@@ -1165,6 +1218,32 @@ mod tests {
         c.evict();
         let st = &c.tables[&b"t"[..]];
         assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "hit rows kept");
+        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
+    }
+
+    /// Rows served only through a result memo keep their place as well: the memo's hits count
+    /// as hits on its rows (else the hand evicted them as unused, which dropped the memos too).
+    #[test]
+    fn memo_hits_keep_their_rows_over_unused_ones() {
+        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
+        for p in ["a", "b"] {
+            let t = c.fill_ticket(b"t", &q("", ""));
+            let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
+            assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
+            // The walk that makes the memo.
+            assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Rows(..))));
+        }
+        // The hand has passed since: every row's bit is clear.
+        for e in c.tables.get_mut(&b"t"[..]).unwrap().rows.values_mut() {
+            e.referenced = false;
+        }
+        for _ in 0..3 {
+            assert!(matches!(c.lookup(b"t", &q("a", "a~"), 100), Some(Hit::Rows(..))), "memo hit");
+        }
+        c.memory_bytes_max = c.bytes() / 2 + 1;
+        c.evict();
+        let st = &c.tables[&b"t"[..]];
+        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "rows hit through the memo kept");
         assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 }

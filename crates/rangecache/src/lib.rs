@@ -20,4 +20,4 @@ pub mod service;
 pub mod sidecar;
 pub mod transport;
 
-pub use server::{HbaseConfig, HbaseService, Settings};
+pub use server::{Fronts, HbaseConfig, HbaseService, Settings, TenantLink};

@@ -1,5 +1,6 @@
 //! The range cache as a daemon service: its `[hbase]` config table, the Thrift listener (one
-//! thread per connection, bounded), and its Prometheus metrics.
+//! thread per connection, bounded), tenants' Thrift ports ([`Fronts`]: one listener and cache
+//! per tenant with a `thrift_port`, shaped by its buckets), and the Prometheus metrics.
 
 use crate::cache::{Cache, Strategy};
 use crate::gen::hbase1::HbaseSyncProcessor;
@@ -7,10 +8,12 @@ use crate::service::{Handler, RangeCache};
 use crate::sidecar::client::SidecarClient;
 use crate::transport::serve_connection;
 use serde::Deserialize;
+use slipstream_tenancy::TenantShaper;
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// `[hbase]` in the daemon's TOML file. Every key is optional.
@@ -101,18 +104,38 @@ impl HbaseConfig {
     }
 }
 
-/// A running HBase front end.
+/// Which tenant a Thrift front end serves (none: the `[hbase]` port of the single-store mode).
+#[derive(Clone)]
+pub struct TenantLink {
+    pub name: String,
+    /// The tenant's buckets (the same ones its KV ports pay from).
+    pub shaper: Arc<TenantShaper>,
+}
+
+/// A running HBase front end: one Thrift port with its own cache, scanners and sidecar
+/// subscription.
 pub struct HbaseService {
     pub local_addr: SocketAddr,
     pub settings: Settings,
+    pub tenant: Option<TenantLink>,
     state: Arc<RangeCache>,
     connections: Arc<AtomicUsize>,
+    /// Set by [`HbaseService::stop`]: the accept loop ends.
+    stopping: Arc<AtomicBool>,
+    /// Open client connections (to shut down at `stop`), by a connection number.
+    open: Arc<Mutex<HashMap<u64, TcpStream>>>,
 }
 
 impl HbaseService {
     /// Binds the Thrift port and starts accepting (the sidecar is dialled on first use, so the
     /// daemon starts even while HBase is still coming up; calls meanwhile get IOError).
     pub fn start(settings: Settings) -> std::io::Result<HbaseService> {
+        Self::start_for(settings, None)
+    }
+
+    /// As [`HbaseService::start`], for a tenant's port when `tenant` is given: every connection
+    /// on it is the tenant's and is shaped by its buckets (crate::transport).
+    pub fn start_for(settings: Settings, tenant: Option<TenantLink>) -> std::io::Result<HbaseService> {
         // The one rule every Slipstream port is opened by (exclusive to this process); this
         // service accepts with blocking calls on its own thread.
         let kind = slipstream_bind::Kind::Tcp { backlog: 1024 };
@@ -124,13 +147,26 @@ impl HbaseService {
         let cache = Cache::new(settings.strategy, settings.memory_bytes_max);
         let state = Arc::new(RangeCache::new(sidecar, cache, settings.scanners_max));
         state.attach()?;
-        let connections = Arc::new(AtomicUsize::new(0));
-        let (st, conns, max, msg_max) =
-            (state.clone(), connections.clone(), settings.connections_max, settings.message_bytes_max);
-        std::thread::Builder::new()
-            .name("hbase-accept".into())
-            .spawn(move || accept_loop(listener, st, conns, max, msg_max))?;
-        Ok(HbaseService { local_addr, settings, state, connections })
+        let svc = HbaseService {
+            local_addr,
+            settings,
+            tenant,
+            state,
+            connections: Arc::new(AtomicUsize::new(0)),
+            stopping: Arc::new(AtomicBool::new(false)),
+            open: Arc::new(Mutex::new(HashMap::new())),
+        };
+        let accept = Accept {
+            state: svc.state.clone(),
+            conns: svc.connections.clone(),
+            max: svc.settings.connections_max,
+            msg_max: svc.settings.message_bytes_max,
+            stopping: svc.stopping.clone(),
+            open: svc.open.clone(),
+            shaper: svc.tenant.as_ref().map(|t| t.shaper.clone()),
+        };
+        std::thread::Builder::new().name("hbase-accept".into()).spawn(move || accept.run(listener))?;
+        Ok(svc)
     }
 
     /// One line for the daemon's start-up banner.
@@ -146,29 +182,132 @@ impl HbaseService {
 
     /// Appends this service's Prometheus metrics.
     pub fn render_metrics(&self, out: &mut String) {
-        render_metrics(&self.state, self.connections.load(Ordering::Relaxed), out);
+        render_metrics(&[self], out);
+    }
+
+    /// The cache's memory limit changes (a tenant's `memory_mb` edited at run time): evicts
+    /// down to it at once.
+    pub fn set_memory_limit(&self, bytes: usize) {
+        self.state.cache().set_memory_limit(bytes);
+    }
+
+    /// Closes the port and every connection on it and drops what was cached (a tenant removed).
+    /// The sidecar subscription ends when the last connection thread has let go of the cache.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wakes the blocking accept, which sees the flag and drops the listener.
+        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+        for (_, c) in lock(&self.open).drain() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        self.state.cache().clear_all();
     }
 }
 
-fn accept_loop(listener: TcpListener, state: Arc<RangeCache>, conns: Arc<AtomicUsize>, max: usize, msg_max: usize) {
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        if conns.fetch_add(1, Ordering::SeqCst) >= max {
-            // Over the limit: close at once (the client sees the connection end).
-            conns.fetch_sub(1, Ordering::SeqCst);
-            continue;
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The accept loop's share of the service.
+struct Accept {
+    state: Arc<RangeCache>,
+    conns: Arc<AtomicUsize>,
+    max: usize,
+    msg_max: usize,
+    stopping: Arc<AtomicBool>,
+    open: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    shaper: Option<Arc<TenantShaper>>,
+}
+
+impl Accept {
+    fn run(self, listener: TcpListener) {
+        let mut next_id = 0u64;
+        for stream in listener.incoming() {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let Ok(stream) = stream else { continue };
+            if self.conns.fetch_add(1, Ordering::SeqCst) >= self.max {
+                // Over the limit: close at once (the client sees the connection end).
+                self.conns.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            next_id += 1;
+            let id = next_id;
+            if let Ok(c) = stream.try_clone() {
+                lock(&self.open).insert(id, c);
+            }
+            if self.stopping.load(Ordering::SeqCst) {
+                // `stop` ran between the accept and the insert: it did not see this one.
+                lock(&self.open).remove(&id);
+                self.conns.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            let (st, c, open, shaper, msg_max) =
+                (self.state.clone(), self.conns.clone(), self.open.clone(), self.shaper.clone(), self.msg_max);
+            let spawned = std::thread::Builder::new().name("hbase-conn".into()).spawn(move || {
+                let hot = Handler(st.clone());
+                let processor = HbaseSyncProcessor::new(Handler(st));
+                // A protocol error closes this connection only; nothing else is affected.
+                let _ = serve_connection(stream, &processor, &hot, msg_max, shaper.as_deref());
+                lock(&open).remove(&id);
+                c.fetch_sub(1, Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                lock(&self.open).remove(&id);
+                self.conns.fetch_sub(1, Ordering::SeqCst);
+            }
         }
-        let (st, c) = (state.clone(), conns.clone());
-        let spawned = std::thread::Builder::new().name("hbase-conn".into()).spawn(move || {
-            let hot = Handler(st.clone());
-            let processor = HbaseSyncProcessor::new(Handler(st));
-            // A protocol error closes this connection only; nothing else is affected.
-            let _ = serve_connection(stream, &processor, &hot, msg_max);
-            c.fetch_sub(1, Ordering::SeqCst);
-        });
-        if spawned.is_err() {
-            conns.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Every Thrift front end of a daemon in tenant mode, one per tenant with a `thrift_port`,
+/// each built from the `[hbase]` table (sidecar, strategy, limits) with the tenant's address,
+/// port and memory share. The tenant table opens and closes them (through the binary).
+pub struct Fronts {
+    base: Settings,
+    list: Mutex<Vec<HbaseService>>,
+}
+
+impl Fronts {
+    pub fn new(base: Settings) -> Fronts {
+        Fronts { base, list: Mutex::new(Vec::new()) }
+    }
+
+    /// Opens `tenant`'s Thrift port at `addr` with a cache of `memory_bytes`.
+    pub fn start_tenant(&self, tenant: TenantLink, addr: SocketAddr, memory_bytes: usize) -> std::io::Result<String> {
+        let settings = Settings { thrift_addr: addr, memory_bytes_max: memory_bytes.max(1), ..self.base.clone() };
+        let svc = HbaseService::start_for(settings, Some(tenant))?;
+        let line = svc.describe();
+        lock(&self.list).push(svc);
+        Ok(line)
+    }
+
+    fn find<R>(&self, name: &str, f: impl FnOnce(&HbaseService) -> R) -> Option<R> {
+        lock(&self.list).iter().find(|s| s.tenant.as_ref().is_some_and(|t| t.name == name)).map(f)
+    }
+
+    pub fn set_memory_limit(&self, name: &str, bytes: usize) {
+        self.find(name, |s| s.set_memory_limit(bytes.max(1)));
+    }
+
+    /// Closes `name`'s Thrift port (its connections, its cache).
+    pub fn stop_tenant(&self, name: &str) {
+        let mut list = lock(&self.list);
+        if let Some(i) = list.iter().position(|s| s.tenant.as_ref().is_some_and(|t| t.name == name)) {
+            list.remove(i).stop();
         }
+    }
+
+    pub fn local_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.find(name, |s| s.local_addr)
+    }
+
+    /// Every front end's metrics, one family at a time (each series labelled with its tenant).
+    pub fn render_metrics(&self, out: &mut String) {
+        let list = lock(&self.list);
+        let refs: Vec<&HbaseService> = list.iter().collect();
+        render_metrics(&refs, out);
     }
 }
 
@@ -180,47 +319,65 @@ fn label(table: &[u8]) -> String {
     String::from_utf8_lossy(table).replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// The series labels of a front end: its tenant (none on the `[hbase]` port) and `more`.
+fn labels(svc: &HbaseService, more: &str) -> String {
+    let tenant = svc.tenant.as_ref().map(|t| format!("tenant=\"{}\"", label(t.name.as_bytes())));
+    match (tenant, more.is_empty()) {
+        (None, true) => String::new(),
+        (None, false) => format!("{{{more}}}"),
+        (Some(t), true) => format!("{{{t}}}"),
+        (Some(t), false) => format!("{{{t},{more}}}"),
+    }
+}
+
 #[allow(clippy::too_many_lines)] // a table of metric series
-fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
-    let s = &state.stats;
-    for (name, help, v) in [
-        ("scanners_opened_total", "Scanners opened through the Thrift API", s.scanners_opened.load(Ordering::Relaxed)),
-        ("sidecar_calls_total", "Requests sent to the HBase sidecar", s.sidecar_calls.load(Ordering::Relaxed)),
+fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
+    type Front = fn(&HbaseService) -> u64;
+    let scalars: [(&str, &str, &str, Front); 8] = [
+        ("scanners_opened_total", "counter", "Scanners opened through the Thrift API", |f| {
+            f.state.stats.scanners_opened.load(Ordering::Relaxed)
+        }),
+        ("sidecar_calls_total", "counter", "Requests sent to the HBase sidecar", |f| {
+            f.state.stats.sidecar_calls.load(Ordering::Relaxed)
+        }),
         (
             "refills_total",
-            "Rows re-read from HBase right after a write through Slipstream invalidated them (each-row)",
-            s.refills.load(Ordering::Relaxed),
+            "counter",
+            "Rows re-read from HBase right after a write (through Slipstream or reported by the RegionObserver) invalidated them (each-row)",
+            |f| f.state.stats.refills.load(Ordering::Relaxed),
         ),
-    ] {
-        metric(out, name, "counter", help);
-        let _ = writeln!(out, "slipstream_hbase_{name} {v}");
+        ("connections", "gauge", "Open Thrift client connections", |f| f.connections.load(Ordering::Relaxed) as u64),
+        (
+            "notify_channel_up",
+            "gauge",
+            "1 while subscribed to write notices within the lease (else the cache is bypassed)",
+            |f| f.state.channel().0 as u64,
+        ),
+        (
+            "observer_loaded",
+            "gauge",
+            "1 if the sidecar reports the RegionObserver (writes by other HBase clients are covered)",
+            |f| f.state.channel().1 as u64,
+        ),
+        ("cache_bytes", "gauge", "Bytes held by the range cache (a tenant's: counted against its memory_mb)", |f| {
+            f.state.cache().bytes() as u64
+        }),
+        ("cache_limit_bytes", "gauge", "The range cache's memory limit (a tenant's: half its memory_mb)", |f| {
+            f.state.cache().memory_limit() as u64
+        }),
+    ];
+    for (name, kind, help, pick) in scalars {
+        metric(out, name, kind, help);
+        for f in fronts {
+            let _ = writeln!(out, "slipstream_hbase_{name}{} {}", labels(f, ""), pick(f));
+        }
     }
-    metric(out, "connections", "gauge", "Open Thrift client connections");
-    let _ = writeln!(out, "slipstream_hbase_connections {connections}");
-    let (lease, observer) = state.channel();
-    metric(
-        out,
-        "notify_channel_up",
-        "gauge",
-        "1 while subscribed to write notices within the lease (else the cache is bypassed)",
-    );
-    let _ = writeln!(out, "slipstream_hbase_notify_channel_up {}", lease as u8);
-    metric(
-        out,
-        "observer_loaded",
-        "gauge",
-        "1 if the sidecar reports the RegionObserver (writes by other HBase clients are covered)",
-    );
-    let _ = writeln!(out, "slipstream_hbase_observer_loaded {}", observer as u8);
-    let c = state.cache();
-    metric(out, "cache_bytes", "gauge", "Bytes held by the range cache");
-    let _ = writeln!(out, "slipstream_hbase_cache_bytes {}", c.bytes());
-    let _ = writeln!(
-        out,
-        "# HELP slipstream_hbase_strategy Strategy serving scans (1 = chosen)\n# TYPE slipstream_hbase_strategy gauge"
-    );
-    let _ = writeln!(out, "slipstream_hbase_strategy{{strategy=\"{}\"}} 1", c.strategy().name());
-    let tables = c.table_stats();
+    metric(out, "strategy", "gauge", "Strategy serving scans (1 = chosen)");
+    for f in fronts {
+        let more = format!("strategy=\"{}\"", f.state.cache().strategy().name());
+        let _ = writeln!(out, "slipstream_hbase_strategy{} 1", labels(f, &more));
+    }
+    let tables: Vec<_> = fronts.iter().map(|f| (*f, f.state.cache().table_stats())).collect();
     type Pick = fn(&crate::cache::Stats) -> u64;
     let per_table: [(&str, &str, Pick); 8] = [
         ("all_row_hits_total", "Queries answered from all-row entries", |s| s.hits_all_row),
@@ -234,8 +391,10 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
     ];
     for (name, help, pick) in per_table {
         metric(out, name, "counter", help);
-        for (t, st, _) in &tables {
-            let _ = writeln!(out, "slipstream_hbase_{name}{{table=\"{}\"}} {}", label(t), pick(st));
+        for (f, ts) in &tables {
+            for (t, st, _) in ts {
+                let _ = writeln!(out, "slipstream_hbase_{name}{} {}", labels(f, &table_label(t)), pick(st));
+            }
         }
     }
     metric(
@@ -244,19 +403,24 @@ fn render_metrics(state: &RangeCache, connections: usize, out: &mut String) {
         "counter",
         "Gets and scans (first pages) decided for all-row or each-row entries, per table",
     );
-    for (t, st, _) in &tables {
-        for (name, v) in [("all-row", st.chosen_all_row), ("each-row", st.chosen_each_row)] {
-            let _ = writeln!(
-                out,
-                "slipstream_hbase_strategy_chosen_total{{table=\"{}\",strategy=\"{name}\"}} {v}",
-                label(t)
-            );
+    for (f, ts) in &tables {
+        for (t, st, _) in ts {
+            for (name, v) in [("all-row", st.chosen_all_row), ("each-row", st.chosen_each_row)] {
+                let more = format!("{},strategy=\"{name}\"", table_label(t));
+                let _ = writeln!(out, "slipstream_hbase_strategy_chosen_total{} {v}", labels(f, &more));
+            }
         }
     }
     metric(out, "table_cache_bytes", "gauge", "Bytes cached per table");
-    for (t, _, bytes) in &tables {
-        let _ = writeln!(out, "slipstream_hbase_table_cache_bytes{{table=\"{}\"}} {bytes}", label(t));
+    for (f, ts) in &tables {
+        for (t, _, bytes) in ts {
+            let _ = writeln!(out, "slipstream_hbase_table_cache_bytes{} {bytes}", labels(f, &table_label(t)));
+        }
     }
+}
+
+fn table_label(t: &[u8]) -> String {
+    format!("table=\"{}\"", label(t))
 }
 
 #[cfg(test)]

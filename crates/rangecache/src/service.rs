@@ -160,10 +160,21 @@ impl RangeCache {
         let weak = Arc::downgrade(self);
         self.sidecar.set_listener(Arc::new(move |n: &Notice| {
             if let Some(rc) = weak.upgrade() {
-                let mut c = rc.cache();
-                match n.kind {
-                    NoticeKind::Begin => c.notice_begin(&n.table, n.id, &n.rows),
-                    NoticeKind::End => c.notice_end(n.id),
+                let refill = {
+                    let mut c = rc.cache();
+                    match n.kind {
+                        NoticeKind::Begin => {
+                            c.notice_begin(&n.table, n.id, &n.rows);
+                            None
+                        }
+                        NoticeKind::End => c.notice_end(n.id),
+                    }
+                };
+                // A write by another client (or through another tenant's port) is refilled as
+                // one through this front end is; the refill thread reads, never this one (it
+                // delivers the notices).
+                if let (Some(r), Some(q)) = (refill, rc.refill_queue.get()) {
+                    let _ = q.try_send(r);
                 }
             }
         }));
@@ -180,8 +191,9 @@ impl RangeCache {
         self.sidecar.start_keepalive()
     }
 
-    /// Re-reads rows a write through Slipstream took out of complete each-row intervals, once
-    /// the write is acknowledged, so the next read of a written row is a hit, not a miss (with
+    /// Re-reads rows a write took out of complete each-row intervals, once the write is
+    /// acknowledged (a write through Slipstream) or visible (a RegionObserver notice's END: a
+    /// write by any other client), so the next read of a written row is a hit, not a miss (with
     /// writes aimed at popular rows, those misses were most of the misses: docs/benchmarks.md,
     /// issue 16). Never stale for the same reason as any fill: the ticket is taken after the
     /// write ended, and a write or notice that starts before the fill is stored voids it (version

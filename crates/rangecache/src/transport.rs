@@ -7,7 +7,14 @@
 //! are answered with one write. The `thrift` crate's binary protocol trusts lengths and counts
 //! from the wire (a negative or huge one would allocate or abort), so [`BoundedInput`] checks
 //! each against the bytes the message may still use before the crate sees it.
+//!
+//! On a tenant's Thrift port the loop is shaped by the tenant's own buckets (crates/tenancy,
+//! the same [`TenantShaper`] its KV ports use): before each message it waits while the ingress
+//! bucket is in debt or the egress bucket / `max_outstanding` says wait (nothing more is read
+//! meanwhile: TCP back-pressure), then charges the message's bytes to ingress and its reply's
+//! to egress.
 
+use slipstream_tenancy::{Admit, TenantShaper};
 use std::cell::Cell;
 use std::io::{self, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -66,6 +73,11 @@ impl<R: Read> BoundedInput<R> {
         let left = Rc::new(Cell::new(0));
         let b = Budgeted { inner: r, left: left.clone() };
         BoundedInput { inner: TBinaryInputProtocol::new(b, true), left, read_after_begin: false, failed: false }
+    }
+
+    /// Bytes the current message has used of the `bytes_max` it was started with.
+    fn used(&self, bytes_max: usize) -> usize {
+        bytes_max - self.left.get()
     }
 
     /// Starts a new message that may use at most `bytes_max` bytes.
@@ -354,12 +366,67 @@ fn one_message<R: Read>(
     Ok(())
 }
 
-/// Serves one client connection until it closes or breaks the protocol (then it is closed).
+/// Longest single sleep of a held-back connection before it looks at its buckets again (a rate
+/// raised by the admin API is seen within it).
+const PACE_SLEEP_NS_MAX: u64 = 50_000_000;
+
+/// A tenant connection's side of the shaping (none on the `[hbase]` port of the single-store
+/// mode): the tenant's buckets and the replies charged but not yet written.
+struct Pacer<'a> {
+    shaper: &'a TenantShaper,
+    unwritten: u32,
+}
+
+impl Pacer<'_> {
+    /// Waits until the tenant may run its next message. Replies already gathered go out first:
+    /// they count against `max_outstanding` until written, so holding them while waiting for a
+    /// slot would wait forever.
+    fn wait_turn<W: Write>(&mut self, w: &mut W, out: &mut Vec<u8>) -> io::Result<()> {
+        loop {
+            let now = slipstream_tenancy::since_start_ns();
+            let wait_ns = match self.shaper.ingress_budget(now) {
+                Err(ns) => ns,
+                Ok(_) => match self.shaper.admit(now) {
+                    Admit::Go { .. } => return Ok(()),
+                    Admit::Wait { ns } => ns,
+                },
+            };
+            if !out.is_empty() {
+                w.write_all(out)?;
+                out.clear();
+                self.written();
+            }
+            std::thread::sleep(std::time::Duration::from_nanos(wait_ns.clamp(1, PACE_SLEEP_NS_MAX)));
+        }
+    }
+
+    /// One message ran: `bytes_in` read, `bytes_out` of reply.
+    fn charge(&mut self, bytes_in: usize, bytes_out: usize) {
+        self.shaper.charge_ingress(bytes_in as u64);
+        self.shaper.charge_egress(1, bytes_out as u64);
+        self.unwritten += 1;
+    }
+
+    fn written(&mut self) {
+        self.shaper.complete(std::mem::take(&mut self.unwritten));
+    }
+}
+
+impl Drop for Pacer<'_> {
+    /// A connection ending with replies unwritten frees their outstanding slots.
+    fn drop(&mut self) {
+        self.written();
+    }
+}
+
+/// Serves one client connection until it closes or breaks the protocol (then it is closed);
+/// `shaper`: the tenant owning the port, if any.
 pub fn serve_connection(
     stream: TcpStream,
     processor: &dyn TProcessor,
     hot: &dyn HotCalls,
     message_bytes_max: usize,
+    shaper: Option<&TenantShaper>,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let mut peek = [0u8; 1];
@@ -368,7 +435,7 @@ pub fn serve_connection(
     }
     let transport = if peek[0] == 0x80 { Transport::Buffered } else { Transport::Framed };
     let mut w = stream.try_clone()?;
-    serve(stream, &mut w, transport, processor, hot, message_bytes_max)
+    serve(stream, &mut w, transport, processor, hot, message_bytes_max, shaper)
 }
 
 /// The message loop: replies are gathered in one reused buffer and written with one write call
@@ -384,11 +451,16 @@ pub fn serve<R: Read, W: Write>(
     processor: &dyn TProcessor,
     hot: &dyn HotCalls,
     message_bytes_max: usize,
+    shaper: Option<&TenantShaper>,
 ) -> io::Result<()> {
     let framed = transport == Transport::Framed;
     let mut input = BoundedInput::new(Frames { inner: BufReader::with_capacity(IN_BUFFER_BYTES, r), left: None });
     let mut out = Vec::with_capacity(OUT_INITIAL_BYTES);
+    let mut pacer = shaper.map(|shaper| Pacer { shaper, unwritten: 0 });
     loop {
+        if let Some(p) = pacer.as_mut() {
+            p.wait_turn(w, &mut out)?;
+        }
         let budget = if framed {
             match input.source().next_frame(message_bytes_max)? {
                 Some(n) => n,
@@ -401,6 +473,11 @@ pub fn serve<R: Read, W: Write>(
         let at = frame_begin(&mut out, framed);
         let res = one_message(processor, hot, &mut input, &mut out);
         frame_end(&mut out, at, framed);
+        if let Some(p) = pacer.as_mut() {
+            // Framed: the whole frame and its 4-byte length were read (a rest the message left
+            // is skipped below); buffered: what the message used.
+            p.charge(if framed { budget + 4 } else { input.used(budget) }, out.len() - at);
+        }
         if let Err(e) = res {
             // Whatever the failed message produced (an exception reply) goes out before closing.
             let _ = w.write_all(&out);
@@ -414,6 +491,9 @@ pub fn serve<R: Read, W: Write>(
         }
         w.write_all(&out)?;
         out.clear();
+        if let Some(p) = pacer.as_mut() {
+            p.written();
+        }
         if out.capacity() > OUT_KEEP_BYTES {
             out.shrink_to(OUT_INITIAL_BYTES);
         }
@@ -522,8 +602,8 @@ mod tests {
             }
             let t = if framed { Transport::Framed } else { Transport::Buffered };
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-            let r1 = serve(&input[..], &mut ours, t, &processor, &hot, 1 << 20);
-            let r2 = serve(&input[..], &mut theirs, t, &processor, &NoHot, 1 << 20);
+            let r1 = serve(&input[..], &mut ours, t, &processor, &hot, 1 << 20, None);
+            let r2 = serve(&input[..], &mut theirs, t, &processor, &NoHot, 1 << 20, None);
             assert!(r1.is_err() && r2.is_err(), "the hostile last message closes the connection");
             assert!(ours.len() > 200, "framed {framed}: {} bytes", ours.len());
             assert_eq!(ours, theirs, "framed {framed}");
@@ -566,14 +646,47 @@ mod tests {
                 }
                 framed_m.extend_from_slice(&m);
                 let t = if framed { Transport::Framed } else { Transport::Buffered };
-                serve(&framed_m[..], &mut one_by_one, t, &processor, &hot, 1 << 20).unwrap();
+                serve(&framed_m[..], &mut one_by_one, t, &processor, &hot, 1 << 20, None).unwrap();
                 input.extend_from_slice(&framed_m);
             }
             let t = if framed { Transport::Framed } else { Transport::Buffered };
             let mut w = Counting { writes: 0, bytes: Vec::new() };
-            serve(&input[..], &mut w, t, &processor, &hot, 1 << 20).unwrap();
+            serve(&input[..], &mut w, t, &processor, &hot, 1 << 20, None).unwrap();
             assert_eq!(w.writes, 1, "framed {framed}");
             assert_eq!(w.bytes, one_by_one, "framed {framed}");
+        }
+    }
+
+    /// On a tenant's port every request byte is charged to the tenant's ingress bucket and
+    /// every reply byte to its egress bucket (both transports), a tenant over its rate is held
+    /// back (the run takes at least the time its rate allows) and counted, and no request stays
+    /// outstanding once its reply is written.
+    #[test]
+    fn tenant_ports_are_shaped_by_the_tenants_buckets() {
+        let (processor, hot) = unreachable_hbase();
+        for framed in [false, true] {
+            let mut input = Vec::new();
+            for seq in 0..40 {
+                let m = call("isTableEnabled", seq, |p| bytes_field(p, 1, b"t"));
+                if framed {
+                    input.extend_from_slice(&(m.len() as u32).to_be_bytes());
+                }
+                input.extend_from_slice(&m);
+            }
+            // 20 kB/s each way, 200-byte bursts: the ~2.5 kB of replies need >= 100 ms.
+            let now = slipstream_tenancy::since_start_ns();
+            let shaper = TenantShaper::new(20_000, 20_000, 200, 4, 0.5, now);
+            let t = if framed { Transport::Framed } else { Transport::Buffered };
+            let mut out = Vec::new();
+            let started = std::time::Instant::now();
+            serve(&input[..], &mut out, t, &processor, &hot, 1 << 20, Some(&shaper)).unwrap();
+            let took = started.elapsed();
+            assert_eq!(shaper.ingress.charged_bytes_total(), input.len() as u64, "framed {framed}");
+            assert_eq!(shaper.egress.charged_bytes_total(), out.len() as u64, "framed {framed}");
+            let floor_s = (out.len() as f64 - 200.0) / 20_000.0;
+            assert!(took.as_secs_f64() >= floor_s * 0.9, "framed {framed}: {took:?} < {floor_s} s");
+            assert!(shaper.counters.throttled.load(std::sync::atomic::Ordering::Relaxed) > 0);
+            assert_eq!(shaper.outstanding(), 0);
         }
     }
 

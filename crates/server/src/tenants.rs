@@ -44,6 +44,19 @@ pub trait KernelTenants: Send + Sync {
     fn totals(&self, slot: u32) -> FastPathTotals;
 }
 
+/// A service owning more ports of a tenant than its KV ones (the HBase Thrift front end,
+/// crates/rangecache, wired by the binary): told when a tenant with such a port comes, changes
+/// or goes, so those ports follow the tenant table as its KV ports do. Kept as a trait so this
+/// crate knows nothing of the service.
+pub trait TenantPorts: Send + Sync {
+    /// Open the tenant's ports (shaped by `t.shaper`); an error keeps the tenant out.
+    fn added(&self, t: &Tenant, spec: &TenantSpec) -> Result<(), ControlError>;
+    /// The spec in force changed (memory, shares: the buckets are the tenant's own already).
+    fn changed(&self, t: &Tenant, spec: &TenantSpec);
+    /// Close the tenant's ports and connections and drop what it cached.
+    fn removed(&self, t: &Tenant);
+}
+
 /// One tenant.
 pub struct Tenant {
     pub name: String,
@@ -125,6 +138,8 @@ pub struct TenantTable {
     /// Admin changes one at a time (validation sees a consistent table).
     control: Mutex<()>,
     pub settings: Arc<Settings>,
+    /// Other ports of tenants (`thrift_port`), if such a service runs.
+    ports: OnceLock<Arc<dyn TenantPorts>>,
 }
 
 impl std::fmt::Debug for TenantTable {
@@ -212,6 +227,7 @@ impl TenantTable {
             wakers: OnceLock::new(),
             control: Mutex::new(()),
             settings,
+            ports: OnceLock::new(),
         }
     }
 
@@ -242,6 +258,7 @@ impl TenantTable {
             wakers: OnceLock::new(),
             control: Mutex::new(()),
             settings,
+            ports: OnceLock::new(),
         };
         for spec in specs {
             let t = table.build(spec.clone())?;
@@ -274,9 +291,9 @@ impl TenantTable {
             }
         })?;
         // Lock shards as the single-tenant daemon picks them, for the tenant's own memory.
-        let shards = StoreConfig::shards_for(spec.memory_bytes(), d.store.item_bytes_max);
-        let store =
-            Arc::new(Store::new(StoreConfig { memory_bytes_max: spec.memory_bytes(), shards, ..d.store.clone() }));
+        let memory = spec.memory_split().0;
+        let shards = StoreConfig::shards_for(memory, d.store.item_bytes_max);
+        let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: memory, shards, ..d.store.clone() }));
         crate::watch::log_evictions(&self.settings.logger, &store);
         let mut info = tenant_info(
             self.started,
@@ -444,7 +461,35 @@ impl TenantTable {
             let (rin, rout) = spec.rates(&shaping);
             s.reconfigure(rin, rout, spec.burst_bytes, spec.max_outstanding, spec.share);
         }
-        t.store.set_memory_limit(spec.memory_bytes());
+        t.store.set_memory_limit(spec.memory_split().0);
+        if let Some(p) = self.ports.get() {
+            p.changed(t, spec);
+        }
+    }
+
+    /// Registers the service owning tenants' other ports (`thrift_port`) and opens them for the
+    /// tenants already in the table; later admin changes reach it too. Once, at start-up.
+    pub fn set_ports(&self, ports: Arc<dyn TenantPorts>) -> Result<(), ControlError> {
+        for t in self.snapshot() {
+            if let Some(spec) = t.spec().filter(|s| s.thrift_port.is_some()) {
+                ports.added(&t, &spec)?;
+            }
+        }
+        self.ports.set(ports).map_err(|_| ControlError::Failed("tenant ports registered twice".into()))
+    }
+
+    /// A tenant's `thrift_port` needs the service that serves it.
+    fn other_ports(&self, t: &Tenant, spec: &TenantSpec) -> Result<(), ControlError> {
+        if spec.thrift_port.is_none() {
+            return Ok(());
+        }
+        match self.ports.get() {
+            Some(p) => p.added(t, spec),
+            None => Err(ControlError::Invalid(SpecError::Field(
+                "thrift_port",
+                "needs the HBase front end ([hbase] in the config)".into(),
+            ))),
+        }
     }
 }
 
@@ -474,7 +519,8 @@ impl TenantControl for TenantTable {
             SpecError::Conflict(m) => ControlError::Conflict(m),
             other => ControlError::Invalid(other),
         })?;
-        let t = self.build(spec)?;
+        let t = self.build(spec.clone())?;
+        self.other_ports(&t, &spec)?;
         if let Err(e) = self.attach_tenant(&t) {
             eprintln!("slipstream: tenant {}: kernel fast path off for it: {e}", t.name);
         }
@@ -517,6 +563,9 @@ impl TenantControl for TenantTable {
             if t.udp_local.is_some() {
                 k.remove_tenant(t.slot);
             }
+        }
+        if let (Some(p), true) = (self.ports.get(), t.spec().is_some_and(|s| s.thrift_port.is_some())) {
+            p.removed(&t);
         }
         // Sockets workers have not taken yet close now; the workers close theirs and the
         // tenant's connections when they see the new generation.

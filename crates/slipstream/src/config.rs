@@ -668,14 +668,19 @@ impl Config {
         }
         (self.cluster, self.replica_opts) = check_cluster(file.cluster, &self.tenants)
             .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
-        for (on, name) in [(self.hbase.is_some(), "[hbase]"), (self.shuffle.is_some(), "[shuffle]")] {
-            // Neither service charges its memory to a tenant yet (for [shuffle]: issue 17).
-            if on && !self.tenants.is_empty() {
-                return Err(ConfigError::File {
-                    path: path.to_string(),
-                    message: format!("{name} does not run with [[tenant]] yet"),
-                });
-            }
+        // [shuffle] does not charge its memory to a tenant yet (issue 17).
+        if self.shuffle.is_some() && !self.tenants.is_empty() {
+            return Err(ConfigError::File {
+                path: path.to_string(),
+                message: "[shuffle] does not run with [[tenant]] yet".into(),
+            });
+        }
+        // With tenants, [hbase] serves only their thrift_ports (as only their KV ports serve).
+        if self.hbase.is_none() && self.tenants.iter().any(|t| t.thrift_port.is_some()) {
+            return Err(ConfigError::File {
+                path: path.to_string(),
+                message: "[[tenant]] thrift_port needs [hbase] (its sidecar and cache settings)".into(),
+            });
         }
         Ok(())
     }
@@ -1054,6 +1059,24 @@ mod tests {
         std::fs::write(&f, "[shuffle]\n[[tenant]]\nname = \"t\"\ntcp_port = 7000\nshare = 0.5\n").unwrap();
         let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
         assert!(e.contains("[shuffle] does not run with [[tenant]] yet"), "{e}");
+    }
+
+    /// `[[tenant]] thrift_port` runs with `[hbase]` (which gives the sidecar and cache settings)
+    /// and is refused without it.
+    #[test]
+    fn tenant_thrift_port_needs_hbase() {
+        let dir = std::env::temp_dir().join(format!("slipstream-cfg-tthrift-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("t.toml");
+        let tenant = "[[tenant]]\nname = \"t\"\ntcp_port = 7000\nshare = 0.5\nthrift_port = 7090\n";
+        std::fs::write(&f, format!("[hbase]\n{tenant}")).unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.tenants[0].thrift_port, Some(7090));
+        assert!(c.hbase.is_some());
+        std::fs::write(&f, tenant).unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("thrift_port needs [hbase]"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

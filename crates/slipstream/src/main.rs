@@ -13,6 +13,7 @@ mod mcopts;
 mod privs;
 mod security;
 mod send;
+mod tenant_thrift;
 
 // The global allocator. Item memory is many long-lived blocks of mixed sizes freed in LRU
 // order: glibc malloc keeps the holes (its arenas fragment; measured RSS 2.4-2.8x -m with
@@ -345,7 +346,14 @@ fn serve_tenants(
     let sched = worker_sched(&cfg, kernel.is_some());
     let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info), sched, sec.tls.clone())
         .map_err(|e| MainError::Start(e.to_string()))?;
-    let (streams, stream_line) = start_streams(&cfg)?;
+    let (streams, mut stream_line) = start_streams(&cfg)?;
+    let mut extra_metrics: Vec<MetricsFn> =
+        stream_metrics(&streams).into_iter().chain(cluster::metrics(&table)).collect();
+    if let Some(h) = cfg.hbase.as_ref() {
+        let (m, line) = tenant_thrift::start(h, &table).map_err(MainError::Start)?;
+        extra_metrics.push(m);
+        stream_line.push_str(&line);
+    }
 
     // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
     // the buckets directly, so they are in force within one tick.
@@ -366,12 +374,7 @@ fn serve_tenants(
             let control: Arc<dyn TenantControl> = table.clone();
             match slipstream_server::admin::start(
                 addr,
-                AdminState {
-                    node: None,
-                    tenants: Some(control),
-                    token: cfg.admin_token.clone(),
-                    extra_metrics: stream_metrics(&streams).into_iter().chain(cluster::metrics(&table)).collect(),
-                },
+                AdminState { node: None, tenants: Some(control), token: cfg.admin_token.clone(), extra_metrics },
             ) {
                 Ok(local) => format!(
                     ", admin http://{local}/ ({})",

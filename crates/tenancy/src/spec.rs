@@ -72,6 +72,11 @@ pub struct TenantSpec {
     /// Node id that should lead the tenant's replication group while it is up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_leader: Option<u64>,
+    /// The tenant's own HBase Thrift1 port (the range cache, crates/rangecache; needs
+    /// `[hbase]`): its requests are shaped by this tenant's buckets and its cache takes
+    /// [`TenantSpec::memory_split`]'s part of `memory_mb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thrift_port: Option<u16>,
 }
 
 /// `PUT /tenants/{name}` on an existing tenant: the fields to change.
@@ -140,6 +145,9 @@ impl TenantSpec {
         if self.udp_port == Some(0) {
             return Err(SpecError::Field("udp_port", "must be 1..=65535 (leave it out for no UDP)".into()));
         }
+        if self.thrift_port == Some(0) || self.thrift_port == Some(self.tcp_port) {
+            return Err(SpecError::Field("thrift_port", "must be 1..=65535 and differ from tcp_port".into()));
+        }
         check_range_u64("memory_mb", self.memory_mb, 1, MEMORY_MB_MAX)?;
         check_share("share", self.share)?;
         if let Some(v) = self.egress_share {
@@ -194,6 +202,16 @@ impl TenantSpec {
 
     pub fn memory_bytes(&self) -> usize {
         (self.memory_mb.min(MEMORY_MB_MAX) as usize) * 1024 * 1024
+    }
+
+    /// `memory_mb` as (the KV store's limit, the Thrift range cache's limit): a tenant with a
+    /// `thrift_port` gives half of it to its range cache, so both count against the one budget.
+    pub fn memory_split(&self) -> (usize, usize) {
+        let all = self.memory_bytes();
+        match self.thrift_port {
+            Some(_) => (all - all / 2, all / 2),
+            None => (all, 0),
+        }
     }
 }
 
@@ -296,7 +314,8 @@ pub fn validate_all(shaping: &ShapingSpec, tenants: &[TenantSpec], reserved_port
         if !names.insert(t.name.as_str()) {
             return Err(SpecError::Conflict(format!("tenant name {:?} is used twice", t.name)));
         }
-        let own: &[(&str, Option<u16>)] = &[("tcp_port", Some(t.tcp_port)), ("udp_port", t.udp_port)];
+        let own: &[(&str, Option<u16>)] =
+            &[("tcp_port", Some(t.tcp_port)), ("udp_port", t.udp_port), ("thrift_port", t.thrift_port)];
         for &(what, port) in own {
             let Some(port) = port else { continue };
             if reserved_ports.contains(&port) {

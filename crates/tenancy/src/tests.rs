@@ -442,6 +442,7 @@ fn spec(name: &str, tcp: u16, udp: Option<u16>, share: f64) -> TenantSpec {
         max_outstanding: 64,
         replicas: None,
         preferred_leader: None,
+        thrift_port: None,
     }
 }
 
@@ -629,4 +630,28 @@ fn validate_all_conflicts() {
     }
     let bad_shaping = ShapingSpec { ingress_bytes_per_s: 0, ..ShapingSpec::default() };
     assert!(matches!(validate_all(&bad_shaping, &[], &[]), Err(SpecError::Field("ingress_bytes_per_s", _))));
+}
+
+/// A tenant's Thrift port (the HBase range cache) is one more port of the tenant: unique across
+/// tenants and reserved ports, not its own TCP port; it takes half the tenant's memory.
+#[test]
+fn thrift_port_rules_and_memory_split() {
+    let sh = ShapingSpec::default();
+    let mut a = spec("a", 12000, None, 0.5);
+    assert_eq!(a.memory_split(), (64 << 20, 0));
+    a.thrift_port = Some(12010);
+    assert_eq!(a.memory_split(), (32 << 20, 32 << 20));
+    assert_eq!(validate_all(&sh, &[a.clone(), spec("b", 12001, None, 0.5)], &[]), Ok(()));
+    let m = conflict_text(validate_all(&sh, &[a.clone(), spec("b", 12010, None, 0.5)], &[]));
+    assert_eq!(m, "tcp_port 12010 of tenant \"b\" is already used by tenant \"a\"");
+    let m = conflict_text(validate_all(&sh, std::slice::from_ref(&a), &[12010]));
+    assert!(m.contains("thrift_port 12010") && m.contains("reserved"), "{m}");
+    let mut own = a.clone();
+    own.thrift_port = Some(12000);
+    assert_eq!(field_of(own.validate()), "thrift_port");
+    own.thrift_port = Some(0);
+    assert_eq!(field_of(own.validate()), "thrift_port");
+    let parsed: TenantSpec =
+        serde_json::from_str(r#"{"name":"t","tcp_port":1,"share":0.1,"thrift_port":9091}"#).expect("parses");
+    assert_eq!(parsed.thrift_port, Some(9091));
 }

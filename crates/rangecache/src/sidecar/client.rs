@@ -428,6 +428,17 @@ impl SidecarClient {
     }
 }
 
+/// A client going away (its tenant removed) ends its connection: the reader thread sees the
+/// end and exits, and the sidecar forgets the subscription at once instead of holding writes
+/// for an unanswered notice.
+impl Drop for SidecarClient {
+    fn drop(&mut self) {
+        if let Some(c) = lock(&self.conn).take() {
+            let _ = lock(&c.writer).shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
