@@ -17,7 +17,7 @@
 #     oneleader:  t0, t1, t2 via node 1 at once (it leads all three; summed)
 # Prints one JSON line per loadgen run. Everything is on this machine (the three daemons and the
 # load generator share its cores), so this measures the software path, not a network.
-# Env: FSYNC (batch), VALUE_BYTES (64), CONNS (50), PIPELINE (16), DURATION_S (5), BASE (31000),
+# Env: FSYNC (batch), VALUE_BYTES (64), CONNS (50), PIPELINE (16), DURATION_S (5), BASE (21000, below the ephemeral port range),
 # LAYOUTS ("spread one"), NO_BUILD=1 skips the cargo build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ VALUE_BYTES=${VALUE_BYTES:-64}
 CONNS=${CONNS:-50}
 PIPELINE=${PIPELINE:-16}
 DURATION_S=${DURATION_S:-5}
-BASE=${BASE:-31000}
+BASE=${BASE:-21000}
 LAYOUTS=${LAYOUTS:-spread one}
 LOADGEN=target/release/slipstream-loadgen
 [ "${NO_BUILD:-0}" = 1 ] || cargo build --release -p slipstream -p slipstream-loadgen
