@@ -668,16 +668,30 @@ impl Config {
         }
         (self.cluster, self.replica_opts) = check_cluster(file.cluster, &self.tenants)
             .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
-        for (on, name) in [(self.hbase.is_some(), "[hbase]"), (self.shuffle.is_some(), "[shuffle]")] {
-            // Neither service charges its memory to a tenant yet (for [shuffle]: issue 17).
-            if on && !self.tenants.is_empty() {
-                return Err(ConfigError::File {
-                    path: path.to_string(),
-                    message: format!("{name} does not run with [[tenant]] yet"),
-                });
-            }
+        // [hbase] does not charge its memory to a tenant yet (issue 16).
+        if self.hbase.is_some() && !self.tenants.is_empty() {
+            return Err(ConfigError::File {
+                path: path.to_string(),
+                message: "[hbase] does not run with [[tenant]] yet".into(),
+            });
+        }
+        // [shuffle] with tenants: the tenants' shuffle_mb shares must fit the pool (issue 17).
+        if let Some(sh) = self.shuffle.as_ref().filter(|_| !self.tenants.is_empty()) {
+            sh.check_tenants(&self.shuffle_shares()).map_err(|e| ConfigError::File {
+                path: path.to_string(),
+                message: format!("[shuffle] with [[tenant]]: {e}"),
+            })?;
         }
         Ok(())
+    }
+
+    /// The tenants' shares of the `[shuffle]` pool (those with `shuffle_mb`), in config order.
+    pub fn shuffle_shares(&self) -> Vec<slipstream_shuffle::TenantShare> {
+        self.tenants
+            .iter()
+            .filter(|t| t.shuffle_mb.is_some())
+            .map(|t| slipstream_shuffle::TenantShare { name: t.name.clone(), bytes_max: t.shuffle_bytes() })
+            .collect()
     }
 
     /// `[hbase]` and `[shuffle]`: the services with their own ports, each checked by its crate.
@@ -1053,7 +1067,16 @@ mod tests {
         assert!(e.contains("[shuffle]: memory_mb 1 holds no block"), "{e}");
         std::fs::write(&f, "[shuffle]\n[[tenant]]\nname = \"t\"\ntcp_port = 7000\nshare = 0.5\n").unwrap();
         let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
-        assert!(e.contains("[shuffle] does not run with [[tenant]] yet"), "{e}");
+        assert!(e.contains("no [[tenant]] has shuffle_mb"), "{e}");
+        let two = "[shuffle]\nmemory_mb = 64\n[[tenant]]\nname = \"a\"\ntcp_port = 7000\nshare = 0.5\nmemory_mb = 64\nshuffle_mb = 32\n[[tenant]]\nname = \"b\"\ntcp_port = 7001\nshare = 0.5\nmemory_mb = 64\nshuffle_mb = SHARE\n";
+        std::fs::write(&f, two.replace("SHARE", "32")).unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.shuffle_shares().iter().map(|s| s.bytes_max).collect::<Vec<_>>(), vec![32 << 20, 32 << 20]);
+        // The store keeps the rest of the tenant's memory.
+        assert_eq!(c.tenants[0].memory_bytes(), 32 << 20);
+        std::fs::write(&f, two.replace("SHARE", "33")).unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("shuffle_mb add up to 65 MiB, more than [shuffle] memory_mb 64"), "{e}");
     }
 
     #[test]

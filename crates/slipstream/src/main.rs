@@ -250,8 +250,14 @@ fn stream_metrics(streams: &Option<Arc<StreamService>>) -> Vec<MetricsFn> {
 
 /// The services with ports of their own, `[hbase]` (crates/rangecache's Thrift front end) and
 /// `[shuffle]` (crates/shuffle): started, described on the status line, metrics on the one
-/// admin endpoint. They run as long as the process.
-fn start_services(cfg: &Config, line: &mut String, metrics: &mut Vec<MetricsFn>) -> Result<(), MainError> {
+/// admin endpoint. They run as long as the process. `shuffle_tenants`: in tenant mode, the
+/// tenants with a shuffle share and their buckets (empty otherwise).
+fn start_services(
+    cfg: &Config,
+    line: &mut String,
+    metrics: &mut Vec<MetricsFn>,
+    shuffle_tenants: Vec<slipstream_shuffle::ShuffleTenant>,
+) -> Result<(), MainError> {
     if let Some(h) = cfg.hbase.clone() {
         let svc = Arc::new(
             slipstream_rangecache::HbaseService::start(h).map_err(|e| MainError::Start(format!("[hbase]: {e}")))?,
@@ -261,7 +267,8 @@ fn start_services(cfg: &Config, line: &mut String, metrics: &mut Vec<MetricsFn>)
     }
     if let Some(sh) = cfg.shuffle.clone() {
         let svc = Arc::new(
-            slipstream_shuffle::ShuffleService::start(sh).map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
+            slipstream_shuffle::ShuffleService::start(sh, shuffle_tenants)
+                .map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
         );
         line.push_str(&svc.describe());
         metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
@@ -345,7 +352,18 @@ fn serve_tenants(
     let sched = worker_sched(&cfg, kernel.is_some());
     let server = Server::start_tenants(table.clone(), cfg.read_buf_bytes_max(), Arc::new(info), sched, sec.tls.clone())
         .map_err(|e| MainError::Start(e.to_string()))?;
-    let (streams, stream_line) = start_streams(&cfg)?;
+    let (streams, mut stream_line) = start_streams(&cfg)?;
+    // [shuffle] charges each Spark application to a tenant (its share of the pool, its buckets).
+    let shuffle_tenants: Vec<slipstream_shuffle::ShuffleTenant> = cfg
+        .shuffle_shares()
+        .into_iter()
+        .map(|share| {
+            let shaper = table.snapshot().iter().find(|t| t.name == share.name).and_then(|t| t.shaper.clone());
+            slipstream_shuffle::ShuffleTenant { share, shaper }
+        })
+        .collect();
+    let mut service_metrics = Vec::new();
+    start_services(&cfg, &mut stream_line, &mut service_metrics, shuffle_tenants)?;
 
     // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
     // the buckets directly, so they are in force within one tick.
@@ -370,7 +388,11 @@ fn serve_tenants(
                     node: None,
                     tenants: Some(control),
                     token: cfg.admin_token.clone(),
-                    extra_metrics: stream_metrics(&streams).into_iter().chain(cluster::metrics(&table)).collect(),
+                    extra_metrics: stream_metrics(&streams)
+                        .into_iter()
+                        .chain(cluster::metrics(&table))
+                        .chain(service_metrics)
+                        .collect(),
                 },
             ) {
                 Ok(local) => format!(
@@ -515,7 +537,7 @@ fn serve_without_kv(
 ) -> Result<(), MainError> {
     let (streams, mut stream_line) = start_streams(&cfg)?;
     let mut extra_metrics = stream_metrics(&streams);
-    start_services(&cfg, &mut stream_line, &mut extra_metrics)?;
+    start_services(&cfg, &mut stream_line, &mut extra_metrics, Vec::new())?;
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(
             addr,
@@ -673,7 +695,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     let server = Server::start(net, store.clone(), settings, info).map_err(|e| MainError::Start(e.to_string()))?;
     let (streams, mut stream_line) = start_streams(&cfg)?;
     let mut extra_metrics = stream_metrics(&streams);
-    start_services(&cfg, &mut stream_line, &mut extra_metrics)?;
+    start_services(&cfg, &mut stream_line, &mut extra_metrics, Vec::new())?;
 
     let admin_line = match cfg.admin_addr {
         Some(addr) => match slipstream_server::admin::start(

@@ -74,7 +74,7 @@ final class ShuffleDaemon implements AutoCloseable {
                 throw new IOException("slipstream exited at start: " + Files.readString(log));
             }
             try (ShuffleClient c = new ShuffleClient(endpoint(), 200, 1000)) {
-                c.hello();
+                c.hello(null);
                 return;
             } catch (IOException e) {
                 sleep(50);
