@@ -90,6 +90,8 @@ final class ShuffleDaemon implements AutoCloseable {
                 sleep(50);
             }
         }
+        // Not left running behind a failed start (the caller has no object to close).
+        stop(true);
         throw new IOException("slipstream's shuffle port did not answer within 10 s: " + Files.readString(log));
     }
 
