@@ -13,35 +13,33 @@ lines as the connector sends them (HELLO/REGISTER name the tenant: spark.slipstr
 import os
 import shutil
 import socket
-import tempfile
 import time
-import urllib.request
 
 import pytest
 
-import daemonlib
 import mcwire
-from test_shuffle import BLOCK, Conn
+from test_shuffle import BLOCK, Conn, ShuffleDaemon
 
 HOST = mcwire.HOST
 # Each tenant's buckets refill at 0.5 x 2 MB/s = 1 MB/s each way (burst 64 KiB).
 CAPACITY_BYTES_PER_S = 2_000_000
 
 
-class TenantShuffleDaemon(daemonlib.ConfigDaemon):
+class TenantShuffleDaemon(ShuffleDaemon):
+    """test_shuffle's daemon (its stop and metrics) in tenant mode."""
+
     what = "slipstream with [shuffle] and [[tenant]]"
     file_prefix = "slipstream-shuffle-tenants-"
 
     def __init__(self):
-        super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        super().__init__(memory_mb=4)
 
     def _pick_ports(self):
         self.port = mcwire.free_port()
         self.admin_port = mcwire.free_port()
         self.kv = {"etl": mcwire.free_port(), "adhoc": mcwire.free_port()}
-        text = '[server]\nadmin = "%s:%d"\n[shuffle]\ntcp_port = %d\nmemory_mb = 4\nblock_kb = 64\ndir = "%s"\n' % (
-            HOST, self.admin_port, self.port, self.dir)
+        text = '[server]\nadmin = "%s:%d"\n[shuffle]\ntcp_port = %d\nmemory_mb = %d\nblock_kb = 64\ndir = "%s"\n' % (
+            HOST, self.admin_port, self.port, self.memory_mb, self.dir)
         text += "[shaping]\ningress_bytes_per_s = %d\negress_bytes_per_s = %d\n" % (
             CAPACITY_BYTES_PER_S, CAPACITY_BYTES_PER_S)
         # etl: 2 MiB of blocks (32 of 64 KiB) out of its 8 MiB; adhoc: 1 MiB (16 blocks).
@@ -55,14 +53,6 @@ class TenantShuffleDaemon(daemonlib.ConfigDaemon):
 
     def _ready_ports(self):
         return [self.port, self.admin_port] + list(self.kv.values())
-
-    def stop(self):
-        daemonlib.stop_group(self.proc)
-        self.proc = None
-
-    def metrics(self):
-        with urllib.request.urlopen("http://%s:%d/metrics" % (HOST, self.admin_port), timeout=5) as r:
-            return r.read().decode()
 
     def metric(self, name, tenant):
         key = '%s{tenant="%s"} ' % (name, tenant)
