@@ -36,7 +36,7 @@ BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
 RECORDS="${RECORDS:-1000000}" SHAPES="${SHAPES:-8x8}" VALUE_BYTES="${VALUE_BYTES:-100}"
 MANAGERS="${MANAGERS:-sort,tuned,slipstream}"
 RUNS="${RUNS:-5}" MEMORY_MB="${MEMORY_MB:-4096}" MASTER="${MASTER:-local-cluster[2,1,1024]}"
-OUT="${RESULTS_DIR:-$ROOT/bench/results/shuffle-$(date -u +%Y%m%dT%H%M%SZ)}"
+OUT="$(realpath -m "${RESULTS_DIR:-$ROOT/bench/results/shuffle-$(date -u +%Y%m%dT%H%M%SZ)}")"  # absolute: executors run elsewhere
 mkdir -p "$OUT"
 JAR="$ROOT/connectors/spark/target/slipstream-spark-0.1.0.jar"
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then

@@ -2,13 +2,14 @@
 """What the reduce stage spends its time on, from the executors' JFR recordings that
 `PROFILE=1 bench/shuffle_bench.sh` makes (RESULTS_DIR/jfr/<manager>/*.jfr).
 
-Spark names a task thread "Executor task launch worker for task T in stage S.A (TID N)"; the
-samples (jdk.ExecutionSample) of the threads of the given reduce stages are kept, and for each
-manager the script prints the share of samples per top frame (self time) and per frame anywhere
-on the stack (inclusive), top N. It also counts jdk.GarbageCollection pause time in the files.
+JFR keeps a thread's name from its start ("Executor task launch worker-0"), not Spark's per-task
+renaming, so the reduce side is picked by its stack: the samples (jdk.ExecutionSample) of task
+threads with a frame matching MARK (default "ShuffleReader.read": Slipstream's and Spark's own
+reader, which the reduce task's whole aggregation runs under) are kept, and for each manager
+the script prints the share of samples per top frame (self) and per frame anywhere on the stack
+(inclusive), top N. It also sums jdk.GarbageCollection pause time over the recordings.
 
-Usage: shuffle_profile.py RESULTS_DIR [stages: comma-separated, default: every even stage >= 2,
-the reduce stages of ShuffleBench's rounds] [N=25]
+Usage: shuffle_profile.py RESULTS_DIR [MARK] [N=25]
 """
 
 import collections
@@ -19,7 +20,6 @@ import re
 import subprocess
 import sys
 
-THREAD = re.compile(r"in stage (\d+)\.\d+")
 
 
 def samples(path):
@@ -49,36 +49,38 @@ def gc_pause_ms(path):
     return total
 
 
-def main(out, stages=None, top=25):
+def main(out, mark, top=25):
     for mdir in sorted(glob.glob(os.path.join(out, "jfr", "*"))):
-        manager = os.path.basename(mdir)
+        manager = os.path.basename(mdir).removesuffix(".jfr")
         self_c, incl_c = collections.Counter(), collections.Counter()
         n, gc = 0, 0.0
-        for f in sorted(glob.glob(os.path.join(mdir, "*.jfr"))):
+        # A directory of recordings, or one file (JFR writes one when the directory did not exist).
+        files = sorted(glob.glob(os.path.join(mdir, "*.jfr"))) if os.path.isdir(mdir) else [mdir]
+        if files and not files[0].endswith(".jfr"):
+            # `jfr print` wants the .jfr suffix.
+            os.rename(files[0], files[0] + ".jfr")
+            files = [files[0] + ".jfr"]
+        for f in files:
             gc += gc_pause_ms(f)
             for thread, frames in samples(f):
-                m = THREAD.search(thread)
-                if not m or not frames:
-                    continue
-                s = int(m.group(1))
-                if (stages is not None and s not in stages) or (stages is None and (s < 2 or s % 2)):
+                if not thread.startswith("Executor task launch") or not any(mark in fr for fr in frames):
                     continue
                 n += 1
                 self_c[frames[0]] += 1
                 for fr in set(frames):
                     incl_c[fr] += 1
-        print("## %s: %d reduce-task samples; GC pauses in the recordings %.0f ms\n" % (manager, n, gc))
+        print("## %s: %d task-thread samples under %s; GC pauses in the recordings %.0f ms\n" % (manager, n, mark, gc))
         if not n:
             continue
-        print("| self %% | frame |\n|---:|---|")
+        print("| self % | frame |\n|---:|---|")
         for fr, c in self_c.most_common(top):
             print("| %.1f | `%s` |" % (100.0 * c / n, fr))
-        print("\n| inclusive %% | frame |\n|---:|---|")
+        print("\n| inclusive % | frame |\n|---:|---|")
         for fr, c in incl_c.most_common(top):
             print("| %.1f | `%s` |" % (100.0 * c / n, fr))
         print()
 
 
 if __name__ == "__main__":
-    st = {int(x) for x in sys.argv[2].split(",")} if len(sys.argv) > 2 and sys.argv[2] else None
-    main(sys.argv[1], st, int(sys.argv[3]) if len(sys.argv) > 3 else 25)
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else "ShuffleReader.read",
+         int(sys.argv[3]) if len(sys.argv) > 3 else 25)
