@@ -140,6 +140,9 @@ public final class ShuffleBench {
                 }
             }
             if (jfrDir != null) {
+                // Made here: JFR writes one file per JVM into an existing directory, but takes a
+                // missing one for a file name (and the executors then overwrite each other).
+                new java.io.File(jfrDir, manager).mkdirs();
                 // One recording per executor JVM (a directory: JFR names the files), for the
                 // reduce stage's profile (bench/shuffle_profile.py reads the task threads' samples).
                 b.config("spark.executor.extraJavaOptions", "-XX:StartFlightRecording=settings=profile,filename="
