@@ -86,10 +86,12 @@ spark-changepoint: build
 spark-bench: build
 	bash bench/spark_bench.sh
 
-# Spark's GroupBy with the built-in sort shuffle vs SlipstreamShuffleManager on
-# local-cluster[2,1,1024] (bench/shuffle_bench.sh; 8-9 minutes on the loaded 2-core machine).
+# Spark's GroupBy with the built-in sort shuffle (defaults and tuned) vs SlipstreamShuffleManager
+# on local-cluster[2,1,1024], 4M records, 8x8 and 200x200 tasks (bench/shuffle_bench.sh; about
+# 30 minutes on the loaded 2-core machine, most of it the built-in shuffle at 200x200).
+SHUFFLE_BENCH = SKIP_BUILD=1 RECORDS=4000000 SHAPES="8x8 200x200" RUNS=2 bash bench/shuffle_bench.sh
 shuffle-bench: build
-	SKIP_BUILD=1 bash bench/shuffle_bench.sh
+	$(SHUFFLE_BENCH)
 
 # HBase range cache with the Rust load generator (bench/hbase_load_bench.py, about 2 minutes;
 # bench/hbase_zipf_bench.py, Zipf scans with 5% writes over k-fold overlapping ranges, about 5).
@@ -106,7 +108,7 @@ bench: build
 	bash bench/stream_bench.sh
 	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
-	SKIP_BUILD=1 bash bench/shuffle_bench.sh
+	$(SHUFFLE_BENCH)
 	python3 bench/shuffle_peer_bench.py
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench

@@ -11,23 +11,32 @@
 # the other executor over Spark's Netty transport (loopback). MASTER=local[2] gives the one-JVM
 # shape of the first figures. The script runs the driver twice, managers in the order
 # sort,slipstream then slipstream,sort, so neither always goes first on a drifting machine.
+# Three managers: Spark's sort shuffle with its defaults (`sort`), the sort shuffle tuned for one
+# host (`tuned`: 1 MiB shuffle file buffers; ShuffleBench.TUNED, the sweep in docs/benchmarks.md) and
+# Slipstream. The invocations alternate the order (sort,tuned,slipstream then the reverse).
 # Figures: map stage (shuffle write), reduce stage (shuffle read + group), fetch wait, job (wall
-# ms), and the stages' summed task CPU ms (Spark's executorCpuTime: steadier than wall time on a
-# shared machine); medians over all measured rounds of both invocations.
+# ms), the stages' summed task CPU ms (Spark's executorCpuTime: steadier than wall time on a
+# shared machine), and host CPU-seconds per GB of record payload (records x (value + 4-byte key),
+# the same denominator for every manager) over all JVMs (driver, executors) plus the daemon, read
+# from /proc; medians over all measured rounds of both invocations. SHAPES lists maps x reduces.
+# PROFILE=1: the executors record JFR (profile settings) into RESULTS_DIR/jfr/<manager>/, and
+# bench/shuffle_profile.py summarises the reduce stages' task-thread samples.
 # Local path only (executors and the daemon on one host); the sort shuffle compresses (lz4,
 # Spark's default), Slipstream does not.
 #
 # Output: RESULTS_DIR (default bench/results/shuffle-<UTC timestamp>/): shuffle.jsonl, summary.md,
 # uptime.txt (load before/after), executor-logs/.
-# Knobs: RECORDS [1000000], MAPS [8], REDUCES [8], VALUE_BYTES [100], RUNS [5, per invocation
+# Knobs: RECORDS [1000000], SHAPES ["8x8"; e.g. "8x8 200x200"], VALUE_BYTES [100], RUNS [5, per invocation
 #   and manager: 2 x RUNS measured rounds each], MEMORY_MB [4096], MASTER [local-cluster[2,1,1024]],
-#   SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream].
+#   SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream], MANAGERS [sort,tuned,slipstream],
+#   PROFILE [0], TUNED_CONF ["k=v;k=v" replaces the tuned settings].
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
-RECORDS="${RECORDS:-1000000}" MAPS="${MAPS:-8}" REDUCES="${REDUCES:-8}" VALUE_BYTES="${VALUE_BYTES:-100}"
+RECORDS="${RECORDS:-1000000}" SHAPES="${SHAPES:-8x8}" VALUE_BYTES="${VALUE_BYTES:-100}"
+MANAGERS="${MANAGERS:-sort,tuned,slipstream}"
 RUNS="${RUNS:-5}" MEMORY_MB="${MEMORY_MB:-4096}" MASTER="${MASTER:-local-cluster[2,1,1024]}"
-OUT="${RESULTS_DIR:-$ROOT/bench/results/shuffle-$(date -u +%Y%m%dT%H%M%SZ)}"
+OUT="$(realpath -m "${RESULTS_DIR:-$ROOT/bench/results/shuffle-$(date -u +%Y%m%dT%H%M%SZ)}")"  # absolute: executors run elsewhere
 mkdir -p "$OUT"
 JAR="$ROOT/connectors/spark/target/slipstream-spark-0.1.0.jar"
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
@@ -65,51 +74,19 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 uptime > "$OUT/uptime.txt"
-for order in sort,slipstream slipstream,sort; do
-    SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
-        io.slipstream.spark.bench.ShuffleBench endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" \
-        reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" master="$MASTER" jar="$JAR" managers="$order" \
-        | grep '^{' | tee -a "$OUT/shuffle.jsonl"
-    uptime >> "$OUT/uptime.txt"
+REVERSED=$(tr ',' '\n' <<<"$MANAGERS" | tac | paste -sd,)
+EXTRA=()
+[[ "${PROFILE:-0}" == 1 ]] && { mkdir -p "$OUT/jfr"; EXTRA+=(jfr_dir="$OUT/jfr"); }
+[[ -n "${TUNED_CONF:-}" ]] && EXTRA+=(tuned_conf="$TUNED_CONF")
+for shape in $SHAPES; do
+    MAPS=${shape%x*} REDUCES=${shape#*x}
+    for order in "$MANAGERS" "$REVERSED"; do
+        SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
+            io.slipstream.spark.bench.ShuffleBench endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" \
+            reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" master="$MASTER" jar="$JAR" managers="$order" \
+            daemon_pid="$DAEMON" "${EXTRA[@]}" | grep '^{' | tee -a "$OUT/shuffle.jsonl"
+        uptime >> "$OUT/uptime.txt"
+        if [[ "$MANAGERS" == "$REVERSED" ]]; then break; fi
+    done
 done
-python3 - "$OUT" <<'PY'
-import json, statistics, sys, os
-out = sys.argv[1]
-rows = [json.loads(l) for l in open(os.path.join(out, "shuffle.jsonl")) if l.strip()]
-keys = ("map_stage_ms", "reduce_stage_ms", "fetch_wait_ms", "job_ms", "map_cpu_ms", "reduce_cpu_ms")
-lines = ["| manager | master | records | maps x reduces | value bytes | rounds | map stage ms | reduce stage ms | fetch wait ms | job ms | map task CPU ms | reduce task CPU ms | reduce stage ms per round |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-med = {}
-for m in ("sort", "slipstream"):
-    r = [x for x in rows if x["manager"] == m and not x["warmup"]]
-    if not r:
-        continue
-    med[m] = {k: statistics.median(x[k] for x in r) for k in keys}
-    x = r[0]
-    lines.append("| %s | %s | %d | %dx%d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |" % (
-        m, x["master"], x["records"], x["maps"], x["reduces"], x["value_bytes"], len(r), med[m]["map_stage_ms"],
-        med[m]["reduce_stage_ms"], med[m]["fetch_wait_ms"], med[m]["job_ms"], med[m]["map_cpu_ms"],
-        med[m]["reduce_cpu_ms"], ", ".join(str(y["reduce_stage_ms"]) for y in r)))
-if len(med) == 2:
-    lines.append("")
-    for k in keys:
-        if med["sort"][k] > 0:
-            lines.append("%s: slipstream / sort = %.2f  " % (k, med["slipstream"][k] / med["sort"][k]))
-# Paired by invocation (the same driver run, minutes apart): reduce stage and job medians.
-orders = sorted({x.get("order", "") for x in rows})
-if len(orders) > 1:
-    lines += ["", "| invocation (order) | sort reduce stage ms | slipstream reduce stage ms | ratio | sort job ms | slipstream job ms | ratio |",
-              "|---|---|---|---|---|---|---|"]
-    for o in orders:
-        m = {}
-        for mg in ("sort", "slipstream"):
-            r = [x for x in rows if x["manager"] == mg and not x["warmup"] and x.get("order", "") == o]
-            if r:
-                m[mg] = (statistics.median(x["reduce_stage_ms"] for x in r), statistics.median(x["job_ms"] for x in r))
-        if len(m) == 2:
-            lines.append("| %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |" % (o, m["sort"][0], m["slipstream"][0],
-                         m["slipstream"][0] / m["sort"][0], m["sort"][1], m["slipstream"][1], m["slipstream"][1] / m["sort"][1]))
-text = "\n".join(lines) + "\n"
-open(os.path.join(out, "summary.md"), "w").write(text)
-print(text)
-PY
+python3 "$ROOT/bench/shuffle_summary.py" "$OUT"

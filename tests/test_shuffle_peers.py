@@ -13,6 +13,7 @@ fetch error (the reader's FetchFailed then makes Spark recompute). Needs root (n
 skipped otherwise. Every wait is bounded; the namespace, veth and daemons go even on failure.
 """
 
+import contextlib
 import os
 import random
 import shutil
@@ -43,17 +44,18 @@ def sh(*args):
 
 
 class Host:
-    """One shuffle daemon: here (`ns` None) or inside namespace `ns`, listening on `ip`."""
+    """One shuffle daemon: here (`ns` None) or inside namespace `ns`, listening on `ip`, with a
+    pool of `memory_mb` in blocks of `block_kb` (the benchmark sizes them up)."""
 
-    def __init__(self, name, ip, ns, port, peer):
+    def __init__(self, name, ip, ns, port, peer, memory_mb=4, block_kb=64):
         self.name, self.ip, self.ns, self.port = name, ip, ns, port
         self.admin_port = port + 1
         self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-%s-" % name, dir="/dev/shm")
         fd, self.config = tempfile.mkstemp(prefix="slipstream-shuffle-%s-" % name, suffix=".toml")
         with os.fdopen(fd, "w") as f:
-            f.write('[server]\nadmin = "%s:%d"\n[shuffle]\nlisten = "%s"\ntcp_port = %d\nmemory_mb = 4\n'
-                    'block_kb = 64\ndir = "%s"\npeers = ["%s"]\npeer_timeout_ms = 3000\n'
-                    % (ip, self.admin_port, ip, port, self.dir, peer))
+            f.write('[server]\nadmin = "%s:%d"\n[shuffle]\nlisten = "%s"\ntcp_port = %d\nmemory_mb = %d\n'
+                    'block_kb = %d\ndir = "%s"\npeers = ["%s"]\npeer_timeout_ms = 3000\n'
+                    % (ip, self.admin_port, ip, port, memory_mb, block_kb, self.dir, peer))
         self.log = self.config[:-5] + ".log"
         self.proc = None
 
@@ -135,10 +137,10 @@ def commit_map(host, conn, app, map_id, parts):
     assert conn.lines_to_end(head)[0] == "COMMITTED 1 %d" % len(segs)
 
 
-@pytest.fixture
-def hosts():
-    if not _root_and_ip():
-        pytest.skip("needs root, iproute2 and the slipstream binary")
+@contextlib.contextmanager
+def two_hosts(memory_mb=4, block_kb=64):
+    """Daemon A here and B in a fresh namespace over a veth pair, each the other's peer; the
+    namespace, link and daemons are removed on the way out, also on failure."""
     tag = "%d" % (os.getpid() % 100000)
     ns, here, there = "shfb" + tag, "sha" + tag, "shb" + tag
     made_ns = made_link = False
@@ -154,8 +156,8 @@ def hosts():
         sh("ip", "-n", ns, "addr", "add", B_IP + "/24", "dev", there)
         sh("ip", "-n", ns, "link", "set", there, "up")
         port = 17300 + int(tag) % 1000 * 2
-        a = Host("a", A_IP, None, port, "%s:%d" % (B_IP, port))
-        b = Host("b", B_IP, ns, port, "%s:%d" % (A_IP, port))
+        a = Host("a", A_IP, None, port, "%s:%d" % (B_IP, port), memory_mb, block_kb)
+        b = Host("b", B_IP, ns, port, "%s:%d" % (A_IP, port), memory_mb, block_kb)
         a.start()
         b.start()
         yield a, b
@@ -167,6 +169,14 @@ def hosts():
             subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=20)
         if made_ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+@pytest.fixture
+def hosts():
+    if not _root_and_ip():
+        pytest.skip("needs root, iproute2 and the slipstream binary")
+    with two_hosts() as pair:
+        yield pair
 
 
 def test_lookup_brings_the_other_hosts_segments_byte_for_byte(hosts):

@@ -8,18 +8,20 @@
 //! Layout: [`pool`] (the block files and the memory limit), [`registry`] (apps, shuffles, map
 //! commits with first-successful-attempt-wins, lookups, pins), [`proto`] (the control protocol:
 //! parse and compose, no I/O), [`peer`] (the cross-host path: FETCH between daemons by
-//! sendfile/splice), [`server`] (the TCP port, connection threads, metrics).
+//! sendfile/splice), [`tenants`] (a Spark application is a tenant: its share of the pool and
+//! the buckets its bytes pay from), [`server`] (the TCP port, connection threads, metrics).
 //!
-//! Not for (yet): charging a Spark application's blocks to a tenant's memory, or compressing
-//! shuffle data.
+//! Not for (yet): compressing shuffle data.
 
 pub mod peer;
 pub mod pool;
 pub mod proto;
 pub mod registry;
 pub mod server;
+pub mod tenants;
 
 pub use server::{Settings, ShuffleConfig, ShuffleService};
+pub use tenants::{ShuffleTenant, TenantShare};
 
 /// Why a request was refused. `Client` errors are the caller's input; `Server` errors are this
 /// daemon's limits (the pool is full, a table is at its bound).
@@ -50,12 +52,44 @@ pub enum ShuffleError {
     BadSegment(String),
     /// The request line itself.
     Syntax(String),
+    /// A tenant this daemon has no shuffle share for (`known`: the names it has, comma-separated).
+    UnknownTenant {
+        name: String,
+        known: String,
+    },
+    /// This daemon charges every application to a tenant and the request named none.
+    NoTenant {
+        known: String,
+    },
+    /// The application was registered under another tenant.
+    TenantMismatch {
+        app: String,
+        tenant: String,
+    },
+    /// The application's tenant holds all the blocks of its share (other tenants unaffected).
+    TenantFull {
+        tenant: String,
+        blocks_max: usize,
+        block_bytes: usize,
+    },
+    /// The tenant's token bucket stayed in debt for the longest a request may wait.
+    TenantBusy {
+        tenant: String,
+        waited_ms: u64,
+    },
 }
 
 impl ShuffleError {
     /// Whether the client is at fault (memcached's CLIENT_ERROR) rather than this daemon.
     pub fn is_client(&self) -> bool {
-        !matches!(self, ShuffleError::PoolFull { .. } | ShuffleError::Limit { .. } | ShuffleError::Io(_))
+        !matches!(
+            self,
+            ShuffleError::PoolFull { .. }
+                | ShuffleError::Limit { .. }
+                | ShuffleError::Io(_)
+                | ShuffleError::TenantFull { .. }
+                | ShuffleError::TenantBusy { .. }
+        )
     }
 }
 
@@ -76,6 +110,23 @@ impl std::fmt::Display for ShuffleError {
             ShuffleError::UnknownBlock(b) => write!(f, "unknown block {b}"),
             ShuffleError::BadSegment(why) => write!(f, "bad segment: {why}"),
             ShuffleError::Syntax(why) => write!(f, "{why}"),
+            ShuffleError::UnknownTenant { name, known } => {
+                write!(f, "unknown tenant {name:?} (tenants with a shuffle_mb share here: {known})")
+            }
+            ShuffleError::NoTenant { known } => write!(
+                f,
+                "this daemon charges shuffles to tenants: set spark.slipstream.shuffle.tenant to one of {known}"
+            ),
+            ShuffleError::TenantMismatch { app, tenant } => {
+                write!(f, "application {app} is registered under tenant {tenant:?}")
+            }
+            ShuffleError::TenantFull { tenant, blocks_max, block_bytes } => write!(
+                f,
+                "shuffle pool full for tenant {tenant:?}: all {blocks_max} blocks of {block_bytes} bytes of its share are in use (raise its shuffle_mb)"
+            ),
+            ShuffleError::TenantBusy { tenant, waited_ms } => {
+                write!(f, "tenant {tenant:?} is over its shuffle rate (waited {waited_ms} ms; raise its share)")
+            }
         }
     }
 }

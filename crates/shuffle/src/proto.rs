@@ -2,8 +2,9 @@
 //! and composed here without I/O. Requests:
 //!
 //! ```text
-//! HELLO                                   -> OK <version> <block_bytes> <dir>
-//! REGISTER <app> <shuffle> <partitions>   -> OK
+//! HELLO [<tenant>]                        -> OK <version> <block_bytes> <dir>
+//! REGISTER <app> <shuffle> <partitions> [<tenant>]
+//!                                         -> OK
 //! ALLOC <app> <shuffle>                   -> BLOCK <id>            (file <dir>/blk-<id>)
 //! COMMIT <app> <shuffle> <map> <attempt> <n>
 //!   then n lines: <partition> <block> <offset> <length>
@@ -20,6 +21,8 @@
 //! FETCH is what a reducer's daemon asks the daemons of the other hosts (`[shuffle] peers`) when
 //! it answers a LOOKUP: the bytes travel by sendfile/splice (crate::peer), the reader still
 //! sees only blocks of its own daemon.
+//! `<tenant>` (crate::tenants): the tenant the application is charged to, required on a daemon
+//! with tenants and refused on one without; HELLO with it checks the name at start.
 //! Errors are memcached's lines: `CLIENT_ERROR <why>` (bad input; after a bad COMMIT segment
 //! line the connection is closed, since the rest of the request cannot be framed) and
 //! `SERVER_ERROR <why>` (a limit of this daemon, e.g. the pool is full).
@@ -34,8 +37,8 @@ pub const LINE_BYTES_MAX: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
-    Hello,
-    Register { app: &'a str, shuffle: u32, partitions: u32 },
+    Hello { tenant: Option<&'a str> },
+    Register { app: &'a str, shuffle: u32, partitions: u32, tenant: Option<&'a str> },
     Alloc { app: &'a str, shuffle: u32 },
     Commit { app: &'a str, shuffle: u32, map: u32, attempt: u64, segments: usize },
     Lookup { app: &'a str, shuffle: u32, reduce: u32 },
@@ -68,11 +71,23 @@ pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
     };
     let Some(&cmd) = w.first() else { return Err(ShuffleError::Syntax("empty request".into())) };
     match cmd {
-        "HELLO" => arity(1).map(|_| Request::Hello),
+        "HELLO" => {
+            if w.len() > 2 {
+                return Err(ShuffleError::Syntax("HELLO takes at most 1 argument".into()));
+            }
+            Ok(Request::Hello { tenant: w.get(1).copied() })
+        }
         "QUIT" => arity(1).map(|_| Request::Quit),
         "REGISTER" => {
-            arity(4)?;
-            Ok(Request::Register { app: w[1], shuffle: num(w[2], "shuffle")?, partitions: num(w[3], "partitions")? })
+            if w.len() != 5 {
+                arity(4)?;
+            }
+            Ok(Request::Register {
+                app: w[1],
+                shuffle: num(w[2], "shuffle")?,
+                partitions: num(w[3], "partitions")?,
+                tenant: w.get(4).copied(),
+            })
         }
         "ALLOC" => {
             arity(3)?;
@@ -212,7 +227,18 @@ mod tests {
 
     #[test]
     fn requests_parse() {
-        assert_eq!(parse_request(b"HELLO\r\n").unwrap(), Request::Hello);
+        assert_eq!(parse_request(b"HELLO\r\n").unwrap(), Request::Hello { tenant: None });
+        assert_eq!(parse_request(b"HELLO etl\r\n").unwrap(), Request::Hello { tenant: Some("etl") });
+        assert!(parse_request(b"HELLO a b\r\n").is_err());
+        assert_eq!(
+            parse_request(b"REGISTER a 1 8 etl\r\n").unwrap(),
+            Request::Register { app: "a", shuffle: 1, partitions: 8, tenant: Some("etl") }
+        );
+        assert_eq!(
+            parse_request(b"REGISTER a 1 8\r\n").unwrap(),
+            Request::Register { app: "a", shuffle: 1, partitions: 8, tenant: None }
+        );
+        assert!(parse_request(b"REGISTER a 1 8 etl x\r\n").is_err());
         assert_eq!(
             parse_request(b"COMMIT app-1 3 7 1099511627776 2\r\n").unwrap(),
             Request::Commit { app: "app-1", shuffle: 3, map: 7, attempt: 1 << 40, segments: 2 }

@@ -8,7 +8,10 @@
 //!   block is never reused under a reader; a block whose shuffle is gone is freed at its last
 //!   unpin;
 //! - LOST (a reader found a segment unreadable) drops that attempt's commit, so Spark's
-//!   recomputed attempt can commit.
+//!   recomputed attempt can commit;
+//! - with tenants (crate::tenants), an application is bound to its tenant at its first
+//!   REGISTER; every block it holds (pending, committed, a reader's copies) counts against that
+//!   tenant's share until freed, and its bytes in and out are counted per tenant.
 //!
 //! Every table is bounded (`Limits`). Not for: bytes on the wire (crate::proto) or sockets.
 
@@ -88,6 +91,8 @@ enum Owner {
 struct Block {
     owner: Owner,
     pins: u32,
+    /// Index into `Registry::tenants` of the tenant it is charged to.
+    tenant: Option<usize>,
 }
 
 #[derive(Default)]
@@ -107,8 +112,33 @@ pub struct Counts {
     pub lost_reports: u64,
 }
 
+/// Counters of one tenant, for its metrics rows.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TenantCounts {
+    /// Bytes of map output committed (first winning commits).
+    pub bytes_in: u64,
+    /// Bytes of segments handed to readers by LOOKUP (and to peers by FETCH).
+    pub bytes_out: u64,
+    pub alloc_refused: u64,
+}
+
+/// One tenant's share and use of the pool.
+#[derive(Debug, Clone)]
+pub struct TenantUse {
+    pub name: String,
+    pub blocks_max: usize,
+    pub in_use: usize,
+    pub counts: TenantCounts,
+    /// Bytes (in, out) counted but not yet charged to the tenant's buckets ([`Registry::settle`]).
+    unpaid: (u64, u64),
+}
+
 pub struct Registry {
     pool: BlockPool,
+    /// Empty: no tenants, applications name none and share the whole pool.
+    tenants: Vec<TenantUse>,
+    /// Application -> index into `tenants`, from its first REGISTER until UNREGISTER_APP.
+    app_tenant: HashMap<String, usize>,
     limits: Limits,
     shuffles: HashMap<ShuffleKey, Shuffle>,
     blocks: HashMap<u32, Block>,
@@ -118,9 +148,21 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(pool: BlockPool, limits: Limits) -> Registry {
+    /// `tenants`: (name, blocks its share holds), checked by crate::tenants::check_shares.
+    pub fn new(pool: BlockPool, limits: Limits, tenants: Vec<(String, usize)>) -> Registry {
         Registry {
             pool,
+            tenants: tenants
+                .into_iter()
+                .map(|(name, blocks_max)| TenantUse {
+                    name,
+                    blocks_max,
+                    in_use: 0,
+                    counts: TenantCounts::default(),
+                    unpaid: (0, 0),
+                })
+                .collect(),
+            app_tenant: HashMap::new(),
             limits,
             shuffles: HashMap::new(),
             blocks: HashMap::new(),
@@ -138,6 +180,95 @@ impl Registry {
         self.shuffles.len()
     }
 
+    pub fn tenants(&self) -> &[TenantUse] {
+        &self.tenants
+    }
+
+    fn tenant_names(&self) -> String {
+        self.tenants.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The tenant `name` as an application names it (HELLO, REGISTER): its index, or `None`
+    /// on a daemon without tenants when it names none.
+    pub fn resolve_tenant(&self, name: Option<&str>) -> Result<Option<usize>, ShuffleError> {
+        match name {
+            None if self.tenants.is_empty() => Ok(None),
+            None => Err(ShuffleError::NoTenant { known: self.tenant_names() }),
+            Some(n) => match self.tenants.iter().position(|t| t.name == n) {
+                Some(i) => Ok(Some(i)),
+                None => Err(ShuffleError::UnknownTenant {
+                    name: n.to_string(),
+                    known: if self.tenants.is_empty() {
+                        "none, this daemon has no tenants".into()
+                    } else {
+                        self.tenant_names()
+                    },
+                }),
+            },
+        }
+    }
+
+    /// The tenant `app` is charged to (its index), if any.
+    pub fn tenant_of(&self, app: &str) -> Option<usize> {
+        self.app_tenant.get(app).copied()
+    }
+
+    /// Counts `bytes` handed out for `app` (a LOOKUP's or FETCH's segments) to its tenant.
+    pub fn count_out(&mut self, app: &str, bytes: u64) {
+        if let Some(t) = self.tenant_of(app).and_then(|i| self.tenants.get_mut(i)) {
+            t.counts.bytes_out += bytes;
+            t.unpaid.1 += bytes;
+        }
+    }
+
+    /// Counts `bytes` taken in for `app` (committed map output, a peer's segments copied
+    /// here) to its tenant.
+    pub fn count_in(&mut self, app: &str, bytes: u64) {
+        if let Some(t) = self.tenant_of(app).and_then(|i| self.tenants.get_mut(i)) {
+            t.counts.bytes_in += bytes;
+            t.unpaid.0 += bytes;
+        }
+    }
+
+    /// Hands every tenant's bytes counted since the last call to `pay(tenant, in, out)` (the
+    /// server charges them to the tenant's buckets), so the buckets see exactly what the
+    /// metrics count.
+    pub fn settle(&mut self, mut pay: impl FnMut(usize, u64, u64)) {
+        for (i, t) in self.tenants.iter_mut().enumerate() {
+            let (bytes_in, bytes_out) = std::mem::take(&mut t.unpaid);
+            if bytes_in > 0 || bytes_out > 0 {
+                pay(i, bytes_in, bytes_out);
+            }
+        }
+    }
+
+    /// A pool block charged to `tenant` (its share checked first), or the limit's error.
+    fn take_block(&mut self, tenant: Option<usize>) -> Result<u32, ShuffleError> {
+        let block_bytes = self.pool.block_bytes();
+        if let Some(t) = tenant.and_then(|i| self.tenants.get_mut(i)) {
+            if t.in_use >= t.blocks_max {
+                t.counts.alloc_refused += 1;
+                self.counts.alloc_refused += 1;
+                return Err(ShuffleError::TenantFull { tenant: t.name.clone(), blocks_max: t.blocks_max, block_bytes });
+            }
+        }
+        let id = self.pool.alloc().inspect_err(|_| self.counts.alloc_refused += 1)?;
+        if let Some(t) = tenant.and_then(|i| self.tenants.get_mut(i)) {
+            t.in_use += 1;
+        }
+        Ok(id)
+    }
+
+    /// Block `id` goes back to the pool and off its tenant's share.
+    fn give_back(&mut self, id: u32) {
+        if let Some(b) = self.blocks.remove(&id) {
+            if let Some(t) = b.tenant.and_then(|i| self.tenants.get_mut(i)) {
+                t.in_use = t.in_use.saturating_sub(1);
+            }
+        }
+        self.pool.free(id);
+    }
+
     fn check_app(&self, app: &str) -> Result<(), ShuffleError> {
         let ok = !app.is_empty()
             && app.len() <= self.limits.app_id_bytes_max
@@ -152,10 +283,24 @@ impl Registry {
         }
     }
 
-    /// Registers (app, shuffle) with its reduce partition count; again with the same count is
-    /// a no-op (every writer registers, in case the daemon restarted).
-    pub fn register(&mut self, app: &str, shuffle: u32, partitions: u32) -> Result<(), ShuffleError> {
+    /// Registers (app, shuffle) with its reduce partition count, `app` charged to `tenant`
+    /// (required on a daemon with tenants, refused on one without); again with the same count
+    /// and tenant is a no-op (every writer registers, in case the daemon restarted).
+    pub fn register(
+        &mut self,
+        app: &str,
+        shuffle: u32,
+        partitions: u32,
+        tenant: Option<&str>,
+    ) -> Result<(), ShuffleError> {
         self.check_app(app)?;
+        let tenant = self.resolve_tenant(tenant)?;
+        if let (Some(bound), Some(asked)) = (self.tenant_of(app), tenant) {
+            if bound != asked {
+                let name = self.tenants.get(bound).map(|t| t.name.clone()).unwrap_or_default();
+                return Err(ShuffleError::TenantMismatch { app: app.to_string(), tenant: name });
+            }
+        }
         if partitions == 0 || partitions > self.limits.partitions_max {
             return Err(ShuffleError::Syntax(format!("partitions must be 1..={}", self.limits.partitions_max)));
         }
@@ -174,6 +319,9 @@ impl Registry {
             return Err(ShuffleError::Limit { what: "applications", max: self.limits.apps_max });
         }
         self.shuffles.insert(key, Shuffle { partitions, maps: HashMap::new() });
+        if let Some(t) = tenant {
+            self.app_tenant.insert(app.to_string(), t);
+        }
         Ok(())
     }
 
@@ -183,8 +331,9 @@ impl Registry {
         if !self.shuffles.contains_key(&key) {
             return Err(ShuffleError::UnknownShuffle);
         }
-        let id = self.pool.alloc().inspect_err(|_| self.counts.alloc_refused += 1)?;
-        self.blocks.insert(id, Block { owner: Owner::Pending { conn, shuffle: key }, pins: 0 });
+        let tenant = self.tenant_of(app);
+        let id = self.take_block(tenant)?;
+        self.blocks.insert(id, Block { owner: Owner::Pending { conn, shuffle: key }, pins: 0, tenant });
         self.conns.entry(conn).or_default().pending.push(id);
         Ok(id)
     }
@@ -249,9 +398,11 @@ impl Registry {
         }
         self.free_pending(conn, &key);
         let answer = (attempt, segments.clone());
+        let bytes: u64 = segments.iter().map(|s| u64::from(s.length)).sum();
         if let Some(sh) = self.shuffles.get_mut(&key) {
             sh.maps.insert(map, MapOutput { attempt, segments });
         }
+        self.count_in(app, bytes);
         self.map_outputs += 1;
         self.counts.commits += 1;
         Ok(answer)
@@ -290,15 +441,19 @@ impl Registry {
         }
         self.counts.lookups += 1;
         self.counts.segments_served += found.len() as u64;
+        let bytes: u64 = found.iter().map(|f| u64::from(f.length)).sum();
+        self.count_out(app, bytes);
         Ok(found)
     }
 
     /// A block for copies of other hosts' segments that a LOOKUP on `conn` fetched
     /// (crate::peer): owned by no shuffle, pinned for `conn`, so it is freed at the reader's
-    /// RELEASE or the connection's end. Counted against the pool's memory limit like any block.
-    pub fn alloc_copy(&mut self, conn: u64) -> Result<u32, ShuffleError> {
-        let id = self.pool.alloc().inspect_err(|_| self.counts.alloc_refused += 1)?;
-        self.blocks.insert(id, Block { owner: Owner::Dead, pins: 1 });
+    /// RELEASE or the connection's end. Counted against the pool's memory limit like any block,
+    /// and against the share of `app`'s tenant when the application is known here.
+    pub fn alloc_copy(&mut self, conn: u64, app: &str) -> Result<u32, ShuffleError> {
+        let tenant = self.tenant_of(app);
+        let id = self.take_block(tenant)?;
+        self.blocks.insert(id, Block { owner: Owner::Dead, pins: 1, tenant });
         self.conns.entry(conn).or_default().pins.insert(id);
         Ok(id)
     }
@@ -349,9 +504,14 @@ impl Registry {
         for id in owned {
             self.kill(id);
         }
+        // The binding goes with the application's last shuffle (the table stays bounded by
+        // `apps_max`); its blocks still pinned keep their own tenant until freed.
+        if !self.shuffles.keys().any(|(a, _)| a == app) {
+            self.app_tenant.remove(app);
+        }
     }
 
-    /// Drops every shuffle of `app`.
+    /// Drops every shuffle of `app` (and so its tenant binding).
     pub fn unregister_app(&mut self, app: &str) {
         let ids: Vec<u32> = self.shuffles.keys().filter(|(a, _)| a == app).map(|(_, s)| *s).collect();
         for s in ids {
@@ -397,8 +557,7 @@ impl Registry {
         let Some(b) = self.blocks.get_mut(&id) else { return };
         b.owner = Owner::Dead;
         if b.pins == 0 {
-            self.blocks.remove(&id);
-            self.pool.free(id);
+            self.give_back(id);
         }
     }
 
@@ -406,8 +565,7 @@ impl Registry {
         let Some(b) = self.blocks.get_mut(&id) else { return };
         b.pins = b.pins.saturating_sub(1);
         if b.pins == 0 && matches!(b.owner, Owner::Dead) {
-            self.blocks.remove(&id);
-            self.pool.free(id);
+            self.give_back(id);
         }
     }
 }
@@ -424,7 +582,7 @@ mod tests {
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("slipstream-shuffle-test-{}-{n}", std::process::id()));
         let pool = BlockPool::open(&dir, BLOCK, blocks_max, 2).unwrap();
-        (Registry::new(pool, Limits::default()), dir)
+        (Registry::new(pool, Limits::default(), Vec::new()), dir)
     }
     use std::path::PathBuf;
 
@@ -435,7 +593,7 @@ mod tests {
     #[test]
     fn first_successful_attempt_wins_and_the_loser_is_freed() {
         let (mut r, dir) = registry(8);
-        r.register("app-1", 0, 4).unwrap();
+        r.register("app-1", 0, 4, None).unwrap();
         let a = r.alloc(1, "app-1", 0).unwrap();
         let b = r.alloc(2, "app-1", 0).unwrap();
         assert!(dir.join(format!("blk-{a}")).exists());
@@ -456,7 +614,7 @@ mod tests {
     #[test]
     fn a_retried_commit_is_idempotent() {
         let (mut r, _dir) = registry(8);
-        r.register("a", 1, 2).unwrap();
+        r.register("a", 1, 2, None).unwrap();
         let blk = r.alloc(1, "a", 1).unwrap();
         let first = r.commit(1, "a", 1, 0, 5, vec![seg(1, blk, 0, 3)]).unwrap();
         // The answer was lost; the same attempt sends the same commit again (its blocks are no
@@ -466,14 +624,14 @@ mod tests {
         assert_eq!(r.counts.commits_lost_race, 0);
         assert_eq!(r.pool().in_use(), 1);
         // Registering again with the same count is fine, with another is refused.
-        r.register("a", 1, 2).unwrap();
-        assert_eq!(r.register("a", 1, 3), Err(ShuffleError::PartitionsMismatch { registered: 2, asked: 3 }));
+        r.register("a", 1, 2, None).unwrap();
+        assert_eq!(r.register("a", 1, 3, None), Err(ShuffleError::PartitionsMismatch { registered: 2, asked: 3 }));
     }
 
     #[test]
     fn the_memory_limit_refuses_with_a_clear_error_and_frees_make_room() {
         let (mut r, _dir) = registry(2);
-        r.register("a", 0, 1).unwrap();
+        r.register("a", 0, 1, None).unwrap();
         let b0 = r.alloc(1, "a", 0).unwrap();
         r.alloc(1, "a", 0).unwrap();
         let e = r.alloc(1, "a", 0).unwrap_err();
@@ -495,8 +653,8 @@ mod tests {
     #[test]
     fn bad_commits_are_refused_and_change_nothing() {
         let (mut r, _dir) = registry(4);
-        r.register("a", 0, 2).unwrap();
-        r.register("b", 0, 2).unwrap();
+        r.register("a", 0, 2, None).unwrap();
+        r.register("b", 0, 2, None).unwrap();
         let mine = r.alloc(1, "a", 0).unwrap();
         let other = r.alloc(2, "a", 0).unwrap();
         let other_shuffle = r.alloc(1, "b", 0).unwrap();
@@ -514,15 +672,15 @@ mod tests {
         assert_eq!(r.pool().in_use(), 3);
         // Still committable after the refusals.
         r.commit(1, "a", 0, 0, 1, vec![seg(1, mine, 0, 1)]).unwrap();
-        assert!(r.register("bad app", 0, 1).is_err());
-        assert!(r.register("a", 9, 0).is_err());
+        assert!(r.register("bad app", 0, 1, None).is_err());
+        assert!(r.register("a", 9, 0, None).is_err());
         assert_eq!(r.release(1, 12345), Err(ShuffleError::UnknownBlock(12345)));
     }
 
     #[test]
     fn pinned_blocks_outlive_their_shuffle_and_lost_outputs_can_be_recommitted() {
         let (mut r, _dir) = registry(4);
-        r.register("a", 0, 1).unwrap();
+        r.register("a", 0, 1, None).unwrap();
         let b = r.alloc(1, "a", 0).unwrap();
         r.commit(1, "a", 0, 0, 1, vec![seg(0, b, 0, 8)]).unwrap();
         assert_eq!(r.lookup(9, "a", 0, 0).unwrap().len(), 1);
@@ -557,13 +715,89 @@ mod tests {
     #[test]
     fn copy_blocks_count_against_the_limit_and_go_at_release_or_hang_up() {
         let (mut r, _dir) = registry(2);
-        let a = r.alloc_copy(1).unwrap();
-        let b = r.alloc_copy(2).unwrap();
-        assert!(matches!(r.alloc_copy(1), Err(ShuffleError::PoolFull { .. })));
+        let a = r.alloc_copy(1, "a").unwrap();
+        let b = r.alloc_copy(2, "a").unwrap();
+        assert!(matches!(r.alloc_copy(1, "a"), Err(ShuffleError::PoolFull { .. })));
         r.release(1, a).unwrap();
         assert_eq!(r.pool().in_use(), 1);
         assert!(r.release(1, a).is_err(), "released twice");
         r.drop_conn(2);
         assert_eq!(r.pool().in_use(), 0, "block {b} freed when its reader hung up");
+    }
+
+    fn tenanted(blocks_max: usize, shares: &[(&str, usize)]) -> Registry {
+        let (r, _dir) = registry(blocks_max);
+        let tenants = shares.iter().map(|(n, b)| (n.to_string(), *b)).collect();
+        Registry::new(r.pool, Limits::default(), tenants)
+    }
+
+    #[test]
+    fn a_tenant_at_its_share_is_refused_and_the_others_go_on() {
+        let mut r = tenanted(8, &[("etl", 2), ("adhoc", 3)]);
+        r.register("app-e", 0, 2, Some("etl")).unwrap();
+        r.register("app-a", 0, 2, Some("adhoc")).unwrap();
+        let e0 = r.alloc(1, "app-e", 0).unwrap();
+        r.alloc(1, "app-e", 0).unwrap();
+        let e = r.alloc(1, "app-e", 0).unwrap_err();
+        assert_eq!(e, ShuffleError::TenantFull { tenant: "etl".into(), blocks_max: 2, block_bytes: BLOCK });
+        assert!(!e.is_client());
+        assert!(e.to_string().contains("shuffle pool full for tenant \"etl\""), "{e}");
+        // The pool has room and the other tenant's share is whole.
+        assert_eq!(r.pool().in_use(), 2);
+        let a0 = r.alloc(2, "app-a", 0).unwrap();
+        r.alloc(2, "app-a", 0).unwrap();
+        r.alloc(2, "app-a", 0).unwrap();
+        assert!(matches!(r.alloc(2, "app-a", 0), Err(ShuffleError::TenantFull { .. })));
+        let used: Vec<(usize, u64)> = r.tenants().iter().map(|t| (t.in_use, t.counts.alloc_refused)).collect();
+        assert_eq!(used, vec![(2, 1), (3, 1)]);
+        // Committing frees the unused pending block back to its own tenant's share.
+        r.commit(1, "app-e", 0, 0, 1, vec![seg(0, e0, 0, 100), seg(1, e0, 100, 20)]).unwrap();
+        assert_eq!(r.tenants()[0].in_use, 1);
+        r.alloc(1, "app-e", 0).unwrap();
+        // A reader's copy block is charged to its application's tenant, and freed off it.
+        r.drop_conn(2);
+        assert_eq!(r.tenants()[1].in_use, 0);
+        let copy = r.alloc_copy(5, "app-a").unwrap();
+        assert_eq!(r.tenants()[1].in_use, 1);
+        r.release(5, copy).unwrap();
+        assert_eq!(r.tenants()[1].in_use, 0);
+        // Bytes in at commit, out at lookup; settle hands them over once.
+        r.lookup(3, "app-e", 0, 0).unwrap();
+        let mut paid = Vec::new();
+        r.settle(|i, bytes_in, bytes_out| paid.push((i, bytes_in, bytes_out)));
+        assert_eq!(paid, vec![(0, 120, 100)]);
+        r.settle(|i, _, _| panic!("tenant {i} paid twice"));
+        assert_eq!((r.tenants()[0].counts.bytes_in, r.tenants()[0].counts.bytes_out), (120, 100));
+        let _ = a0;
+        // The application gone (pending and committed blocks; the reader's pin first), its
+        // blocks leave the share.
+        r.unregister_app("app-e");
+        assert_eq!(r.tenants()[0].in_use, 1, "the committed block still pinned by reader 3");
+        r.drop_conn(3);
+        assert_eq!(r.tenants()[0].in_use, 0);
+        assert_eq!(r.pool().in_use(), 0);
+        assert_eq!(r.tenant_of("app-e"), None);
+    }
+
+    #[test]
+    fn tenants_are_named_or_refused_clearly() {
+        let mut r = tenanted(4, &[("etl", 2)]);
+        let e = r.register("app", 0, 1, None).unwrap_err();
+        assert!(e.to_string().contains("set spark.slipstream.shuffle.tenant to one of etl"), "{e}");
+        let e = r.register("app", 0, 1, Some("nope")).unwrap_err();
+        assert_eq!(e, ShuffleError::UnknownTenant { name: "nope".into(), known: "etl".into() });
+        assert!(e.is_client());
+        assert_eq!(r.resolve_tenant(Some("etl")), Ok(Some(0)));
+        r.register("app", 0, 1, Some("etl")).unwrap();
+        r.register("app", 1, 1, Some("etl")).unwrap();
+        let mut other = tenanted(4, &[("etl", 2), ("b", 2)]);
+        other.register("app", 0, 1, Some("etl")).unwrap();
+        let e = other.register("app", 1, 1, Some("b")).unwrap_err();
+        assert_eq!(e, ShuffleError::TenantMismatch { app: "app".into(), tenant: "etl".into() });
+        // Without tenants, naming one is refused and naming none is fine.
+        let (mut plain, _dir) = registry(4);
+        assert!(plain.register("app", 0, 1, Some("etl")).unwrap_err().to_string().contains("no tenants"));
+        plain.register("app", 0, 1, None).unwrap();
+        assert_eq!(plain.resolve_tenant(None), Ok(None));
     }
 }

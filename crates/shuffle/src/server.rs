@@ -1,6 +1,9 @@
 //! The shuffle service's TCP port: `[shuffle]` config, a blocking accept thread, one thread per
 //! connection (a Spark task holds one for its life), the registry behind one mutex (every
-//! request is a few table operations), and the Prometheus metrics.
+//! request is a few table operations), the Prometheus metrics, and with tenants
+//! (crate::tenants) the waits and charges on each tenant's token buckets: an ALLOC waits while
+//! the tenant's ingress bucket is in debt, a LOOKUP while its egress bucket is; the bytes the
+//! registry counted are charged after each request.
 //!
 //! Not for: the rules (crate::registry) or the wire format (crate::proto).
 
@@ -8,8 +11,10 @@ use crate::peer;
 use crate::pool::BlockPool;
 use crate::proto::{self, Request, LINE_BYTES_MAX};
 use crate::registry::{Found, Limits, Registry, Segment};
+use crate::tenants::{self, ShuffleTenant, TenantShare};
 use crate::ShuffleError;
 use serde::Deserialize;
+use slipstream_tenancy::{Direction, TenantShaper};
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -17,7 +22,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `[shuffle]` as written in the config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -77,6 +82,20 @@ pub struct Settings {
 
 /// Most `[shuffle] peers` (each LOOKUP asks every one of them).
 pub const PEERS_MAX: usize = 64;
+/// Longest an ALLOC or LOOKUP waits for its tenant's bucket to come out of debt before it is
+/// refused (`TenantBusy`); under the JVM client's read timeout (120 s).
+pub const TENANT_WAIT_MS_MAX: u64 = 60_000;
+/// A waiting request looks at its bucket again at least this often (an admin edit of the
+/// tenant's share takes effect within one look).
+const TENANT_RECHECK_MS: u64 = 100;
+
+impl Settings {
+    /// The tenants' shares checked against this pool (crate::tenants::check_shares): the rule
+    /// the config checks at start and the service applies.
+    pub fn check_tenants(&self, shares: &[TenantShare]) -> Result<Vec<usize>, String> {
+        tenants::check_shares(shares, self.blocks_max.saturating_mul(self.block_bytes), self.block_bytes)
+    }
+}
 
 impl ShuffleConfig {
     pub fn validate(&self) -> Result<Settings, String> {
@@ -127,6 +146,9 @@ struct Shared {
     peers: Vec<SocketAddr>,
     fetch_limits: peer::FetchLimits,
     peer_counts: peer::PeerCounts,
+    /// Per tenant (the registry's order): its buckets, and its waits (count, nanoseconds).
+    shapers: Vec<Option<Arc<TenantShaper>>>,
+    waits: Vec<(AtomicU64, AtomicU64)>,
 }
 
 impl Shared {
@@ -143,17 +165,22 @@ pub struct ShuffleService {
 }
 
 impl ShuffleService {
-    /// Opens the pool (creates and locks the directory) and starts accepting.
-    pub fn start(settings: Settings) -> Result<ShuffleService, String> {
+    /// Opens the pool (creates and locks the directory) and starts accepting. `tenants`: on a
+    /// daemon with `[[tenant]]` entries, those with a shuffle share (then every application is
+    /// charged to one of them); empty otherwise.
+    pub fn start(settings: Settings, tenants: Vec<ShuffleTenant>) -> Result<ShuffleService, String> {
+        let shares: Vec<TenantShare> = tenants.iter().map(|t| t.share.clone()).collect();
+        let blocks = if tenants.is_empty() { Vec::new() } else { settings.check_tenants(&shares)? };
         let pool = BlockPool::open(&settings.dir, settings.block_bytes, settings.blocks_max, settings.free_blocks_keep)
             .map_err(|e| e.to_string())?;
+        let registry_tenants: Vec<(String, usize)> = shares.into_iter().map(|s| s.name).zip(blocks).collect();
         let kind = slipstream_bind::Kind::Tcp { backlog: 1024 };
         let socket = slipstream_bind::bind_one(kind, settings.addr, &|_| Ok(())).map_err(|e| e.to_string())?;
         socket.set_nonblocking(false).map_err(|e| e.to_string())?;
         let listener: TcpListener = socket.into();
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let shared = Arc::new(Shared {
-            registry: Mutex::new(Registry::new(pool, settings.limits.clone())),
+            registry: Mutex::new(Registry::new(pool, settings.limits.clone(), registry_tenants)),
             connections: AtomicUsize::new(0),
             connections_refused: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
@@ -166,6 +193,8 @@ impl ShuffleService {
                 records_max: settings.limits.map_outputs_max,
             },
             peer_counts: peer::PeerCounts::default(),
+            waits: tenants.iter().map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
+            shapers: tenants.into_iter().map(|t| t.shaper).collect(),
         });
         let (sh, max, idle) = (shared.clone(), settings.connections_max, settings.idle_timeout);
         std::thread::Builder::new()
@@ -240,7 +269,100 @@ impl ShuffleService {
             writeln!(out, "# HELP slipstream_shuffle_connections_refused_total Connections closed at connections_max");
         let _ = writeln!(out, "# TYPE slipstream_shuffle_connections_refused_total counter");
         let _ = writeln!(out, "slipstream_shuffle_connections_refused_total {refused}");
+        render_tenant_metrics(&r, &self.shared.waits, out);
     }
+}
+
+/// One family per figure, a row per tenant (`tenant` label); nothing without tenants.
+fn render_tenant_metrics(r: &Registry, waits: &[(AtomicU64, AtomicU64)], out: &mut String) {
+    let tenants = r.tenants();
+    if tenants.is_empty() {
+        return;
+    }
+    let bb = r.pool().block_bytes() as u64;
+    type Row = fn(&crate::registry::TenantUse, u64, &(AtomicU64, AtomicU64)) -> String;
+    let families: [(&str, &str, &str, Row); 7] = [
+        ("blocks_in_use", "gauge", "Pool blocks held by the tenant's applications", |t, _, _| t.in_use.to_string()),
+        ("blocks_max", "gauge", "Blocks the tenant's shuffle_mb share holds", |t, _, _| t.blocks_max.to_string()),
+        ("bytes_in_use", "gauge", "Bytes of the blocks the tenant holds", |t, bb, _| (t.in_use as u64 * bb).to_string()),
+        (
+            "bytes_in_total",
+            "counter",
+            "Shuffle bytes taken in for the tenant (committed map output, peers' segments), charged to its ingress bucket",
+            |t, _, _| t.counts.bytes_in.to_string(),
+        ),
+        (
+            "bytes_out_total",
+            "counter",
+            "Shuffle bytes handed out for the tenant (segments to readers and peers), charged to its egress bucket",
+            |t, _, _| t.counts.bytes_out.to_string(),
+        ),
+        ("alloc_refused_total", "counter", "Blocks refused at the tenant's share", |t, _, _| {
+            t.counts.alloc_refused.to_string()
+        }),
+        ("throttled_total", "counter", "Requests that waited for the tenant's token bucket", |_, _, w| {
+            w.0.load(Ordering::Relaxed).to_string()
+        }),
+    ];
+    for (name, kind, help, row) in families {
+        let _ = writeln!(
+            out,
+            "# HELP slipstream_shuffle_tenant_{name} {help}\n# TYPE slipstream_shuffle_tenant_{name} {kind}"
+        );
+        for (t, w) in tenants.iter().zip(waits) {
+            let _ = writeln!(out, "slipstream_shuffle_tenant_{name}{{tenant=\"{}\"}} {}", t.name, row(t, bb, w));
+        }
+    }
+    let name = "slipstream_shuffle_tenant_throttled_seconds_total";
+    let _ = writeln!(out, "# HELP {name} Time requests waited for the tenant's token bucket\n# TYPE {name} counter");
+    for (t, w) in tenants.iter().zip(waits) {
+        let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", t.name, w.1.load(Ordering::Relaxed) as f64 / 1e9);
+    }
+}
+
+/// Before a transfer for `app` in direction `dir`: waits while its tenant's bucket is in debt
+/// (at most TENANT_WAIT_MS_MAX, looking again at least every TENANT_RECHECK_MS). No tenant or
+/// no shaping: no wait.
+fn wait_for_tenant(shared: &Shared, app: &str, dir: Direction) -> Result<(), ShuffleError> {
+    let Some(i) = shared.registry().tenant_of(app) else { return Ok(()) };
+    let Some(sh) = shared.shapers.get(i).and_then(|s| s.as_deref()) else { return Ok(()) };
+    let started = Instant::now();
+    let limit = Duration::from_millis(TENANT_WAIT_MS_MAX);
+    let mut waited = false;
+    let result = loop {
+        let ns = sh.transfer_wait_ns(dir, slipstream_tenancy::since_start_ns());
+        if ns == 0 {
+            break Ok(());
+        }
+        waited = true;
+        let elapsed = started.elapsed();
+        if elapsed >= limit {
+            let tenant = shared.registry().tenants().get(i).map(|t| t.name.clone()).unwrap_or_default();
+            break Err(ShuffleError::TenantBusy { tenant, waited_ms: elapsed.as_millis() as u64 });
+        }
+        let nap = Duration::from_nanos(ns).min(Duration::from_millis(TENANT_RECHECK_MS)).min(limit - elapsed);
+        std::thread::sleep(nap);
+    };
+    if waited {
+        if let Some((n, total_ns)) = shared.waits.get(i) {
+            n.fetch_add(1, Ordering::Relaxed);
+            total_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+    result
+}
+
+/// Charges the bytes the registry counted since the last settle to the tenants' buckets.
+fn settle_tenants(shared: &Shared) {
+    if shared.shapers.iter().all(Option::is_none) {
+        return;
+    }
+    shared.registry().settle(|i, bytes_in, bytes_out| {
+        if let Some(sh) = shared.shapers.get(i).and_then(|s| s.as_deref()) {
+            sh.charge_transfer(Direction::In, bytes_in);
+            sh.charge_transfer(Direction::Out, bytes_out);
+        }
+    });
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>, max: usize, idle: Duration) {
@@ -297,7 +419,9 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
         out.clear();
         let keep = match proto::parse_request(&line) {
             Ok(Request::Fetch { app, shuffle, reduce }) => {
-                answer_fetch(&mut w, shared, conn, (app, shuffle, reduce))?;
+                let sent = answer_fetch(&mut w, shared, conn, (app, shuffle, reduce));
+                settle_tenants(shared);
+                sent?;
                 continue;
             }
             Ok(req) => handle(req, &mut r, shared, conn, &mut out)?,
@@ -306,6 +430,7 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
                 true
             }
         };
+        settle_tenants(shared);
         w.write_all(out.as_bytes())?;
         if !keep {
             return Ok(());
@@ -326,15 +451,24 @@ fn handle(
         Err(e) => proto::error(out, &e),
     };
     match req {
-        Request::Hello => proto::hello(out, shared.registry().pool().block_bytes(), &shared.dir),
-        Request::Quit => return Ok(false),
-        Request::Register { app, shuffle, partitions } => {
-            done(out, shared.registry().register(app, shuffle, partitions))
+        Request::Hello { tenant } => {
+            let r = shared.registry();
+            match r.resolve_tenant(tenant) {
+                Ok(_) => proto::hello(out, r.pool().block_bytes(), &shared.dir),
+                Err(e) => proto::error(out, &e),
+            }
         }
-        Request::Alloc { app, shuffle } => match shared.registry().alloc(conn, app, shuffle) {
-            Ok(id) => proto::block(out, id),
-            Err(e) => proto::error(out, &e),
-        },
+        Request::Quit => return Ok(false),
+        Request::Register { app, shuffle, partitions, tenant } => {
+            done(out, shared.registry().register(app, shuffle, partitions, tenant))
+        }
+        Request::Alloc { app, shuffle } => {
+            match wait_for_tenant(shared, app, Direction::In).and_then(|()| shared.registry().alloc(conn, app, shuffle))
+            {
+                Ok(id) => proto::block(out, id),
+                Err(e) => proto::error(out, &e),
+            }
+        }
         Request::Commit { app, shuffle, map, attempt, segments } => {
             let limit = shared.segments_per_commit_max;
             if segments > limit {
@@ -360,10 +494,14 @@ fn handle(
                 Err(e) => proto::error(out, &e),
             }
         }
-        Request::Lookup { app, shuffle, reduce } => match lookup_everywhere(shared, conn, (app, shuffle, reduce)) {
-            Ok(found) => proto::segments(out, &found),
-            Err(e) => proto::error(out, &e),
-        },
+        Request::Lookup { app, shuffle, reduce } => {
+            match wait_for_tenant(shared, app, Direction::Out)
+                .and_then(|()| lookup_everywhere(shared, conn, (app, shuffle, reduce)))
+            {
+                Ok(found) => proto::segments(out, &found),
+                Err(e) => proto::error(out, &e),
+            }
+        }
         // Answered by `serve` (it streams).
         Request::Fetch { .. } => {}
         Request::Release { block } => done(out, shared.registry().release(conn, block)),
@@ -399,9 +537,11 @@ fn answer_fetch(
     };
     let dir = PathBuf::from(&shared.dir);
     let sent = peer::send_answer(w, &found, &|id| crate::pool::block_path(&dir, id));
+    // The lookup pinned each block once, however many of its segments it found.
+    let blocks: HashSet<u32> = found.iter().map(|f| f.block).collect();
     let mut r = shared.registry();
-    for f in &found {
-        let _ = r.release(conn, f.block);
+    for b in blocks {
+        let _ = r.release(conn, b);
     }
     drop(r);
     shared.peer_counts.bytes_sent.fetch_add(*sent.as_ref().unwrap_or(&0), Ordering::Relaxed);
@@ -428,7 +568,7 @@ fn lookup_everywhere(
     for &p in &shared.peers {
         let mut alloc = || {
             let mut r = shared.registry();
-            let id = r.alloc_copy(conn)?;
+            let id = r.alloc_copy(conn, app)?;
             Ok((id, r.pool().path(id)))
         };
         let got = peer::fetch(p, &shared.fetch_limits, (app, shuffle, reduce), &mut alloc);
@@ -436,6 +576,7 @@ fn lookup_everywhere(
         let kept: Vec<Found> = match got.result {
             Ok(bytes) => {
                 shared.peer_counts.bytes_received.fetch_add(bytes, Ordering::Relaxed);
+                shared.registry().count_in(app, bytes);
                 let have: HashSet<u32> = found.iter().map(|f| f.map).collect();
                 got.found.into_iter().filter(|f| !have.contains(&f.map)).collect()
             }
@@ -446,6 +587,7 @@ fn lookup_everywhere(
         };
         let used: HashSet<u32> = kept.iter().map(|f| f.block).collect();
         let mut r = shared.registry();
+        r.count_out(app, kept.iter().map(|f| u64::from(f.length)).sum());
         for b in got.blocks.iter().filter(|b| !used.contains(b)) {
             let _ = r.release(conn, *b);
         }

@@ -668,13 +668,6 @@ impl Config {
         }
         (self.cluster, self.replica_opts) = check_cluster(file.cluster, &self.tenants)
             .map_err(|message| ConfigError::File { path: path.to_string(), message })?;
-        // [shuffle] does not charge its memory to a tenant yet (issue 17).
-        if self.shuffle.is_some() && !self.tenants.is_empty() {
-            return Err(ConfigError::File {
-                path: path.to_string(),
-                message: "[shuffle] does not run with [[tenant]] yet".into(),
-            });
-        }
         // With tenants, [hbase] serves only their thrift_ports (as only their KV ports serve).
         if self.hbase.is_none() && self.tenants.iter().any(|t| t.thrift_port.is_some()) {
             return Err(ConfigError::File {
@@ -682,7 +675,23 @@ impl Config {
                 message: "[[tenant]] thrift_port needs [hbase] (its sidecar and cache settings)".into(),
             });
         }
+        // [shuffle] with tenants: the tenants' shuffle_mb shares must fit the pool (issue 17).
+        if let Some(sh) = self.shuffle.as_ref().filter(|_| !self.tenants.is_empty()) {
+            sh.check_tenants(&self.shuffle_shares()).map_err(|e| ConfigError::File {
+                path: path.to_string(),
+                message: format!("[shuffle] with [[tenant]]: {e}"),
+            })?;
+        }
         Ok(())
+    }
+
+    /// The tenants' shares of the `[shuffle]` pool (those with `shuffle_mb`), in config order.
+    pub fn shuffle_shares(&self) -> Vec<slipstream_shuffle::TenantShare> {
+        self.tenants
+            .iter()
+            .filter(|t| t.shuffle_mb.is_some())
+            .map(|t| slipstream_shuffle::TenantShare { name: t.name.clone(), bytes_max: t.shuffle_bytes() })
+            .collect()
     }
 
     /// `[hbase]` and `[shuffle]`: the services with their own ports, each checked by its crate.
@@ -1058,7 +1067,16 @@ mod tests {
         assert!(e.contains("[shuffle]: memory_mb 1 holds no block"), "{e}");
         std::fs::write(&f, "[shuffle]\n[[tenant]]\nname = \"t\"\ntcp_port = 7000\nshare = 0.5\n").unwrap();
         let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
-        assert!(e.contains("[shuffle] does not run with [[tenant]] yet"), "{e}");
+        assert!(e.contains("no [[tenant]] has shuffle_mb"), "{e}");
+        let two = "[shuffle]\nmemory_mb = 64\n[[tenant]]\nname = \"a\"\ntcp_port = 7000\nshare = 0.5\nmemory_mb = 64\nshuffle_mb = 32\n[[tenant]]\nname = \"b\"\ntcp_port = 7001\nshare = 0.5\nmemory_mb = 64\nshuffle_mb = SHARE\n";
+        std::fs::write(&f, two.replace("SHARE", "32")).unwrap();
+        let c = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap();
+        assert_eq!(c.shuffle_shares().iter().map(|s| s.bytes_max).collect::<Vec<_>>(), vec![32 << 20, 32 << 20]);
+        // The store keeps the rest of the tenant's memory.
+        assert_eq!(c.tenants[0].memory_bytes(), 32 << 20);
+        std::fs::write(&f, two.replace("SHARE", "33")).unwrap();
+        let e = Config::from_args(&args(&format!("--config {}", f.display()))).unwrap_err().to_string();
+        assert!(e.contains("shuffle_mb add up to 65 MiB, more than [shuffle] memory_mb 64"), "{e}");
     }
 
     /// `[[tenant]] thrift_port` runs with `[hbase]` (which gives the sidecar and cache settings)

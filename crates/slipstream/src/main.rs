@@ -250,8 +250,8 @@ fn stream_metrics(streams: &Option<Arc<StreamService>>) -> Vec<MetricsFn> {
 }
 
 /// The services with ports of their own, `[hbase]` (crates/rangecache's Thrift front end) and
-/// `[shuffle]` (crates/shuffle): started, described on the status line, metrics on the one
-/// admin endpoint. They run as long as the process.
+/// `[shuffle]` (crates/shuffle), without tenants: started, described on the status line,
+/// metrics on the one admin endpoint. They run as long as the process.
 fn start_services(cfg: &Config, line: &mut String, metrics: &mut Vec<MetricsFn>) -> Result<(), MainError> {
     if let Some(h) = cfg.hbase.clone() {
         let svc = Arc::new(
@@ -260,9 +260,21 @@ fn start_services(cfg: &Config, line: &mut String, metrics: &mut Vec<MetricsFn>)
         line.push_str(&svc.describe());
         metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
     }
+    start_shuffle(cfg, line, metrics, Vec::new())
+}
+
+/// `[shuffle]`, if configured; `tenants`: in tenant mode, the tenants with a shuffle share and
+/// their buckets (empty otherwise).
+fn start_shuffle(
+    cfg: &Config,
+    line: &mut String,
+    metrics: &mut Vec<MetricsFn>,
+    tenants: Vec<slipstream_shuffle::ShuffleTenant>,
+) -> Result<(), MainError> {
     if let Some(sh) = cfg.shuffle.clone() {
         let svc = Arc::new(
-            slipstream_shuffle::ShuffleService::start(sh).map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
+            slipstream_shuffle::ShuffleService::start(sh, tenants)
+                .map_err(|e| MainError::Start(format!("[shuffle]: {e}")))?,
         );
         line.push_str(&svc.describe());
         metrics.push(Arc::new(move |out: &mut String| svc.render_metrics(out)));
@@ -349,11 +361,22 @@ fn serve_tenants(
     let (streams, mut stream_line) = start_streams(&cfg)?;
     let mut extra_metrics: Vec<MetricsFn> =
         stream_metrics(&streams).into_iter().chain(cluster::metrics(&table)).collect();
+    // With tenants, [hbase] serves the tenants' own thrift_ports (as only their KV ports serve).
     if let Some(h) = cfg.hbase.as_ref() {
         let (m, line) = tenant_thrift::start(h, &table).map_err(MainError::Start)?;
         extra_metrics.push(m);
         stream_line.push_str(&line);
     }
+    // [shuffle] charges each Spark application to a tenant (its share of the pool, its buckets).
+    let shuffle_tenants: Vec<slipstream_shuffle::ShuffleTenant> = cfg
+        .shuffle_shares()
+        .into_iter()
+        .map(|share| {
+            let shaper = table.snapshot().iter().find(|t| t.name == share.name).and_then(|t| t.shaper.clone());
+            slipstream_shuffle::ShuffleTenant { share, shaper }
+        })
+        .collect();
+    start_shuffle(&cfg, &mut stream_line, &mut extra_metrics, shuffle_tenants)?;
 
     // The control tick: settles kernel spending and re-divides capacity; admin edits apply to
     // the buckets directly, so they are in force within one tick.

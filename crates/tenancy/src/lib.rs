@@ -19,7 +19,7 @@ pub mod spec;
 
 pub use bucket::TokenBucket;
 pub use control::{ControlError, ReplicaChange, TenantControl, TenantView};
-pub use shaper::{Admit, KernelLedger, Shaper, TenantShaper};
+pub use shaper::{Admit, Direction, KernelLedger, Shaper, TenantShaper};
 pub use spec::{ShapingSpec, SpecError, TenantPatch, TenantSpec};
 
 #[cfg(test)]

@@ -12,6 +12,11 @@
 //!    batch really produced and how many requests ran;
 //! 4. when those replies have been handed to the socket: [`TenantShaper::complete`].
 //!
+//! A service that moves a tenant's bytes outside those loops, on its own port with a thread
+//! per connection (the Spark shuffle service), uses the same buckets through
+//! [`TenantShaper::transfer_wait_ns`] (before a transfer: wait while the direction's bucket is
+//! in debt) and [`TenantShaper::charge_transfer`] (after it: what it really moved).
+//!
 //! Not for: I/O, timers or queues (the loops own those).
 
 use crate::bucket::TokenBucket;
@@ -27,6 +32,14 @@ pub enum Admit {
     Go { requests: u32, reply_bytes: u64 },
     /// Nothing now; try again in `ns` (u64::MAX: only a control change can reopen it).
     Wait { ns: u64 },
+}
+
+/// Which of a tenant's buckets a transfer pays from: bytes coming into the node (`In`) or
+/// going out of it (`Out`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    In,
+    Out,
 }
 
 /// Counters kept by the shaper itself (ops and bytes are counted by the server's per-thread
@@ -169,6 +182,31 @@ impl TenantShaper {
             let _ = self
                 .outstanding
                 .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |o| Some(o.saturating_sub(requests)));
+        }
+    }
+
+    /// For a service outside the serving loops: 0 when a transfer in direction `dir` may start
+    /// now (the bucket is positive; the transfer is charged after with what it really moved,
+    /// as a batch is), else how long to wait. A wait counts as held back, like a loop's, so
+    /// work-conserving mode lends the tenant spare capacity.
+    pub fn transfer_wait_ns(&self, dir: Direction, now_ns: u64) -> u64 {
+        let bucket = self.bucket(dir);
+        if bucket.available(now_ns) > 0 {
+            return 0;
+        }
+        self.held_back();
+        bucket.wait_ns(now_ns).max(1)
+    }
+
+    /// Charge a transfer of `bytes` in direction `dir` (may run into debt).
+    pub fn charge_transfer(&self, dir: Direction, bytes: u64) {
+        self.bucket(dir).charge(bytes);
+    }
+
+    fn bucket(&self, dir: Direction) -> &TokenBucket {
+        match dir {
+            Direction::In => &self.ingress,
+            Direction::Out => &self.egress,
         }
     }
 

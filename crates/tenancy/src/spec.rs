@@ -77,6 +77,11 @@ pub struct TenantSpec {
     /// [`TenantSpec::memory_split`]'s part of `memory_mb`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thrift_port: Option<u16>,
+    /// The part of `memory_mb` the tenant's Spark applications may hold in `[shuffle]` pool
+    /// blocks (issue 17; absent = the tenant runs no shuffles). Its KV store gets the rest.
+    /// Set in the config file only (the pool's shares are fixed at start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_mb: Option<u64>,
 }
 
 /// `PUT /tenants/{name}` on an existing tenant: the fields to change.
@@ -133,6 +138,13 @@ impl TenantSpec {
             // tenant created here would silently be unreplicated.
             return Err(SpecError::Field("replicas", "replicated tenants cannot be created at run time yet".into()));
         }
+        if spec.shuffle_mb.is_some() {
+            // The shuffle pool divides its memory between tenants at start (slipstream_shuffle).
+            return Err(SpecError::Field(
+                "shuffle_mb",
+                "a tenant's shuffle share is set in the config file only".into(),
+            ));
+        }
         Ok(spec)
     }
 
@@ -149,6 +161,12 @@ impl TenantSpec {
             return Err(SpecError::Field("thrift_port", "must be 1..=65535 and differ from tcp_port".into()));
         }
         check_range_u64("memory_mb", self.memory_mb, 1, MEMORY_MB_MAX)?;
+        if let Some(mb) = self.shuffle_mb {
+            // At least 1 MiB stays with the store.
+            check_range_u64("shuffle_mb", mb, 1, self.memory_mb.saturating_sub(1)).map_err(|_| {
+                SpecError::Field("shuffle_mb", format!("must be 1..memory_mb ({}), got {mb}", self.memory_mb))
+            })?;
+        }
         check_share("share", self.share)?;
         if let Some(v) = self.egress_share {
             check_share("egress_share", v)?;
@@ -200,8 +218,15 @@ impl TenantSpec {
         s
     }
 
+    /// Bytes the tenant's KV store may hold: `memory_mb` less its shuffle share.
     pub fn memory_bytes(&self) -> usize {
-        (self.memory_mb.min(MEMORY_MB_MAX) as usize) * 1024 * 1024
+        let mb = self.memory_mb.min(MEMORY_MB_MAX).saturating_sub(self.shuffle_mb.unwrap_or(0)).max(1);
+        (mb as usize) * 1024 * 1024
+    }
+
+    /// Bytes of `[shuffle]` pool blocks the tenant's Spark applications may hold (0: none).
+    pub fn shuffle_bytes(&self) -> usize {
+        (self.shuffle_mb.unwrap_or(0).min(MEMORY_MB_MAX) as usize) * 1024 * 1024
     }
 
     /// `memory_mb` as (the KV store's limit, the Thrift range cache's limit): a tenant with a

@@ -3,7 +3,7 @@
 //! settling) and the spec rules.
 
 use crate::bucket::{TokenBucket, REFILL_GRAIN_NS};
-use crate::shaper::{Admit, KernelLedger, Member, Shaper, TenantShaper};
+use crate::shaper::{Admit, Direction, KernelLedger, Member, Shaper, TenantShaper};
 use crate::spec::*;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -443,6 +443,7 @@ fn spec(name: &str, tcp: u16, udp: Option<u16>, share: f64) -> TenantSpec {
         replicas: None,
         preferred_leader: None,
         thrift_port: None,
+        shuffle_mb: None,
     }
 }
 
@@ -654,4 +655,47 @@ fn thrift_port_rules_and_memory_split() {
     let parsed: TenantSpec =
         serde_json::from_str(r#"{"name":"t","tcp_port":1,"share":0.1,"thrift_port":9091}"#).expect("parses");
     assert_eq!(parsed.thrift_port, Some(9091));
+}
+
+// ---- services outside the serving loops (the shuffle service) --------------------------------
+
+#[test]
+fn a_transfer_waits_only_while_its_own_bucket_is_in_debt() {
+    // 1 MB/s each way, 64 KiB burst, at t = 0.
+    let s = TenantShaper::new(1_000_000, 1_000_000, 65_536, 64, 0.5, 0);
+    assert_eq!(s.transfer_wait_ns(Direction::In, 0), 0);
+    // A 2 MiB block committed: the ingress bucket owes 2 MiB - 64 KiB, repaid at 1 MB/s.
+    s.charge_transfer(Direction::In, 2 << 20);
+    let wait = s.transfer_wait_ns(Direction::In, 0);
+    let owed = (2u64 << 20) - 65_536 + 1;
+    assert!(wait >= owed * 1_000 && wait <= owed * 1_000 + REFILL_GRAIN_NS, "{wait}");
+    assert_eq!(s.counters.throttled.load(Ordering::Relaxed), 1);
+    assert!(s.take_wanted_more(), "a held-back transfer asks for spare capacity");
+    // The other direction is not held back by it.
+    assert_eq!(s.transfer_wait_ns(Direction::Out, 0), 0);
+    assert_eq!(s.ingress.charged_bytes_total(), 2 << 20);
+    assert_eq!(s.egress.charged_bytes_total(), 0);
+    // Once the debt is repaid, transfers go again.
+    assert_eq!(s.transfer_wait_ns(Direction::In, wait), 0);
+}
+
+#[test]
+fn a_shuffle_share_comes_out_of_the_tenants_memory() {
+    let mut t = spec("spark", 7001, None, 0.5);
+    assert_eq!((t.memory_bytes(), t.shuffle_bytes()), (64 << 20, 0));
+    t.shuffle_mb = Some(48);
+    t.validate().unwrap();
+    assert_eq!((t.memory_bytes(), t.shuffle_bytes()), (16 << 20, 48 << 20));
+    // The store keeps at least 1 MiB, so the share is below memory_mb.
+    for bad in [0, 64, 65] {
+        t.shuffle_mb = Some(bad);
+        assert_eq!(field_of(t.validate()), "shuffle_mb", "{bad}");
+    }
+    // A patch lowering memory_mb under the share is refused by the same rule.
+    t.shuffle_mb = Some(48);
+    let lowered = t.patched(&TenantPatch { memory_mb: Some(32), ..TenantPatch::default() });
+    assert_eq!(field_of(lowered.validate()), "shuffle_mb");
+    // Not at run time: the pool's shares are fixed at start.
+    let body = br#"{"name":"x","tcp_port":7009,"share":0.1,"memory_mb":8,"shuffle_mb":4}"#;
+    assert!(matches!(TenantSpec::from_json(body), Err(SpecError::Field("shuffle_mb", _))));
 }

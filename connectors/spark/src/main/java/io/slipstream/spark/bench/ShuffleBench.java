@@ -5,10 +5,16 @@
 // and `runs` measured rounds; the map (shuffle write) and reduce (shuffle read + group) stage
 // times come from Spark's own stage submission/completion times, each stage's task CPU time
 // (executorCpuTime summed over its tasks) and the reduce stage's fetch wait from its task
-// metrics. One JSON line per round on stdout.
+// metrics. Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
+// every process it started (the executor JVMs) and the daemon (`daemon_pid`), so a manager
+// that moves work out of the executors is charged for it. One JSON line per round on stdout.
+//
+// Managers: `sort` (Spark's built-in sort shuffle, its defaults: lz4 on, 32 KiB file buffers,
+// 48 MiB in flight), `tuned` (the built-in shuffle with the settings of TUNED) and `slipstream`.
 //
 // Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3
-//   master=local-cluster[2,1,1024] jar=PATH managers=sort,slipstream
+//   master=local-cluster[2,1,1024] jar=PATH managers=sort,tuned,slipstream daemon_pid=PID
+//   [jfr_dir=DIR: executors record JFR (profile settings) into DIR] [tuned_conf=k=v;k=v]
 // With executor JVMs (local-cluster, spark://), `jar` (this module's jar) goes to spark.jars, as
 // users pass it with --jars: the executors load the shuffle manager and the job's code from it.
 // Not for: correctness (src/test/.../shuffle).
@@ -32,11 +38,56 @@ import scala.Tuple2;
 public final class ShuffleBench {
     private ShuffleBench() {}
 
+    /**
+     * The tuned built-in baseline: the sort shuffle with these settings. Tried on this machine
+     * (docs/benchmarks.md): compression off made the reduce stage ~3x slower in task CPU (the
+     * deserializer then reads Netty's buffers unbuffered), so it stays on (lz4); bigger file
+     * buffers helped the map side.
+     */
+    static final String[][] TUNED = {
+        {"spark.shuffle.file.buffer", "1m"},
+        {"spark.shuffle.unsafe.file.output.buffer", "1m"},
+    };
+
+    /** utime + stime of `pid` in seconds (0 if it is gone). */
+    static double cpuSeconds(long pid) {
+        try {
+            String stat = java.nio.file.Files.readString(java.nio.file.Path.of("/proc/" + pid + "/stat"));
+            String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+            // After the name: state(0) ... utime is field 14 of the line, index 11 here.
+            return (Long.parseLong(f[11]) + Long.parseLong(f[12])) / 100.0;
+        } catch (java.io.IOException | RuntimeException e) {
+            return 0;
+        }
+    }
+
+    /** CPU seconds of this JVM, its descendants (the executor JVMs) and `daemonPid`, by pid. */
+    static Map<Long, Double> hostCpu(long daemonPid) {
+        Map<Long, Double> m = new HashMap<>();
+        ProcessHandle me = ProcessHandle.current();
+        m.put(me.pid(), cpuSeconds(me.pid()));
+        me.descendants().forEach(p -> m.put(p.pid(), cpuSeconds(p.pid())));
+        if (daemonPid > 0) {
+            m.put(daemonPid, cpuSeconds(daemonPid));
+        }
+        return m;
+    }
+
+    /** CPU seconds spent between two snapshots (a process that appeared counts from 0). */
+    static double cpuBetween(Map<Long, Double> a, Map<Long, Double> b) {
+        double s = 0;
+        for (Map.Entry<Long, Double> e : b.entrySet()) {
+            s += Math.max(0, e.getValue() - a.getOrDefault(e.getKey(), 0.0));
+        }
+        return s;
+    }
+
     /** Stage id -> wall ms and the tasks' summed CPU ms, from Spark's listener bus. */
     static final class Stages extends SparkListener {
         final Map<Integer, Long> ms = new HashMap<>();
         final Map<Integer, Long> cpuMs = new HashMap<>();
         final Map<Integer, Long> fetchWaitMs = new HashMap<>();
+        final Map<Integer, Long> writeBytes = new HashMap<>();
 
         @Override
         public synchronized void onStageCompleted(SparkListenerStageCompleted e) {
@@ -46,6 +97,7 @@ public final class ShuffleBench {
                 // CPU of the stage's task threads: less at the mercy of other load than wall time.
                 cpuMs.put(s.stageId(), s.taskMetrics().executorCpuTime() / 1_000_000);
                 fetchWaitMs.put(s.stageId(), s.taskMetrics().shuffleReadMetrics().fetchWaitTime());
+                writeBytes.put(s.stageId(), s.taskMetrics().shuffleWriteMetrics().bytesWritten());
             }
         }
     }
@@ -64,6 +116,14 @@ public final class ShuffleBench {
         String endpoint = o.getOrDefault("endpoint", "127.0.0.1:7300");
         String master = o.getOrDefault("master", "local[2]");
         String jar = o.get("jar");
+        long daemonPid = Long.parseLong(o.getOrDefault("daemon_pid", "0"));
+        String jfrDir = o.get("jfr_dir");
+        // tuned_conf=k=v;k=v replaces TUNED (for trying other settings of the built-in shuffle).
+        String[][] tuned = TUNED;
+        if (o.containsKey("tuned_conf")) {
+            tuned = java.util.Arrays.stream(o.get("tuned_conf").split(";")).filter(x -> !x.isBlank())
+                    .map(x -> x.split("=", 2)).toArray(String[][]::new);
+        }
         // The order the managers run in (the script alternates it between invocations).
         List<String> managers = List.of(o.getOrDefault("managers", "sort,slipstream").split(","));
         for (String manager : managers) {
@@ -73,6 +133,20 @@ public final class ShuffleBench {
                     .config("spark.driver.bindAddress", "127.0.0.1");
             if (jar != null) {
                 b.config("spark.jars", jar);
+            }
+            if (manager.equals("tuned")) {
+                for (String[] kv : tuned) {
+                    b.config(kv[0], kv[1]);
+                }
+            }
+            if (jfrDir != null) {
+                // Made here: JFR writes one file per JVM into an existing directory, but takes a
+                // missing one for a file name (and the executors then overwrite each other).
+                new java.io.File(jfrDir, manager).mkdirs();
+                // One recording per executor JVM (a directory: JFR names the files), for the
+                // reduce stage's profile (bench/shuffle_profile.py reads the task threads' samples).
+                b.config("spark.executor.extraJavaOptions", "-XX:StartFlightRecording=settings=profile,filename="
+                        + jfrDir + "/" + manager + "/");
             }
             if (manager.equals("slipstream")) {
                 b.config("spark.shuffle.manager", SlipstreamShuffleManager.class.getName())
@@ -104,16 +178,20 @@ public final class ShuffleBench {
                     stages.ms.clear();
                     stages.cpuMs.clear();
                     stages.fetchWaitMs.clear();
+                    stages.writeBytes.clear();
                 }
+                Map<Long, Double> cpu0 = hostCpu(daemonPid);
                 long t0 = System.nanoTime();
                 long groups = pairs.groupByKey(reduces).count();
                 long endToEndMs = (System.nanoTime() - t0) / 1_000_000;
+                double hostCpuS = cpuBetween(cpu0, hostCpu(daemonPid));
                 spark.sparkContext().listenerBus().waitUntilEmpty();
                 long mapMs;
                 long reduceMs;
                 long mapCpuMs;
                 long reduceCpuMs;
                 long fetchWaitMs;
+                long shuffleWriteBytes;
                 synchronized (stages) {
                     // The job's two stages: the shuffle map stage has the lower id.
                     List<Integer> ids = new ArrayList<>(stages.ms.keySet());
@@ -123,14 +201,23 @@ public final class ShuffleBench {
                     mapCpuMs = ids.size() == 2 ? stages.cpuMs.get(ids.get(0)) : -1L;
                     reduceCpuMs = ids.size() == 2 ? stages.cpuMs.get(ids.get(1)) : -1L;
                     fetchWaitMs = ids.size() == 2 ? stages.fetchWaitMs.get(ids.get(1)) : -1L;
+                    shuffleWriteBytes = ids.size() == 2 ? stages.writeBytes.get(ids.get(0)) : -1L;
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
-                        + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\"}%n",
+                        + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\","
+                        + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
-                        mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers));
+                        mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers), hostCpuS,
+                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages));
             }
             spark.stop();
+        }
+    }
+
+    static int lastStage(Stages stages) {
+        synchronized (stages) {
+            return stages.ms.keySet().stream().mapToInt(Integer::intValue).max().orElse(-1);
         }
     }
 }

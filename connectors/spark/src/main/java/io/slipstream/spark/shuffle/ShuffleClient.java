@@ -95,8 +95,9 @@ final class ShuffleClient implements Closeable {
         }
     }
 
-    Hello hello() throws IOException {
-        send("HELLO");
+    /** HELLO; `tenant` (or null) is checked by the daemon: an unknown tenant is an error here. */
+    Hello hello(String tenant) throws IOException {
+        send(tenant == null ? "HELLO" : "HELLO " + tenant);
         String[] w = call().split(" ", 4);
         if (w.length != 4 || !w[0].equals("OK") || !w[1].equals("1")) {
             throw new IOException("not a Slipstream shuffle service (protocol 1) at " + endpoint + ": " + String.join(" ", w));
@@ -104,8 +105,9 @@ final class ShuffleClient implements Closeable {
         return new Hello(Integer.parseInt(w[2]), w[3]);
     }
 
-    void register(String app, int shuffle, int partitions) throws IOException {
-        send("REGISTER " + app + " " + shuffle + " " + partitions);
+    /** `tenant`: the tenant the application is charged to, or null (a daemon without tenants). */
+    void register(String app, int shuffle, int partitions, String tenant) throws IOException {
+        send("REGISTER " + app + " " + shuffle + " " + partitions + (tenant == null ? "" : " " + tenant));
         expectOk();
     }
 

@@ -2,6 +2,8 @@
 // (crates/shuffle). Enabled with no change to the job:
 //   --conf spark.shuffle.manager=io.slipstream.spark.shuffle.SlipstreamShuffleManager
 //   --conf spark.slipstream.shuffle.endpoint=127.0.0.1:7300
+//   --conf spark.slipstream.shuffle.tenant=<name>   (a daemon with [[tenant]] entries: the tenant
+//                                                   whose shuffle_mb share and buckets it uses)
 // Map tasks serialize into the daemon's pool blocks (shared memory files that this JVM maps),
 // reducers deserialize from the same memory in place. This is the local path: executors and the
 // daemon on one host. A daemon that cannot be reached when the manager starts is a clear error
@@ -25,10 +27,13 @@ import org.apache.spark.shuffle.ShuffleWriter;
 
 public final class SlipstreamShuffleManager implements ShuffleManager {
     public static final String ENDPOINT = "spark.slipstream.shuffle.endpoint";
+    public static final String TENANT = "spark.slipstream.shuffle.tenant";
     static final int CONNECT_TIMEOUT_MS = 5_000;
     static final int READ_TIMEOUT_MS = 120_000;
 
     private final String endpoint;
+    /** The tenant this application is charged to; null on a daemon without tenants. */
+    private final String tenant;
     private final boolean isDriver;
     private final int blockBytes;
     private final Path blockDir;
@@ -37,9 +42,12 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
 
     public SlipstreamShuffleManager(SparkConf conf, boolean isDriver) {
         this.endpoint = conf.get(ENDPOINT, "127.0.0.1:7300");
+        String t = conf.get(TENANT, "").trim();
+        this.tenant = t.isEmpty() ? null : t;
         this.isDriver = isDriver;
+        // HELLO names the tenant, so an unknown one fails the SparkContext (or executor) at start.
         try (ShuffleClient c = connect()) {
-            ShuffleClient.Hello h = c.hello();
+            ShuffleClient.Hello h = c.hello(tenant);
             blockBytes = h.blockBytes();
             blockDir = Path.of(h.dir());
         } catch (IOException e) {
@@ -53,6 +61,10 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
 
     ShuffleClient connect() throws IOException {
         return new ShuffleClient(endpoint, CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS);
+    }
+
+    String tenant() {
+        return tenant;
     }
 
     int blockBytes() {

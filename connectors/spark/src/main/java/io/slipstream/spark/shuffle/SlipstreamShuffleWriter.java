@@ -66,7 +66,7 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
         int shuffle = handle.shuffleId();
         String app = manager.appId();
         client = manager.connect();
-        client.register(app, shuffle, parts);
+        client.register(app, shuffle, parts, manager.tenant());
         long t0 = System.nanoTime();
         SerializerInstance ser = dep.serializer().newInstance();
         List<int[]> segments = new ArrayList<>();

@@ -24,9 +24,17 @@ final class ShuffleDaemon implements AutoCloseable {
     final Path dir;
     private final Path config;
     private final Path log;
+    /** More config text ([shaping], [[tenant]] entries), or "". */
+    private final String extra;
     private Process proc;
 
     ShuffleDaemon(int memoryMb, int blockKb) throws IOException {
+        this(memoryMb, blockKb, "");
+    }
+
+    /** With `extra` appended to the config file (e.g. tenants with a shuffle_mb share). */
+    ShuffleDaemon(int memoryMb, int blockKb, String extra) throws IOException {
+        this.extra = extra;
         kvPort = freeTcp();
         shufflePort = freeTcp();
         adminPort = freeTcp();
@@ -61,7 +69,7 @@ final class ShuffleDaemon implements AutoCloseable {
 
     void start(int memoryMb, int blockKb) throws IOException {
         Files.writeString(config, "[server]\nadmin = \"" + HOST + ":" + adminPort + "\"\n[shuffle]\ntcp_port = " + shufflePort
-                + "\nmemory_mb = " + memoryMb + "\nblock_kb = " + blockKb + "\ndir = \"" + dir + "\"\n");
+                + "\nmemory_mb = " + memoryMb + "\nblock_kb = " + blockKb + "\ndir = \"" + dir + "\"\n" + extra);
         String bin = bin();
         if (!new File(bin).canExecute()) {
             throw new IllegalStateException("slipstream binary not found at " + bin + " (cargo build --release -p slipstream)");
@@ -74,12 +82,16 @@ final class ShuffleDaemon implements AutoCloseable {
                 throw new IOException("slipstream exited at start: " + Files.readString(log));
             }
             try (ShuffleClient c = new ShuffleClient(endpoint(), 200, 1000)) {
-                c.hello();
+                c.hello(null);
                 return;
+            } catch (ShuffleClient.ShuffleServiceException e) {
+                return; // a daemon with tenants refuses HELLO without one: it is answering
             } catch (IOException e) {
                 sleep(50);
             }
         }
+        // Not left running behind a failed start (the caller has no object to close).
+        stop(true);
         throw new IOException("slipstream's shuffle port did not answer within 10 s: " + Files.readString(log));
     }
 

@@ -44,14 +44,19 @@ class SlipstreamShuffleManagerTest {
     static Map<String, List<String>> expected;
     static SparkSession spark;
 
-    static SparkSession session(String shuffleManager) {
-        SparkSession.Builder b = SparkSession.builder()
+    /** The tests' session settings (local[2], no UI, loopback). */
+    static SparkSession.Builder base() {
+        return SparkSession.builder()
                 .master("local[2]")
                 .appName("slipstream-shuffle-tests")
                 .config("spark.ui.enabled", "false")
                 .config("spark.sql.shuffle.partitions", "7")
                 .config("spark.driver.host", "127.0.0.1")
                 .config("spark.driver.bindAddress", "127.0.0.1");
+    }
+
+    static SparkSession session(String shuffleManager) {
+        SparkSession.Builder b = base();
         if (shuffleManager != null) {
             b.config("spark.shuffle.manager", shuffleManager).config(SlipstreamShuffleManager.ENDPOINT, daemon.endpoint());
         }
