@@ -94,9 +94,7 @@ fn random_word_payloads_agree_with_the_user_space_parser() {
         ..Default::default()
     };
     s.add_stream(4, 7004, cfg).expect("add stream");
-    let seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
-    });
+    let seed = test_seed();
     eprintln!("random_word_payloads: SEED={seed}");
     let mut st = fastrand::Rng::with_seed(seed);
     let seps = [b' ', b'\t', b'\n', b'\r', 0x0b, 0x0c];
@@ -278,19 +276,27 @@ fn a_full_map_undoes_the_cache_too() {
     assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
 }
 
+/// A values (aggregate/filter) stream in `slot` on `port`: the kernel parses its numbers and
+/// ships them through the ring buffer.
+fn add_values_stream(s: &ks::StreamKernel, slot: u32, port: u16, records_max: u32) {
+    let cfg =
+        StreamCfg { op: ks::OP_VALUES, window_ns: 1_000_000, word_bytes_max: 32, records_max, ..Default::default() };
+    s.add_stream(slot, port, cfg).expect("add stream");
+}
+
+/// The randomized tests' seed: `SEED` from the environment, else the clock (each test prints it).
+fn test_seed() -> u64 {
+    std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
+    })
+}
+
 #[test]
 fn number_fixtures_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     let mut ring = s.take_events().expect("ring buffer");
-    let cfg = StreamCfg {
-        op: ks::OP_VALUES,
-        window_ns: 1_000_000,
-        word_bytes_max: 32,
-        records_max: 65_536,
-        ..Default::default()
-    };
-    s.add_stream(5, 7005, cfg).expect("add stream");
+    add_values_stream(s, 5, 7005, 65_536);
     let fixtures: Vec<(&[u8], u32)> = vec![
         (b"1\n-2.5\n  3.25 \r\n\n.5\n5.\n+7.000001", XDP_DROP),
         (b"abc\n1 2\n+\n1e\n4", XDP_DROP), // malformed lines counted, 4 kept
@@ -394,17 +400,8 @@ fn random_number_payloads_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     let mut ring = s.take_events().expect("ring buffer");
-    let cfg = StreamCfg {
-        op: ks::OP_VALUES,
-        window_ns: 1_000_000,
-        word_bytes_max: 32,
-        records_max: 256,
-        ..Default::default()
-    };
-    s.add_stream(6, 7006, cfg).expect("add stream");
-    let seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
-    });
+    add_values_stream(s, 6, 7006, 256);
+    let seed = test_seed();
     eprintln!("random_number_payloads: SEED={seed}");
     let mut st = fastrand::Rng::with_seed(seed);
     let pieces: [&[u8]; 14] =
