@@ -2,10 +2,12 @@
 //! kernel with BPF_PROG_TEST_RUN's repeat loop (no interface needed; fresh maps). Prints one
 //! line per case: kernel-timed mean ns per datagram and per record, and the verdict. Needs root.
 //!
-//! Usage: `stream_cost [RUNS]` (default 20000). The word-count datagrams are what
+//! Usage: `stream_cost [RUNS]` (default 20000). The fixed word-count datagrams are what
 //! `slipstream send --kind words` writes (words `w<rank>`, one space apart); repeated runs
 //! count the same words into the same window, so every lookup after the first hits, as in a
-//! steady stream over a small vocabulary.
+//! steady stream over a small vocabulary. The last lines cycle through 256 different Zipf
+//! datagrams, warm and with the caches flushed between datagrams (what live runs see: see
+//! `rotation`).
 //!
 //! Not for: end-to-end figures (bench/stream_cpu.sh measures those across a veth pair).
 
@@ -21,6 +23,71 @@ fn words(n: usize) -> Vec<u8> {
     let ranks = [0, 1, 12, 3, 0, 145, 2, 7, 0, 31, 1, 999, 4, 0, 58, 2];
     let v: Vec<String> = (0..n).map(|i| format!("w{}", ranks[i % ranks.len()])).collect();
     v.join(" ").into_bytes()
+}
+
+/// `n` datagrams of 16 Zipf (s = 1) draws over 1,000 words `w<rank>`, as `slipstream send
+/// --kind words` writes them (same shape, own generator: this crate does not depend on send's).
+fn zipf_datagrams(n: usize, words_per: usize, seed: u64) -> Vec<Vec<u8>> {
+    let h: Vec<f64> = (1..=1000)
+        .scan(0.0, |acc, k| {
+            *acc += 1.0 / f64::from(k);
+            Some(*acc)
+        })
+        .collect();
+    let total = h[h.len() - 1];
+    let mut x = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let v: Vec<String> = (0..words_per)
+                .map(|_| {
+                    let u = next() * total;
+                    format!("w{}", h.partition_point(|&c| c < u).min(999))
+                })
+                .collect();
+            v.join(" ").into_bytes()
+        })
+        .collect()
+}
+
+/// The live benchmark's shape: 256 different datagrams in turn (one run each: branches and
+/// cache slots vary as on the wire), warm, and with the CPU caches flushed between datagrams by
+/// writing 8 MiB (as other work on the receive core does between bursts).
+fn rotation(s: &slipstream_fastpath::stream::StreamKernel, runs: u32, words_per: usize) {
+    let frames: Vec<Vec<u8>> =
+        zipf_datagrams(256, words_per, 0x5eed).iter().map(|p| udp_frame(false, WC_PORT, p)).collect();
+    let mut junk = vec![0u8; 8 << 20];
+    for cold in [false, true] {
+        let mut total = 0u64;
+        let mut n = 0u64;
+        let rounds = (runs as usize / frames.len()).max(1);
+        for r in 0..rounds {
+            for f in &frames {
+                if cold {
+                    for b in junk.iter_mut().step_by(64) {
+                        *b = b.wrapping_add(r as u8 | 1);
+                    }
+                }
+                if let Ok((1, ns)) = s.test_run_ns(f, 1) {
+                    total += u64::from(ns);
+                    n += 1;
+                }
+            }
+        }
+        let ns = total as f64 / n.max(1) as f64;
+        println!(
+            "  wordcount, 256 Zipf datagrams of {words_per:>2} words in turn{:<6} {:>6.0} ns/datagram {:>6.1} ns/record  ({n} consumed)",
+            if cold { ", cold" } else { ", warm" },
+            ns,
+            ns / words_per as f64
+        );
+    }
+    std::hint::black_box(&junk);
 }
 
 fn numbers(n: usize) -> Vec<u8> {
@@ -81,4 +148,6 @@ fn main() {
             Err(e) => println!("  {name:<48} error: {e}"),
         }
     }
+    rotation(s, runs, 16);
+    rotation(s, runs, 1);
 }

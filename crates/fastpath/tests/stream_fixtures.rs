@@ -94,9 +94,7 @@ fn random_word_payloads_agree_with_the_user_space_parser() {
         ..Default::default()
     };
     s.add_stream(4, 7004, cfg).expect("add stream");
-    let seed = std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
-    });
+    let seed = test_seed();
     eprintln!("random_word_payloads: SEED={seed}");
     let mut st = fastrand::Rng::with_seed(seed);
     let seps = [b' ', b'\t', b'\n', b'\r', 0x0b, 0x0c];
@@ -278,22 +276,31 @@ fn a_full_map_undoes_the_cache_too() {
     assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
 }
 
+/// A values (aggregate/filter) stream in `slot` on `port`: the kernel parses its numbers and
+/// ships them through the ring buffer.
+fn add_values_stream(s: &ks::StreamKernel, slot: u32, port: u16, records_max: u32) {
+    let cfg =
+        StreamCfg { op: ks::OP_VALUES, window_ns: 1_000_000, word_bytes_max: 32, records_max, ..Default::default() };
+    s.add_stream(slot, port, cfg).expect("add stream");
+}
+
+/// The randomized tests' seed: `SEED` from the environment, else the clock (each test prints it).
+fn test_seed() -> u64 {
+    std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
+    })
+}
+
 #[test]
 fn number_fixtures_agree_with_the_user_space_parser() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     let mut ring = s.take_events().expect("ring buffer");
-    let cfg = StreamCfg {
-        op: ks::OP_VALUES,
-        window_ns: 1_000_000,
-        word_bytes_max: 32,
-        records_max: 65_536,
-        ..Default::default()
-    };
-    s.add_stream(5, 7005, cfg).expect("add stream");
+    add_values_stream(s, 5, 7005, 65_536);
     let fixtures: Vec<(&[u8], u32)> = vec![
         (b"1\n-2.5\n  3.25 \r\n\n.5\n5.\n+7.000001", XDP_DROP),
         (b"abc\n1 2\n+\n1e\n4", XDP_DROP), // malformed lines counted, 4 kept
+        (b"42\r\t-xe\r\n42 -x \n1e \n2e+\t\n5", XDP_DROP), // blanks after garbage or a bare exponent
         (b"nan\ninf\n0x10\n8", XDP_DROP),
         (b"99999999.999999\n-100000000", XDP_DROP),
         (b"1.0000001", XDP_PASS),                // 7 significant fractional digits
@@ -383,4 +390,55 @@ fn changepoint_in_kernel_matches_the_operator() {
         vec![31.0, 30.25, 29.75, 30.0, 10.0]
     );
     assert_eq!(s.stats(7).expect("stats").alerts, 2);
+}
+
+/// Random number payloads (well-formed and not, every length up to 300 bytes, so lines and the
+/// payload end at every offset within the parser's 8-byte steps): a datagram the kernel keeps
+/// yields exactly the values and malformed count of the user-space parser, in order.
+#[test]
+fn random_number_payloads_agree_with_the_user_space_parser() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let mut ring = s.take_events().expect("ring buffer");
+    add_values_stream(s, 6, 7006, 256);
+    let seed = test_seed();
+    eprintln!("random_number_payloads: SEED={seed}");
+    let mut st = fastrand::Rng::with_seed(seed);
+    let pieces: [&[u8]; 14] =
+        [b"0", b"7", b"42", b"-", b"+", b".", b"5", b"000001", b" ", b"\t", b"\r", b"x", b"e", b"123456789"];
+    let limits = Limits::default();
+    let (mut want_vals, mut want_bad, mut kept) = (Vec::new(), 0u64, 0u32);
+    for case in 0..2000 {
+        let len_max = 1 + (next(&mut st) % 300) as usize;
+        let mut p = Vec::new();
+        while p.len() < len_max {
+            if next(&mut st) % 6 == 0 {
+                p.push(b'\n');
+            } else {
+                p.extend_from_slice(pieces[(next(&mut st) % pieces.len() as u64) as usize]);
+            }
+        }
+        p.truncate(len_max);
+        let got = s.test_run(&udp_frame(false, 7006, &p)).expect("test run");
+        let mut got_vals = Vec::new();
+        while let Some(item) = ring.next() {
+            if let Some(Event::Values { values, .. }) = ks::parse_event(&item) {
+                got_vals.extend(values.into_iter().map(ks::micro_to_f64));
+            }
+        }
+        if got == XDP_DROP {
+            kept += 1;
+            let mut want = Vec::new();
+            let r = parse_numbers(&p, Encoding::Auto, &limits, |v| want.push(v));
+            want_bad += r.malformed;
+            assert_eq!(got_vals, want, "seed {seed} case {case}: {:?}", String::from_utf8_lossy(&p));
+            want_vals.extend(want);
+        } else {
+            assert_eq!(got, XDP_PASS, "case {case}");
+            assert!(got_vals.is_empty(), "case {case}: a passed datagram shipped values");
+        }
+    }
+    assert!(kept > 200, "too few datagrams kept by the kernel to compare: {kept}");
+    let stats = s.stats(6).expect("stats");
+    assert_eq!((stats.malformed, stats.records), (want_bad, want_vals.len() as u64), "seed {seed}");
 }

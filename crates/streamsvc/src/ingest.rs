@@ -4,7 +4,11 @@
 //!
 //! What it is for: the receive path. The socket is blocking with `SO_RCVTIMEO` = the stream's
 //! tick (min(window/4, 10 ms), at least 100 µs), so an idle stream still wakes to close windows
-//! and to notice a stop request; under traffic the tick is checked after every batch.
+//! and to notice a stop request; under traffic the tick is checked after every batch. An XDP
+//! word-count or change-point stream's thread has nothing to do on time but refresh counters
+//! and drain ended windows, so while quiet its tick backs off (to [`XDP_QUIET_TICK_NS_MAX`])
+//! and a word count's is cut at the next drain. A stop shuts the socket down for reading,
+//! which wakes the receive whatever the tick.
 //! Kernel drops: `SO_RXQ_OVFL` makes the kernel attach the socket's cumulative drop counter to
 //! every datagram queued after a drop; it is read from the control message of each datagram,
 //! and on every tick also from `SO_MEMINFO` (same counter) so drops followed by silence are
@@ -40,10 +44,39 @@ pub(crate) const WORDS_LINGER: Duration = Duration::from_micros(500);
 /// Shortest and longest idle tick.
 const TICK_NS_MIN: u64 = 100_000;
 const TICK_NS_MAX: u64 = 10_000_000;
+/// Longest tick of an XDP stream's thread while neither its socket nor the kernel's counters
+/// for it move: the kernel counts without waking the thread, so the tick only refreshes the
+/// counters (and, for a word count, is cut short at the next window's drain). The tick doubles
+/// per quiet tick from the stream's own up to this, and falls back at once when a counter
+/// moves, so counters lag traffic by at most this after a quiet spell and by one tick under
+/// traffic. (At 10 ms an idle daemon woke ~60 times per second per stream.)
+pub(crate) const XDP_QUIET_TICK_NS_MAX: u64 = 100_000_000;
 
 /// The tick for a stream with windows of `window_ns`.
 pub(crate) fn tick_ns(window_ns: u64) -> u64 {
     (window_ns / 4).clamp(TICK_NS_MIN, TICK_NS_MAX)
+}
+
+/// The next tick of an XDP stream's thread: `tick` doubled after a quiet tick (up to
+/// [`XDP_QUIET_TICK_NS_MAX`]), `base` after a busy one.
+pub(crate) fn xdp_next_tick_ns(base: u64, tick: u64, quiet: bool) -> u64 {
+    if quiet {
+        tick.saturating_mul(2).clamp(base, XDP_QUIET_TICK_NS_MAX.max(base))
+    } else {
+        base
+    }
+}
+
+/// How long an XDP word-count thread may sleep at `now_ns`: `tick`, cut short at the moment
+/// the next window becomes drainable (its end plus [`xdp::WC_GRACE_NS`]), at least
+/// [`TICK_NS_MIN`].
+pub(crate) fn wc_wait_ns(tick: u64, window_ns: u64, now_ns: u64) -> u64 {
+    let window_ns = window_ns.max(1);
+    let next = (now_ns.saturating_sub(xdp::WC_GRACE_NS) / window_ns)
+        .saturating_add(1)
+        .saturating_mul(window_ns)
+        .saturating_add(xdp::WC_GRACE_NS);
+    tick.min(next.saturating_sub(now_ns)).max(TICK_NS_MIN)
 }
 
 /// The kernel's cumulative drop counter found in a control-message buffer (`msg_control`,
@@ -231,13 +264,46 @@ pub(crate) struct Ingest {
 }
 
 impl Ingest {
+    /// Makes `wait` the socket's receive timeout if `cur` (the one in force) differs.
+    fn set_wait(&self, cur: &mut u64, wait: u64) {
+        if *cur != wait {
+            *cur = wait;
+            let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(wait)));
+        }
+    }
+
+    /// The stream's counters for the stats line and metrics: user space's own plus the XDP
+    /// engine's `k` (as last read).
+    fn store_counters(&self, datagrams: u64, parsed: &ParseStats, k: &slipstream_fastpath::stream::StreamStats) {
+        let c = &self.shared.streams[self.idx].counters;
+        let mut extra_lines = 0;
+        if let Some(x) = &self.xdp {
+            extra_lines = self.wc.lines + x.lines.load(Ordering::Relaxed);
+            c.xdp_datagrams.store(k.datagrams, Ordering::Relaxed);
+            c.xdp_passed.store(k.passed, Ordering::Relaxed);
+            c.xdp_events_lost.store(k.events_lost, Ordering::Relaxed);
+        }
+        c.datagrams.store(datagrams + k.datagrams, Ordering::Relaxed);
+        c.records.store(parsed.records + k.records, Ordering::Relaxed);
+        c.malformed.store(parsed.malformed + k.malformed, Ordering::Relaxed);
+        c.over_limit.store(parsed.over_limit, Ordering::Relaxed);
+        c.socket_drops.store(self.rx.socket_drops, Ordering::Relaxed);
+        let op_lines = self.op.lock().unwrap_or_else(|p| p.into_inner()).counters().lines;
+        c.lines.store(op_lines + extra_lines, Ordering::Relaxed);
+    }
+
     pub(crate) fn run(mut self) {
         // A change-point stream in the XDP engine has nothing for this thread to do on time
         // (the kernel keeps its windows; alerts come through the event reader): until user
         // space takes it over, it ticks only to refresh the counters, at the longest tick.
         let xdp_cp = matches!(&self.xdp, Some(XdpStream { kind: Kind::ChangePoint { .. }, .. }));
-        let mut tick_ns = if xdp_cp { self.tick_ns.max(TICK_NS_MAX) } else { self.tick_ns };
+        let base_ns = if xdp_cp { self.tick_ns.max(TICK_NS_MAX) } else { self.tick_ns };
+        let mut tick_ns = base_ns;
         let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(tick_ns)));
+        // The receive timeout in force (an XDP stream's changes with its quiet ticks).
+        let mut wait_ns = tick_ns;
+        // XDP stream: user-space datagrams since the last tick.
+        let mut since_tick = 0usize;
         let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut datagrams = 0u64;
         let mut parsed = ParseStats::default();
@@ -257,6 +323,16 @@ impl Ingest {
                     0
                 }
             };
+            if self.shared.stop.load(Ordering::Acquire) {
+                // Woken by the stop's shutdown (what it returned are no datagrams).
+                break;
+            }
+            since_tick += n;
+            if n > 0 && wait_ns > base_ns && !taken_over {
+                // Traffic after a quiet spell: back to the stream's own tick at once, so the
+                // next tick (a drain, the counters) is not a long timeout away.
+                self.set_wait(&mut wait_ns, base_ns);
+            }
             if n > 0 && !taken_over {
                 if let Some(x) = &self.xdp {
                     if matches!(x.kind, Kind::ChangePoint { .. }) {
@@ -266,7 +342,7 @@ impl Ingest {
                         }
                         taken_over = true;
                         tick_ns = self.tick_ns;
-                        let _ = self.rx.sock.set_read_timeout(Some(Duration::from_nanos(tick_ns)));
+                        self.set_wait(&mut wait_ns, tick_ns);
                     }
                 }
             }
@@ -298,9 +374,6 @@ impl Ingest {
                     op.on_time(t_ns, &mut out);
                 }
             }
-            let s = &self.shared.streams[self.idx];
-            let c = &s.counters;
-            let mut extra_lines = 0;
             if t_ns >= next_tick {
                 self.rx.poll_drops();
                 next_tick = t_ns.saturating_add(tick_ns);
@@ -308,22 +381,22 @@ impl Ingest {
                     if let Kind::WordCount { window_ns, distinct_max } = x.kind {
                         self.wc.flush(x, &self.name, window_ns, distinct_max, t_ns, &mut out);
                     }
+                    let before = k;
                     k = x.kernel.stats(x.slot).unwrap_or_default();
+                    if !taken_over && matches!(x.kind, Kind::WordCount { .. } | Kind::ChangePoint { .. }) {
+                        // Back off while quiet; the wait is what the socket's timeout says.
+                        tick_ns = xdp_next_tick_ns(base_ns, tick_ns, since_tick == 0 && k == before);
+                        let wait = match x.kind {
+                            Kind::WordCount { window_ns, .. } => wc_wait_ns(tick_ns, window_ns, t_ns),
+                            _ => tick_ns,
+                        };
+                        self.set_wait(&mut wait_ns, wait);
+                        next_tick = t_ns.saturating_add(wait);
+                    }
                 }
+                since_tick = 0;
             }
-            if let Some(x) = &self.xdp {
-                extra_lines = self.wc.lines + x.lines.load(Ordering::Relaxed);
-                c.xdp_datagrams.store(k.datagrams, Ordering::Relaxed);
-                c.xdp_passed.store(k.passed, Ordering::Relaxed);
-                c.xdp_events_lost.store(k.events_lost, Ordering::Relaxed);
-            }
-            c.datagrams.store(datagrams + k.datagrams, Ordering::Relaxed);
-            c.records.store(parsed.records + k.records, Ordering::Relaxed);
-            c.malformed.store(parsed.malformed + k.malformed, Ordering::Relaxed);
-            c.over_limit.store(parsed.over_limit, Ordering::Relaxed);
-            c.socket_drops.store(self.rx.socket_drops, Ordering::Relaxed);
-            let op_lines = self.op.lock().unwrap_or_else(|p| p.into_inner()).counters().lines;
-            c.lines.store(op_lines + extra_lines, Ordering::Relaxed);
+            self.store_counters(datagrams, &parsed, &k);
             if !out.is_empty() {
                 self.shared.publish(self.idx, &mut out);
             }
@@ -418,5 +491,59 @@ mod tests {
         assert!(got + r.socket_drops <= sent + 1);
         // Loopback drops happen at the socket queue, so the books balance exactly.
         assert_eq!(got + r.socket_drops, sent + 1);
+    }
+
+    #[test]
+    fn xdp_tick_backs_off_when_quiet_and_returns_at_once() {
+        let base = 10_000_000;
+        let mut t = base;
+        let mut seen = vec![t];
+        for _ in 0..8 {
+            t = xdp_next_tick_ns(base, t, true);
+            seen.push(t);
+        }
+        assert_eq!(&seen[..5], &[base, 2 * base, 4 * base, 8 * base, XDP_QUIET_TICK_NS_MAX]);
+        assert_eq!(t, XDP_QUIET_TICK_NS_MAX, "bounded");
+        assert_eq!(xdp_next_tick_ns(base, t, false), base, "a busy tick falls back at once");
+        // A stream whose own tick is longer than the bound keeps its own.
+        assert_eq!(
+            xdp_next_tick_ns(2 * XDP_QUIET_TICK_NS_MAX, 2 * XDP_QUIET_TICK_NS_MAX, true),
+            2 * XDP_QUIET_TICK_NS_MAX
+        );
+    }
+
+    #[test]
+    fn wc_wait_ends_at_the_next_drain() {
+        let w = 1_000_000_000;
+        let g = xdp::WC_GRACE_NS;
+        // Mid-window: the tick is shorter than the time to the drain.
+        assert_eq!(wc_wait_ns(100_000_000, w, 5 * w + 300_000_000), 100_000_000);
+        // Close to the end: cut at end + grace.
+        assert_eq!(wc_wait_ns(100_000_000, w, 6 * w - 10_000_000), 10_000_000 + g);
+        // Inside the grace after an end: that window's drain is due at end + grace.
+        assert_eq!(wc_wait_ns(100_000_000, w, 6 * w + 1_000_000), g - 1_000_000);
+        // Exactly at a drain moment: the next one, a window later (capped by the tick).
+        assert_eq!(wc_wait_ns(2 * w, w, 6 * w + g), w);
+        // Never 0 (SO_RCVTIMEO 0 means forever).
+        assert_eq!(wc_wait_ns(0, w, 0), TICK_NS_MIN);
+    }
+
+    /// The stop wakes a thread blocked in `recvmmsg` by shutting the socket down for reading,
+    /// whatever its receive timeout (an XDP stream's quiet tick is long).
+    #[test]
+    fn shutdown_wakes_a_blocked_receive() {
+        let sock = crate::bind_udp("127.0.0.1:0".parse().unwrap(), 1 << 16).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let other = sock.try_clone().unwrap();
+        let t0 = std::time::Instant::now();
+        let h = std::thread::spawn(move || {
+            let mut r = Receiver::new(sock);
+            r.recv_batch().map(|_| ())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = socket2::SockRef::from(&other).shutdown(std::net::Shutdown::Read);
+        let _ = h.join().unwrap();
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(5), "receive still blocked after shutdown: {took:?}");
     }
 }

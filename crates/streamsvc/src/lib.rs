@@ -260,6 +260,11 @@ pub struct StreamService {
     engines: Vec<String>,
     /// Held while XDP streams run (dropped after the threads stop).
     _xdp: Option<xdp::XdpEngine>,
+    /// Wakes the XDP event reader at stop (it sleeps without a timeout).
+    reader_waker: Option<Waker>,
+    /// The ingest sockets, shut down for reading at stop: that wakes a thread blocked in
+    /// `recvmmsg` whatever its tick (an XDP stream's idle tick is long).
+    ingest_socks: Vec<UdpSocket>,
 }
 
 impl StreamService {
@@ -362,6 +367,8 @@ impl StreamService {
             stream_addrs,
             engines,
             _xdp: engine,
+            reader_waker: None,
+            ingest_socks: Vec::new(),
         };
         let hub = hub::Hub {
             poll,
@@ -377,15 +384,21 @@ impl StreamService {
         svc.threads.push(h);
         if let Some((ring, slots)) = reader {
             let sh = shared.clone();
+            let rpoll = Poll::new().map_err(ServiceError::Poll)?;
+            svc.reader_waker = Some(Waker::new(rpoll.registry(), xdp::READER_STOP).map_err(ServiceError::Poll)?);
             let h = std::thread::Builder::new()
                 .name("stream-xdp-events".into())
-                .spawn(move || xdp::run_reader(ring, slots, sh))
+                .spawn(move || xdp::run_reader(ring, slots, sh, rpoll))
                 .map_err(ServiceError::Thread)?;
             svc.threads.push(h);
         }
         let mut xdp_streams = xdp_streams.into_iter();
         for (idx, (sock, (op, encoding, limits, tick_ns))) in socks.into_iter().zip(ops).enumerate() {
             let xdp = xdp_streams.next().flatten();
+            // A second handle on the socket, to wake the thread's blocking receive at stop.
+            if let Ok(s) = sock.try_clone() {
+                svc.ingest_socks.push(s);
+            }
             let wordcount = cfg.streams.get(idx).is_some_and(|s| s.operator == "wordcount");
             let ing = ingest::Ingest {
                 idx,
@@ -462,7 +475,7 @@ impl StreamService {
         }
     }
 
-    /// Stops every thread and waits for them (within one ingest tick, at most 10 ms).
+    /// Stops every thread and waits for them (each is woken: no tick to wait out).
     pub fn stop(self) {
         drop(self);
     }
@@ -472,6 +485,14 @@ impl Drop for StreamService {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         let _ = self.shared.waker.wake();
+        if let Some(w) = &self.reader_waker {
+            let _ = w.wake();
+        }
+        for s in &self.ingest_socks {
+            // Linux wakes the blocked receiver (which then sees `stop`) even though an
+            // unconnected UDP socket answers ENOTCONN.
+            let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Read);
+        }
         for h in self.threads.drain(..) {
             let _ = h.join();
         }

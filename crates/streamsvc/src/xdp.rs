@@ -138,22 +138,42 @@ fn ring_reference(windows: &[(i64, u64)]) -> f64 {
     means.iter().sum::<f64>() / means.len() as f64
 }
 
-/// Runs until `shared.stop`: takes every ring-buffer record and writes its lines.
+/// Token of the ring buffer in the reader's poll set (the stop waker is [`READER_STOP`]).
+pub(crate) const READER_RING: mio::Token = mio::Token(0);
+/// Token of the waker `StreamService`'s drop uses to stop the reader.
+pub(crate) const READER_STOP: mio::Token = mio::Token(1);
+
+/// Runs until `shared.stop`: takes every ring-buffer record and writes its lines. Sleeps until
+/// the ring has a record or `poll`'s waker ([`READER_STOP`]) fires: no timer, so an idle
+/// stream costs nothing here (a 10 ms poll timeout was ~100 wake-ups per second).
 pub(crate) fn run_reader(
     mut ring: aya::maps::RingBuf<aya::maps::MapData>,
     slots: Vec<Option<ReaderSlot>>,
     shared: Arc<Shared>,
+    mut poll: mio::Poll,
 ) {
     use std::os::fd::AsRawFd;
     let fd = ring.as_raw_fd();
     let mut out = Vec::with_capacity(64 * 1024);
+    let mut events = mio::Events::with_capacity(4);
+    // Without the ring in the poll set the reader could not sleep: fall back to a bounded wait.
+    let timeout = match poll.registry().register(&mut mio::unix::SourceFd(&fd), READER_RING, mio::Interest::READABLE) {
+        Ok(()) => None,
+        Err(_) => Some(Duration::from_millis(10)),
+    };
+    // Records left after a turn's bound: the next turn does not sleep (the ring only wakes a
+    // reader that had caught up, and the poll set is edge-triggered).
+    let mut more = false;
     while !shared.stop.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd, count 1; a 10 ms timeout bounds the wait (stop check).
-        unsafe { libc::poll(&mut pfd, 1, 10) };
+        // An error (EINTR) just goes round: the stop flag and the ring are checked again.
+        let _ = poll.poll(&mut events, if more { Some(Duration::ZERO) } else { timeout });
+        more = true;
         // Bounded per wake-up; the rest is taken on the next turn.
         for _ in 0..65_536 {
-            let Some(item) = ring.next() else { break };
+            let Some(item) = ring.next() else {
+                more = false;
+                break;
+            };
             let Some(ev) = ks::parse_event(&item) else { continue };
             drop(item);
             match ev {
