@@ -47,9 +47,20 @@
 #define SS_VALUES_MAX 256
 /* Distinct (stream, window, word) entries in ss_wc; full: the datagram goes to user space. */
 #define SS_WC_ENTRIES 65536
-/* Word-count cache slots per CPU (power of two): direct-mapped by ss_wcc_hash of the key. */
+/* Word-count cache slots per CPU (power of two): direct-mapped by ss_wcc_hash of the word. */
 #define SS_WCC_SLOTS 4096
 #define SS_WCC_SLOT_BITS 12
+/* Longest word the cache holds (a 32-byte slot, two to a cache line); longer words, up to
+ * SS_WORD_KEY_BYTES, are counted in ss_wc. Every word of the benchmarks is shorter. */
+#define SS_WCC_WORD_BYTES 16
+/* A slot's tag packs (window + 1) << SS_WCC_TAG_WINDOW_SHIFT | stream << SS_WCC_TAG_STREAM_SHIFT
+ * | len, so one compare checks all three. Windows from SS_WCC_WINDOW_END on (window + 1 would
+ * not fit the tag's top 40 bits; with window_ms >= 1 that is after 34 years of uptime) are
+ * counted in ss_wc. */
+#define SS_WCC_TAG_WINDOW_SHIFT 24
+#define SS_WCC_TAG_STREAM_SHIFT 8
+#define SS_WCC_TAG_LEN_MASK 0xffu
+#define SS_WCC_WINDOW_END ((1ULL << (64 - SS_WCC_TAG_WINDOW_SHIFT)) - 1)
 /* Multipliers of ss_wcc_hash (odd 64-bit constants: golden ratio and a murmur3 finalizer's). */
 #define SS_WCC_MUL1 0x9e3779b97f4a7c15ULL
 #define SS_WCC_MUL2 0xc4ceb9fe1a85ec53ULL
@@ -108,23 +119,21 @@ struct ss_wc_key {
 	__u8 word[SS_WORD_KEY_BYTES]; /* zero padded */
 };                      /* 48 bytes */
 
-/* One word-count cache slot. CPU c's program owns slots [c * SS_WCC_SLOTS, (c + 1) *
- * SS_WCC_SLOTS): it counts a word of the current window in the slot its hash picks if the slot
- * holds that (window, stream, word), claims the slot if it is empty (tag 0: fields first, then
- * the tag with an atomic add, so a reader that sees the tag sees the word), and otherwise
- * counts in ss_wc. Only user space empties a slot: when it drains a window that has ended, it
- * takes the count (atomic swap to 0) and then sets the tag to 0. The program never writes a
- * slot whose tag is another window, so a slot's word is stable while user space reads it; a
- * window's count is the sum of its cache slots (all CPUs) and its ss_wc entry (wrapping: the
- * undo of a datagram may decrement the other place). */
+/* One word-count cache slot (words of at most SS_WCC_WORD_BYTES). CPU c's program owns slots
+ * [c * SS_WCC_SLOTS, (c + 1) * SS_WCC_SLOTS): it counts a word of the current window in the
+ * slot its hash picks if the slot's tag and word are that (window, stream, len, word), claims
+ * the slot if it is empty (tag 0: word and count first, then the tag with an atomic add, so a
+ * reader that sees the tag sees the word), and otherwise counts in ss_wc. Only user space
+ * empties a slot: when it drains a window that has ended, it takes the count (atomic swap to
+ * 0) and then sets the tag to 0. The program never writes a slot whose tag is another window,
+ * so a slot's word is stable while user space reads it; a window's count is the sum of its
+ * cache slots (all CPUs) and its ss_wc entry (wrapping: the undo of a datagram may decrement
+ * the other place). */
 struct ss_wcc_slot {
-	__u64 tag;          /* window + 1; 0: empty */
+	__u64 tag;          /* see SS_WCC_TAG_WINDOW_SHIFT; 0: empty */
 	__u64 count;
-	__u32 stream;
-	__u32 len;
-	__u8 word[SS_WORD_KEY_BYTES]; /* zero padded */
-	__u64 pad0;         /* one slot per 64-byte cache line */
-};                      /* 64 bytes */
+	__u8 word[SS_WCC_WORD_BYTES]; /* zero padded */
+};                      /* 32 bytes: two slots per 64-byte cache line */
 
 struct ss_cp_state {
 	struct bpf_spin_lock lock;
@@ -193,10 +202,13 @@ struct ss_sscratch {
 _Static_assert(sizeof(struct ss_stream) == 48, "ss_stream: 48 bytes");
 _Static_assert(sizeof(struct ss_stream_stats) == 64, "ss_stream_stats: 64 bytes");
 _Static_assert(sizeof(struct ss_wc_key) == 16 + SS_WORD_KEY_BYTES, "ss_wc_key: no padding");
-_Static_assert(sizeof(struct ss_wcc_slot) == 64, "ss_wcc_slot: one cache line");
+_Static_assert(sizeof(struct ss_wcc_slot) == 32, "ss_wcc_slot: two per cache line");
 _Static_assert(__builtin_offsetof(struct ss_wcc_slot, word) % 8 == 0, "ss_wcc_slot: word read as u64s");
 _Static_assert(SS_WCC_SLOTS == (1 << SS_WCC_SLOT_BITS), "cache slots: a power of two");
-_Static_assert(SS_WORD_KEY_BYTES == 32, "ss_wcc_hash mixes four 8-byte words");
+_Static_assert(SS_WORD_KEY_BYTES == 32, "wc_key builds the key from four 8-byte words");
+_Static_assert(SS_WCC_WORD_BYTES == 16, "ss_wcc_hash mixes two 8-byte words");
+_Static_assert(SS_WCC_WORD_BYTES <= SS_WCC_TAG_LEN_MASK && SS_STREAMS_MAX <= 256, "len and stream fit the tag");
+_Static_assert(SS_WCC_TAG_WINDOW_SHIFT >= SS_WCC_TAG_STREAM_SHIFT + 8, "tag fields do not overlap");
 _Static_assert(sizeof(struct ss_cp_state) == 64 + SS_CP_REF_MAX * 24 + SS_CP_HISTORY_MAX * 8, "ss_cp_state layout");
 _Static_assert(sizeof(struct ss_ev_hdr) == 16, "ss_ev_hdr: 16 bytes");
 _Static_assert(__builtin_offsetof(struct ss_alert, ring_sum) == 48, "ss_alert: rings after the 48-byte head");

@@ -10,8 +10,9 @@
  * silently; malformed records the kernel skips are counted in `malformed`.
  *
  * - wordcount: words (split on space, \t, \n, \r, \v, \f, as crates/stream record.rs) are
- *   counted keyed by (window = t_ns / window_ns, stream, word): in this CPU's slot of the
- *   direct-mapped cache ss_wcc when the slot holds that key or is empty, else in ss_wc. A datagram is counted
+ *   counted keyed by (window = t_ns / window_ns, stream, word): a word of at most
+ *   SS_WCC_WORD_BYTES in this CPU's slot of the direct-mapped cache ss_wcc when the slot holds
+ *   that key or is empty, any other in ss_wc. A datagram is counted
  *   whole or not at all: a byte >= 0x80 (user space must check UTF-8), a word longer than
  *   word_bytes_max, too many words, or a full map (counts already made are undone) pass it up.
  *   User space drains finished windows and merges what it parsed itself.
@@ -209,46 +210,50 @@ static __always_inline void wc_key(struct ss_sscratch *s, struct wc_count_ctx *x
 	}
 }
 
-/* The cache slot index of a key within a CPU's slots: multiply-xor over the zero-padded key
- * words, top bits of the last product (no loop, no helper). */
-static __always_inline __u32 ss_wcc_hash(const struct ss_wc_key *k)
+/* Word i's bytes as the cache holds them: two zero-padded 8-byte words (only for len <=
+ * SS_WCC_WORD_BYTES; bytes past the word are masked off, never compared). */
+static __always_inline void wc_short_word(struct ss_sscratch *s, __u32 start, __u32 len, __u64 *w0, __u64 *w1)
 {
-	const __u64 *w = (const __u64 *)k->word;
-	__u64 h = (w[0] ^ (((__u64)k->len << 32) | k->stream)) * SS_WCC_MUL1;
-	h = (h ^ w[1]) * SS_WCC_MUL2;
-	h = (h ^ w[2]) * SS_WCC_MUL1;
-	h = (h ^ w[3]) * SS_WCC_MUL2;
-	return (__u32)(h >> (64 - SS_WCC_SLOT_BITS));
+	__u64 a = *(__u64 *)(s->payload + (start & SPAY_MASK));
+	__u64 b = 0;
+	if (len < 8) {
+		a &= (1ULL << (len * 8)) - 1;
+	} else if (len > 8) {
+		b = *(__u64 *)(s->payload + ((start + 8) & SPAY_MASK));
+		if (len < 16)
+			b &= (1ULL << ((len - 8) * 8)) - 1;
+	}
+	*w0 = a;
+	*w1 = b;
 }
 
-/* Counts (delta +1) or undoes (-1) word k in this CPU's cache slot: 1 if done there, 0 if the
- * word goes to ss_wc (the slot holds another word or window; an undo finds its word in the
- * slot if the count went there, since only user space empties a slot and only once the
- * window has ended). */
-static __always_inline int wc_cache_add(struct wc_count_ctx *x, const struct ss_wc_key *k)
+/* Counts (delta +1) or undoes (-1) a word of at most SS_WCC_WORD_BYTES in this CPU's cache
+ * slot: 1 if done there, 0 if the word goes to ss_wc (the slot holds another word or window; an
+ * undo finds its word in the slot if the count went there, since only user space empties a
+ * slot and only once the window has ended). The slot index mixes the word, stream and length
+ * but not the window, so a word keeps its slot from window to window: multiply-xor, top bits
+ * of the last product (no loop, no helper). */
+static __always_inline int wc_cache_add(struct wc_count_ctx *x, __u32 len, __u64 w0, __u64 w1)
 {
-	__u32 idx = x->cache_base + ss_wcc_hash(k);
+	__u64 low = ((__u64)x->stream << SS_WCC_TAG_STREAM_SHIFT) | len;
+	__u64 tag = ((x->window + 1) << SS_WCC_TAG_WINDOW_SHIFT) | low;
+	__u64 h = ((w0 ^ low) * SS_WCC_MUL1 ^ w1) * SS_WCC_MUL2;
+	__u32 idx = x->cache_base + (__u32)(h >> (64 - SS_WCC_SLOT_BITS));
 	struct ss_wcc_slot *c = bpf_map_lookup_elem(&ss_wcc, &idx);
 	if (!c)
 		return 0; /* CPU beyond the slots user space sized the map for */
-	const __u64 *kw = (const __u64 *)k->word;
 	__u64 *cw = (__u64 *)c->word;
-	__u64 tag = x->window + 1;
-	if (c->tag == tag) {
-		if (c->stream != k->stream || c->len != k->len || cw[0] != kw[0] || cw[1] != kw[1] ||
-		    cw[2] != kw[2] || cw[3] != kw[3])
+	__u64 ctag = c->tag;
+	if (ctag == tag) {
+		if (cw[0] != w0 || cw[1] != w1)
 			return 0;
 		c->count += x->delta;
 		return 1;
 	}
-	if (c->tag != 0 || x->delta < 0)
+	if (ctag != 0 || x->delta < 0)
 		return 0;
-	c->stream = k->stream;
-	c->len = k->len;
-	cw[0] = kw[0];
-	cw[1] = kw[1];
-	cw[2] = kw[2];
-	cw[3] = kw[3];
+	cw[0] = w0;
+	cw[1] = w1;
 	c->count = 1;
 	/* Publish last, as a locked add (a full barrier where the JIT emits one): whoever sees
 	 * the tag sees the word. Nobody else writes a slot whose tag is 0. */
@@ -262,12 +267,18 @@ static long wc_count_step(__u32 i, void *c)
 	struct wc_count_ctx *x = WORK(s, struct wc_count_ctx);
 	if (i >= x->nwords)
 		return 1;
+	__u32 len = s->tlen[i & SWORD_MASK];
+	if (len <= SS_WCC_WORD_BYTES && x->window < SS_WCC_WINDOW_END) {
+		__u64 w0, w1;
+		wc_short_word(s, s->tstart[i & SWORD_MASK], len, &w0, &w1);
+		if (wc_cache_add(x, len, w0, w1)) {
+			x->done = i + 1;
+			return 0;
+		}
+	}
+	/* Longer words, later windows, and words whose slot is taken: the hash map. */
 	struct ss_wc_key k = {};
 	wc_key(s, x, i, &k);
-	if (wc_cache_add(x, &k)) {
-		x->done = i + 1;
-		return 0;
-	}
 	__u64 *v = bpf_map_lookup_elem(&ss_wc, &k);
 	if (v) {
 		*v += x->delta;

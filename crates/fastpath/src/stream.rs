@@ -15,7 +15,7 @@
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use aya::maps::{MapData, RingBuf};
@@ -42,6 +42,14 @@ pub const VALUES_MAX: usize = h::SS_VALUES_MAX as usize;
 pub const WC_ENTRIES: u32 = h::SS_WC_ENTRIES as u32;
 /// Word-count cache slots per CPU.
 pub const WCC_SLOTS: u32 = h::SS_WCC_SLOTS as u32;
+/// Longest word the word-count cache holds; longer words are counted in `ss_wc` only.
+pub const WCC_WORD_BYTES: usize = h::SS_WCC_WORD_BYTES as usize;
+/// `SS_WCC_TAG_*`: how a cache slot's tag packs (window + 1, stream, len).
+const WCC_TAG_WINDOW_SHIFT: u32 = h::SS_WCC_TAG_WINDOW_SHIFT as u32;
+const WCC_TAG_STREAM_SHIFT: u32 = h::SS_WCC_TAG_STREAM_SHIFT as u32;
+const WCC_TAG_LEN_MASK: u64 = h::SS_WCC_TAG_LEN_MASK;
+/// The first window the cache does not hold (counted in `ss_wc` from there on).
+pub const WCC_WINDOW_END: u64 = h::SS_WCC_WINDOW_END;
 pub const CP_REF_MAX: usize = h::SS_CP_REF_MAX as usize;
 pub const CP_HISTORY_MAX: usize = h::SS_CP_HISTORY_MAX as usize;
 /// Values are micro-units: `value = micro / FIXED_SCALE`.
@@ -110,12 +118,21 @@ pub struct WcKey {
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct WccSlot {
+    /// `(window + 1) << SS_WCC_TAG_WINDOW_SHIFT | stream << SS_WCC_TAG_STREAM_SHIFT | len`; 0:
+    /// empty (see [`WccSlot::key`]).
     pub tag: AtomicU64,
     pub count: AtomicU64,
-    pub stream: AtomicU32,
-    pub len: AtomicU32,
-    pub word: [AtomicU64; WORD_KEY_BYTES / 8],
-    pub pad0: AtomicU64,
+    pub word: [AtomicU64; WCC_WORD_BYTES / 8],
+}
+
+impl WccSlot {
+    /// (window, stream, len) of a non-zero tag.
+    pub fn key(tag: u64) -> (u64, u32, usize) {
+        let window = (tag >> WCC_TAG_WINDOW_SHIFT).wrapping_sub(1);
+        let stream = ((tag >> WCC_TAG_STREAM_SHIFT) & 0xff) as u32;
+        let len = ((tag & WCC_TAG_LEN_MASK) as usize).min(WCC_WORD_BYTES);
+        (window, stream, len)
+    }
 }
 
 /// `struct ss_cp_state` (the lock word reads as 0 in a BPF_F_LOCK copy).
@@ -146,8 +163,10 @@ mirror!(
 );
 mirror!(StreamStats, ss_stream_stats, [datagrams, records, malformed, passed, alerts, events_lost, pad0, pad1]);
 mirror!(WcKey, ss_wc_key, [window, stream, len, word]);
-mirror!(WccSlot, ss_wcc_slot, [tag, count, stream, len, word, pad0]);
-const _: () = assert!(std::mem::align_of::<WccSlot>() == 8 && WORD_KEY_BYTES % 8 == 0);
+mirror!(WccSlot, ss_wcc_slot, [tag, count, word]);
+const _: () = assert!(std::mem::align_of::<WccSlot>() == 8 && WCC_WORD_BYTES % 8 == 0);
+const _: () = assert!(WCC_WORD_BYTES <= WORD_KEY_BYTES && WCC_TAG_LEN_MASK >= WCC_WORD_BYTES as u64);
+const _: () = assert!(STREAMS_MAX <= 256 && WCC_TAG_WINDOW_SHIFT >= WCC_TAG_STREAM_SHIFT + 8);
 mirror!(
     CpState,
     ss_cp_state,
@@ -319,8 +338,8 @@ impl WcCache {
         let len_bytes = slots * size_of::<WccSlot>();
         // SAFETY: mmap with a null hint creates a new mapping and touches no existing memory;
         // fd is the live ss_wcc map (BPF_F_MMAPABLE) loaded with max_entries = slots, whose
-        // value area is slots * 64 bytes (the array's stride for a 64-byte value), page
-        // aligned; failure is reported as MAP_FAILED.
+        // value area is slots * size_of::<WccSlot>() bytes (the array's stride for a value
+        // whose size is a multiple of 8), page aligned; failure is reported as MAP_FAILED.
         let p = unsafe {
             libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
@@ -335,7 +354,7 @@ impl WcCache {
     }
 
     fn slots(&self) -> &[WccSlot] {
-        // SAFETY: the mapping holds `slots` consecutive 64-byte elements (WccSlot's size, checked
+        // SAFETY: the mapping holds `slots` consecutive elements of WccSlot's size (checked
         // against the header), page aligned so 8-byte aligned; the kernel zero-fills it and
         // all-zero is a valid WccSlot (atomics); the slice lives no longer than &self, and the
         // mapping lives until self is dropped.
@@ -348,18 +367,21 @@ impl WcCache {
     fn take(&self, stream: u32, before_window: u64, into: &mut WindowCounts) {
         for c in self.slots() {
             let tag = c.tag.load(Ordering::Acquire);
-            if tag == 0 || tag > before_window || c.stream.load(Ordering::Relaxed) != stream {
+            if tag == 0 {
                 continue;
             }
-            let len = (c.len.load(Ordering::Relaxed) as usize).min(WORD_KEY_BYTES);
-            let mut word = Vec::with_capacity(WORD_KEY_BYTES);
+            let (window, s, len) = WccSlot::key(tag);
+            if s != stream || window >= before_window {
+                continue;
+            }
+            let mut word = Vec::with_capacity(WCC_WORD_BYTES);
             for w in &c.word {
                 word.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
             }
             word.truncate(len);
             let n = c.count.swap(0, Ordering::AcqRel);
             c.tag.store(0, Ordering::Release);
-            let e = into.entry((tag - 1, word)).or_insert(0);
+            let e = into.entry((window, word)).or_insert(0);
             *e = e.wrapping_add(n);
         }
     }
@@ -367,8 +389,8 @@ impl WcCache {
 
 impl Drop for WcCache {
     fn drop(&mut self) {
-        // SAFETY: base and slots * 64 bytes are exactly what mmap returned and was given; no
-        // reference into the mapping outlives self (slots() borrows self).
+        // SAFETY: base and slots * size_of::<WccSlot>() bytes are exactly what mmap returned and
+        // was given; no reference into the mapping outlives self (slots() borrows self).
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.slots * size_of::<WccSlot>()) };
     }
 }
