@@ -244,6 +244,88 @@ fn cache_slots_of_an_undrained_window_are_left_alone() {
     assert_eq!(by_window.values().sum::<u64>(), 600, "every word of the later windows: {by_window:?}");
 }
 
+/// Parses `payloads` as user space does and counts every word (the kernel consumed them all).
+fn user_counts(payloads: &[Vec<u8>]) -> BTreeMap<Vec<u8>, u64> {
+    let limits = Limits { word_bytes_max: 64, records_per_datagram_max: 65_536 };
+    let mut want = BTreeMap::new();
+    for p in payloads {
+        parse_words(p, &limits, |w| *want.entry(w.as_bytes().to_vec()).or_default() += 1);
+    }
+    want
+}
+
+/// Words around the cache's word limit (16 bytes) and the 8-byte steps of a slot's word: words
+/// that share their first 8 or 16 bytes, end in NUL bytes (a zero-padded slot must still tell
+/// `a` from `a\0`), and every length from 1 to the key's 32. The short ones are counted in
+/// cache slots, the longer ones in the hash map only; the drain must give exactly the
+/// user-space parser's counts, each word once.
+#[test]
+fn word_lengths_around_the_cache_limit_count_exactly() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    wc_stream(s, 8, 7008, u64::MAX / 4);
+    assert_eq!(ks::WCC_WORD_BYTES, 16, "the fixture's boundary words assume 16-byte slot words");
+    let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEF";
+    let mut words: Vec<Vec<u8>> = (1..=ks::WORD_KEY_BYTES).map(|n| alphabet[..n].to_vec()).collect();
+    for w in ["a\0", "a\0\0", "\0", "abcdefg\0", "abcdefgh\0", "abcdefghijklmno\0", "abcdefghijklmnop\0"] {
+        words.push(w.as_bytes().to_vec());
+    }
+    // The same lengths with a different last byte (same first 8 / 16 bytes).
+    for n in [8, 9, 15, 16, 17] {
+        let mut w = alphabet[..n].to_vec();
+        if let Some(last) = w.last_mut() {
+            *last = b'#';
+        }
+        words.push(w);
+    }
+    let mut payloads = Vec::new();
+    for round in 0..3 {
+        // Each word once, twice (reversed order), once: under the kernel's 2,048 payload bytes.
+        let mut p: Vec<u8> = Vec::new();
+        for (i, w) in words.iter().enumerate() {
+            let w = if round == 1 { &words[words.len() - 1 - i] } else { w };
+            for _ in 0..(1 + round % 2) {
+                p.extend_from_slice(w);
+                p.push(b" \t\n"[i % 3]);
+            }
+        }
+        payloads.push(p);
+    }
+    assert!(payloads.iter().all(|p| p.len() <= ks::STREAM_PAYLOAD_MAX));
+    run_all(s, 7008, &payloads, XDP_DROP);
+    let want = user_counts(&payloads);
+    assert_eq!(want.len(), words.len(), "every fixture word is distinct");
+    assert_eq!(drained(s, 8, u64::MAX), want);
+    assert!(drained(s, 8, u64::MAX).is_empty(), "the cache and the map are empty after a drain");
+    let st = s.stats(8).expect("stats");
+    assert_eq!((st.datagrams, st.passed, st.records), (3, 0, want.values().sum::<u64>()));
+}
+
+/// Windows past what a cache slot's tag holds (`WCC_WINDOW_END`) are counted in the map, with
+/// their full window number: 1 ns windows after 2^40 ns (18 minutes) of uptime.
+#[test]
+fn windows_past_the_cache_tag_are_counted_in_the_map() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    let t0 = slipstream_fastpath::clock_monotonic_ns();
+    if t0 < ks::WCC_WINDOW_END {
+        eprintln!("SKIP: uptime {t0} ns is below {} (1 ns windows still fit the cache's tag)", ks::WCC_WINDOW_END);
+        return;
+    }
+    wc_stream(s, 9, 7009, 1);
+    let payloads = word_datagrams("t", 40, 8, 3);
+    run_all(s, 7009, &payloads, XDP_DROP);
+    let t1 = slipstream_fastpath::clock_monotonic_ns();
+    let (d, err) = s.drain_wordcount(9, u64::MAX);
+    assert!(err.is_none(), "{err:?}");
+    let mut got: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    for (w, word, n) in d {
+        assert!((t0..=t1).contains(&w), "window {w} outside [{t0}, {t1}]: not truncated to the tag");
+        *got.entry(word).or_default() += n;
+    }
+    assert_eq!(got, user_counts(&payloads));
+}
+
 /// A full hash map: a datagram with a word that finds neither a cache slot nor room in the map
 /// passes to user space whole, and what it had counted before that word (in the cache and in
 /// the map) is undone exactly.
@@ -252,9 +334,13 @@ fn a_full_map_undoes_the_cache_too() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     wc_stream(s, 7, 7007, u64::MAX / 4);
+    // Words longer than a cache slot holds (the map only), counted while the map has room.
+    let long: Vec<Vec<u8>> = (0..10).map(|i| format!("long-word-{i:07}").into_bytes()).collect();
+    assert!(long.iter().all(|w| w.len() == ks::WCC_WORD_BYTES + 1));
+    let mut want: BTreeMap<Vec<u8>, u64> = long.iter().map(|w| (w.clone(), 1)).collect();
+    run_all(s, 7007, &[long.join(&b' ')], XDP_DROP);
     // Enough distinct words to fill every cache slot and the map.
     let distinct = ks::WC_ENTRIES as usize + ks::WCC_SLOTS as usize * cpus() + 5_000;
-    let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     let mut consumed_all = true;
     for (i, p) in word_datagrams("f", distinct, 200, 1).iter().enumerate() {
         let got = s.test_run(&udp_frame(false, 7007, p)).expect("test run");
@@ -268,11 +354,25 @@ fn a_full_map_undoes_the_cache_too() {
         }
     }
     assert!(!consumed_all, "the map never filled up");
-    // Words already counted (hot in a slot or in the map), then one that fits nowhere.
-    let counted: Vec<Vec<u8>> = want.keys().take(50).cloned().collect();
-    let mut p = counted.join(&b' ');
-    p.extend_from_slice(b" never-seen-before");
-    assert_eq!(s.test_run(&udp_frame(false, 7007, &p)).expect("test run"), XDP_PASS);
+    // Words already counted (short ones in a slot or in the map, long ones in the map), then
+    // one that fits nowhere: a long word (map only) and a short one (its slot taken).
+    let counted: Vec<Vec<u8>> = want.keys().filter(|w| w.starts_with(b"f")).take(50).cloned().collect();
+    for never in [&b"never-seen-before"[..], b"f-never"] {
+        let mut p = counted.join(&b' ');
+        p.push(b' ');
+        p.extend_from_slice(&long.join(&b' '));
+        p.push(b' ');
+        p.extend_from_slice(never);
+        assert_eq!(s.test_run(&udp_frame(false, 7007, &p)).expect("test run"), XDP_PASS);
+    }
+    // Only words counted before: the kernel still takes it with the map full.
+    let mut again = counted.join(&b' ');
+    again.push(b' ');
+    again.extend_from_slice(&long.join(&b' '));
+    assert_eq!(s.test_run(&udp_frame(false, 7007, &again)).expect("test run"), XDP_DROP);
+    for w in counted.iter().chain(&long) {
+        *want.entry(w.clone()).or_default() += 1;
+    }
     assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
 }
 
