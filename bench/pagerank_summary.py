@@ -66,6 +66,16 @@ def main(out):
         if a in med and b in med:
             lines.append("%s / %s: " % (a, b) + ", ".join(
                 "%s %.2f" % (k, med[a][k] / med[b][k]) for k in KEYS if med[b][k] > 0) + "  ")
+    # Where an iteration's time goes: its job's stages that ran (map sides of the two shuffles,
+    # then the result stage), median per position over iterations 1.. of every measured round.
+    lines += ["", "| manager | iteration stages' wall ms (median per stage, in stage order) |", "|---|---|"]
+    for m in MANAGERS:
+        lists = [st for x in at if x["manager"] == m for st in x.get("iter_stage_ms", [])[1:]]
+        width = statistics.mode(len(st) for st in lists) if lists else 0
+        lists = [st for st in lists if len(st) == width]
+        if lists:
+            lines.append("| %s | %s |" % (m, " + ".join("%.0f" % statistics.median(st[i] for st in lists)
+                                                          for i in range(width))))
     orders = sorted({x.get("order", "") for x in at})
     lines += ["", "| invocation (order) | " + " | ".join("%s per-iteration ms" % m for m in MANAGERS) + " |",
               "|---|" + "---:|" * len(MANAGERS)]

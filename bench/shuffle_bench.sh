@@ -23,7 +23,7 @@
 # bench/shuffle_profile.py summarises the reduce stages' task-thread samples.
 # Local path only (executors and the daemon on one host); the sort shuffle compresses (lz4,
 # Spark's default), Slipstream does not.
-# PAGERANK=1: issue 17's GraphX PageRank instead of GroupBy (bench/PageRankBench.java: GraphX's
+# PAGERANK=1: issue 17's GraphX PageRank instead of GroupBy (connectors/spark/.../bench/PageRankBench.java: GraphX's
 # PageRank.run, ITERATIONS iterations on a generated power-law graph of VERTICES vertices in PARTS
 # partitions, per-iteration job times from Spark's listener, ranks compared across managers; the
 # driver exits 1 when they differ), summary by bench/pagerank_summary.py. Knobs: VERTICES

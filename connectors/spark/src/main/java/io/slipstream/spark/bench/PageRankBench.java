@@ -14,7 +14,8 @@
 // materialises that iteration's two shuffles (aggregateMessages' messages to the vertex
 // partitions, the new ranks shipped to the edge partitions). The listener takes each such job's
 // submission → end time from Spark's listener bus (SparkListenerJobStart/End), and the summed task
-// CPU, shuffle write bytes and fetch wait of that job's stages. Iteration 0 also builds the
+// CPU, shuffle write bytes and fetch wait of that job's stages, and each stage's wall time (the
+// stages that ran, in stage-id order). Iteration 0 also builds the
 // initial rank graph (out-degrees), so the summary reports iterations 1..n-1 apart.
 //
 // Ranks check: after every round, the sum of all ranks, a few fixed vertices and the top 5 are
@@ -71,6 +72,8 @@ public final class PageRankBench {
         final Map<Integer, Long> cpuMs = new HashMap<>();
         final Map<Integer, Long> writeBytes = new HashMap<>();
         final Map<Integer, Long> fetchWaitMs = new HashMap<>();
+        /** Per job: its stages that ran (skipped ones never complete), by stage id: wall ms. */
+        final Map<Integer, java.util.TreeMap<Integer, Long>> stageMs = new HashMap<>();
 
         @Override
         public synchronized void onJobStart(SparkListenerJobStart e) {
@@ -107,6 +110,10 @@ public final class PageRankBench {
             cpuMs.merge(job, s.taskMetrics().executorCpuTime() / 1_000_000, Long::sum);
             writeBytes.merge(job, s.taskMetrics().shuffleWriteMetrics().bytesWritten(), Long::sum);
             fetchWaitMs.merge(job, s.taskMetrics().shuffleReadMetrics().fetchWaitTime(), Long::sum);
+            if (s.submissionTime().isDefined() && s.completionTime().isDefined()) {
+                stageMs.computeIfAbsent(job, j -> new java.util.TreeMap<>()).put(s.stageId(),
+                        (Long) s.completionTime().get() - (Long) s.submissionTime().get());
+            }
         }
 
         synchronized void clear() {
@@ -116,6 +123,7 @@ public final class PageRankBench {
             cpuMs.clear();
             writeBytes.clear();
             fetchWaitMs.clear();
+            stageMs.clear();
         }
     }
 
@@ -209,6 +217,7 @@ public final class PageRankBench {
                 List<Long> iterCpuMs = new ArrayList<>();
                 List<Long> iterWriteBytes = new ArrayList<>();
                 List<Long> iterFetchWaitMs = new ArrayList<>();
+                List<List<Long>> iterStageMs = new ArrayList<>();
                 synchronized (jobs) {
                     List<Integer> ids = new ArrayList<>(jobs.start.keySet());
                     java.util.Collections.sort(ids);
@@ -217,6 +226,7 @@ public final class PageRankBench {
                         iterCpuMs.add(jobs.cpuMs.getOrDefault(id, 0L));
                         iterWriteBytes.add(jobs.writeBytes.getOrDefault(id, 0L));
                         iterFetchWaitMs.add(jobs.fetchWaitMs.getOrDefault(id, 0L));
+                        iterStageMs.add(new ArrayList<>(jobs.stageMs.getOrDefault(id, new java.util.TreeMap<>()).values()));
                     }
                 }
 
@@ -253,12 +263,12 @@ public final class PageRankBench {
                 System.out.printf("{\"job\":\"pagerank\",\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"vertices\":%d,"
                         + "\"edges\":%d,\"parts\":%d,\"mu\":%s,\"sigma\":%s,\"skew\":%s,\"seed\":%d,\"kryo\":%b,"
                         + "\"iterations\":%d,\"master\":\"%s\",\"order\":\"%s\",\"pagerank_ms\":%d,\"iter_ms\":%s,"
-                        + "\"iter_cpu_ms\":%s,\"iter_shuffle_write_bytes\":%s,\"iter_fetch_wait_ms\":%s,"
+                        + "\"iter_cpu_ms\":%s,\"iter_shuffle_write_bytes\":%s,\"iter_fetch_wait_ms\":%s,\"iter_stage_ms\":%s,"
                         + "\"host_cpu_s\":%.2f,\"rank_sum\":%.12f,\"top_ids\":%s,\"max_rel_diff\":%.3e,"
                         + "\"ranks_match\":%b}%n",
                         manager, round, round == 0, vertexCount, edgeCount, parts, mu, sigma, skew, seed, kryo,
                         iterations, master, String.join(",", managers), pagerankMs, iterMs, iterCpuMs,
-                        iterWriteBytes, iterFetchWaitMs, hostCpuS, sum, topIds,
+                        iterWriteBytes, iterFetchWaitMs, iterStageMs, hostCpuS, sum, topIds,
                         Double.isInfinite(diff) ? Double.MAX_VALUE : diff, match);
             }
             spark.stop();
