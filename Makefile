@@ -95,7 +95,7 @@ shuffle-bench: build
 
 # GraphX PageRank, 10 iterations on a generated power-law graph, the same three managers and
 # cluster, per-iteration time, ranks compared across managers (PAGERANK=1 bench/shuffle_bench.sh;
-# run time in docs/benchmarks.md).
+# about 8 minutes on the loaded 2-core machine).
 PAGERANK_BENCH = SKIP_BUILD=1 PAGERANK=1 RUNS=3 bash bench/shuffle_bench.sh
 pagerank-bench: build
 	$(PAGERANK_BENCH)
