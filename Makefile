@@ -6,7 +6,7 @@ BIN := target/release/slipstream
 # Embedded defaults for `make run`: memcached's, on loopback.
 RUN_ARGS ?= -l 127.0.0.1 -p 11211 -U 11211 --admin 127.0.0.1:9180
 
-.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench shuffle-bench hbase-bench bench fuzz clean cluster
+.PHONY: all setup build run test lint test-rust test-py test-spark spark-build hbase-build hbase-run hbase-thrift-gen test-hbase-java spark-wordcount spark-changepoint spark-bench shuffle-bench pagerank-bench hbase-bench bench fuzz clean cluster
 
 all: build
 
@@ -93,6 +93,13 @@ SHUFFLE_BENCH = SKIP_BUILD=1 RECORDS=4000000 SHAPES="8x8 200x200" RUNS=2 bash be
 shuffle-bench: build
 	$(SHUFFLE_BENCH)
 
+# GraphX PageRank, 10 iterations on a generated power-law graph, the same three managers and
+# cluster, per-iteration time, ranks compared across managers (PAGERANK=1 bench/shuffle_bench.sh;
+# about 8 minutes on the loaded 2-core machine).
+PAGERANK_BENCH = SKIP_BUILD=1 PAGERANK=1 RUNS=3 bash bench/shuffle_bench.sh
+pagerank-bench: build
+	$(PAGERANK_BENCH)
+
 # HBase range cache with the Rust load generator (bench/hbase_load_bench.py, about 2 minutes;
 # bench/hbase_zipf_bench.py, Zipf scans with 5% writes over k-fold overlapping ranges, about 5).
 hbase-bench: build
@@ -109,6 +116,7 @@ bench: build
 	bash bench/wordcount_xdpgen.sh
 	bash bench/spark_bench.sh
 	$(SHUFFLE_BENCH)
+	$(PAGERANK_BENCH)
 	python3 bench/shuffle_peer_bench.py
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench

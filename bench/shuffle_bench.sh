@@ -23,8 +23,15 @@
 # bench/shuffle_profile.py summarises the reduce stages' task-thread samples.
 # Local path only (executors and the daemon on one host); the sort shuffle compresses (lz4,
 # Spark's default), Slipstream does not.
+# PAGERANK=1: issue 17's GraphX PageRank instead of GroupBy (connectors/spark/.../bench/PageRankBench.java: GraphX's
+# PageRank.run, ITERATIONS iterations on a generated power-law graph of VERTICES vertices in PARTS
+# partitions, per-iteration job times from Spark's listener, ranks compared across managers; the
+# driver exits 1 when they differ), summary by bench/pagerank_summary.py. Knobs: VERTICES
+# [200000], PARTS [8], MU [2.0], SIGMA [1.3] (log-normal out-degrees), SKEW [3] (in-degree power
+# law), SEED [17], ITERATIONS [10], KRYO [1]; RUNS as above.
 #
-# Output: RESULTS_DIR (default bench/results/shuffle-<UTC timestamp>/): shuffle.jsonl, summary.md,
+# Output: RESULTS_DIR (default bench/results/shuffle-<UTC timestamp>/, pagerank-... with PAGERANK=1):
+# shuffle.jsonl (pagerank.jsonl), summary.md,
 # uptime.txt (load before/after), executor-logs/.
 # Knobs: RECORDS [1000000], SHAPES ["8x8"; e.g. "8x8 200x200"], VALUE_BYTES [100], RUNS [5, per invocation
 #   and manager: 2 x RUNS measured rounds each], MEMORY_MB [4096], MASTER [local-cluster[2,1,1024]],
@@ -36,7 +43,9 @@ BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
 RECORDS="${RECORDS:-1000000}" SHAPES="${SHAPES:-8x8}" VALUE_BYTES="${VALUE_BYTES:-100}"
 MANAGERS="${MANAGERS:-sort,tuned,slipstream}"
 RUNS="${RUNS:-5}" MEMORY_MB="${MEMORY_MB:-4096}" MASTER="${MASTER:-local-cluster[2,1,1024]}"
-OUT="$(realpath -m "${RESULTS_DIR:-$ROOT/bench/results/shuffle-$(date -u +%Y%m%dT%H%M%SZ)}")"  # absolute: executors run elsewhere
+PAGERANK="${PAGERANK:-0}"
+KIND=shuffle; [[ "$PAGERANK" == 1 ]] && KIND=pagerank
+OUT="$(realpath -m "${RESULTS_DIR:-$ROOT/bench/results/$KIND-$(date -u +%Y%m%dT%H%M%SZ)}")"  # absolute: executors run elsewhere
 mkdir -p "$OUT"
 JAR="$ROOT/connectors/spark/target/slipstream-spark-0.1.0.jar"
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
@@ -78,6 +87,22 @@ REVERSED=$(tr ',' '\n' <<<"$MANAGERS" | tac | paste -sd,)
 EXTRA=()
 [[ "${PROFILE:-0}" == 1 ]] && { mkdir -p "$OUT/jfr"; EXTRA+=(jfr_dir="$OUT/jfr"); }
 [[ -n "${TUNED_CONF:-}" ]] && EXTRA+=(tuned_conf="$TUNED_CONF")
+if [[ "$PAGERANK" == 1 ]]; then
+    RC=0
+    for order in "$MANAGERS" "$REVERSED"; do
+        # The driver exits 1 when the managers' ranks differ: its rounds are still kept, then fail.
+        SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
+            io.slipstream.spark.bench.PageRankBench endpoint=127.0.0.1:"$PORT" vertices="${VERTICES:-200000}" \
+            parts="${PARTS:-8}" mu="${MU:-2.0}" sigma="${SIGMA:-1.3}" skew="${SKEW:-3}" seed="${SEED:-17}" \
+            iterations="${ITERATIONS:-10}" kryo="${KRYO:-1}" runs="$RUNS" master="$MASTER" jar="$JAR" \
+            managers="$order" daemon_pid="$DAEMON" "${EXTRA[@]}" > "$OUT/driver-$order.out" || RC=$?
+        grep '^{' "$OUT/driver-$order.out" | tee -a "$OUT/pagerank.jsonl"
+        uptime >> "$OUT/uptime.txt"
+        if [[ "$MANAGERS" == "$REVERSED" ]]; then break; fi
+    done
+    python3 "$ROOT/bench/pagerank_summary.py" "$OUT"
+    exit "$RC"
+fi
 for shape in $SHAPES; do
     MAPS=${shape%x*} REDUCES=${shape#*x}
     for order in "$MANAGERS" "$REVERSED"; do

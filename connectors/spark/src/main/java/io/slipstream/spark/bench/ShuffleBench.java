@@ -103,11 +103,7 @@ public final class ShuffleBench {
     }
 
     public static void main(String[] args) throws Exception {
-        Map<String, String> o = new HashMap<>();
-        for (String a : args) {
-            int eq = a.indexOf('=');
-            o.put(a.substring(0, eq), a.substring(eq + 1));
-        }
+        Map<String, String> o = args(args);
         long records = Long.parseLong(o.getOrDefault("records", "1000000"));
         int maps = Integer.parseInt(o.getOrDefault("maps", "8"));
         int reduces = Integer.parseInt(o.getOrDefault("reduces", "8"));
@@ -119,39 +115,11 @@ public final class ShuffleBench {
         long daemonPid = Long.parseLong(o.getOrDefault("daemon_pid", "0"));
         String jfrDir = o.get("jfr_dir");
         // tuned_conf=k=v;k=v replaces TUNED (for trying other settings of the built-in shuffle).
-        String[][] tuned = TUNED;
-        if (o.containsKey("tuned_conf")) {
-            tuned = java.util.Arrays.stream(o.get("tuned_conf").split(";")).filter(x -> !x.isBlank())
-                    .map(x -> x.split("=", 2)).toArray(String[][]::new);
-        }
+        String[][] tuned = tuned(o);
         // The order the managers run in (the script alternates it between invocations).
         List<String> managers = List.of(o.getOrDefault("managers", "sort,slipstream").split(","));
         for (String manager : managers) {
-            SparkSession.Builder b = SparkSession.builder().master(master).appName("shuffle-bench-" + manager)
-                    .config("spark.ui.enabled", "false")
-                    .config("spark.driver.host", "127.0.0.1")
-                    .config("spark.driver.bindAddress", "127.0.0.1");
-            if (jar != null) {
-                b.config("spark.jars", jar);
-            }
-            if (manager.equals("tuned")) {
-                for (String[] kv : tuned) {
-                    b.config(kv[0], kv[1]);
-                }
-            }
-            if (jfrDir != null) {
-                // Made here: JFR writes one file per JVM into an existing directory, but takes a
-                // missing one for a file name (and the executors then overwrite each other).
-                new java.io.File(jfrDir, manager).mkdirs();
-                // One recording per executor JVM (a directory: JFR names the files), for the
-                // reduce stage's profile (bench/shuffle_profile.py reads the task threads' samples).
-                b.config("spark.executor.extraJavaOptions", "-XX:StartFlightRecording=settings=profile,filename="
-                        + jfrDir + "/" + manager + "/");
-            }
-            if (manager.equals("slipstream")) {
-                b.config("spark.shuffle.manager", SlipstreamShuffleManager.class.getName())
-                        .config(SlipstreamShuffleManager.ENDPOINT, endpoint);
-            }
+            SparkSession.Builder b = builder("shuffle-bench-" + manager, manager, master, jar, endpoint, tuned, jfrDir);
             SparkSession spark = b.getOrCreate();
             spark.sparkContext().setLogLevel("ERROR");
             Stages stages = new Stages();
@@ -213,6 +181,64 @@ public final class ShuffleBench {
             }
             spark.stop();
         }
+    }
+
+    /**
+     * A session builder for one manager, the same for every bench driver here (GroupBy, PageRank):
+     * `jar` in spark.jars (executor JVMs load the manager and the job's code from it), `tuned`'s
+     * settings for the tuned sort shuffle, Slipstream's manager and endpoint, and JFR recordings
+     * per executor JVM into `jfrDir`/`manager`/ when `jfrDir` is set.
+     */
+    static SparkSession.Builder builder(String app, String manager, String master, String jar, String endpoint,
+            String[][] tuned, String jfrDir) {
+        SparkSession.Builder b = SparkSession.builder().master(master).appName(app)
+                .config("spark.ui.enabled", "false")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1");
+        if (jar != null) {
+            b.config("spark.jars", jar);
+        }
+        if (manager.equals("tuned")) {
+            for (String[] kv : tuned) {
+                b.config(kv[0], kv[1]);
+            }
+        }
+        if (jfrDir != null) {
+            // Made here: JFR writes one file per JVM into an existing directory, but takes a
+            // missing one for a file name (and the executors then overwrite each other).
+            new java.io.File(jfrDir, manager).mkdirs();
+            // One recording per executor JVM (a directory: JFR names the files), for the
+            // reduce stage's profile (bench/shuffle_profile.py reads the task threads' samples).
+            b.config("spark.executor.extraJavaOptions", "-XX:StartFlightRecording=settings=profile,filename="
+                    + jfrDir + "/" + manager + "/");
+        }
+        if (manager.equals("slipstream")) {
+            b.config("spark.shuffle.manager", SlipstreamShuffleManager.class.getName())
+                    .config(SlipstreamShuffleManager.ENDPOINT, endpoint);
+        }
+        return b;
+    }
+
+    /** `tuned_conf=k=v;k=v` from the arguments, or TUNED. */
+    static String[][] tuned(Map<String, String> o) {
+        if (!o.containsKey("tuned_conf")) {
+            return TUNED;
+        }
+        return java.util.Arrays.stream(o.get("tuned_conf").split(";")).filter(x -> !x.isBlank())
+                .map(x -> x.split("=", 2)).toArray(String[][]::new);
+    }
+
+    /** `k=v` arguments as a map. */
+    static Map<String, String> args(String[] args) {
+        Map<String, String> o = new HashMap<>();
+        for (String a : args) {
+            int eq = a.indexOf('=');
+            if (eq < 0) {
+                throw new IllegalArgumentException("argument not k=v: " + a);
+            }
+            o.put(a.substring(0, eq), a.substring(eq + 1));
+        }
+        return o;
     }
 
     static int lastStage(Stages stages) {
