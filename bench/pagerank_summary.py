@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 
-MANAGERS = ("sort", "tuned", "slipstream")
+from shuffle_summary import MANAGERS, invocation_table
 
 
 def per_round(r):
@@ -76,15 +76,7 @@ def main(out):
         if lists:
             lines.append("| %s | %s |" % (m, " + ".join("%.0f" % statistics.median(st[i] for st in lists)
                                                           for i in range(width))))
-    orders = sorted({x.get("order", "") for x in at})
-    lines += ["", "| invocation (order) | " + " | ".join("%s per-iteration ms" % m for m in MANAGERS) + " |",
-              "|---|" + "---:|" * len(MANAGERS)]
-    for o in orders:
-        cells = []
-        for m in MANAGERS:
-            r = [per_round(x)["iter_ms"] for x in at if x["manager"] == m and x.get("order", "") == o]
-            cells.append("%.0f" % statistics.median(r) if r else "-")
-        lines.append("| %s | %s |" % (o, " | ".join(cells)))
+    lines += invocation_table(at, "per-iteration ms", lambda x: per_round(x)["iter_ms"])
     bad = [r for r in rows if not r["ranks_match"]]
     # Each driver run compares with its own first round; across runs the sums and top vertices.
     sums = [r["rank_sum"] for r in rows]

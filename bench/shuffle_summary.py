@@ -17,6 +17,20 @@ KEYS = ("map_stage_ms", "reduce_stage_ms", "fetch_wait_ms", "job_ms", "map_cpu_m
 MANAGERS = ("sort", "tuned", "slipstream")
 
 
+def invocation_table(rounds, what, value):
+    """Markdown lines: the median of `value(round)` per driver invocation (its manager order) and
+    manager, so a figure can be compared within one invocation (also used by pagerank_summary)."""
+    lines = ["", "| invocation (order) | " + " | ".join("%s %s" % (m, what) for m in MANAGERS) + " |",
+             "|---|" + "---:|" * len(MANAGERS)]
+    for o in sorted({x.get("order", "") for x in rounds}):
+        cells = []
+        for m in MANAGERS:
+            r = [value(x) for x in rounds if x["manager"] == m and x.get("order", "") == o]
+            cells.append("%.0f" % statistics.median(r) if r else "-")
+        lines.append("| %s | %s |" % (o, " | ".join(cells)))
+    return lines
+
+
 def main(out):
     rows = [json.loads(line) for line in open(os.path.join(out, "shuffle.jsonl")) if line.strip()]
     for r in rows:
@@ -48,15 +62,7 @@ def main(out):
         if "tuned" in med and "sort" in med:
             lines.append("tuned / sort: " + ", ".join(
                 "%s %.2f" % (k, med["tuned"][k] / med["sort"][k]) for k in KEYS if med["sort"][k] > 0) + "  ")
-        orders = sorted({x.get("order", "") for x in at})
-        lines += ["", "| invocation (order) | " + " | ".join("%s reduce stage ms" % m for m in MANAGERS) + " |",
-                  "|---|" + "---:|" * len(MANAGERS)]
-        for o in orders:
-            cells = []
-            for m in MANAGERS:
-                r = [x["reduce_stage_ms"] for x in at if x["manager"] == m and x.get("order", "") == o]
-                cells.append("%.0f" % statistics.median(r) if r else "-")
-            lines.append("| %s | %s |" % (o, " | ".join(cells)))
+        lines += invocation_table(at, "reduce stage ms", lambda x: x["reduce_stage_ms"])
         lines.append("")
     text = "\n".join(lines) + "\n"
     open(os.path.join(out, "summary.md"), "w").write(text)
