@@ -19,7 +19,9 @@ box they otherwise take the cores from the daemons, which remote clients would n
 
 Writes JSON (bench/results/isolation-<date>.json) and docs/img/isolation.png; prints a table.
 Env: CAPACITY (40000000), T0_RATE (1000), DURATION_S (8), REPEATS (1), READERS_SCHED ("" or
-idle), SLIPSTREAM_BIN, LOADGEN. Daemons are SIGKILLed at the end, failure or not.
+idle), SLIPSTREAM_BIN, LOADGEN; NODE_CPU / CLIENT_CPU / CPU_SHARES: emulated machines
+(bench/cpugroups.py: each daemon in its own cpu cgroup with NODE_CPU cores, the load generators
+in a clients' group), removed at the end. Daemons are SIGKILLed at the end, failure or not.
 Not for: shaping accuracy (bench/tenant_bench.sh) or failover (bench/failover_bench.py).
 """
 
@@ -35,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import cpugroups  # noqa: E402
 from replbench import Cluster, Tenant  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
@@ -78,6 +81,19 @@ def point(c, k, t0_rate, duration_s, t0_prio, readers_prio):
 
 
 def main():
+    groups = cpugroups.from_env("slipstream-isolation-%d" % os.getpid(), NODES)
+    if groups is not None:
+        groups.setup()
+    try:
+        if groups is not None:
+            groups.join_clients()
+        run(groups)
+    finally:
+        if groups is not None:
+            groups.remove()
+
+
+def run(groups):
     capacity = int(os.environ.get("CAPACITY", "40000000"))
     t0_rate = float(os.environ.get("T0_RATE", "1000"))
     duration_s = int(os.environ.get("DURATION_S", "8"))
@@ -94,7 +110,8 @@ def main():
     tenants += [Tenant(r, replicas=1, share=0.125, on=[1], memory_mb=16) for r in READERS]
     shaping = ["egress_bytes_per_s = %d" % capacity, "ingress_bytes_per_s = %d" % capacity]
     root = tempfile.mkdtemp(prefix="slipstream-isolation-")
-    c = Cluster(root, NODES, tenants, fsync="batch", shaping=shaping)
+    c = Cluster(root, NODES, tenants, fsync="batch", shaping=shaping, groups=groups)
+    print("# %s" % (groups.describe() if groups else "no emulation"), flush=True)
     rows = []
     try:
         for n in NODES:
@@ -116,16 +133,23 @@ def main():
                duration_s, commit), flush=True)
         for k in order:
             load = open("/proc/loadavg").read().split()[0]
+            cg_before = groups.report() if groups else {}
             t0, rd = point(c, k, t0_rate, duration_s, t0_prio, readers_prio)
+            cg = {g: {x: round(v - cg_before.get(g, {}).get(x, 0), 3) for x, v in d.items()}
+                  for g, d in (groups.report() if groups else {}).items()}
             mbps = sum(r["ops_per_s"] * VALUE_BYTES for r in rd) / 1e6
             row = {"readers": k, "t0_p50_us": t0["lat_ns"]["p50"] / 1e3, "t0_p99_us": t0["lat_ns"]["p99"] / 1e3,
                    "t0_p999_us": t0["lat_ns"]["p999"] / 1e3, "t0_ops_per_s": t0["ops_per_s"],
                    "t0_errors": t0["errors"], "readers_mb_per_s": mbps,
-                   "reader_mb_per_s_each": [r["ops_per_s"] * VALUE_BYTES / 1e6 for r in rd], "load1": load}
+                   "reader_mb_per_s_each": [r["ops_per_s"] * VALUE_BYTES / 1e6 for r in rd], "load1": load,
+                   "cpu_groups": cg}
             rows.append(row)
             print("  readers %d: t0 p50 %.0f us p99 %.0f us (%.0f sets/s, %d errors); readers %.2f MB/s "
                   "(share %.2f MB/s each); load %s" % (k, row["t0_p50_us"], row["t0_p99_us"], row["t0_ops_per_s"],
                                                       row["t0_errors"], mbps, capacity / 8e6, load), flush=True)
+            if cg:
+                print("    cpu s (throttled s): %s" % ", ".join("%s %.2f (%.2f)" % (g, d["cpu_s"], d["throttled_s"])
+                                                          for g, d in cg.items()), flush=True)
     finally:
         c.stop_all()
         shutil.rmtree(root, ignore_errors=True)
@@ -147,6 +171,7 @@ def main():
     with open(out_path, "w") as fh:
         json.dump({"commit": commit, "capacity_bytes_per_s": capacity, "t0_rate": t0_rate, "duration_s": duration_s,
                    "readers_sched": readers_sched or "normal", "t0_rt": bool(t0_prio), "rows": rows,
+                   "cpu_groups": groups.describe() if groups else "none",
                    "summary": summary}, fh, indent=1)
     import matplotlib
     matplotlib.use("Agg")
