@@ -11,15 +11,16 @@ real-time priority when `chrt -f` works (as bench/tenant_bench.sh's isolation ru
 is the daemons', not how Linux schedules the clients); readers r1..rk run closed loop gets of
 1000-byte values (prefilled: every get hits), 4 connections x pipeline 8 each, far above their
 share, all starting on the same instant as t0's client. k = 0..7 (the figure's x axis), in the
-order 0..7 then 7..0 (REPEATS times), DURATION_S windows. Per point: t0's set latency p50/p99
+order POINTS (0..7 then 7..0) REPEATS times, DURATION_S windows. Per point: t0's set latency p50/p99
 (a set is answered once committed by a majority and applied), the readers' MB/s.
 
 READERS_SCHED=idle runs the readers' generators under SCHED_IDLE (chrt -i 0): on this 2-core
 box they otherwise take the cores from the daemons, which remote clients would not.
 
 Writes JSON (bench/results/isolation-<date>.json) and docs/img/isolation.png; prints a table.
-Env: CAPACITY (40000000), T0_RATE (1000), DURATION_S (8), REPEATS (1), READERS_SCHED ("" or
-idle), SLIPSTREAM_BIN, LOADGEN; NODE_CPU / CLIENT_CPU / CPU_SHARES: emulated machines
+Env: CAPACITY (40000000), T0_RATE (1000), DURATION_S (8), REPEATS (1), POINTS (the reader
+counts in order, default "0 1 2 3 4 5 6 7 7 6 5 4 3 2 1 0"; e.g. "0 7 0 7" for paired runs of the
+two ends), READERS_SCHED ("" or idle), SLIPSTREAM_BIN, LOADGEN; NODE_CPU / CLIENT_CPU / CPU_SHARES: emulated machines
 (bench/cpugroups.py: each daemon in its own cpu cgroup with NODE_CPU cores, the load generators
 in a clients' group), removed at the end. Daemons are SIGKILLed at the end, failure or not.
 Not for: shaping accuracy (bench/tenant_bench.sh) or failover (bench/failover_bench.py).
@@ -99,6 +100,9 @@ def run(groups):
     duration_s = int(os.environ.get("DURATION_S", "8"))
     repeats = int(os.environ.get("REPEATS", "1"))
     readers_sched = os.environ.get("READERS_SCHED", "")
+    points = [int(k) for k in os.environ.get("POINTS", "0 1 2 3 4 5 6 7 7 6 5 4 3 2 1 0").split()]
+    if not points or any(k < 0 or k > len(READERS) for k in points):
+        raise SystemExit("POINTS: reader counts 0..%d" % len(READERS))
     out_path = os.environ.get("OUT", os.path.join(REPO, "bench", "results",
                                                   "isolation-%s.json" % time.strftime("%Y%m%d-%H%M%S")))
     png = os.environ.get("PNG", os.path.join(REPO, "docs", "img", "isolation.png"))
@@ -127,7 +131,7 @@ def run(groups):
                 raise RuntimeError("prefill failed: %s" % e[-2000:])
         order = []
         for _ in range(repeats):
-            order += list(range(8)) + list(range(7, -1, -1))
+            order += points
         print("capacity %d B/s, t0 %g sets/s open loop%s, readers %s, %d s windows, commit %s" %
               (capacity, t0_rate, " (chrt -f 10)" if t0_prio else "", "SCHED_IDLE" if readers_prio else "normal",
                duration_s, commit), flush=True)
@@ -154,15 +158,16 @@ def run(groups):
         c.stop_all()
         shutil.rmtree(root, ignore_errors=True)
     summary = {}
-    for k in range(8):
+    ks = sorted(set(points))
+    for k in ks:
         pts = [r for r in rows if r["readers"] == k]
         p50 = sorted(r["t0_p50_us"] for r in pts)
         p99 = sorted(r["t0_p99_us"] for r in pts)
         summary[k] = {"p50_us_median": statistics.median(p50), "p99_us_median": statistics.median(p99),
                       "p50_us": p50, "p99_us": p99,
                       "readers_mb_per_s": statistics.median(r["readers_mb_per_s"] for r in pts)}
-    base = summary[0]
-    for k in range(8):
+    base = summary[ks[0]]
+    for k in ks:
         s = summary[k]
         print("  %d readers: t0 p50 %.0f us (%+.0f%%) p99 %.0f us (%+.0f%%), readers %.1f MB/s" %
               (k, s["p50_us_median"], (s["p50_us_median"] / base["p50_us_median"] - 1) * 100, s["p99_us_median"],
@@ -180,7 +185,7 @@ def run(groups):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for key, label, m in (("t0_p50_us", "p50", "o"), ("t0_p99_us", "p99", "s")):
         ax.scatter([r["readers"] for r in rows], [r[key] for r in rows], marker=m, alpha=0.5)
-        ax.plot(range(8), [summary[k][key.replace("t0_", "") + "_median"] for k in range(8)], marker=m,
+        ax.plot(ks, [summary[k][key.replace("t0_", "") + "_median"] for k in ks], marker=m,
                 label="t0 replicated set latency %s (median of runs)" % label)
     ax.set_xlabel("tenants reading at their share on t0's leader node")
     ax.set_ylabel("latency (us)")
