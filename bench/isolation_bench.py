@@ -30,6 +30,7 @@ import json
 import statistics
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -200,4 +201,6 @@ def run(groups):
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like an exception, so the daemons are killed and the cgroups removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     main()
