@@ -24,7 +24,9 @@ Runs once per TIMINGS entry ("tick_ms/election_ticks/heartbeat_ticks", raft's cl
 
 Env: KILLS (20), TIMINGS ("100/10/3 50/8/2"), WRITE_RATE (100 per writer per s),
 CLIENT_TIMEOUT_MS (200), QUIET_S (2), WAIT_MS (daemon wait_ms, 3000), FSYNC (batch),
-SLIPSTREAM_BIN.
+SLIPSTREAM_BIN; NODE_CPU / CLIENT_CPU / CPU_SHARES: emulated machines (bench/cpugroups.py:
+each daemon in its own cpu cgroup with NODE_CPU cores, this script and its writers in a clients'
+group), removed at the end.
 Every daemon is SIGKILLed and every writer stopped at the end, failure or not; waits bounded.
 Not for: correctness under faults (replication_linearizable.rs, test_replication_faults.py).
 """
@@ -43,6 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import cpugroups  # noqa: E402
 from replbench import Cluster, Tenant  # noqa: E402
 
 TENANTS = ("t0", "t1", "t2")
@@ -159,9 +162,9 @@ class Tail:
         return None
 
 
-def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root):
+def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, groups=None):
     tenants = [Tenant(t, replicas=3, preferred_leader=k + 1, share=0.3) for k, t in enumerate(TENANTS)]
-    c = Cluster(root, NODES, tenants, timing=timing, wait_ms=wait_ms, fsync=FSYNC)
+    c = Cluster(root, NODES, tenants, timing=timing, wait_ms=wait_ms, fsync=FSYNC, groups=groups)
     writers = {}
     rounds = []
     try:
@@ -326,13 +329,41 @@ def main():
     png = os.environ.get("PNG", os.path.join(repo, "docs", "img", "failover.png"))
     commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = []
+    groups = cpugroups.from_env("slipstream-failover-%d" % os.getpid(), NODES)
+    if groups is not None:
+        groups.setup()
+        groups.join_clients()
+    print("# %s" % (groups.describe() if groups else "no emulation"), flush=True)
+    try:
+        run_all(timings, kills, rate, client_timeout_ms, quiet_s, wait_ms, groups, results)
+    finally:
+        if groups is not None:
+            groups.remove()
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump({"commit": commit, "fsync": FSYNC, "kills": kills, "write_rate": rate, "client_timeout_ms": client_timeout_ms,
+                   "quiet_s": quiet_s, "wait_ms": wait_ms, "cpu_groups": groups.describe() if groups else "none",
+                   "results": [{k: v for k, v in r.items() if k != "others_samples_ms"} for r in results]},
+                  fh, indent=1)
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    plot(results, png)
+    print("wrote %s and %s" % (out, png))
+
+
+def run_all(timings, kills, rate, client_timeout_ms, quiet_s, wait_ms, groups, results):
     for timing in timings:
         root = tempfile.mkdtemp(prefix="slipstream-failover-")
         try:
             load_before = open("/proc/loadavg").read().split()[:3]
             print("timing %s: %d kills, writers %g/s each, client timeout %d ms, load %s" %
                   ("/".join(map(str, timing)), kills, rate, client_timeout_ms, " ".join(load_before)), flush=True)
-            res = run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root)
+            cg_before = groups.report() if groups else {}
+            res = run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, groups)
+            if groups:
+                cg_after = groups.report()
+                res["cpu_groups"] = {g: {k: round(v - cg_before.get(g, {}).get(k, 0), 3) for k, v in d.items()}
+                                     for g, d in cg_after.items()}
+                print("  cpu groups over the run: %s" % json.dumps(res["cpu_groups"]), flush=True)
             res["load_before"] = load_before
             res["load_after"] = open("/proc/loadavg").read().split()[:3]
             results.append(res)
@@ -350,15 +381,6 @@ def main():
                    q["catchup"]["n"]), flush=True)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump({"commit": commit, "fsync": FSYNC, "kills": kills, "write_rate": rate, "client_timeout_ms": client_timeout_ms,
-                   "quiet_s": quiet_s, "wait_ms": wait_ms,
-                   "results": [{k: v for k, v in r.items() if k != "others_samples_ms"} for r in results]},
-                  fh, indent=1)
-    os.makedirs(os.path.dirname(png), exist_ok=True)
-    plot(results, png)
-    print("wrote %s and %s" % (out, png))
 
 
 if __name__ == "__main__":

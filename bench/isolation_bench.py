@@ -11,15 +11,18 @@ real-time priority when `chrt -f` works (as bench/tenant_bench.sh's isolation ru
 is the daemons', not how Linux schedules the clients); readers r1..rk run closed loop gets of
 1000-byte values (prefilled: every get hits), 4 connections x pipeline 8 each, far above their
 share, all starting on the same instant as t0's client. k = 0..7 (the figure's x axis), in the
-order 0..7 then 7..0 (REPEATS times), DURATION_S windows. Per point: t0's set latency p50/p99
+order POINTS (0..7 then 7..0) REPEATS times, DURATION_S windows. Per point: t0's set latency p50/p99
 (a set is answered once committed by a majority and applied), the readers' MB/s.
 
 READERS_SCHED=idle runs the readers' generators under SCHED_IDLE (chrt -i 0): on this 2-core
 box they otherwise take the cores from the daemons, which remote clients would not.
 
 Writes JSON (bench/results/isolation-<date>.json) and docs/img/isolation.png; prints a table.
-Env: CAPACITY (40000000), T0_RATE (1000), DURATION_S (8), REPEATS (1), READERS_SCHED ("" or
-idle), SLIPSTREAM_BIN, LOADGEN. Daemons are SIGKILLed at the end, failure or not.
+Env: CAPACITY (40000000), T0_RATE (1000), DURATION_S (8), REPEATS (1), POINTS (the reader
+counts in order, default "0 1 2 3 4 5 6 7 7 6 5 4 3 2 1 0"; e.g. "0 7 0 7" for paired runs of the
+two ends), READERS_SCHED ("" or idle), SLIPSTREAM_BIN, LOADGEN; NODE_CPU / CLIENT_CPU / CPU_SHARES: emulated machines
+(bench/cpugroups.py: each daemon in its own cpu cgroup with NODE_CPU cores, the load generators
+in a clients' group), removed at the end. Daemons are SIGKILLed at the end, failure or not.
 Not for: shaping accuracy (bench/tenant_bench.sh) or failover (bench/failover_bench.py).
 """
 
@@ -27,6 +30,7 @@ import json
 import statistics
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import cpugroups  # noqa: E402
 from replbench import Cluster, Tenant  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, ".."))
@@ -78,11 +83,27 @@ def point(c, k, t0_rate, duration_s, t0_prio, readers_prio):
 
 
 def main():
+    groups = cpugroups.from_env("slipstream-isolation-%d" % os.getpid(), NODES)
+    if groups is not None:
+        groups.setup()
+    try:
+        if groups is not None:
+            groups.join_clients()
+        run(groups)
+    finally:
+        if groups is not None:
+            groups.remove()
+
+
+def run(groups):
     capacity = int(os.environ.get("CAPACITY", "40000000"))
     t0_rate = float(os.environ.get("T0_RATE", "1000"))
     duration_s = int(os.environ.get("DURATION_S", "8"))
     repeats = int(os.environ.get("REPEATS", "1"))
     readers_sched = os.environ.get("READERS_SCHED", "")
+    points = [int(k) for k in os.environ.get("POINTS", "0 1 2 3 4 5 6 7 7 6 5 4 3 2 1 0").split()]
+    if not points or any(k < 0 or k > len(READERS) for k in points):
+        raise SystemExit("POINTS: reader counts 0..%d" % len(READERS))
     out_path = os.environ.get("OUT", os.path.join(REPO, "bench", "results",
                                                   "isolation-%s.json" % time.strftime("%Y%m%d-%H%M%S")))
     png = os.environ.get("PNG", os.path.join(REPO, "docs", "img", "isolation.png"))
@@ -94,7 +115,8 @@ def main():
     tenants += [Tenant(r, replicas=1, share=0.125, on=[1], memory_mb=16) for r in READERS]
     shaping = ["egress_bytes_per_s = %d" % capacity, "ingress_bytes_per_s = %d" % capacity]
     root = tempfile.mkdtemp(prefix="slipstream-isolation-")
-    c = Cluster(root, NODES, tenants, fsync="batch", shaping=shaping)
+    c = Cluster(root, NODES, tenants, fsync="batch", shaping=shaping, groups=groups)
+    print("# %s" % (groups.describe() if groups else "no emulation"), flush=True)
     rows = []
     try:
         for n in NODES:
@@ -110,35 +132,43 @@ def main():
                 raise RuntimeError("prefill failed: %s" % e[-2000:])
         order = []
         for _ in range(repeats):
-            order += list(range(8)) + list(range(7, -1, -1))
+            order += points
         print("capacity %d B/s, t0 %g sets/s open loop%s, readers %s, %d s windows, commit %s" %
               (capacity, t0_rate, " (chrt -f 10)" if t0_prio else "", "SCHED_IDLE" if readers_prio else "normal",
                duration_s, commit), flush=True)
         for k in order:
             load = open("/proc/loadavg").read().split()[0]
+            cg_before = groups.report() if groups else {}
             t0, rd = point(c, k, t0_rate, duration_s, t0_prio, readers_prio)
+            cg = {g: {x: round(v - cg_before.get(g, {}).get(x, 0), 3) for x, v in d.items()}
+                  for g, d in (groups.report() if groups else {}).items()}
             mbps = sum(r["ops_per_s"] * VALUE_BYTES for r in rd) / 1e6
             row = {"readers": k, "t0_p50_us": t0["lat_ns"]["p50"] / 1e3, "t0_p99_us": t0["lat_ns"]["p99"] / 1e3,
                    "t0_p999_us": t0["lat_ns"]["p999"] / 1e3, "t0_ops_per_s": t0["ops_per_s"],
                    "t0_errors": t0["errors"], "readers_mb_per_s": mbps,
-                   "reader_mb_per_s_each": [r["ops_per_s"] * VALUE_BYTES / 1e6 for r in rd], "load1": load}
+                   "reader_mb_per_s_each": [r["ops_per_s"] * VALUE_BYTES / 1e6 for r in rd], "load1": load,
+                   "cpu_groups": cg}
             rows.append(row)
             print("  readers %d: t0 p50 %.0f us p99 %.0f us (%.0f sets/s, %d errors); readers %.2f MB/s "
                   "(share %.2f MB/s each); load %s" % (k, row["t0_p50_us"], row["t0_p99_us"], row["t0_ops_per_s"],
                                                       row["t0_errors"], mbps, capacity / 8e6, load), flush=True)
+            if cg:
+                print("    cpu s (throttled s): %s" % ", ".join("%s %.2f (%.2f)" % (g, d["cpu_s"], d["throttled_s"])
+                                                          for g, d in cg.items()), flush=True)
     finally:
         c.stop_all()
         shutil.rmtree(root, ignore_errors=True)
     summary = {}
-    for k in range(8):
+    ks = sorted(set(points))
+    for k in ks:
         pts = [r for r in rows if r["readers"] == k]
         p50 = sorted(r["t0_p50_us"] for r in pts)
         p99 = sorted(r["t0_p99_us"] for r in pts)
         summary[k] = {"p50_us_median": statistics.median(p50), "p99_us_median": statistics.median(p99),
                       "p50_us": p50, "p99_us": p99,
                       "readers_mb_per_s": statistics.median(r["readers_mb_per_s"] for r in pts)}
-    base = summary[0]
-    for k in range(8):
+    base = summary[ks[0]]
+    for k in ks:
         s = summary[k]
         print("  %d readers: t0 p50 %.0f us (%+.0f%%) p99 %.0f us (%+.0f%%), readers %.1f MB/s" %
               (k, s["p50_us_median"], (s["p50_us_median"] / base["p50_us_median"] - 1) * 100, s["p99_us_median"],
@@ -147,6 +177,7 @@ def main():
     with open(out_path, "w") as fh:
         json.dump({"commit": commit, "capacity_bytes_per_s": capacity, "t0_rate": t0_rate, "duration_s": duration_s,
                    "readers_sched": readers_sched or "normal", "t0_rt": bool(t0_prio), "rows": rows,
+                   "cpu_groups": groups.describe() if groups else "none",
                    "summary": summary}, fh, indent=1)
     import matplotlib
     matplotlib.use("Agg")
@@ -155,7 +186,7 @@ def main():
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for key, label, m in (("t0_p50_us", "p50", "o"), ("t0_p99_us", "p99", "s")):
         ax.scatter([r["readers"] for r in rows], [r[key] for r in rows], marker=m, alpha=0.5)
-        ax.plot(range(8), [summary[k][key.replace("t0_", "") + "_median"] for k in range(8)], marker=m,
+        ax.plot(ks, [summary[k][key.replace("t0_", "") + "_median"] for k in ks], marker=m,
                 label="t0 replicated set latency %s (median of runs)" % label)
     ax.set_xlabel("tenants reading at their share on t0's leader node")
     ax.set_ylabel("latency (us)")
@@ -170,4 +201,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like an exception, so the daemons are killed and the cgroups removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     main()

@@ -34,10 +34,13 @@ class Tenant:
 class Cluster(replcluster.Daemons):
     start_s = 20.0
 
-    def __init__(self, root, nodes, tenants, timing=None, wait_ms=3000, fsync="batch", shaping=None):
+    def __init__(self, root, nodes, tenants, timing=None, wait_ms=3000, fsync="batch", shaping=None, groups=None):
         """timing: (tick_ms, election_ticks, heartbeat_ticks) or None (the daemon's defaults);
-        shaping: lines of a `[shaping]` section or None."""
+        shaping: lines of a `[shaping]` section or None; groups: a set-up bench/cpugroups.py
+        `Groups` whose node groups the daemons join (every start, restarts too) or None."""
         super().__init__(root)
+        if groups is not None and groups.node_cpu is not None:
+            self.preexec = {n: groups.joiner(n) for n in nodes}
         self.nodes = list(nodes)
         self.tenants = list(tenants)
         self.timing = timing

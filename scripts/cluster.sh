@@ -13,6 +13,8 @@
 # all three on node 1, the single-leader layout of bench/replication_bench.sh).
 # CLUSTER_UNREPLICATED=1 adds a tenant u0 with replicas = 1 on each node (BASE + 100*n + 3),
 # the unreplicated baseline of bench/replication_bench.sh.
+# CLUSTER_CGROUPS: cgroup v1 directories (space-separated); node n's daemon joins <dir>/node<n>
+# of each before it starts (bench/cpugroups.py makes them: one emulated machine per node).
 set -euo pipefail
 
 BIN=${SLIPSTREAM_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/slipstream}
@@ -86,7 +88,10 @@ trap 'exit 130' INT TERM
 for n in $(seq 1 $NODES); do
     mkdir -p "$DIR/node$n/data"
     config "$n" > "$DIR/node$n.toml"
-    "$BIN" serve --config "$DIR/node$n.toml" > "$DIR/node$n.log" 2>&1 &
+    (
+        for cg in ${CLUSTER_CGROUPS:-}; do echo "$BASHPID" > "$cg/node$n/cgroup.procs"; done
+        exec "$BIN" serve --config "$DIR/node$n.toml"
+    ) > "$DIR/node$n.log" 2>&1 &
     pids+=($!)
 done
 

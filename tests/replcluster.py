@@ -2,7 +2,8 @@
 every client and admin port accepts), kill, stop, log tail. Each test file's `Cluster`
 subclasses it and writes its own configs (tenants, shaping, fsync differ per file); it sets
 `ports[n]` (tenant -> client port) and `admin[n]`, optionally `host[n]` (default
-mcwire.HOST) and `netns[n]` (run node n inside that network namespace).
+mcwire.HOST), `netns[n]` (run node n inside that network namespace) and `preexec[n]` (run in
+node n's child before it execs: bench/cpugroups.py's joiner puts it in its cgroup).
 
 Not for: talking to the daemons (mcwire, tenantlib) or checking what they hold."""
 
@@ -23,6 +24,7 @@ class Daemons:
         self.procs = {}
         self.host = {}
         self.netns = {}
+        self.preexec = {}
         self._taken = set()
 
     def fresh_port(self):
@@ -56,7 +58,7 @@ class Daemons:
             cmd = ["ip", "netns", "exec", self.netns[n]] + cmd
         with open(self.log(n), "ab") as log:
             self.procs[n] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                             start_new_session=True)
+                                             start_new_session=True, preexec_fn=self.preexec.get(n))
         host = self.host.get(n, mcwire.HOST)
         deadline = time.monotonic() + self.start_s
         for port in list(self.ports[n].values()) + [self.admin[n]]:

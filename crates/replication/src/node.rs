@@ -614,20 +614,29 @@ impl Loop {
         }
     }
 
-    /// Proposals and reads that waited for a leader: try again now that one may be known.
+    /// Proposals and reads that waited for a leader, now that one may be known: a read asks
+    /// again; a proposal joins this turn's batch ahead of the turn's new ones (it is older), so
+    /// that `propose_batch` alone proposes (and puts it back in `unsent` if there is still no
+    /// leader to take it).
     fn retry_unsent(&mut self) {
         for g in self.groups.values_mut() {
             if g.unsent.is_empty() || g.raw.raft.leader_id == 0 {
                 continue;
             }
+            let mut waited = Vec::new();
             for u in std::mem::take(&mut g.unsent) {
-                let again = match u.data {
-                    Some(data) => try_propose(g, data, u.waiter, &self.transport),
-                    None => try_read_index(g, u.waiter, &self.transport),
-                };
-                if let Some(u) = again {
-                    g.unsent.push_back(u);
+                match u.data {
+                    Some(data) => waited.push((data, u.waiter)),
+                    None => {
+                        if let Some(u) = try_read_index(g, u.waiter, &self.transport) {
+                            g.unsent.push_back(u);
+                        }
+                    }
                 }
+            }
+            if !waited.is_empty() {
+                waited.append(&mut g.batch);
+                g.batch = waited;
             }
         }
     }
@@ -835,45 +844,11 @@ fn waiting(g: &Group) -> usize {
     g.pending.len() + g.forwarded.len() + g.unsent.len() + g.batch.len() + g.reads_asked.len() + g.reads_ready.len()
 }
 
-/// Propose on the leader (index remembered) or through raft-rs's forwarding on a follower
-/// (id remembered); Some = no leader to take it yet (keep it for a retry).
-fn try_propose(g: &mut Group, data: Vec<u8>, w: Waiter, t: &Transport) -> Option<Unsent> {
-    let r = &g.raw.raft;
-    if r.leader_id == 0 || r.lead_transferee.is_some() || leader_unreachable(g, t) {
-        return Some(Unsent { data: Some(data), waiter: w });
-    }
-    let leader = r.state == StateRole::Leader;
-    let before = r.raft_log.last_index();
-    let ctx = w.id.to_le_bytes().to_vec();
-    if leader {
-        // raft-rs copies the entry; keep nothing else (a dropped one is not retried here).
-        return match g.raw.propose(ctx, data) {
-            Ok(()) if g.raw.raft.raft_log.last_index() == before + 1 => {
-                g.pending.insert(before + 1, w);
-                None
-            }
-            _ => {
-                g.replies.push((w.done, Err(ProposeError::NotLeader(None))));
-                None
-            }
-        };
-    }
-    let copy = data.clone();
-    match g.raw.propose(ctx, data) {
-        Ok(()) => {
-            g.forwarded_total += 1;
-            g.forwarded.insert(w.id, w);
-            None
-        }
-        // A candidate, or no leader after all: not sent anywhere.
-        Err(_) => Some(Unsent { data: Some(copy), waiter: w }),
-    }
-}
-
 /// Propose a turn's proposals of one group as one raft-rs proposal of many entries (in
 /// order): on the leader they take consecutive indexes (remembered) and go to each follower
 /// in one append; on a follower raft-rs forwards them to the leader in one message (ids
-/// remembered). With no leader (reachable) yet they wait in `unsent`, as `try_propose`'s do.
+/// remembered). With no leader (reachable) yet, or a follower's raft-rs refusing to forward
+/// (a candidate), they wait in `unsent` and `retry_unsent` hands them back in a later turn.
 fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
     let r = &g.raw.raft;
     if r.leader_id == 0 || r.lead_transferee.is_some() || leader_unreachable(g, t) {
@@ -889,6 +864,8 @@ fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
         entries.push(Entry { data: data.into(), context: w.id.to_le_bytes().to_vec().into(), ..Default::default() });
         waiters.push(w);
     }
+    // On a follower, the entries' data (shared buffers: no copy) in case raft-rs refuses.
+    let kept: Vec<_> = if leader { Vec::new() } else { entries.iter().map(|e| e.data.clone()).collect() };
     let mut m = Message::default();
     m.set_msg_type(MessageType::MsgPropose);
     m.from = r.id;
@@ -906,8 +883,9 @@ fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
         g.forwarded_total += n;
         g.forwarded.extend(waiters.into_iter().map(|w| (w.id, w)));
     } else {
-        // raft-rs sent nothing (no leader after all): never proposed.
-        g.replies.extend(waiters.into_iter().map(|w| (w.done, Err(ProposeError::NoLeader))));
+        // raft-rs sent nothing (a candidate, or no leader after all): never proposed; it waits
+        // for a leader like one that came with none known (its deadline still holds).
+        g.unsent.extend(kept.into_iter().zip(waiters).map(|(d, waiter)| Unsent { data: Some(d.to_vec()), waiter }));
     }
 }
 

@@ -359,7 +359,10 @@ fn read_loop(s: &Shared, peer: u64, stream: TcpStream) {
         }
         let mut g = [0u8; 8];
         g.copy_from_slice(&body[..8]);
-        let Ok(msg) = Message::parse_from_bytes(&body[8..]) else {
+        // Parsed in place: each entry's data and context are slices of the frame (shared, not
+        // copied), so a follower pays no allocation and copy per entry here; the frame lives
+        // as long as any of its entries does (in the log until compaction).
+        let Ok(msg) = Message::parse_from_carllerche_bytes(&bytes::Bytes::from(body).slice(8..)) else {
             s.stats.frames_bad.fetch_add(1, Ordering::Relaxed);
             return;
         };

@@ -33,7 +33,7 @@ use slipstream_replication::machine::{CommandExec, CommandOutcome};
 use slipstream_replication::node::GroupTraffic;
 use slipstream_replication::{Applied, Mutation, ProposeError, ReplicationNode};
 use slipstream_store::Store;
-use slipstream_tenancy::TenantShaper;
+use slipstream_tenancy::{Direction, TenantShaper};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -245,7 +245,11 @@ impl CommandExec for ApplyExec {
 /// messages sent to its egress bucket, received to its ingress bucket (Multes IV-D: the
 /// replication of a tenant travels through its own share, no side path). The debt this makes
 /// holds back the tenant's own client batches at the gate (`net/gate.rs`), which is what
-/// limits its proposals, so its replication cannot take another tenant's share.
+/// limits its proposals, so its replication cannot take another tenant's share. The charge is
+/// the tenancy rule for transfers outside the serving loops (`TenantShaper::charge_transfer`,
+/// as the shuffle service's); its `transfer_wait_ns` is not asked here: raft frames are never
+/// held back, since one connection per peer carries every group's frames and holding one
+/// tenant's would hold the others'.
 pub struct TenantTraffic {
     shaper: Option<Arc<TenantShaper>>,
     pub sent_bytes: AtomicU64,
@@ -262,14 +266,14 @@ impl GroupTraffic for TenantTraffic {
     fn sent(&self, bytes: u64) {
         self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
         if let Some(s) = &self.shaper {
-            s.egress.charge(bytes);
+            s.charge_transfer(Direction::Out, bytes);
         }
     }
 
     fn received(&self, bytes: u64) {
         self.received_bytes.fetch_add(bytes, Ordering::Relaxed);
         if let Some(s) = &self.shaper {
-            s.charge_ingress(bytes);
+            s.charge_transfer(Direction::In, bytes);
         }
     }
 }
