@@ -10,7 +10,10 @@ For:
 - a network partition in network namespaces (three nodes on a bridge, each also reachable
   from the test over its own veth): the minority node never acknowledges a write, the
   majority goes on, and after healing every node holds the same data;
-- a restart of all three nodes with `fsync = "always"`: every acknowledged write survives.
+- a restart of all three nodes with `fsync = "always"`: every acknowledged write survives;
+- the kernel fast path on a replicated tenant (XDP attached on each node's client veth in its
+  namespace): UDP gets answered by XDP on every replica carry only applied writes, and every
+  applied write (set, forwarded set, incr, touch, delete) drops the kernel copy first.
 Not for: the linearizability history test (crates/slipstream/tests/replication_linearizable.rs)
 or the happy path (test_replication.py).
 
@@ -18,6 +21,7 @@ Randomized values are seeded (REPL_SEED or the clock; printed). Every daemon is 
 and every namespace deleted at teardown, failure or not; every wait is bounded.
 """
 
+import glob
 import http.client
 import json
 import os
@@ -57,6 +61,8 @@ class Cluster(replcluster.Daemons):
         self.host = host or {n: mcwire.HOST for n in nodes}
         self.raft_host = raft_host or dict(self.host)
         self.netns = netns or {}
+        self.udp = False  # tenants also get a UDP port (the number of their TCP port)
+        self.xdp = {}  # node -> interface for `[server] xdp`
         fresh = self.fresh_port
 
         if fixed_ports:  # own namespaces: nothing else binds there
@@ -83,6 +89,10 @@ class Cluster(replcluster.Daemons):
             "port = %d" % self.server_port[n],
             'admin = "%s:%d"' % (listen, self.admin[n]),
             'admin_token = "%s"' % TOKEN,
+        ]
+        if n in self.xdp:
+            lines.append('xdp = "%s"' % self.xdp[n])
+        lines += [
             "",
             "[cluster]",
             "node_id = %d" % n,
@@ -96,6 +106,8 @@ class Cluster(replcluster.Daemons):
             lines += ["", "[[tenant]]", 'name = "%s"' % t, "tcp_port = %d" % self.ports[n][t],
                       "memory_mb = 16", "share = 0.4", "replicas = %d" % len(peers),
                       "preferred_leader = %d" % peers[k % len(peers)]]
+            if self.udp:
+                lines.append("udp_port = %d" % self.ports[n][t])
         with open(self.config(n), "w") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -544,6 +556,139 @@ def test_partitioned_minority_acknowledges_nothing_and_data_converges(root, rng)
             leaked = [k for k, r in attempted[t].items() if r == NO_LEADER_LINE and seen[k] is not None]
             assert not leaked, "%s: writes refused as never proposed were applied: %r" % (t, leaked)
         print("minority answered %d writes, all refused; data converged after healing" % len(minority_replies))
+    finally:
+        if c is not None:
+            c.stop_all()
+        net.close()
+
+
+def _xdp_pass_object():
+    """The XDP_PASS program the fastpath crate's build compiled next to the daemon (newest)."""
+    target = os.path.dirname(os.path.dirname(os.path.abspath(mcwire.SLIPSTREAM_BIN)))
+    objs = glob.glob(os.path.join(target, "*", "build", "slipstream-fastpath-*", "out", "xdp_pass.o"))
+    objs += glob.glob(os.path.join(target, "build", "slipstream-fastpath-*", "out", "xdp_pass.o"))
+    return max(objs, key=os.path.getmtime) if objs else None
+
+
+GETS_PER_CHECK = 6  # UDP gets per node per value checked
+
+
+def udp_get(host, port, key, req_id):
+    """One memcached UDP `get` (one datagram each way here); the reply payload or None."""
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.settimeout(1.0)
+        u.sendto(tl.udp_frame(req_id, b"get %s\r\n" % key), (host, port))
+        d, _ = u.recvfrom(65536)
+    except socket.timeout:
+        return None
+    finally:
+        u.close()
+    rid, seq, total, _ = tl.UDP_HDR.unpack(d[:8])
+    assert (rid, seq, total) == (req_id, 0, 1), "udp header %r" % (d[:8],)
+    return d[8:]
+
+
+def udp_value(reply):
+    """A one-key get reply's value, None for a miss; raises on anything else."""
+    if reply == b"END\r\n":
+        return None
+    head, rest = reply.split(b"\r\n", 1)
+    parts = head.split()
+    assert parts[0] == b"VALUE" and rest.endswith(b"\r\nEND\r\n"), reply
+    return rest[: int(parts[3])]
+
+
+@pytest.mark.skipif(not _root_and_ip(), reason="needs root and iproute2 (network namespaces, XDP)")
+def test_xdp_on_a_replicated_tenant_serves_only_applied_writes_on_every_replica(root, rng):
+    """XDP on every node's client link; t0 replicated, led by node 1. After each write is
+    acknowledged and every replica has applied it, UDP gets on every node — answered by the
+    kernel once warm (`slipstream_tenant_kernel_requests_total` grows on each node) — return
+    the new value, never the one before it: the apply on every replica dropped the kernel's
+    copy before changing the item. Writes go through the leader and through followers
+    (forwarded), and include incr, touch and delete."""
+    pass_obj = _xdp_pass_object()
+    if pass_obj is None:
+        pytest.skip("xdp_pass.o not built next to %s" % mcwire.SLIPSTREAM_BIN)
+    nodes = (1, 2, 3)
+    net = Netns(nodes)
+    c = None
+    try:
+        net.up()
+        c = Cluster(root, nodes, host={n: "10.78.%d.2" % n for n in nodes},
+                    raft_host={n: "10.77.0.%d" % n for n in nodes}, netns=net.ns, fixed_ports=True)
+        c.udp = True
+        c.xdp = {n: "c%d_%s" % (n, net.tag) for n in nodes}
+        for n in nodes:
+            # A veth delivers frames its peer bounced with XDP_TX only when it has an XDP
+            # program itself: the test's end of each client link gets XDP_PASS.
+            net.sh("ip", "link", "set", "dev", "r%d_%s" % (n, net.tag), "xdp", "obj", pass_obj, "sec", "xdp")
+            c.write_config(n, list(nodes))
+        for n in nodes:
+            c.start(n)
+        for n in nodes:
+            assert "kernel fast path on c%d_" % n in c.log_tail(n, 20000), c.log_tail(n)
+        c.leader("t0", nodes)
+        status, body = c.http(1, "PUT", "/tenants/t0", {"leader": 1})
+        assert status == 200, body
+        leads_at(c, "t0", 1)
+        port = {n: c.ports[n]["t0"] for n in nodes}
+        req = iter(range(1, 1 << 16))
+
+        def served_everywhere(key, want):
+            """Every node's UDP gets (repeated: the first fills the kernel's copy, the next
+            ones are the kernel's to answer) return `want`."""
+            for n in nodes:
+                for i in range(GETS_PER_CHECK):
+                    got = udp_value(udp_get(c.host[n], port[n], key, next(req)))
+                    assert got == want, "node %d get %r #%d: %r, want %r" % (n, key, i, got, want)
+
+        def write(node, data, want_reply):
+            with c.conn(node, "t0") as s:
+                r = ask(s, data)
+            assert r == want_reply, "node %d %r: %r" % (node, data[:40], r)
+            c.converged("t0", nodes)
+
+        kernel_before = {n: c.metric(n, "slipstream_tenant_kernel_requests_total", "t0") or 0 for n in nodes}
+        value = b"%d" % rng.randrange(1 << 40)
+        write(1, set_cmd(b"k", value), b"STORED\r\n")
+        checks = 0
+        for rnd in range(6):
+            served_everywhere(b"k", value)
+            checks += 1
+            via = rng.choice(nodes)  # the leader, or a follower that forwards
+            if rnd == 2:
+                write(via, b"set k 0 0 2\r\n40\r\n", b"STORED\r\n")
+                served_everywhere(b"k", b"40")
+                checks += 1
+                write(via, b"incr k 2\r\n", b"42\r\n")
+                value = b"42"
+            elif rnd == 4:
+                write(via, b"touch k 100\r\n", b"TOUCHED\r\n")
+            else:
+                value = b"%d" % rng.randrange(1 << 40)
+                write(via, set_cmd(b"k", value), b"STORED\r\n")
+            print("round %d: write through node %d" % (rnd, via))
+        served_everywhere(b"k", value)
+        checks += 1
+        write(rng.choice(nodes), b"delete k\r\n", b"DELETED\r\n")
+        served_everywhere(b"k", None)
+        # The kernel's answers reach the metric with a delay (the daemon reads the XDP
+        # counters periodically): wait until it holds still (bounded).
+        kernel = {}
+        deadline = time.monotonic() + 10
+        while True:
+            now = {n: (c.metric(n, "slipstream_tenant_kernel_requests_total", "t0") or 0) - kernel_before[n]
+                   for n in nodes}
+            if now == kernel or time.monotonic() > deadline:
+                break
+            kernel = now
+            time.sleep(1.0)
+        print("gets answered by XDP per node: %r of %d hits checked per node" % (now, checks * GETS_PER_CHECK))
+        # Most checked gets were the kernel's on every replica (at most GETS_PER_CHECK - 1 per
+        # value: the first get of each value is user space's, filling the copy), so the values
+        # above were checked on the fast path, after every kind of applied write.
+        assert all(v >= checks * (GETS_PER_CHECK - 1) // 2 for v in now.values()), now
     finally:
         if c is not None:
             c.stop_all()
