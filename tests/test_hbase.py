@@ -616,6 +616,57 @@ def test_adaptive_chooses_per_query_shape(hbase, oracle):
         d.stop()
 
 
+def _shapes(d, table):
+    out = {}
+    for l in d.metrics().splitlines():
+        if l.startswith("slipstream_hbase_adaptive_shapes{") and ('table="%s"' % table.decode()) in l:
+            out[l.split('strategy="')[1].split('"')[0]] = float(l.split()[-1])
+    return out
+
+
+def test_adaptive_gives_two_shapes_different_strategies_from_their_statistics(hbase, oracle):
+    """strategy = "adaptive", one table, two scan shapes: columns cf1 repeating four disjoint
+    ranges (no writes, small results) goes all-row after a window of 64 scans; columns cf2 with
+    sliding overlapping ranges stays each-row; a write through Slipstream into a cf1 range sends
+    that shape back to each-row. Answers equal the native client's throughout."""
+    window = 64  # crate::adaptive::WINDOW
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
+    try:
+        conn, name, t = table_with_rows(d, 400, lambda i: {b"cf1:a": b"x%d" % i, b"cf2:b": b"y%d" % i})
+
+        def a(i):  # shape A: four disjoint 20-row ranges, repeated
+            s = 100 * (i % 4)
+            return list(t.scan(row_start=b"r%04d" % s, row_stop=b"r%04d" % (s + 20), columns=[b"cf1"]))
+
+        def b(i):  # shape B: 20-row ranges sliding by 3 rows
+            return list(t.scan(row_start=b"r%04d" % (3 * i % 360), row_stop=b"r%04d" % (3 * i % 360 + 20),
+                               columns=[b"cf2"]))
+
+        for i in range(2 * window):
+            a(i)
+            b(i)
+        assert _shapes(d, name) == {"all-row": 1, "each-row": 1}, _shapes(d, name)
+        for shape, run, want in (("A", a, "all-row"), ("B", b, "each-row")):
+            before = _chosen(d, name)
+            for i in range(8):
+                run(i)
+            after = _chosen(d, name)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("all-row", "each-row")}
+            assert delta[want] == 8 and sum(delta.values()) == 8, (shape, delta)
+        assert a(1) == oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf1"])
+        assert b(5) == oracle_scan_rows(oracle, name, b"r0015", b"r0035", [b"cf2"])
+        t.put(b"r0105", {b"cf1:a": b"new"})
+        for i in range(window):
+            got = a(i)
+        assert _shapes(d, name) == {"all-row": 0, "each-row": 2}, _shapes(d, name)
+        assert dict(a(1))[b"r0105"] == {b"cf1:a": b"new"}
+        assert a(1) == oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf1"]), got
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()
+
+
 def _counter(d, name, table=None):
     """Sum of slipstream_hbase_<name> series (of one table if given)."""
     total = 0.0

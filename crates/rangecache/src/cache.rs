@@ -29,9 +29,11 @@
 //! every fill in flight: with 5% writes and pipelined clients that dropped most fills); the
 //! write log is bounded (`WRITE_LOG_MAX`) and a fill older than what it holds is dropped.
 //!
-//! * **adaptive**: each-row wherever each-row can serve the query, all-row where it cannot (a
-//!   filter, a time range, versions): the rule is [`crate::adaptive`]'s. Both kinds of entry
-//!   live in the same table state and every write invalidates both.
+//! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
+//!   shape's statistics (writes into its ranges, overlap between its ranges, result size, the
+//!   hit rate of its repeats under each strategy), which this module feeds from lookups, fills
+//!   and writes. Both kinds of entry live in the same table state and every write invalidates
+//!   both, so a shape may switch at any time.
 //!
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
@@ -179,6 +181,9 @@ pub struct Stats {
     /// Queries (first pages and Gets) decided for all-row / each-row entries.
     pub chosen_all_row: u64,
     pub chosen_each_row: u64,
+    /// Adaptive: scan shapes tracked now on all-row / each-row (crate::adaptive).
+    pub shapes_all_row: u64,
+    pub shapes_each_row: u64,
 }
 
 #[derive(Default)]
@@ -214,6 +219,8 @@ struct TableState {
     stats: Stats,
     /// The table's column families, once looked up (each-row projections check against them).
     families: Option<Vec<Vec<u8>>>,
+    /// Adaptive: the table's scan shapes and their statistics (bounded in crate::adaptive).
+    shapes: crate::adaptive::Shapes,
 }
 
 /// An each-row result memo: the rows a scan returned (shared with `rows`, or projected copies).
@@ -397,29 +404,41 @@ impl Cache {
         self.strategy != Strategy::AllRow && crate::adaptive::each_row_serves(spec, filter)
     }
 
-    /// Uses each-row entries for this query?
-    pub fn each_row_for(&self, q: &QueryKey) -> bool {
-        self.may_use_each_row(&q.spec, &q.filter)
+    /// Uses each-row entries for this query? (Adaptive: its shape's choice, crate::adaptive.)
+    pub fn each_row_for(&self, table: &[u8], q: &QueryKey) -> bool {
+        if !self.may_use_each_row(&q.spec, &q.filter) {
+            return false;
+        }
+        match (self.strategy, self.tables.get(table)) {
+            (Strategy::Adaptive, Some(st)) => st.shapes.each_row(is_get(q), &q.spec, &q.filter),
+            _ => true,
+        }
     }
 
-    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss. Each-row hits
-    /// need only `q.start` inside a complete interval and return at most `rows_max` rows, with
-    /// where to continue.
+    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss and, in adaptive
+    /// mode, feeds its scan shape's statistics. Each-row hits need only `q.start` inside a
+    /// complete interval and return at most `rows_max` rows, with where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        self.lookup_at(table, q, rows_max, true)
+        let hit = self.lookup_at(table, q, rows_max, true);
+        if self.strategy == Strategy::Adaptive && !is_get(q) {
+            if let Some(s) = self.table(table).shapes.scan_shape(&q.spec, &q.filter) {
+                s.observe_scan(&q.start, &q.stop, hit.is_some());
+            }
+        }
+        hit
     }
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
     /// query's strategy choice).
     pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        if !self.each_row_for(q) {
+        if !self.each_row_for(table, q) {
             return None;
         }
         self.lookup_at(table, q, rows_max, false)
     }
 
     fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
-        let each = self.each_row_for(q);
+        let each = self.each_row_for(table, q);
         self.table(table); // so a first query of a table counts as a miss
         let st = self.tables.get_mut(table)?;
         if first {
@@ -473,7 +492,7 @@ impl Cache {
 
     /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
     pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
-        let each_row = self.each_row_for(q);
+        let each_row = self.each_row_for(table, q);
         FillTicket { version: self.table(table).version, each_row }
     }
 
@@ -512,6 +531,11 @@ impl Cache {
         let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
+        }
+        if self.strategy == Strategy::Adaptive && !is_get(q) {
+            if let Some(s) = self.table(table).shapes.scan_shape(&q.spec, &q.filter) {
+                s.observe_fill(&q.start, &q.stop, rows.iter().map(|r| r.row.row.as_slice()));
+            }
         }
         if ticket.each_row {
             let stop = continue_at.unwrap_or_else(|| q.stop.clone());
@@ -571,6 +595,7 @@ impl Cache {
             Some(rows) => {
                 for r in rows {
                     *st.rows_in_flight.entry(r.clone()).or_default() += 1;
+                    st.shapes.observe_write(r);
                 }
             }
             None => st.table_writes_in_flight += 1,
@@ -666,6 +691,7 @@ impl Cache {
         }
         let mut was_complete = Vec::new();
         for r in rows {
+            self.table(table).shapes.observe_write(r);
             if self.invalidate_row(table, r) {
                 was_complete.push(r.clone());
             }
@@ -784,7 +810,14 @@ impl Cache {
 
     /// Per-table stats, by table name.
     pub fn table_stats(&self) -> Vec<(Vec<u8>, Stats, usize)> {
-        let mut v: Vec<_> = self.tables.iter().map(|(n, s)| (n.to_vec(), s.stats, s.bytes)).collect();
+        let mut v: Vec<_> = self
+            .tables
+            .iter()
+            .map(|(n, s)| {
+                let (shapes_all_row, shapes_each_row) = s.shapes.counts();
+                (n.to_vec(), Stats { shapes_all_row, shapes_each_row, ..s.stats }, s.bytes)
+            })
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -1102,21 +1135,20 @@ mod tests {
         assert_eq!(c.bytes(), 0);
     }
 
-    /// Adaptive, through the cache, per query shape: Gets, whole-row and column-list scans are
-    /// each-row (a sliding range inside filled ones is then a hit, and repeats are memo hits);
-    /// filter, time-range and multi-version queries are all-row; `chosen_*` counts each.
+    /// Adaptive, through the cache, per query shape: Gets are each-row, filter/time-range/
+    /// version queries all-row; a scan shape starts each-row (a sliding range inside filled ones
+    /// is a hit, repeats are memo hits), a shape whose scans repeat a few ranges goes all-row
+    /// after a window while a sliding shape of the same table stays each-row, and a write into
+    /// the repeating shape's ranges sends it back; `chosen_*` and `shapes_*` count each.
     #[test]
-    fn adaptive_is_each_row_wherever_each_row_can_serve() {
+    fn adaptive_decides_per_query_shape_from_its_statistics() {
+        use crate::adaptive::WINDOW;
         let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
         let k = |i: usize| format!("r{i:04}");
-        let each = [
-            q("r0001", "r0001\0"),
-            q(&k(0), &k(50)),
-            q(&k(0), ""),
-            QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..q(&k(0), &k(50)) },
-        ];
-        for qq in &each {
-            assert!(c.each_row_for(qq), "{qq:?}");
+        let cols =
+            |qq: QueryKey| QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..qq };
+        for qq in [q("r0001", "r0001\0"), q(&k(0), &k(50)), q(&k(0), ""), cols(q(&k(0), &k(50)))] {
+            assert!(c.each_row_for(b"t", &qq), "{qq:?}");
         }
         let all = [
             QueryKey { filter: b"PrefixFilter('r')".to_vec(), ..q(&k(0), &k(50)) },
@@ -1124,20 +1156,41 @@ mod tests {
             QueryKey { spec: ReadSpec { max_versions: 3, ..ReadSpec::latest() }, ..q("r0001", "r0001\0") },
         ];
         for qq in &all {
-            assert!(!c.each_row_for(qq), "{qq:?}");
+            assert!(!c.each_row_for(b"t", qq), "{qq:?}");
         }
-        let rows: Vec<Arc<CachedRow>> = (0..100).map(|i| row(&k(i), "v")).collect();
+        let rows: Vec<Arc<CachedRow>> = (0..1000).map(|i| row(&k(i), "v")).collect();
+        let scan = |c: &mut Cache, qq: &QueryKey, a: usize, b: usize| {
+            if c.lookup(b"t", qq, 1000).is_none() {
+                let t = c.fill_ticket(b"t", qq);
+                c.fill(b"t", qq, rows[a..b].to_vec(), None, t);
+            }
+        };
         let full = q(&k(0), &k(100));
-        assert!(c.lookup(b"t", &full, 1000).is_none());
-        let t = c.fill_ticket(b"t", &full);
-        assert!(c.fill(b"t", &full, rows, None, t));
+        scan(&mut c, &full, 0, 100);
         let slide = q(&k(11), &k(59));
         assert!(served(c.lookup(b"t", &slide, 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
         assert!(matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Rows(r, None)) if r.len() == 48), "memo hit");
-        let fq = &all[0];
-        assert!(c.lookup(b"t", fq, 1000).is_none());
+        // Shape A (whole rows): four disjoint ranges repeated. Shape B (a column): sliding.
+        for i in 0..2 * WINDOW as usize {
+            let a = 200 + i % 4 * 100;
+            scan(&mut c, &q(&k(a), &k(a + 50)), a, a + 50);
+            scan(&mut c, &cols(q(&k(i * 3), &k(i * 3 + 50))), i * 3, i * 3 + 50);
+        }
+        assert!(!c.each_row_for(b"t", &q(&k(200), &k(250))), "repeats: all-row");
+        assert!(c.each_row_for(b"t", &cols(q(&k(0), &k(50)))), "sliding: each-row");
         let st = c.table_stats()[0].1;
-        assert_eq!((st.chosen_each_row, st.chosen_all_row), (3, 1), "{st:?}");
+        assert_eq!((st.shapes_all_row, st.shapes_each_row), (1, 1), "{st:?}");
+        assert!(st.hits_all_row > 0 && st.chosen_all_row > WINDOW as u64, "{st:?}");
+        // A write into a range of shape A within its next window: back to each-row.
+        c.begin_write(b"t", Some(&[k(210).into_bytes()]));
+        c.end_write(b"t", Some(&[k(210).into_bytes()]));
+        for i in 0..WINDOW as usize {
+            let a = 200 + i % 4 * 100;
+            scan(&mut c, &q(&k(a), &k(a + 50)), a, a + 50);
+        }
+        assert!(c.each_row_for(b"t", &q(&k(200), &k(250))), "a write: each-row");
+        assert!(c.lookup(b"t", &all[0], 1000).is_none());
+        assert!(c.table_stats()[0].1.chosen_all_row > st.chosen_all_row);
     }
 
     #[test]

@@ -411,6 +411,20 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
             }
         }
     }
+    metric(
+        out,
+        "adaptive_shapes",
+        "gauge",
+        "Adaptive strategy: scan shapes tracked per table, by the strategy each is on now",
+    );
+    for (f, ts) in &tables {
+        for (t, st, _) in ts {
+            for (name, v) in [("all-row", st.shapes_all_row), ("each-row", st.shapes_each_row)] {
+                let more = format!("{},strategy=\"{name}\"", table_label(t));
+                let _ = writeln!(out, "slipstream_hbase_adaptive_shapes{} {v}", labels(f, &more));
+            }
+        }
+    }
     metric(out, "table_cache_bytes", "gauge", "Bytes cached per table");
     for (f, ts) in &tables {
         for (t, _, bytes) in ts {
