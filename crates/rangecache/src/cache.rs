@@ -133,16 +133,69 @@ fn rows_bytes(rows: &[Arc<CachedRow>]) -> usize {
     rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.row.cells.len() * CELL_OVERHEAD_BYTES).sum()
 }
 
+/// The index slots an each-row row takes besides the row: its slot in the table's row map and
+/// in the CLOCK ring (slot sizes; B-tree nodes add their free space on top).
+const ROW_INDEX_BYTES: usize = std::mem::size_of::<RowKey>()
+    + std::mem::size_of::<RowEntry>()
+    + std::mem::size_of::<u64>()
+    + std::mem::size_of::<EntryRef>();
+
+/// Bytes charged for an each-row entry: the row as in an all-row result plus its index slots
+/// (its key is not copied: [`RowKey`]).
+fn row_entry_bytes(r: &RowKey) -> usize {
+    rows_bytes(std::slice::from_ref(&r.0)) + ROW_INDEX_BYTES
+}
+
 /// Rows as a query's answer (shared with the cache: a hit copies no row).
 pub type Rows = Arc<[Arc<CachedRow>]>;
 /// Rows gathered from each-row entries for one answer.
 pub type Assembled = Vec<Arc<CachedRow>>;
 
-/// What the CLOCK ring points at.
+/// What the CLOCK ring points at. One slot per each-row row, so kept small: the query key is
+/// boxed (it is large and there is one slot per all-row entry only) and a row is named by its
+/// shared [`RowKey`], not a copy of its key.
 #[derive(Clone, Debug)]
 enum EntryRef {
-    Query(Arc<[u8]>, QueryKey),
-    Row(Arc<[u8]>, Vec<u8>),
+    Query(Arc<[u8]>, Box<QueryKey>),
+    Row(Arc<[u8]>, RowKey),
+}
+
+/// An each-row entry's key: the cached row itself, ordered and looked up by its row key (the
+/// bytes inside the shared row, not a copy of them: one copy fewer per row in the index and
+/// one in the CLOCK ring).
+#[derive(Clone, Debug)]
+struct RowKey(Arc<CachedRow>);
+
+impl RowKey {
+    fn bytes(&self) -> &[u8] {
+        &self.0.row.row
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for RowKey {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl PartialEq for RowKey {
+    fn eq(&self, other: &RowKey) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for RowKey {}
+
+impl PartialOrd for RowKey {
+    fn partial_cmp(&self, other: &RowKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for RowKey {
+    fn cmp(&self, other: &RowKey) -> std::cmp::Ordering {
+        self.bytes().cmp(other.bytes())
+    }
 }
 
 struct QueryEntry {
@@ -156,10 +209,9 @@ struct QueryEntry {
     referenced: bool,
 }
 
-/// An each-row entry: the whole row, or `None` cells when HBase has no such row.
+/// An each-row entry's state (the row is its key, [`RowKey`]; its bytes are
+/// [`row_entry_bytes`] of it, recomputed rather than stored).
 struct RowEntry {
-    row: Arc<CachedRow>,
-    bytes: usize,
     /// Position in the CLOCK ring.
     tick: u64,
     /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
@@ -207,7 +259,7 @@ struct TableState {
     /// once the write is visible (as after a write through Slipstream).
     notice_refills: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
-    rows: BTreeMap<Vec<u8>, RowEntry>,
+    rows: BTreeMap<RowKey, RowEntry>,
     /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
     memos: HashMap<QueryKey, Memo>,
     /// Some memo was hit since its rows' reference bits were last set from it
@@ -528,7 +580,8 @@ impl Cache {
         continue_at: Option<Vec<u8>>,
         ticket: FillTicket,
     ) -> bool {
-        let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
+        // The rows, the entry's list of pointers to them, its key.
+        let bytes = rows_bytes(&rows) + std::mem::size_of_val(&rows[..]) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
         }
@@ -554,7 +607,7 @@ impl Cache {
             st.queries.insert(q.clone(), e);
             st.bytes += bytes;
             self.bytes += bytes;
-            self.clock.insert(tick, EntryRef::Query(name, q.clone()));
+            self.clock.insert(tick, EntryRef::Query(name, Box::new(q.clone())));
         }
         self.evict();
         true
@@ -564,15 +617,19 @@ impl Cache {
     fn fill_each_row(&mut self, table: &[u8], start: &[u8], stop: &[u8], rows: Vec<Arc<CachedRow>>) {
         for r in rows.into_iter().filter(|r| !r.row.cells.is_empty()) {
             let tick = self.next_tick();
-            let bytes = rows_bytes(std::slice::from_ref(&r)) + r.row.row.len();
+            let key = RowKey(r);
+            let bytes = row_entry_bytes(&key);
             let st = self.table(table);
             let name = st.name.clone().expect("named table");
-            let key = r.row.row.clone();
-            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick, referenced: false }) {
-                st.bytes -= old.bytes;
-                self.bytes -= old.bytes;
+            // Removed first: `insert` over an equal key would keep the old row as the key.
+            if let Some((old_key, old)) = st.rows.remove_entry(key.bytes()) {
+                let old_bytes = row_entry_bytes(&old_key);
+                st.bytes -= old_bytes;
+                self.bytes -= old_bytes;
                 self.clock.remove(&old.tick);
             }
+            let st = self.table(table);
+            st.rows.insert(key.clone(), RowEntry { tick, referenced: false });
             let st = self.table(table);
             st.bytes += bytes;
             self.bytes += bytes;
@@ -649,8 +706,8 @@ impl Cache {
                 st.stats.invalidations += 1;
             }
         }
-        if let Some(e) = st.rows.remove(row) {
-            freed += e.bytes;
+        if let Some((k, e)) = st.rows.remove_entry(row) {
+            freed += row_entry_bytes(&k);
             self.clock.remove(&e.tick);
             st.stats.invalidations += 1;
         }
@@ -757,7 +814,7 @@ impl Cache {
                         }
                     }
                     EntryRef::Row(t, r) => {
-                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)) {
+                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r.bytes())) {
                             e.tick = tick;
                         }
                     }
@@ -777,13 +834,14 @@ impl Cache {
                 }
                 EntryRef::Row(t, r) => {
                     if let Some(st) = self.tables.get_mut(&t) {
-                        if let Some(e) = st.rows.remove(&r) {
-                            st.bytes -= e.bytes;
-                            self.bytes -= e.bytes;
+                        if let Some((k, _)) = st.rows.remove_entry(r.bytes()) {
+                            let bytes = row_entry_bytes(&k);
+                            st.bytes -= bytes;
+                            self.bytes -= bytes;
                             st.stats.evictions += 1;
                         }
                         // The row is no longer cached, so intervals over it are not complete.
-                        split_interval(&mut st.complete, &r);
+                        split_interval(&mut st.complete, r.bytes());
                         st.drop_memos(|_| true);
                         self.bytes -= st.take_freed();
                     }
@@ -803,7 +861,9 @@ impl Cache {
             EntryRef::Query(t, k) => {
                 self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
             }
-            EntryRef::Row(t, r) => self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)).map(|e| &mut e.referenced),
+            EntryRef::Row(t, r) => {
+                self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r.bytes())).map(|e| &mut e.referenced)
+            }
         };
         bit.is_some_and(std::mem::take)
     }
@@ -841,13 +901,13 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
     let mut next = next;
     for (k, e) in st.rows.range_mut::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
         if out.len() >= rows_max {
-            next = Some(k.clone());
+            next = Some(k.bytes().to_vec());
             break;
         }
         let served = if q.spec.columns.is_empty() {
-            e.row.clone()
+            k.0.clone()
         } else {
-            let r = project(&e.row.row, &q.spec.columns);
+            let r = project(&k.0.row, &q.spec.columns);
             if r.cells.is_empty() {
                 continue;
             }
@@ -1091,7 +1151,10 @@ mod tests {
         let Some((r, None)) = served(c.lookup(b"t", &q("c", "f"), 100)) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row.row, b"d");
-        assert!(Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows[&b"d"[..]].row), "shared with the cache, not copied");
+        assert!(
+            Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows.get_key_value(&b"d"[..]).unwrap().0 .0),
+            "shared with the cache, not copied"
+        );
         // A Get of an absent row inside the interval is served as absent.
         let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else {
             panic!("absent row not served")
@@ -1270,8 +1333,8 @@ mod tests {
         c.memory_bytes_max = c.bytes() / 2 + 1;
         c.evict();
         let st = &c.tables[&b"t"[..]];
-        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "hit rows kept");
-        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
+        assert_eq!(st.rows.keys().filter(|k| k.bytes().starts_with(b"a")).count(), 20, "hit rows kept");
+        assert!(st.rows.keys().filter(|k| k.bytes().starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 
     /// Rows served only through a result memo keep their place as well: the memo's hits count
@@ -1296,7 +1359,11 @@ mod tests {
         c.memory_bytes_max = c.bytes() / 2 + 1;
         c.evict();
         let st = &c.tables[&b"t"[..]];
-        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "rows hit through the memo kept");
-        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
+        assert_eq!(
+            st.rows.keys().filter(|k| k.bytes().starts_with(b"a")).count(),
+            20,
+            "rows hit through the memo kept"
+        );
+        assert!(st.rows.keys().filter(|k| k.bytes().starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 }
