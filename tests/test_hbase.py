@@ -734,11 +734,12 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
     """[[tenant]] thrift_port: each tenant's Thrift port is shaped by that tenant's own buckets
     (a tenant over its egress rate is held back, another tenant's port is not), its cache is
     half the tenant's memory_mb (the store has the other half; eviction keeps the cache inside
-    it), metrics carry the tenant, and the admin API resizes, adds and removes such ports."""
+    it) or `thrift_cache_mb` of it, metrics carry the tenant, and the admin API resizes (memory_mb,
+    thrift_cache_mb, checked against each other), adds and removes such ports."""
     import tenantlib
     slow_rate = 100_000  # bytes/s: share 0.001 of 100 MB/s
     d = hbaselib.TenantHbaseDaemon(hbase.sidecar_port, [
-        dict(name="slow", share=0.001, burst_bytes=16384, memory_mb=4, thrift=True),
+        dict(name="slow", share=0.001, burst_bytes=16384, memory_mb=4, thrift=True, thrift_cache_mb=3),
         dict(name="fast", share=0.9, burst_bytes=1 << 20, memory_mb=2, thrift=True),
     ], shaping=dict(ingress_bytes_per_s=100_000_000, egress_bytes_per_s=100_000_000)).start()
     try:
@@ -764,7 +765,8 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
         mib = 1 << 20
         assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == mib
         assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == mib
-        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "slow") == 2 * mib
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "slow") == 3 * mib
+        assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "slow") == mib
         big = fresh_table(fast)
         with fast.table(big).batch(batch_size=100) as b:
             for i in range(1500):
@@ -789,6 +791,15 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
         m = d.metrics()
         assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == 2 * mib
         assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == 2 * mib
+        r = d.http("PUT", "/tenants/fast", {"thrift_cache_mb": 3})
+        assert r.status == 200, r
+        m = d.metrics()
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == 3 * mib
+        assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == mib
+        for bad in ({"thrift_cache_mb": 4}, {"memory_mb": 3}):  # nothing left for the KV store
+            r = d.http("PUT", "/tenants/fast", bad)
+            assert r.status == 400, (bad, r)
+        assert tenantlib.metric_value(d.metrics(), "slipstream_hbase_cache_limit_bytes", "fast") == 3 * mib
         extra_port = mcwire.free_port()
         r = d.http("PUT", "/tenants/extra", {"name": "extra", "tcp_port": d.free_port_extra, "share": 0.05,
                                               "thrift_port": extra_port})

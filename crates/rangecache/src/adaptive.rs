@@ -26,7 +26,8 @@
 //!       times for k-fold overlaps), or of its scans were *shifted* (intersecting a recent range
 //!       without equalling it: an all-row miss, often an each-row hit);
 //!    c. *result size*: its fills average [`LARGE_RESULT_ROWS`] rows or more (a write anywhere in
-//!       such a range would make all-row re-read all of it);
+//!       such a range would make all-row re-read all of it). A window of hits fills nothing: b
+//!       and c then use the last window that filled (what was seen of the cached ranges);
 //!    d. *hit rate*: the shape's exact repeats hit less often in its last all-row window than
 //!       in its last each-row window (a range's first lookup after a switch finds the new kind
 //!       of entry cold and is not counted), by [`HIT_RATE_MARGIN`] or more (whatever the cause —
@@ -47,8 +48,9 @@ use std::hash::{Hash, Hasher};
 
 /// First pages of a scan shape between two decisions.
 pub const WINDOW: u32 = 64;
-/// Recent distinct ranges remembered per shape (to tell repeats from overlaps).
-pub const RECENT_RANGES_MAX: usize = 16;
+/// Recent distinct ranges remembered per shape (to tell repeats from overlaps): a shape whose
+/// hot ranges are more than this looks like new ranges (the load bench has 64).
+pub const RECENT_RANGES_MAX: usize = 128;
 /// Shapes tracked per table.
 pub const SHAPES_PER_TABLE_MAX: usize = 256;
 /// Writes into the shape's ranges per scan from which each-row is chosen (rule 3a): all-row's
@@ -184,6 +186,9 @@ pub struct History {
     pub each_row_hit_rate: Option<f64>,
     /// Windows left to stay each-row.
     pub hold: u32,
+    /// (fills, rows filled, duplicate rows) of the last window that had fills: a window of
+    /// hits has none, and overlap and size seen while filling still hold for the cached ranges.
+    pub last_fills: Option<(u32, u64, u64)>,
 }
 
 /// Why [`decide`] chose what it chose (for tests and the docs' examples).
@@ -205,11 +210,15 @@ pub fn decide(w: &Window, h: &History) -> (Strategy, Reason) {
     if w.writes as f64 / scans >= WRITES_PER_SCAN_MIN {
         return (Strategy::EachRow, Reason::Writes);
     }
-    let dup = w.dup_rows as f64 / w.fill_rows.max(1) as f64;
+    let (fills, fill_rows, dup_rows) = match (w.fills, h.last_fills) {
+        (0, Some(last)) => last,
+        _ => (w.fills, w.fill_rows, w.dup_rows),
+    };
+    let dup = dup_rows as f64 / fill_rows.max(1) as f64;
     if dup >= OVERLAP_FRACTION_MIN || w.shifted as f64 / scans >= OVERLAP_FRACTION_MIN {
         return (Strategy::EachRow, Reason::Overlap);
     }
-    if w.fills > 0 && w.fill_rows / w.fills as u64 >= LARGE_RESULT_ROWS {
+    if fills > 0 && fill_rows / fills as u64 >= LARGE_RESULT_ROWS {
         return (Strategy::EachRow, Reason::LargeResults);
     }
     if let (Some(a), Some(e)) = (h.all_row_hit_rate, h.each_row_hit_rate) {
@@ -229,6 +238,32 @@ fn inside(row: &[u8], start: &[u8], stop: &[u8]) -> bool {
     row >= start && (stop.is_empty() || row < stop)
 }
 
+/// One recent range of a shape.
+#[derive(Debug)]
+struct Recent {
+    /// Of (start, stop), compared first (most lookups are repeats of one of many ranges).
+    hash: u64,
+    start: Vec<u8>,
+    stop: Vec<u8>,
+    /// Looked up since the last switch of strategy (its first lookup after a switch finds the
+    /// new kind of entry cold, which says nothing about the strategy: not counted in the
+    /// repeat hit rate).
+    warm: bool,
+}
+
+impl Recent {
+    fn is(&self, hash: u64, start: &[u8], stop: &[u8]) -> bool {
+        self.hash == hash && self.start == start && self.stop == stop
+    }
+}
+
+fn range_hash(start: &[u8], stop: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    start.hash(&mut h);
+    stop.hash(&mut h);
+    h.finish()
+}
+
 /// A scan shape's state: its choice, the current window, its history, its recent ranges.
 #[derive(Debug)]
 pub struct Shape {
@@ -236,10 +271,8 @@ pub struct Shape {
     choice: Strategy,
     window: Window,
     history: History,
-    /// Recent distinct ranges, each with whether it was looked up since the last switch of
-    /// strategy (its first lookup after a switch finds the new kind of entry cold, which says
-    /// nothing about the strategy: not counted in the repeat hit rate).
-    recent: VecDeque<(Vec<u8>, Vec<u8>, bool)>,
+    /// Recent distinct ranges, oldest first.
+    recent: VecDeque<Recent>,
     decisions_all_row: u64,
     decisions_each_row: u64,
 }
@@ -266,19 +299,20 @@ impl Shape {
         let w = &mut self.window;
         w.scans += 1;
         w.hits += hit as u32;
-        if let Some(r) = self.recent.iter_mut().find(|(a, b, _)| a == start && b == stop) {
-            if std::mem::replace(&mut r.2, true) {
+        let hash = range_hash(start, stop);
+        if let Some(r) = self.recent.iter_mut().find(|r| r.is(hash, start, stop)) {
+            if std::mem::replace(&mut r.warm, true) {
                 w.repeats += 1;
                 w.repeat_hits += hit as u32;
             }
         } else {
-            if self.recent.iter().any(|(a, b, _)| intersects(a, b, start, stop)) {
+            if self.recent.iter().any(|r| intersects(&r.start, &r.stop, start, stop)) {
                 w.shifted += 1;
             }
             if self.recent.len() >= RECENT_RANGES_MAX {
                 self.recent.pop_front();
             }
-            self.recent.push_back((start.to_vec(), stop.to_vec(), true));
+            self.recent.push_back(Recent { hash, start: start.to_vec(), stop: stop.to_vec(), warm: true });
         }
         if w.scans >= WINDOW {
             self.end_window();
@@ -290,14 +324,15 @@ impl Shape {
     /// Only a first page counts (its range was recorded by its lookup); a later page of the same
     /// scan starts elsewhere and would count its own scan's range as another.
     pub fn observe_fill<'a>(&mut self, start: &[u8], stop: &[u8], rows: impl Iterator<Item = &'a [u8]>) {
-        if !self.recent.iter().any(|(a, b, _)| a == start && b == stop) {
+        let hash = range_hash(start, stop);
+        if !self.recent.iter().any(|r| r.is(hash, start, stop)) {
             return;
         }
         let others: Vec<(&[u8], &[u8])> = self
             .recent
             .iter()
-            .filter(|(a, b, _)| !(a == start && b == stop) && intersects(a, b, start, stop))
-            .map(|(a, b, _)| (a.as_slice(), b.as_slice()))
+            .filter(|r| !r.is(hash, start, stop) && intersects(&r.start, &r.stop, start, stop))
+            .map(|r| (r.start.as_slice(), r.stop.as_slice()))
             .collect();
         let (mut n, mut dup) = (0u64, 0u64);
         for r in rows {
@@ -311,7 +346,7 @@ impl Shape {
 
     /// Records a written row (counted if inside one of the shape's recent ranges).
     pub fn observe_write(&mut self, row: &[u8]) {
-        if self.recent.iter().any(|(a, b, _)| inside(row, a, b)) {
+        if self.recent.iter().any(|r| inside(row, &r.start, &r.stop)) {
             self.window.writes += 1;
         }
     }
@@ -324,6 +359,9 @@ impl Shape {
             }
         }
         let (choice, reason) = decide(&self.window, &self.history);
+        if self.window.fills > 0 {
+            self.history.last_fills = Some((self.window.fills, self.window.fill_rows, self.window.dup_rows));
+        }
         if self.history.hold > 0 {
             self.history.hold -= 1;
             if self.history.hold == 0 {
@@ -334,7 +372,7 @@ impl Shape {
         }
         if choice != self.choice {
             for r in self.recent.iter_mut() {
-                r.2 = false;
+                r.warm = false;
             }
         }
         self.choice = choice;
@@ -458,11 +496,19 @@ mod tests {
         assert_eq!(decide(&Window { shifted: 3, ..calm }, &none).0, Strategy::AllRow);
         let large = Window { fills: 2, fill_rows: 2000, ..calm };
         assert_eq!(decide(&large, &none), (Strategy::EachRow, Reason::LargeResults));
-        let worse = History { all_row_hit_rate: Some(0.80), each_row_hit_rate: Some(0.95), hold: 0 };
+        let worse = History { all_row_hit_rate: Some(0.80), each_row_hit_rate: Some(0.95), ..none };
         assert_eq!(decide(&calm, &worse), (Strategy::EachRow, Reason::HitRate));
-        let close = History { all_row_hit_rate: Some(0.93), each_row_hit_rate: Some(0.95), hold: 0 };
+        let close = History { all_row_hit_rate: Some(0.93), each_row_hit_rate: Some(0.95), ..none };
         assert_eq!(decide(&calm, &close).0, Strategy::AllRow, "within the margin");
         assert_eq!(decide(&calm, &History { hold: 1, ..none }).0, Strategy::EachRow, "held");
+        // A window of hits fills nothing: the overlap and size of the last filling window count.
+        let hits = Window { fills: 0, fill_rows: 0, ..calm };
+        assert_eq!(decide(&hits, &none).0, Strategy::AllRow);
+        let overlapped = History { last_fills: Some((4, 400, 100)), ..none };
+        assert_eq!(decide(&hits, &overlapped), (Strategy::EachRow, Reason::Overlap));
+        assert_eq!(decide(&calm, &overlapped).0, Strategy::AllRow, "this window's own fills first");
+        let large = History { last_fills: Some((1, 5000, 0)), ..none };
+        assert_eq!(decide(&hits, &large), (Strategy::EachRow, Reason::LargeResults));
     }
 
     /// Through a shape's own observations: exact repeats go all-row, sliding ranges each-row,

@@ -362,7 +362,7 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
         ("cache_bytes", "gauge", "Bytes held by the range cache (a tenant's: counted against its memory_mb)", |f| {
             f.state.cache().bytes() as u64
         }),
-        ("cache_limit_bytes", "gauge", "The range cache's memory limit (a tenant's: half its memory_mb)", |f| {
+        ("cache_limit_bytes", "gauge", "The range cache's memory limit (a tenant's: its thrift_cache_mb, or half its memory_mb)", |f| {
             f.state.cache().memory_limit() as u64
         }),
     ];
