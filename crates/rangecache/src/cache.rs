@@ -151,13 +151,23 @@ pub type Rows = Arc<[Arc<CachedRow>]>;
 /// Rows gathered from each-row entries for one answer.
 pub type Assembled = Vec<Arc<CachedRow>>;
 
-/// What the CLOCK ring points at. One slot per each-row row, so kept small: the query key is
-/// boxed (it is large and there is one slot per all-row entry only) and a row is named by its
-/// shared [`RowKey`], not a copy of its key.
+/// What the CLOCK ring points at: an entry of the table with that id ([`Cache::names`]). One
+/// slot per each-row row, so kept small (16 bytes): the table by id, the query key boxed (it
+/// is large and there is one slot per all-row entry only), a row by its shared [`RowKey`],
+/// not a copy of its key.
 #[derive(Clone, Debug)]
 enum EntryRef {
-    Query(Arc<[u8]>, Box<QueryKey>),
-    Row(Arc<[u8]>, RowKey),
+    Query(u32, Box<QueryKey>),
+    Row(u32, RowKey),
+}
+
+/// The table state an [`EntryRef`]'s table id names.
+fn state_of<'a>(
+    tables: &'a mut HashMap<Arc<[u8]>, TableState>,
+    names: &[Arc<[u8]>],
+    id: u32,
+) -> Option<&'a mut TableState> {
+    tables.get_mut(names.get(id as usize)?)
 }
 
 /// An each-row entry's key: the cached row itself, ordered and looked up by its row key (the
@@ -210,12 +220,32 @@ struct QueryEntry {
 }
 
 /// An each-row entry's state (the row is its key, [`RowKey`]; its bytes are
-/// [`row_entry_bytes`] of it, recomputed rather than stored).
-struct RowEntry {
-    /// Position in the CLOCK ring.
-    tick: u64,
-    /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
-    referenced: bool,
+/// [`row_entry_bytes`] of it, recomputed rather than stored): its position in the CLOCK ring
+/// and, in the top bit, its reference bit (set by a hit, cleared — second chance — by the
+/// passing hand). One word: there is one per cached row.
+struct RowEntry(u64);
+
+const REFERENCED_BIT: u64 = 1 << 63;
+
+impl RowEntry {
+    fn new(tick: u64) -> RowEntry {
+        RowEntry(tick & !REFERENCED_BIT)
+    }
+    fn tick(&self) -> u64 {
+        self.0 & !REFERENCED_BIT
+    }
+    fn set_tick(&mut self, tick: u64) {
+        self.0 = (self.0 & REFERENCED_BIT) | (tick & !REFERENCED_BIT);
+    }
+    fn set_referenced(&mut self) {
+        self.0 |= REFERENCED_BIT;
+    }
+    /// Clears the reference bit; was it set?
+    fn take_referenced(&mut self) -> bool {
+        let was = self.0 & REFERENCED_BIT != 0;
+        self.0 &= !REFERENCED_BIT;
+        was
+    }
 }
 
 /// Counters per table (also summed for the whole cache).
@@ -240,7 +270,8 @@ pub struct Stats {
 
 #[derive(Default)]
 struct TableState {
-    name: Option<Arc<[u8]>>,
+    /// Index in [`Cache::names`].
+    id: u32,
     version: u64,
     /// Rows of writes through Slipstream in flight (begin_write .. end_write), with counts.
     rows_in_flight: HashMap<Vec<u8>, u32>,
@@ -324,7 +355,7 @@ impl TableState {
             m.referenced = false;
             let upper = if k.stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(k.stop.as_slice()) };
             for (_, e) in self.rows.range_mut::<[u8], _>((Bound::Included(k.start.as_slice()), upper)) {
-                e.referenced = true;
+                e.set_referenced();
             }
         }
     }
@@ -394,6 +425,8 @@ pub struct Cache {
     bytes: usize,
     tick: u64,
     tables: HashMap<Arc<[u8]>, TableState>,
+    /// Table names by id ([`EntryRef`]; `TableState::id`).
+    names: Vec<Arc<[u8]>>,
     /// The CLOCK ring: entries by position (fill order, or when the hand last gave them a second
     /// chance); the hand takes the first.
     clock: BTreeMap<u64, EntryRef>,
@@ -409,7 +442,15 @@ pub enum Hit {
 
 impl Cache {
     pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
-        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), clock: BTreeMap::new() }
+        Cache {
+            strategy,
+            memory_bytes_max,
+            bytes: 0,
+            tick: 0,
+            tables: HashMap::new(),
+            names: Vec::new(),
+            clock: BTreeMap::new(),
+        }
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -438,7 +479,10 @@ impl Cache {
     fn table(&mut self, table: &[u8]) -> &mut TableState {
         if !self.tables.contains_key(table) {
             let name: Arc<[u8]> = Arc::from(table);
-            let st = TableState { name: Some(name.clone()), ..Default::default() };
+            // Table states are never removed, so ids stay valid.
+            let id = self.names.len() as u32;
+            self.names.push(name.clone());
+            let st = TableState { id, ..Default::default() };
             self.tables.insert(name, st);
         }
         // Inserted just above when missing.
@@ -596,7 +640,7 @@ impl Cache {
         } else {
             let tick = self.next_tick();
             let st = self.table(table);
-            let name = st.name.clone().expect("named table");
+            let name = st.id;
             if let Some(old) = st.queries.remove(q) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
@@ -620,16 +664,16 @@ impl Cache {
             let key = RowKey(r);
             let bytes = row_entry_bytes(&key);
             let st = self.table(table);
-            let name = st.name.clone().expect("named table");
+            let name = st.id;
             // Removed first: `insert` over an equal key would keep the old row as the key.
             if let Some((old_key, old)) = st.rows.remove_entry(key.bytes()) {
                 let old_bytes = row_entry_bytes(&old_key);
                 st.bytes -= old_bytes;
                 self.bytes -= old_bytes;
-                self.clock.remove(&old.tick);
+                self.clock.remove(&old.tick());
             }
             let st = self.table(table);
-            st.rows.insert(key.clone(), RowEntry { tick, referenced: false });
+            st.rows.insert(key.clone(), RowEntry::new(tick));
             let st = self.table(table);
             st.bytes += bytes;
             self.bytes += bytes;
@@ -708,7 +752,7 @@ impl Cache {
         }
         if let Some((k, e)) = st.rows.remove_entry(row) {
             freed += row_entry_bytes(&k);
-            self.clock.remove(&e.tick);
+            self.clock.remove(&e.tick());
             st.stats.invalidations += 1;
         }
         st.drop_memos(|k| k.contains(row));
@@ -784,7 +828,7 @@ impl Cache {
             self.clock.remove(&e.tick);
         }
         for e in st.rows.values() {
-            self.clock.remove(&e.tick);
+            self.clock.remove(&e.tick());
         }
         st.stats.invalidations += (st.queries.len() + st.rows.len()) as u64;
         st.queries.clear();
@@ -809,13 +853,15 @@ impl Cache {
                 let tick = self.next_tick();
                 match &victim {
                     EntryRef::Query(t, k) => {
-                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)) {
+                        let st = state_of(&mut self.tables, &self.names, *t);
+                        if let Some(e) = st.and_then(|st| st.queries.get_mut(k)) {
                             e.tick = tick;
                         }
                     }
                     EntryRef::Row(t, r) => {
-                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r.bytes())) {
-                            e.tick = tick;
+                        let st = state_of(&mut self.tables, &self.names, *t);
+                        if let Some(e) = st.and_then(|st| st.rows.get_mut(r.bytes())) {
+                            e.set_tick(tick);
                         }
                     }
                 }
@@ -824,8 +870,8 @@ impl Cache {
             }
             match victim {
                 EntryRef::Query(t, k) => {
-                    if let Some(st) = self.tables.get_mut(&t) {
-                        if let Some(e) = st.queries.remove(&k) {
+                    if let Some(st) = state_of(&mut self.tables, &self.names, t) {
+                        if let Some(e) = st.queries.remove(&*k) {
                             st.bytes -= e.bytes;
                             self.bytes -= e.bytes;
                             st.stats.evictions += 1;
@@ -833,7 +879,7 @@ impl Cache {
                     }
                 }
                 EntryRef::Row(t, r) => {
-                    if let Some(st) = self.tables.get_mut(&t) {
+                    if let Some(st) = state_of(&mut self.tables, &self.names, t) {
                         if let Some((k, _)) = st.rows.remove_entry(r.bytes()) {
                             let bytes = row_entry_bytes(&k);
                             st.bytes -= bytes;
@@ -853,19 +899,18 @@ impl Cache {
     /// Clears the entry's reference bit; true if it was set (the entry stays).
     fn second_chance(&mut self, victim: &EntryRef) -> bool {
         if let EntryRef::Row(t, _) = victim {
-            if let Some(st) = self.tables.get_mut(t) {
+            if let Some(st) = state_of(&mut self.tables, &self.names, *t) {
                 st.mark_memo_rows();
             }
         }
-        let bit = match victim {
-            EntryRef::Query(t, k) => {
-                self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
-            }
-            EntryRef::Row(t, r) => {
-                self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r.bytes())).map(|e| &mut e.referenced)
-            }
-        };
-        bit.is_some_and(std::mem::take)
+        match victim {
+            EntryRef::Query(t, k) => state_of(&mut self.tables, &self.names, *t)
+                .and_then(|st| st.queries.get_mut(&**k))
+                .is_some_and(|e| std::mem::take(&mut e.referenced)),
+            EntryRef::Row(t, r) => state_of(&mut self.tables, &self.names, *t)
+                .and_then(|st| st.rows.get_mut(r.bytes()))
+                .is_some_and(RowEntry::take_referenced),
+        }
     }
 
     /// Per-table stats, by table name.
@@ -914,7 +959,7 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
             Arc::new(CachedRow::new(r))
         };
         out.push(served);
-        e.referenced = true;
+        e.set_referenced();
     }
     Some((out, next))
 }
@@ -1256,6 +1301,20 @@ mod tests {
         assert!(c.table_stats()[0].1.chosen_all_row > st.chosen_all_row);
     }
 
+    /// Each-row pays these per cached row besides the row itself (module doc, "Memory"): keep
+    /// them small (the target: each-row memory ≤ 1/k of all-row for k-fold overlaps).
+    #[test]
+    fn per_row_index_slots_stay_small() {
+        assert_eq!(std::mem::size_of::<RowKey>(), 8);
+        assert_eq!(std::mem::size_of::<RowEntry>(), 8);
+        assert_eq!(std::mem::size_of::<EntryRef>(), 16);
+        assert_eq!(ROW_INDEX_BYTES, 40);
+        let mut e = RowEntry::new(7);
+        e.set_referenced();
+        e.set_tick(9);
+        assert_eq!((e.tick(), e.take_referenced(), e.take_referenced()), (9, true, false));
+    }
+
     #[test]
     fn intervals_merge_and_split() {
         let mut iv = BTreeMap::new();
@@ -1351,7 +1410,7 @@ mod tests {
         }
         // The hand has passed since: every row's bit is clear.
         for e in c.tables.get_mut(&b"t"[..]).unwrap().rows.values_mut() {
-            e.referenced = false;
+            e.take_referenced();
         }
         for _ in 0..3 {
             assert!(matches!(c.lookup(b"t", &q("a", "a~"), 100), Some(Hit::Rows(..))), "memo hit");
