@@ -58,8 +58,10 @@ def load_run(addr, *args, timeout=600):
 
 
 def counters(d):
-    tot = {"hits": 0.0, "misses": 0.0, "bytes": 0.0}
+    tot = {"hits": 0.0, "misses": 0.0, "bytes": 0.0, "all-row": 0.0, "each-row": 0.0}
     for line in d.metrics().splitlines():
+        if line.startswith("slipstream_hbase_strategy_chosen_total{"):
+            tot[line.split('strategy="')[1].split('"')[0]] += float(line.split()[-1])
         if line.startswith("slipstream_hbase_all_row_hits_total{") or line.startswith("slipstream_hbase_each_row_hits_total{"):
             tot["hits"] += float(line.split()[-1])
         elif line.startswith("slipstream_hbase_misses_total{"):
@@ -88,6 +90,9 @@ def one(m, k, strategy):
         "cache_mb": c1["bytes"] / 1e6,
         "p50_us": int(r["p50_us"]),
         "p99_us": int(r["p99_us"]),
+        # Queries decided for each kind of entry in the measured part (adaptive: crate::adaptive).
+        "chosen_all_row": int(c1["all-row"] - c0["all-row"]),
+        "chosen_each_row": int(c1["each-row"] - c0["each-row"]),
     }
 
 
@@ -189,15 +194,15 @@ def main():
     if not res:
         return
     print("load average at the end: %s" % open("/proc/loadavg").read().split()[:3])
-    print("| k | strategy | hit ratio | MB cached | MB vs all-row | scans/s | p50 / p99 µs | writes |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| k | strategy | hit ratio | MB cached | MB vs all-row | scans/s | p50 / p99 µs | writes | chosen all-row / each-row |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k in KS:
         base = res[(k, "all-row")]["cache_mb"]
         for s in STRATEGIES:
             r = res[(k, s)]
-            print("| %d | %s | %.3f | %.1f | %.2f | %.0f | %d / %d | %d |" % (
+            print("| %d | %s | %.3f | %.1f | %.2f | %.0f | %d / %d | %d | %d / %d |" % (
                 k, s, r["hit_ratio"], r["cache_mb"], r["cache_mb"] / max(base, 1e-9), r["scans_per_s"],
-                r["p50_us"], r["p99_us"], r["writes"]))
+                r["p50_us"], r["p99_us"], r["writes"], r["chosen_all_row"], r["chosen_each_row"]))
     plot(res)
 
 
