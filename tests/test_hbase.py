@@ -626,7 +626,7 @@ def _shapes(d, table):
 
 def test_adaptive_gives_two_shapes_different_strategies_from_their_statistics(hbase, oracle):
     """strategy = "adaptive", one table, two scan shapes: columns cf1 repeating four disjoint
-    ranges (no writes, small results) goes all-row after a window of 64 scans; columns cf2 with
+    ranges (no writes, small results) goes all-row after four windows of 64 scans; columns cf2 with
     sliding overlapping ranges stays each-row; a write through Slipstream into a cf1 range sends
     that shape back to each-row. Answers equal the native client's throughout."""
     window = 64  # crate::adaptive::WINDOW
@@ -642,7 +642,7 @@ def test_adaptive_gives_two_shapes_different_strategies_from_their_statistics(hb
             return list(t.scan(row_start=b"r%04d" % (3 * i % 360), row_stop=b"r%04d" % (3 * i % 360 + 20),
                                columns=[b"cf2"]))
 
-        for i in range(2 * window):
+        for i in range(5 * window):  # each-row -> all-row after 4 windows in a row say so
             a(i)
             b(i)
         assert _shapes(d, name) == {"all-row": 1, "each-row": 1}, _shapes(d, name)

@@ -14,29 +14,33 @@
 //!    range to drop), and the row is then shared with every scan over it.
 //! 3. A scan shape starts each-row and is decided again after every [`WINDOW`] first pages from
 //!    the window's counters ([`Window`]; [`decide`]). **each-row** if any of:
-//!    a. *writes invalidate*: writes (through Slipstream or RegionObserver notices) into the
-//!       shape's recent ranges reached [`WRITES_PER_SCAN_MIN`] per scan. Under all-row such a
-//!       write drops every range over the row and the next scan re-reads the whole range from
-//!       HBase (a miss: ~0.5-1 ms); under each-row one row is dropped and refilled. All-row's
-//!       gain is ~1 us per hit (8 vs 9 us of daemon CPU per cached 100-row scan), so one
-//!       write per window already outweighs it (Zipf, k = 1, 5% writes: all-row hit 0.916 at
-//!       4.9k scans/s vs each-row 0.953 at 7.0k, docs/benchmarks.md);
-//!    b. *overlap*: at least [`OVERLAP_FRACTION_MIN`] of the rows its fills read were already
-//!       inside another recent range of the shape (all-row would hold them again: memory k
-//!       times for k-fold overlaps), or of its scans were *shifted* (intersecting a recent range
-//!       without equalling it: an all-row miss, often an each-row hit);
-//!    c. *result size*: its fills average [`LARGE_RESULT_ROWS`] rows or more (a write anywhere in
-//!       such a range would make all-row re-read all of it). A window of hits fills nothing: b
-//!       and c then use the last window that filled (what was seen of the cached ranges);
-//!    d. *hit rate*: the shape's exact repeats hit less often in its last all-row window than
-//!       in its last each-row window (a range's first lookup after a switch finds the new kind
-//!       of entry cold and is not counted), by [`HIT_RATE_MARGIN`] or more (whatever the cause —
-//!       evictions, whole-table writes — all-row kept these ranges worse than each-row did); the
-//!       shape then stays each-row for [`HOLD_WINDOWS`] windows, after which all-row gets
-//!       another try.
-//!    Otherwise **all-row**: the shape's scans repeat the same ranges, apart from one another,
-//!    with small results and no writes — all-row's hit is the fastest (paired runs 1.1x each-row's
-//!    memo hit) and costs no duplicate memory there.
+//!    - *writes invalidate*: writes (through Slipstream or RegionObserver notices) into the
+//!      shape's recent ranges reached [`WRITES_PER_SCAN_MIN`] per scan. Under all-row such a
+//!      write drops every range over the row and the next scan re-reads the whole range from
+//!      HBase (a miss: ~0.5-1 ms); under each-row one row is dropped and refilled. All-row's
+//!      gain is at most ~1 us per hit (8 vs 9 us of daemon CPU per cached 100-row scan), so one
+//!      write per window already outweighs it (Zipf, k = 1, 5% writes, session 11: all-row hit
+//!      0.916 at 4.9k scans/s vs each-row 0.953 at 7.0k, docs/benchmarks.md);
+//!    - *overlap*: at least [`OVERLAP_FRACTION_MIN`] of the rows its fills read were already
+//!      inside another recent range of the shape (all-row would hold them again: memory k
+//!      times for k-fold overlaps), or of its scans were *shifted* (intersecting a recent range
+//!      without equalling it: an all-row miss, often an each-row hit);
+//!    - *result size*: its fills average [`LARGE_RESULT_ROWS`] rows or more (a write anywhere
+//!      in such a range would make all-row re-read all of it). A window of hits fills nothing:
+//!      overlap and size then come from the last window that filled;
+//!    - *hit rate*: the shape's exact repeats hit less often in its last all-row window than
+//!      in its last each-row window (a range's first lookup after a switch finds the new kind
+//!      of entry cold and is not counted), by [`HIT_RATE_MARGIN`] or more (whatever the cause —
+//!      evictions, whole-table writes — all-row kept these ranges worse than each-row did); the
+//!      shape then stays each-row for [`HOLD_WINDOWS`] windows, after which all-row gets
+//!      another try.
+//!
+//!    Otherwise **all-row** (switching from each-row once [`ALL_ROW_WINDOWS_MIN`] windows in a
+//!    row say so): the shape's scans repeat the same ranges, apart from one another, with small
+//!    results and no writes. There all-row holds nothing twice and each-row would
+//!    cost its per-row index on top (memory sweep at k = 1: each-row 1.04x all-row's accounted
+//!    bytes, 1.08x its RSS growth), and an all-row hit is one hash lookup (paired runs: all-row
+//!    1.1x each-row's memo hit in session 11, within noise of it in session 12).
 //!
 //! Bounds: [`SHAPES_PER_TABLE_MAX`] shapes per table (a new shape past it is decided by rules
 //! 1-2 and starts each-row, untracked), [`RECENT_RANGES_MAX`] recent distinct ranges per shape.
@@ -62,8 +66,13 @@ pub const OVERLAP_FRACTION_MIN: f64 = 1.0 / 16.0;
 pub const LARGE_RESULT_ROWS: u64 = 1000;
 /// All-row's window hit rate this far below each-row's sends the shape back (rule 3d).
 pub const HIT_RATE_MARGIN: f64 = 0.05;
-/// Windows a shape stays each-row after rule 3d.
+/// Windows a shape stays each-row after the hit-rate rule.
 pub const HOLD_WINDOWS: u32 = 8;
+/// Windows in a row that must say all-row before an each-row shape switches: a switch leaves
+/// the other kind's entries until they are evicted and finds the new kind cold (Zipf, k = 1,
+/// 5% writes: switching on single quiet windows held both kinds, 1.52x all-row's memory, hit
+/// ratio 0.928 vs each-row's 0.940; docs/benchmarks.md session 12). Back to each-row is at once.
+pub const ALL_ROW_WINDOWS_MIN: u32 = 4;
 
 /// Which strategy serves scans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,6 +282,8 @@ pub struct Shape {
     history: History,
     /// Recent distinct ranges, oldest first.
     recent: VecDeque<Recent>,
+    /// Windows in a row, while on each-row, that [`decide`] said all-row.
+    all_row_streak: u32,
     decisions_all_row: u64,
     decisions_each_row: u64,
 }
@@ -285,6 +296,7 @@ impl Shape {
             window: Window::default(),
             history: History::default(),
             recent: VecDeque::new(),
+            all_row_streak: 0,
             decisions_all_row: 0,
             decisions_each_row: 0,
         }
@@ -358,7 +370,16 @@ impl Shape {
                 _ => self.history.each_row_hit_rate = Some(rate),
             }
         }
-        let (choice, reason) = decide(&self.window, &self.history);
+        let (mut choice, reason) = decide(&self.window, &self.history);
+        // Each-row -> all-row only after ALL_ROW_WINDOWS_MIN windows in a row say so.
+        if choice == Strategy::AllRow && self.choice != Strategy::AllRow {
+            self.all_row_streak += 1;
+            if self.all_row_streak < ALL_ROW_WINDOWS_MIN {
+                choice = self.choice;
+            }
+        } else {
+            self.all_row_streak = 0;
+        }
         if self.window.fills > 0 {
             self.history.last_fills = Some((self.window.fills, self.window.fill_rows, self.window.dup_rows));
         }
@@ -472,7 +493,7 @@ mod tests {
         assert!(shapes.scan_shape(&latest, b"KeyOnlyFilter()").is_none(), "not tracked");
         // A scan shape turned all-row leaves Gets of the same columns each-row.
         let s = shapes.scan_shape(&latest, b"").expect("tracked");
-        for i in 0..WINDOW {
+        for i in 0..WINDOW * ALL_ROW_WINDOWS_MIN {
             s.observe_scan(&key(i % 4 * 1000), &key(i % 4 * 1000 + 100), true);
         }
         assert_eq!(s.choice(), Strategy::AllRow);
@@ -526,14 +547,26 @@ mod tests {
                 }
             }
         };
-        repeats(&mut s, false);
-        assert_eq!(s.choice(), Strategy::AllRow, "repeats");
+        // Each-row -> all-row only after ALL_ROW_WINDOWS_MIN windows of repeats in a row.
+        let to_all_row = |s: &mut Shape, hit: bool| {
+            for n in 1..=ALL_ROW_WINDOWS_MIN {
+                repeats(s, hit);
+                let want = if n < ALL_ROW_WINDOWS_MIN { Strategy::EachRow } else { Strategy::AllRow };
+                assert_eq!(s.choice(), want, "window {n}");
+            }
+        };
+        to_all_row(&mut s, false);
         for i in 0..WINDOW {
             s.observe_scan(&key(i * 10), &key(i * 10 + 100), false);
         }
-        assert_eq!(s.choice(), Strategy::EachRow, "sliding ranges");
+        assert_eq!(s.choice(), Strategy::EachRow, "sliding ranges: at once");
         repeats(&mut s, false);
-        assert_eq!(s.choice(), Strategy::AllRow);
+        for i in 0..WINDOW {
+            // New sliding ranges (the earlier ones are repeats of recent ranges now).
+            s.observe_scan(&key(i * 10 + 5), &key(i * 10 + 105), false);
+        }
+        // That window of overlap started the streak again: four more windows of repeats.
+        to_all_row(&mut s, false);
         // Fills of overlapping ranges: the rows inside another recent range count as duplicates.
         let mut o = Shape::new(ShapeKey::of(false, &ReadSpec::latest(), b""));
         o.observe_scan(&key(0), &key(100), false);
@@ -553,8 +586,7 @@ mod tests {
         }
         assert_eq!(s.choice(), Strategy::EachRow, "a write into its ranges");
         // Each-row hit every repeat; all-row then hits only half: back to each-row, held.
-        repeats(&mut s, true);
-        assert_eq!(s.choice(), Strategy::AllRow);
+        to_all_row(&mut s, true);
         let half = |s: &mut Shape| {
             for i in 0..WINDOW {
                 s.observe_scan(&key(i % 4 * 1000), &key(i % 4 * 1000 + 100), i % 2 == 0);
@@ -566,8 +598,7 @@ mod tests {
             repeats(&mut s, true);
             assert_eq!(s.choice(), Strategy::EachRow, "held");
         }
-        repeats(&mut s, true);
-        assert_eq!(s.choice(), Strategy::AllRow, "hold over: repeats again");
+        to_all_row(&mut s, true);
     }
 
     #[test]

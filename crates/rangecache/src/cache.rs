@@ -38,8 +38,14 @@
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
 //!
-//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`;
-//! eviction is CLOCK (second chance): entries sit in a ring in fill order, a hit only sets the
+//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`:
+//! an all-row entry its rows, its list of pointers to them and its key; an each-row row the
+//! row plus its index slots (`ROW_INDEX_BYTES`: its slot in the table's row map and in the
+//! CLOCK ring, 40 bytes, kept small on purpose — the row map is keyed by the shared row itself,
+//! not a copy of its key, a ring slot names its table by id, a row entry is one word); a memo its
+//! pointers and key. So at k = 1 each-row holds all-row's bytes plus those slots (and B-tree
+//! slack on top, seen in RSS only); for k-fold overlapping ranges all-row holds k copies of
+//! every row (docs/benchmarks.md, session 12). Eviction is CLOCK (second chance): entries sit in a ring in fill order, a hit only sets the
 //! entry's reference bit, and the hand evicts the first entry whose bit is clear, clearing set
 //! bits (moving those entries to the back) as it passes. Why not exact LRU: reordering an
 //! ordered index on every hit was a large part of an each-row hit (two B-tree updates per row
@@ -1250,7 +1256,7 @@ mod tests {
     /// the repeating shape's ranges sends it back; `chosen_*` and `shapes_*` count each.
     #[test]
     fn adaptive_decides_per_query_shape_from_its_statistics() {
-        use crate::adaptive::WINDOW;
+        use crate::adaptive::{ALL_ROW_WINDOWS_MIN, WINDOW};
         let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
         let k = |i: usize| format!("r{i:04}");
         let cols =
@@ -1279,7 +1285,7 @@ mod tests {
         assert!(served(c.lookup(b"t", &slide, 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
         assert!(matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Rows(r, None)) if r.len() == 48), "memo hit");
         // Shape A (whole rows): four disjoint ranges repeated. Shape B (a column): sliding.
-        for i in 0..2 * WINDOW as usize {
+        for i in 0..(ALL_ROW_WINDOWS_MIN + 1) as usize * WINDOW as usize {
             let a = 200 + i % 4 * 100;
             scan(&mut c, &q(&k(a), &k(a + 50)), a, a + 50);
             scan(&mut c, &cols(q(&k(i * 3), &k(i * 3 + 50))), i * 3, i * 3 + 50);
