@@ -558,12 +558,17 @@ def test_lost_notice_channel_flushes_and_holds_writes(hbase, oracle):
         d.stop()
 
 
-def _chosen(d, table):
+def _per_strategy(d, metric, table):
+    """slipstream_hbase_<metric>{table,strategy} of one table, by strategy."""
     out = {}
     for l in d.metrics().splitlines():
-        if l.startswith("slipstream_hbase_strategy_chosen_total{") and ('table="%s"' % table.decode()) in l:
+        if l.startswith("slipstream_hbase_%s{" % metric) and ('table="%s"' % table.decode()) in l:
             out[l.split('strategy="')[1].split('"')[0]] = float(l.split()[-1])
     return out
+
+
+def _chosen(d, table):
+    return _per_strategy(d, "strategy_chosen_total", table)
 
 
 def table_with_rows(d, n, values):
@@ -617,11 +622,7 @@ def test_adaptive_chooses_per_query_shape(hbase, oracle):
 
 
 def _shapes(d, table):
-    out = {}
-    for l in d.metrics().splitlines():
-        if l.startswith("slipstream_hbase_adaptive_shapes{") and ('table="%s"' % table.decode()) in l:
-            out[l.split('strategy="')[1].split('"')[0]] = float(l.split()[-1])
-    return out
+    return _per_strategy(d, "adaptive_shapes", table)
 
 
 def test_adaptive_gives_two_shapes_different_strategies_from_their_statistics(hbase, oracle):
