@@ -57,6 +57,8 @@ pub const WINDOW: u32 = 64;
 pub const RECENT_RANGES_MAX: usize = 128;
 /// Shapes tracked per table.
 pub const SHAPES_PER_TABLE_MAX: usize = 256;
+/// Rows of one write checked against the shapes' ranges ([`Shapes::observe_writes`]).
+pub const WRITE_ROWS_OBSERVED_MAX: usize = 16;
 /// Writes into the shape's ranges per scan from which each-row is chosen (rule 3a): all-row's
 /// ~1 us gain per hit against one 100-row HBase read (~0.5 ms) per write = ~1/500.
 pub const WRITES_PER_SCAN_MIN: f64 = 1.0 / 512.0;
@@ -357,7 +359,7 @@ impl Shape {
     }
 
     /// Records a written row (counted if inside one of the shape's recent ranges).
-    pub fn observe_write(&mut self, row: &[u8]) {
+    fn observe_write(&mut self, row: &[u8]) {
         if self.recent.iter().any(|r| inside(row, &r.start, &r.stop)) {
             self.window.writes += 1;
         }
@@ -443,11 +445,15 @@ impl Shapes {
         (s.key.columns == spec.columns && s.key.class == class_of(spec, filter)).then_some(s)
     }
 
-    /// A row of the table is being written: every tracked shape counts it (bounded:
-    /// [`SHAPES_PER_TABLE_MAX`] x [`RECENT_RANGES_MAX`] comparisons).
-    pub fn observe_write(&mut self, row: &[u8]) {
-        for s in self.by_hash.values_mut() {
-            s.observe_write(row);
+    /// Rows of the table are being written: every tracked shape counts those inside its recent
+    /// ranges. Only the first [`WRITE_ROWS_OBSERVED_MAX`] rows of a write are looked at, which
+    /// bounds the work under the cache's lock (rows x shapes x recent ranges comparisons) for
+    /// large batches; a write of that many rows already says "writes invalidate" (rule 3).
+    pub fn observe_writes(&mut self, rows: &[Vec<u8>]) {
+        for row in rows.iter().take(WRITE_ROWS_OBSERVED_MAX) {
+            for s in self.by_hash.values_mut() {
+                s.observe_write(row);
+            }
         }
     }
 
@@ -599,6 +605,22 @@ mod tests {
             assert_eq!(s.choice(), Strategy::EachRow, "held");
         }
         to_all_row(&mut s, true);
+    }
+
+    /// A write's rows are counted per shape whose recent ranges hold them, at most
+    /// WRITE_ROWS_OBSERVED_MAX of one write.
+    #[test]
+    fn writes_count_for_the_shapes_whose_ranges_they_hit() {
+        let mut shapes = Shapes::default();
+        let cols = |c: &str| ReadSpec { columns: vec![c.as_bytes().to_vec()], ..ReadSpec::latest() };
+        shapes.scan_shape(&cols("f:a"), b"").expect("a").observe_scan(&key(0), &key(100), false);
+        shapes.scan_shape(&cols("f:b"), b"").expect("b").observe_scan(&key(500), &key(600), false);
+        let many: Vec<Vec<u8>> = (0..100).map(key).collect();
+        shapes.observe_writes(&many);
+        shapes.observe_writes(&[key(550), key(9000)]);
+        let a = shapes.scan_shape(&cols("f:a"), b"").expect("a").window.writes;
+        let b = shapes.scan_shape(&cols("f:b"), b"").expect("b").window.writes;
+        assert_eq!((a, b), (WRITE_ROWS_OBSERVED_MAX as u32, 1));
     }
 
     #[test]

@@ -702,8 +702,8 @@ impl Cache {
             Some(rows) => {
                 for r in rows {
                     *st.rows_in_flight.entry(r.clone()).or_default() += 1;
-                    st.shapes.observe_write(r);
                 }
+                st.shapes.observe_writes(rows);
             }
             None => st.table_writes_in_flight += 1,
         }
@@ -796,9 +796,9 @@ impl Cache {
             self.clear_table(table);
             return;
         }
+        self.table(table).shapes.observe_writes(rows);
         let mut was_complete = Vec::new();
         for r in rows {
-            self.table(table).shapes.observe_write(r);
             if self.invalidate_row(table, r) {
                 was_complete.push(r.clone());
             }
