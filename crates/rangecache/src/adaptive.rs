@@ -43,7 +43,8 @@
 //!    1.1x each-row's memo hit in session 11, within noise of it in session 12).
 //!
 //! Bounds: [`SHAPES_PER_TABLE_MAX`] shapes per table (a new shape past it is decided by rules
-//! 1-2 and starts each-row, untracked), [`RECENT_RANGES_MAX`] recent distinct ranges per shape.
+//! 1-2 and starts each-row, untracked), [`RECENT_RANGES_MAX`] recent distinct ranges per shape,
+//! [`WRITE_ROWS_OBSERVED_MAX`] rows of one write looked at.
 
 use crate::sidecar::codec::{ReadSpec, TS_LATEST};
 use std::collections::hash_map::DefaultHasher;
