@@ -204,6 +204,10 @@ def main():
                 r = run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=2)
                 sweep[(s, rows)] = float(r["ops_per_s"])
         paired = paired_rounds(thrift)
+        # What adaptive chose here (crate::adaptive: fixed starts, no writes -> all-row scans).
+        chosen = [l for l in daemons["adaptive"].metrics().splitlines()
+                  if l.startswith(("slipstream_hbase_strategy_chosen_total{", "slipstream_hbase_adaptive_shapes{"))]
+        print("adaptive daemon: " + "; ".join(chosen))
     finally:
         for d in daemons.values():
             d.stop()

@@ -10,6 +10,14 @@ mutateRow through Slipstream of one row of a range drawn the same way. Every str
 measured ones; hit ratio = hits / (hits + misses) over the measured part (daemon metrics),
 memory = slipstream_hbase_cache_bytes after it (rows and their pre-encoded replies). One mini
 cluster (started and killed here), a fresh daemon per (k, strategy), 512 MB cache each.
+Memory for k-fold overlaps, fairly (MEMORY=1, the default): the Zipf runs above do not hold all
+k copies in all-row (only the ranges drawn are cached, and writes drop some), so the memory
+figure is also taken from a *sweep*: a fresh daemon per (k, strategy), a cache large enough for
+every copy (MEMORY_MB, 1024), every range [i*100/k, i*100/k + 100) of the table scanned once
+with happybase (no writes): all-row then holds each row k times, each-row once. Reported: the
+bytes the cache accounts (slipstream_hbase_cache_bytes) and the daemon's RSS growth over the
+sweep (VmRSS after minus before; jemalloc keeps what it mapped, so this is an upper bound of
+what the cache uses).
 Usage: SLIPSTREAM_BIN=target/release/slipstream python3 bench/hbase_zipf_bench.py
 (build first: cargo build --release -p slipstream && cargo build --release -p slipstream-rangecache --examples)
 Knobs (environment): KEYS, CONNS, DEPTH (operations in flight per connection), OPS, WARM_OPS,
@@ -34,6 +42,9 @@ OPS = int(os.environ.get("OPS", "20000"))
 WARM_OPS = int(os.environ.get("WARM_OPS", "10000"))
 WRITE_PCT = float(os.environ.get("WRITE_PCT", "5"))
 KS = [int(k) for k in os.environ.get("KS", "1,2,4,8").split(",")]
+MEMORY = os.environ.get("MEMORY", "1") == "1"
+MEMORY_MB = int(os.environ.get("MEMORY_MB", "1024"))
+ZIPF = os.environ.get("ZIPF", "1") == "1"
 STRATEGIES = ("all-row", "each-row", "adaptive")
 
 
@@ -47,8 +58,10 @@ def load_run(addr, *args, timeout=600):
 
 
 def counters(d):
-    tot = {"hits": 0.0, "misses": 0.0, "bytes": 0.0}
+    tot = {"hits": 0.0, "misses": 0.0, "bytes": 0.0, "all-row": 0.0, "each-row": 0.0}
     for line in d.metrics().splitlines():
+        if line.startswith("slipstream_hbase_strategy_chosen_total{"):
+            tot[line.split('strategy="')[1].split('"')[0]] += float(line.split()[-1])
         if line.startswith("slipstream_hbase_all_row_hits_total{") or line.startswith("slipstream_hbase_each_row_hits_total{"):
             tot["hits"] += float(line.split()[-1])
         elif line.startswith("slipstream_hbase_misses_total{"):
@@ -77,7 +90,43 @@ def one(m, k, strategy):
         "cache_mb": c1["bytes"] / 1e6,
         "p50_us": int(r["p50_us"]),
         "p99_us": int(r["p99_us"]),
+        # Queries decided for each kind of entry in the measured part (adaptive: crate::adaptive).
+        "chosen_all_row": int(c1["all-row"] - c0["all-row"]),
+        "chosen_each_row": int(c1["each-row"] - c0["each-row"]),
     }
+
+
+def rss_kb(pid):
+    for line in open("/proc/%d/status" % pid):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def sweep(m, k, strategy):
+    """Every k-fold overlapping 100-row range scanned once (see the module doc)."""
+    import happybase
+
+    d = hbaselib.HbaseDaemon(m.sidecar_port, strategy=strategy, memory_mb=MEMORY_MB).start()
+    try:
+        conn = happybase.Connection("127.0.0.1", d.thrift_port, timeout=60000)
+        t = conn.table(b"bench")
+        list(t.scan(row_start=b"row0000000", row_stop=b"row0000001"))  # connection and table warm
+        rss0 = rss_kb(d.proc.pid)
+        stride = 100 // k
+        n = 0
+        for s0 in range(0, KEYS - 100 + 1, stride):
+            rows = list(t.scan(row_start=b"row%07d" % s0, row_stop=b"row%07d" % (s0 + 100), batch_size=100))
+            assert len(rows) == 100, (s0, len(rows))
+            n += 1
+        conn.close()
+        c = counters(d)
+        rss1 = rss_kb(d.proc.pid)
+        ev = sum(float(l.split()[-1]) for l in d.metrics().splitlines()
+                 if l.startswith("slipstream_hbase_evictions_total{"))
+    finally:
+        d.stop()
+    return {"scans": n, "cache_mb": c["bytes"] / 1e6, "rss_mb": (rss1 - rss0) / 1e3, "evictions": int(ev)}
 
 
 def plot(res):
@@ -120,22 +169,40 @@ def main():
             print("loaded %d rows in %.1f s" % (KEYS, time.time() - t0))
         finally:
             d.stop()
-        for k in KS:
+        for k in KS if ZIPF else []:
             for s in STRATEGIES:
                 res[(k, s)] = one(m, k, s)
                 print("k=%d %s: %s" % (k, s, res[(k, s)]), flush=True)
+        mem = {}
+        for k in KS if MEMORY else []:
+            for s in STRATEGIES:
+                mem[(k, s)] = sweep(m, k, s)
+                print("sweep k=%d %s: %s" % (k, s, mem[(k, s)]), flush=True)
     finally:
         m.stop()
+    if mem:
+        print("load average after the sweeps: %s" % open("/proc/loadavg").read().split()[:3])
+        print("| k | strategy | scans | MB accounted | vs all-row | RSS growth MB | vs all-row | evictions |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for k in KS:
+            base = mem[(k, "all-row")]
+            for s in STRATEGIES:
+                r = mem[(k, s)]
+                print("| %d | %s | %d | %.1f | %.2f | %.1f | %.2f | %d |" % (
+                    k, s, r["scans"], r["cache_mb"], r["cache_mb"] / max(base["cache_mb"], 1e-9), r["rss_mb"],
+                    r["rss_mb"] / max(base["rss_mb"], 1e-9), r["evictions"]))
+    if not res:
+        return
     print("load average at the end: %s" % open("/proc/loadavg").read().split()[:3])
-    print("| k | strategy | hit ratio | MB cached | MB vs all-row | scans/s | p50 / p99 µs | writes |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| k | strategy | hit ratio | MB cached | MB vs all-row | scans/s | p50 / p99 µs | writes | chosen all-row / each-row |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k in KS:
         base = res[(k, "all-row")]["cache_mb"]
         for s in STRATEGIES:
             r = res[(k, s)]
-            print("| %d | %s | %.3f | %.1f | %.2f | %.0f | %d / %d | %d |" % (
+            print("| %d | %s | %.3f | %.1f | %.2f | %.0f | %d / %d | %d | %d / %d |" % (
                 k, s, r["hit_ratio"], r["cache_mb"], r["cache_mb"] / max(base, 1e-9), r["scans_per_s"],
-                r["p50_us"], r["p99_us"], r["writes"]))
+                r["p50_us"], r["p99_us"], r["writes"], r["chosen_all_row"], r["chosen_each_row"]))
     plot(res)
 
 

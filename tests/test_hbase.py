@@ -558,12 +558,17 @@ def test_lost_notice_channel_flushes_and_holds_writes(hbase, oracle):
         d.stop()
 
 
-def _chosen(d, table):
+def _per_strategy(d, metric, table):
+    """slipstream_hbase_<metric>{table,strategy} of one table, by strategy."""
     out = {}
     for l in d.metrics().splitlines():
-        if l.startswith("slipstream_hbase_strategy_chosen_total{") and ('table="%s"' % table.decode()) in l:
+        if l.startswith("slipstream_hbase_%s{" % metric) and ('table="%s"' % table.decode()) in l:
             out[l.split('strategy="')[1].split('"')[0]] = float(l.split()[-1])
     return out
+
+
+def _chosen(d, table):
+    return _per_strategy(d, "strategy_chosen_total", table)
 
 
 def table_with_rows(d, n, values):
@@ -610,6 +615,53 @@ def test_adaptive_chooses_per_query_shape(hbase, oracle):
         assert dict(t.scan(row_start=b"r0100", row_stop=b"r0120", columns=[b"cf2"])) == \
             dict(oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf2"]))
         assert 'slipstream_hbase_strategy{strategy="adaptive"} 1' in d.metrics()
+        conn.delete_table(name, disable=True)
+        conn.close()
+    finally:
+        d.stop()
+
+
+def _shapes(d, table):
+    return _per_strategy(d, "adaptive_shapes", table)
+
+
+def test_adaptive_gives_two_shapes_different_strategies_from_their_statistics(hbase, oracle):
+    """strategy = "adaptive", one table, two scan shapes: columns cf1 repeating four disjoint
+    ranges (no writes, small results) goes all-row after four windows of 64 scans; columns cf2 with
+    sliding overlapping ranges stays each-row; a write through Slipstream into a cf1 range sends
+    that shape back to each-row. Answers equal the native client's throughout."""
+    window = 64  # crate::adaptive::WINDOW
+    d = hbaselib.HbaseDaemon(hbase.sidecar_port, strategy="adaptive").start()
+    try:
+        conn, name, t = table_with_rows(d, 400, lambda i: {b"cf1:a": b"x%d" % i, b"cf2:b": b"y%d" % i})
+
+        def a(i):  # shape A: four disjoint 20-row ranges, repeated
+            s = 100 * (i % 4)
+            return list(t.scan(row_start=b"r%04d" % s, row_stop=b"r%04d" % (s + 20), columns=[b"cf1"]))
+
+        def b(i):  # shape B: 20-row ranges sliding by 3 rows
+            return list(t.scan(row_start=b"r%04d" % (3 * i % 360), row_stop=b"r%04d" % (3 * i % 360 + 20),
+                               columns=[b"cf2"]))
+
+        for i in range(5 * window):  # each-row -> all-row after 4 windows in a row say so
+            a(i)
+            b(i)
+        assert _shapes(d, name) == {"all-row": 1, "each-row": 1}, _shapes(d, name)
+        for shape, run, want in (("A", a, "all-row"), ("B", b, "each-row")):
+            before = _chosen(d, name)
+            for i in range(8):
+                run(i)
+            after = _chosen(d, name)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("all-row", "each-row")}
+            assert delta[want] == 8 and sum(delta.values()) == 8, (shape, delta)
+        assert a(1) == oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf1"])
+        assert b(5) == oracle_scan_rows(oracle, name, b"r0015", b"r0035", [b"cf2"])
+        t.put(b"r0105", {b"cf1:a": b"new"})
+        for i in range(window):
+            got = a(i)
+        assert _shapes(d, name) == {"all-row": 0, "each-row": 2}, _shapes(d, name)
+        assert dict(a(1))[b"r0105"] == {b"cf1:a": b"new"}
+        assert a(1) == oracle_scan_rows(oracle, name, b"r0100", b"r0120", [b"cf1"]), got
         conn.delete_table(name, disable=True)
         conn.close()
     finally:
@@ -683,11 +735,12 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
     """[[tenant]] thrift_port: each tenant's Thrift port is shaped by that tenant's own buckets
     (a tenant over its egress rate is held back, another tenant's port is not), its cache is
     half the tenant's memory_mb (the store has the other half; eviction keeps the cache inside
-    it), metrics carry the tenant, and the admin API resizes, adds and removes such ports."""
+    it) or `thrift_cache_mb` of it, metrics carry the tenant, and the admin API resizes (memory_mb,
+    thrift_cache_mb, checked against each other), adds and removes such ports."""
     import tenantlib
     slow_rate = 100_000  # bytes/s: share 0.001 of 100 MB/s
     d = hbaselib.TenantHbaseDaemon(hbase.sidecar_port, [
-        dict(name="slow", share=0.001, burst_bytes=16384, memory_mb=4, thrift=True),
+        dict(name="slow", share=0.001, burst_bytes=16384, memory_mb=4, thrift=True, thrift_cache_mb=3),
         dict(name="fast", share=0.9, burst_bytes=1 << 20, memory_mb=2, thrift=True),
     ], shaping=dict(ingress_bytes_per_s=100_000_000, egress_bytes_per_s=100_000_000)).start()
     try:
@@ -713,7 +766,8 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
         mib = 1 << 20
         assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == mib
         assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == mib
-        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "slow") == 2 * mib
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "slow") == 3 * mib
+        assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "slow") == mib
         big = fresh_table(fast)
         with fast.table(big).batch(batch_size=100) as b:
             for i in range(1500):
@@ -738,6 +792,15 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
         m = d.metrics()
         assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == 2 * mib
         assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == 2 * mib
+        r = d.http("PUT", "/tenants/fast", {"thrift_cache_mb": 3})
+        assert r.status == 200, r
+        m = d.metrics()
+        assert tenantlib.metric_value(m, "slipstream_hbase_cache_limit_bytes", "fast") == 3 * mib
+        assert tenantlib.metric_value(m, "slipstream_tenant_memory_limit_bytes", "fast") == mib
+        for bad in ({"thrift_cache_mb": 4}, {"memory_mb": 3}):  # nothing left for the KV store
+            r = d.http("PUT", "/tenants/fast", bad)
+            assert r.status == 400, (bad, r)
+        assert tenantlib.metric_value(d.metrics(), "slipstream_hbase_cache_limit_bytes", "fast") == 3 * mib
         extra_port = mcwire.free_port()
         r = d.http("PUT", "/tenants/extra", {"name": "extra", "tcp_port": d.free_port_extra, "share": 0.05,
                                               "thrift_port": extra_port})

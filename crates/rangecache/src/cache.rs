@@ -29,15 +29,23 @@
 //! every fill in flight: with 5% writes and pipelined clients that dropped most fills); the
 //! write log is bounded (`WRITE_LOG_MAX`) and a fill older than what it holds is dropped.
 //!
-//! * **adaptive**: each-row wherever each-row can serve the query, all-row where it cannot (a
-//!   filter, a time range, versions): the rule is [`crate::adaptive`]'s. Both kinds of entry
-//!   live in the same table state and every write invalidates both.
+//! * **adaptive**: all-row or each-row per query shape, chosen by [`crate::adaptive`] from the
+//!   shape's statistics (writes into its ranges, overlap between its ranges, result size, the
+//!   hit rate of its repeats under each strategy), which this module feeds from lookups, fills
+//!   and writes. Both kinds of entry live in the same table state and every write invalidates
+//!   both, so a shape may switch at any time.
 //!
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
 //!
-//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`;
-//! eviction is CLOCK (second chance): entries sit in a ring in fill order, a hit only sets the
+//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`:
+//! an all-row entry its rows, its list of pointers to them and its key; an each-row row the
+//! row plus its index slots (`ROW_INDEX_BYTES`: its slot in the table's row map and in the
+//! CLOCK ring, 40 bytes, kept small on purpose — the row map is keyed by the shared row itself,
+//! not a copy of its key, a ring slot names its table by id, a row entry is one word); a memo its
+//! pointers and key. So at k = 1 each-row holds all-row's bytes plus those slots (and B-tree
+//! slack on top, seen in RSS only); for k-fold overlapping ranges all-row holds k copies of
+//! every row (docs/benchmarks.md, session 12). Eviction is CLOCK (second chance): entries sit in a ring in fill order, a hit only sets the
 //! entry's reference bit, and the hand evicts the first entry whose bit is clear, clearing set
 //! bits (moving those entries to the back) as it passes. Why not exact LRU: reordering an
 //! ordered index on every hit was a large part of an each-row hit (two B-tree updates per row
@@ -131,16 +139,79 @@ fn rows_bytes(rows: &[Arc<CachedRow>]) -> usize {
     rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.row.cells.len() * CELL_OVERHEAD_BYTES).sum()
 }
 
+/// The index slots an each-row row takes besides the row: its slot in the table's row map and
+/// in the CLOCK ring (slot sizes; B-tree nodes add their free space on top).
+const ROW_INDEX_BYTES: usize = std::mem::size_of::<RowKey>()
+    + std::mem::size_of::<RowEntry>()
+    + std::mem::size_of::<u64>()
+    + std::mem::size_of::<EntryRef>();
+
+/// Bytes charged for an each-row entry: the row as in an all-row result plus its index slots
+/// (its key is not copied: [`RowKey`]).
+fn row_entry_bytes(r: &RowKey) -> usize {
+    rows_bytes(std::slice::from_ref(&r.0)) + ROW_INDEX_BYTES
+}
+
 /// Rows as a query's answer (shared with the cache: a hit copies no row).
 pub type Rows = Arc<[Arc<CachedRow>]>;
 /// Rows gathered from each-row entries for one answer.
 pub type Assembled = Vec<Arc<CachedRow>>;
 
-/// What the CLOCK ring points at.
+/// What the CLOCK ring points at: an entry of the table with that id ([`Cache::names`]). One
+/// slot per each-row row, so kept small (16 bytes): the table by id, the query key boxed (it
+/// is large and there is one slot per all-row entry only), a row by its shared [`RowKey`],
+/// not a copy of its key.
 #[derive(Clone, Debug)]
 enum EntryRef {
-    Query(Arc<[u8]>, QueryKey),
-    Row(Arc<[u8]>, Vec<u8>),
+    Query(u32, Box<QueryKey>),
+    Row(u32, RowKey),
+}
+
+/// The table state an [`EntryRef`]'s table id names.
+fn state_of<'a>(
+    tables: &'a mut HashMap<Arc<[u8]>, TableState>,
+    names: &[Arc<[u8]>],
+    id: u32,
+) -> Option<&'a mut TableState> {
+    tables.get_mut(names.get(id as usize)?)
+}
+
+/// An each-row entry's key: the cached row itself, ordered and looked up by its row key (the
+/// bytes inside the shared row, not a copy of them: one copy fewer per row in the index and
+/// one in the CLOCK ring).
+#[derive(Clone, Debug)]
+struct RowKey(Arc<CachedRow>);
+
+impl RowKey {
+    fn bytes(&self) -> &[u8] {
+        &self.0.row.row
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for RowKey {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl PartialEq for RowKey {
+    fn eq(&self, other: &RowKey) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for RowKey {}
+
+impl PartialOrd for RowKey {
+    fn partial_cmp(&self, other: &RowKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for RowKey {
+    fn cmp(&self, other: &RowKey) -> std::cmp::Ordering {
+        self.bytes().cmp(other.bytes())
+    }
 }
 
 struct QueryEntry {
@@ -154,14 +225,33 @@ struct QueryEntry {
     referenced: bool,
 }
 
-/// An each-row entry: the whole row, or `None` cells when HBase has no such row.
-struct RowEntry {
-    row: Arc<CachedRow>,
-    bytes: usize,
-    /// Position in the CLOCK ring.
-    tick: u64,
-    /// Reference bit: set by a hit, cleared (second chance) by the passing hand.
-    referenced: bool,
+/// An each-row entry's state (the row is its key, [`RowKey`]; its bytes are
+/// [`row_entry_bytes`] of it, recomputed rather than stored): its position in the CLOCK ring
+/// and, in the top bit, its reference bit (set by a hit, cleared — second chance — by the
+/// passing hand). One word: there is one per cached row.
+struct RowEntry(u64);
+
+const REFERENCED_BIT: u64 = 1 << 63;
+
+impl RowEntry {
+    fn new(tick: u64) -> RowEntry {
+        RowEntry(tick & !REFERENCED_BIT)
+    }
+    fn tick(&self) -> u64 {
+        self.0 & !REFERENCED_BIT
+    }
+    fn set_tick(&mut self, tick: u64) {
+        self.0 = (self.0 & REFERENCED_BIT) | (tick & !REFERENCED_BIT);
+    }
+    fn set_referenced(&mut self) {
+        self.0 |= REFERENCED_BIT;
+    }
+    /// Clears the reference bit; was it set?
+    fn take_referenced(&mut self) -> bool {
+        let was = self.0 & REFERENCED_BIT != 0;
+        self.0 &= !REFERENCED_BIT;
+        was
+    }
 }
 
 /// Counters per table (also summed for the whole cache).
@@ -179,11 +269,15 @@ pub struct Stats {
     /// Queries (first pages and Gets) decided for all-row / each-row entries.
     pub chosen_all_row: u64,
     pub chosen_each_row: u64,
+    /// Adaptive: scan shapes tracked now on all-row / each-row (crate::adaptive).
+    pub shapes_all_row: u64,
+    pub shapes_each_row: u64,
 }
 
 #[derive(Default)]
 struct TableState {
-    name: Option<Arc<[u8]>>,
+    /// Index in [`Cache::names`].
+    id: u32,
     version: u64,
     /// Rows of writes through Slipstream in flight (begin_write .. end_write), with counts.
     rows_in_flight: HashMap<Vec<u8>, u32>,
@@ -202,7 +296,7 @@ struct TableState {
     /// once the write is visible (as after a write through Slipstream).
     notice_refills: HashMap<u32, Vec<Vec<u8>>>,
     queries: HashMap<QueryKey, QueryEntry>,
-    rows: BTreeMap<Vec<u8>, RowEntry>,
+    rows: BTreeMap<RowKey, RowEntry>,
     /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
     memos: HashMap<QueryKey, Memo>,
     /// Some memo was hit since its rows' reference bits were last set from it
@@ -214,6 +308,8 @@ struct TableState {
     stats: Stats,
     /// The table's column families, once looked up (each-row projections check against them).
     families: Option<Vec<Vec<u8>>>,
+    /// Adaptive: the table's scan shapes and their statistics (bounded in crate::adaptive).
+    shapes: crate::adaptive::Shapes,
 }
 
 /// An each-row result memo: the rows a scan returned (shared with `rows`, or projected copies).
@@ -265,7 +361,7 @@ impl TableState {
             m.referenced = false;
             let upper = if k.stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(k.stop.as_slice()) };
             for (_, e) in self.rows.range_mut::<[u8], _>((Bound::Included(k.start.as_slice()), upper)) {
-                e.referenced = true;
+                e.set_referenced();
             }
         }
     }
@@ -335,6 +431,8 @@ pub struct Cache {
     bytes: usize,
     tick: u64,
     tables: HashMap<Arc<[u8]>, TableState>,
+    /// Table names by id ([`EntryRef`]; `TableState::id`).
+    names: Vec<Arc<[u8]>>,
     /// The CLOCK ring: entries by position (fill order, or when the hand last gave them a second
     /// chance); the hand takes the first.
     clock: BTreeMap<u64, EntryRef>,
@@ -350,7 +448,15 @@ pub enum Hit {
 
 impl Cache {
     pub fn new(strategy: Strategy, memory_bytes_max: usize) -> Cache {
-        Cache { strategy, memory_bytes_max, bytes: 0, tick: 0, tables: HashMap::new(), clock: BTreeMap::new() }
+        Cache {
+            strategy,
+            memory_bytes_max,
+            bytes: 0,
+            tick: 0,
+            tables: HashMap::new(),
+            names: Vec::new(),
+            clock: BTreeMap::new(),
+        }
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -379,7 +485,10 @@ impl Cache {
     fn table(&mut self, table: &[u8]) -> &mut TableState {
         if !self.tables.contains_key(table) {
             let name: Arc<[u8]> = Arc::from(table);
-            let st = TableState { name: Some(name.clone()), ..Default::default() };
+            // Table states are never removed, so ids stay valid.
+            let id = self.names.len() as u32;
+            self.names.push(name.clone());
+            let st = TableState { id, ..Default::default() };
             self.tables.insert(name, st);
         }
         // Inserted just above when missing.
@@ -397,29 +506,41 @@ impl Cache {
         self.strategy != Strategy::AllRow && crate::adaptive::each_row_serves(spec, filter)
     }
 
-    /// Uses each-row entries for this query?
-    pub fn each_row_for(&self, q: &QueryKey) -> bool {
-        self.may_use_each_row(&q.spec, &q.filter)
+    /// Uses each-row entries for this query? (Adaptive: its shape's choice, crate::adaptive.)
+    pub fn each_row_for(&self, table: &[u8], q: &QueryKey) -> bool {
+        if !self.may_use_each_row(&q.spec, &q.filter) {
+            return false;
+        }
+        match (self.strategy, self.tables.get(table)) {
+            (Strategy::Adaptive, Some(st)) => st.shapes.each_row(is_get(q), &q.spec, &q.filter),
+            _ => true,
+        }
     }
 
-    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss. Each-row hits
-    /// need only `q.start` inside a complete interval and return at most `rows_max` rows, with
-    /// where to continue.
+    /// Looks a query (a Get or a scan's first page) up; counts a hit or a miss and, in adaptive
+    /// mode, feeds its scan shape's statistics. Each-row hits need only `q.start` inside a
+    /// complete interval and return at most `rows_max` rows, with where to continue.
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        self.lookup_at(table, q, rows_max, true)
+        let hit = self.lookup_at(table, q, rows_max, true);
+        if self.strategy == Strategy::Adaptive && !is_get(q) {
+            if let Some(s) = self.table(table).shapes.scan_shape(&q.spec, &q.filter) {
+                s.observe_scan(&q.start, &q.stop, hit.is_some());
+            }
+        }
+        hit
     }
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
     /// query's strategy choice).
     pub fn lookup_continuation(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
-        if !self.each_row_for(q) {
+        if !self.each_row_for(table, q) {
             return None;
         }
         self.lookup_at(table, q, rows_max, false)
     }
 
     fn lookup_at(&mut self, table: &[u8], q: &QueryKey, rows_max: usize, first: bool) -> Option<Hit> {
-        let each = self.each_row_for(q);
+        let each = self.each_row_for(table, q);
         self.table(table); // so a first query of a table counts as a miss
         let st = self.tables.get_mut(table)?;
         if first {
@@ -473,7 +594,7 @@ impl Cache {
 
     /// Call before reading from HBase for a fill of `q`; decides which kind of entry it makes.
     pub fn fill_ticket(&mut self, table: &[u8], q: &QueryKey) -> FillTicket {
-        let each_row = self.each_row_for(q);
+        let each_row = self.each_row_for(table, q);
         FillTicket { version: self.table(table).version, each_row }
     }
 
@@ -509,9 +630,15 @@ impl Cache {
         continue_at: Option<Vec<u8>>,
         ticket: FillTicket,
     ) -> bool {
-        let bytes = rows_bytes(&rows) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
+        // The rows, the entry's list of pointers to them, its key.
+        let bytes = rows_bytes(&rows) + std::mem::size_of_val(&rows[..]) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
+        }
+        if self.strategy == Strategy::Adaptive && !is_get(q) {
+            if let Some(s) = self.table(table).shapes.scan_shape(&q.spec, &q.filter) {
+                s.observe_fill(&q.start, &q.stop, rows.iter().map(|r| r.row.row.as_slice()));
+            }
         }
         if ticket.each_row {
             let stop = continue_at.unwrap_or_else(|| q.stop.clone());
@@ -519,7 +646,7 @@ impl Cache {
         } else {
             let tick = self.next_tick();
             let st = self.table(table);
-            let name = st.name.clone().expect("named table");
+            let name = st.id;
             if let Some(old) = st.queries.remove(q) {
                 st.bytes -= old.bytes;
                 self.bytes -= old.bytes;
@@ -530,7 +657,7 @@ impl Cache {
             st.queries.insert(q.clone(), e);
             st.bytes += bytes;
             self.bytes += bytes;
-            self.clock.insert(tick, EntryRef::Query(name, q.clone()));
+            self.clock.insert(tick, EntryRef::Query(name, Box::new(q.clone())));
         }
         self.evict();
         true
@@ -540,15 +667,19 @@ impl Cache {
     fn fill_each_row(&mut self, table: &[u8], start: &[u8], stop: &[u8], rows: Vec<Arc<CachedRow>>) {
         for r in rows.into_iter().filter(|r| !r.row.cells.is_empty()) {
             let tick = self.next_tick();
-            let bytes = rows_bytes(std::slice::from_ref(&r)) + r.row.row.len();
+            let key = RowKey(r);
+            let bytes = row_entry_bytes(&key);
             let st = self.table(table);
-            let name = st.name.clone().expect("named table");
-            let key = r.row.row.clone();
-            if let Some(old) = st.rows.insert(key.clone(), RowEntry { row: r, bytes, tick, referenced: false }) {
-                st.bytes -= old.bytes;
-                self.bytes -= old.bytes;
-                self.clock.remove(&old.tick);
+            let name = st.id;
+            // Removed first: `insert` over an equal key would keep the old row as the key.
+            if let Some((old_key, old)) = st.rows.remove_entry(key.bytes()) {
+                let old_bytes = row_entry_bytes(&old_key);
+                st.bytes -= old_bytes;
+                self.bytes -= old_bytes;
+                self.clock.remove(&old.tick());
             }
+            let st = self.table(table);
+            st.rows.insert(key.clone(), RowEntry::new(tick));
             let st = self.table(table);
             st.bytes += bytes;
             self.bytes += bytes;
@@ -572,6 +703,7 @@ impl Cache {
                 for r in rows {
                     *st.rows_in_flight.entry(r.clone()).or_default() += 1;
                 }
+                st.shapes.observe_writes(rows);
             }
             None => st.table_writes_in_flight += 1,
         }
@@ -624,9 +756,9 @@ impl Cache {
                 st.stats.invalidations += 1;
             }
         }
-        if let Some(e) = st.rows.remove(row) {
-            freed += e.bytes;
-            self.clock.remove(&e.tick);
+        if let Some((k, e)) = st.rows.remove_entry(row) {
+            freed += row_entry_bytes(&k);
+            self.clock.remove(&e.tick());
             st.stats.invalidations += 1;
         }
         st.drop_memos(|k| k.contains(row));
@@ -664,6 +796,7 @@ impl Cache {
             self.clear_table(table);
             return;
         }
+        self.table(table).shapes.observe_writes(rows);
         let mut was_complete = Vec::new();
         for r in rows {
             if self.invalidate_row(table, r) {
@@ -701,7 +834,7 @@ impl Cache {
             self.clock.remove(&e.tick);
         }
         for e in st.rows.values() {
-            self.clock.remove(&e.tick);
+            self.clock.remove(&e.tick());
         }
         st.stats.invalidations += (st.queries.len() + st.rows.len()) as u64;
         st.queries.clear();
@@ -726,13 +859,15 @@ impl Cache {
                 let tick = self.next_tick();
                 match &victim {
                     EntryRef::Query(t, k) => {
-                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)) {
+                        let st = state_of(&mut self.tables, &self.names, *t);
+                        if let Some(e) = st.and_then(|st| st.queries.get_mut(k)) {
                             e.tick = tick;
                         }
                     }
                     EntryRef::Row(t, r) => {
-                        if let Some(e) = self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)) {
-                            e.tick = tick;
+                        let st = state_of(&mut self.tables, &self.names, *t);
+                        if let Some(e) = st.and_then(|st| st.rows.get_mut(r.bytes())) {
+                            e.set_tick(tick);
                         }
                     }
                 }
@@ -741,8 +876,8 @@ impl Cache {
             }
             match victim {
                 EntryRef::Query(t, k) => {
-                    if let Some(st) = self.tables.get_mut(&t) {
-                        if let Some(e) = st.queries.remove(&k) {
+                    if let Some(st) = state_of(&mut self.tables, &self.names, t) {
+                        if let Some(e) = st.queries.remove(&*k) {
                             st.bytes -= e.bytes;
                             self.bytes -= e.bytes;
                             st.stats.evictions += 1;
@@ -750,14 +885,15 @@ impl Cache {
                     }
                 }
                 EntryRef::Row(t, r) => {
-                    if let Some(st) = self.tables.get_mut(&t) {
-                        if let Some(e) = st.rows.remove(&r) {
-                            st.bytes -= e.bytes;
-                            self.bytes -= e.bytes;
+                    if let Some(st) = state_of(&mut self.tables, &self.names, t) {
+                        if let Some((k, _)) = st.rows.remove_entry(r.bytes()) {
+                            let bytes = row_entry_bytes(&k);
+                            st.bytes -= bytes;
+                            self.bytes -= bytes;
                             st.stats.evictions += 1;
                         }
                         // The row is no longer cached, so intervals over it are not complete.
-                        split_interval(&mut st.complete, &r);
+                        split_interval(&mut st.complete, r.bytes());
                         st.drop_memos(|_| true);
                         self.bytes -= st.take_freed();
                     }
@@ -769,22 +905,30 @@ impl Cache {
     /// Clears the entry's reference bit; true if it was set (the entry stays).
     fn second_chance(&mut self, victim: &EntryRef) -> bool {
         if let EntryRef::Row(t, _) = victim {
-            if let Some(st) = self.tables.get_mut(t) {
+            if let Some(st) = state_of(&mut self.tables, &self.names, *t) {
                 st.mark_memo_rows();
             }
         }
-        let bit = match victim {
-            EntryRef::Query(t, k) => {
-                self.tables.get_mut(t).and_then(|st| st.queries.get_mut(k)).map(|e| &mut e.referenced)
-            }
-            EntryRef::Row(t, r) => self.tables.get_mut(t).and_then(|st| st.rows.get_mut(r)).map(|e| &mut e.referenced),
-        };
-        bit.is_some_and(std::mem::take)
+        match victim {
+            EntryRef::Query(t, k) => state_of(&mut self.tables, &self.names, *t)
+                .and_then(|st| st.queries.get_mut(&**k))
+                .is_some_and(|e| std::mem::take(&mut e.referenced)),
+            EntryRef::Row(t, r) => state_of(&mut self.tables, &self.names, *t)
+                .and_then(|st| st.rows.get_mut(r.bytes()))
+                .is_some_and(RowEntry::take_referenced),
+        }
     }
 
     /// Per-table stats, by table name.
     pub fn table_stats(&self) -> Vec<(Vec<u8>, Stats, usize)> {
-        let mut v: Vec<_> = self.tables.iter().map(|(n, s)| (n.to_vec(), s.stats, s.bytes)).collect();
+        let mut v: Vec<_> = self
+            .tables
+            .iter()
+            .map(|(n, s)| {
+                let (shapes_all_row, shapes_each_row) = s.shapes.counts();
+                (n.to_vec(), Stats { shapes_all_row, shapes_each_row, ..s.stats }, s.bytes)
+            })
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -808,20 +952,20 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
     let mut next = next;
     for (k, e) in st.rows.range_mut::<[u8], _>((Bound::Included(q.start.as_slice()), upper)) {
         if out.len() >= rows_max {
-            next = Some(k.clone());
+            next = Some(k.bytes().to_vec());
             break;
         }
         let served = if q.spec.columns.is_empty() {
-            e.row.clone()
+            k.0.clone()
         } else {
-            let r = project(&e.row.row, &q.spec.columns);
+            let r = project(&k.0.row, &q.spec.columns);
             if r.cells.is_empty() {
                 continue;
             }
             Arc::new(CachedRow::new(r))
         };
         out.push(served);
-        e.referenced = true;
+        e.set_referenced();
     }
     Some((out, next))
 }
@@ -1058,7 +1202,10 @@ mod tests {
         let Some((r, None)) = served(c.lookup(b"t", &q("c", "f"), 100)) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row.row, b"d");
-        assert!(Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows[&b"d"[..]].row), "shared with the cache, not copied");
+        assert!(
+            Arc::ptr_eq(&r[0], &c.tables[&b"t"[..]].rows.get_key_value(&b"d"[..]).unwrap().0 .0),
+            "shared with the cache, not copied"
+        );
         // A Get of an absent row inside the interval is served as absent.
         let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else {
             panic!("absent row not served")
@@ -1102,21 +1249,20 @@ mod tests {
         assert_eq!(c.bytes(), 0);
     }
 
-    /// Adaptive, through the cache, per query shape: Gets, whole-row and column-list scans are
-    /// each-row (a sliding range inside filled ones is then a hit, and repeats are memo hits);
-    /// filter, time-range and multi-version queries are all-row; `chosen_*` counts each.
+    /// Adaptive, through the cache, per query shape: Gets are each-row, filter/time-range/
+    /// version queries all-row; a scan shape starts each-row (a sliding range inside filled ones
+    /// is a hit, repeats are memo hits), a shape whose scans repeat a few ranges goes all-row
+    /// after a window while a sliding shape of the same table stays each-row, and a write into
+    /// the repeating shape's ranges sends it back; `chosen_*` and `shapes_*` count each.
     #[test]
-    fn adaptive_is_each_row_wherever_each_row_can_serve() {
+    fn adaptive_decides_per_query_shape_from_its_statistics() {
+        use crate::adaptive::{ALL_ROW_WINDOWS_MIN, WINDOW};
         let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
         let k = |i: usize| format!("r{i:04}");
-        let each = [
-            q("r0001", "r0001\0"),
-            q(&k(0), &k(50)),
-            q(&k(0), ""),
-            QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..q(&k(0), &k(50)) },
-        ];
-        for qq in &each {
-            assert!(c.each_row_for(qq), "{qq:?}");
+        let cols =
+            |qq: QueryKey| QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..qq };
+        for qq in [q("r0001", "r0001\0"), q(&k(0), &k(50)), q(&k(0), ""), cols(q(&k(0), &k(50)))] {
+            assert!(c.each_row_for(b"t", &qq), "{qq:?}");
         }
         let all = [
             QueryKey { filter: b"PrefixFilter('r')".to_vec(), ..q(&k(0), &k(50)) },
@@ -1124,20 +1270,55 @@ mod tests {
             QueryKey { spec: ReadSpec { max_versions: 3, ..ReadSpec::latest() }, ..q("r0001", "r0001\0") },
         ];
         for qq in &all {
-            assert!(!c.each_row_for(qq), "{qq:?}");
+            assert!(!c.each_row_for(b"t", qq), "{qq:?}");
         }
-        let rows: Vec<Arc<CachedRow>> = (0..100).map(|i| row(&k(i), "v")).collect();
+        let rows: Vec<Arc<CachedRow>> = (0..1000).map(|i| row(&k(i), "v")).collect();
+        let scan = |c: &mut Cache, qq: &QueryKey, a: usize, b: usize| {
+            if c.lookup(b"t", qq, 1000).is_none() {
+                let t = c.fill_ticket(b"t", qq);
+                c.fill(b"t", qq, rows[a..b].to_vec(), None, t);
+            }
+        };
         let full = q(&k(0), &k(100));
-        assert!(c.lookup(b"t", &full, 1000).is_none());
-        let t = c.fill_ticket(b"t", &full);
-        assert!(c.fill(b"t", &full, rows, None, t));
+        scan(&mut c, &full, 0, 100);
         let slide = q(&k(11), &k(59));
         assert!(served(c.lookup(b"t", &slide, 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
         assert!(matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Rows(r, None)) if r.len() == 48), "memo hit");
-        let fq = &all[0];
-        assert!(c.lookup(b"t", fq, 1000).is_none());
+        // Shape A (whole rows): four disjoint ranges repeated. Shape B (a column): sliding.
+        for i in 0..(ALL_ROW_WINDOWS_MIN + 1) as usize * WINDOW as usize {
+            let a = 200 + i % 4 * 100;
+            scan(&mut c, &q(&k(a), &k(a + 50)), a, a + 50);
+            scan(&mut c, &cols(q(&k(i * 3), &k(i * 3 + 50))), i * 3, i * 3 + 50);
+        }
+        assert!(!c.each_row_for(b"t", &q(&k(200), &k(250))), "repeats: all-row");
+        assert!(c.each_row_for(b"t", &cols(q(&k(0), &k(50)))), "sliding: each-row");
         let st = c.table_stats()[0].1;
-        assert_eq!((st.chosen_each_row, st.chosen_all_row), (3, 1), "{st:?}");
+        assert_eq!((st.shapes_all_row, st.shapes_each_row), (1, 1), "{st:?}");
+        assert!(st.hits_all_row > 0 && st.chosen_all_row > WINDOW as u64, "{st:?}");
+        // A write into a range of shape A within its next window: back to each-row.
+        c.begin_write(b"t", Some(&[k(210).into_bytes()]));
+        c.end_write(b"t", Some(&[k(210).into_bytes()]));
+        for i in 0..WINDOW as usize {
+            let a = 200 + i % 4 * 100;
+            scan(&mut c, &q(&k(a), &k(a + 50)), a, a + 50);
+        }
+        assert!(c.each_row_for(b"t", &q(&k(200), &k(250))), "a write: each-row");
+        assert!(c.lookup(b"t", &all[0], 1000).is_none());
+        assert!(c.table_stats()[0].1.chosen_all_row > st.chosen_all_row);
+    }
+
+    /// Each-row pays these per cached row besides the row itself (module doc, "Memory"): keep
+    /// them small (the target: each-row memory ≤ 1/k of all-row for k-fold overlaps).
+    #[test]
+    fn per_row_index_slots_stay_small() {
+        assert_eq!(std::mem::size_of::<RowKey>(), 8);
+        assert_eq!(std::mem::size_of::<RowEntry>(), 8);
+        assert_eq!(std::mem::size_of::<EntryRef>(), 16);
+        assert_eq!(ROW_INDEX_BYTES, 40);
+        let mut e = RowEntry::new(7);
+        e.set_referenced();
+        e.set_tick(9);
+        assert_eq!((e.tick(), e.take_referenced(), e.take_referenced()), (9, true, false));
     }
 
     #[test]
@@ -1217,8 +1398,8 @@ mod tests {
         c.memory_bytes_max = c.bytes() / 2 + 1;
         c.evict();
         let st = &c.tables[&b"t"[..]];
-        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "hit rows kept");
-        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
+        assert_eq!(st.rows.keys().filter(|k| k.bytes().starts_with(b"a")).count(), 20, "hit rows kept");
+        assert!(st.rows.keys().filter(|k| k.bytes().starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 
     /// Rows served only through a result memo keep their place as well: the memo's hits count
@@ -1235,7 +1416,7 @@ mod tests {
         }
         // The hand has passed since: every row's bit is clear.
         for e in c.tables.get_mut(&b"t"[..]).unwrap().rows.values_mut() {
-            e.referenced = false;
+            e.take_referenced();
         }
         for _ in 0..3 {
             assert!(matches!(c.lookup(b"t", &q("a", "a~"), 100), Some(Hit::Rows(..))), "memo hit");
@@ -1243,7 +1424,11 @@ mod tests {
         c.memory_bytes_max = c.bytes() / 2 + 1;
         c.evict();
         let st = &c.tables[&b"t"[..]];
-        assert_eq!(st.rows.keys().filter(|k| k.starts_with(b"a")).count(), 20, "rows hit through the memo kept");
-        assert!(st.rows.keys().filter(|k| k.starts_with(b"b")).count() < 20, "unused rows evicted first");
+        assert_eq!(
+            st.rows.keys().filter(|k| k.bytes().starts_with(b"a")).count(),
+            20,
+            "rows hit through the memo kept"
+        );
+        assert!(st.rows.keys().filter(|k| k.bytes().starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 }

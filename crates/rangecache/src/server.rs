@@ -362,7 +362,7 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
         ("cache_bytes", "gauge", "Bytes held by the range cache (a tenant's: counted against its memory_mb)", |f| {
             f.state.cache().bytes() as u64
         }),
-        ("cache_limit_bytes", "gauge", "The range cache's memory limit (a tenant's: half its memory_mb)", |f| {
+        ("cache_limit_bytes", "gauge", "The range cache's memory limit (a tenant's: its thrift_cache_mb, or half its memory_mb)", |f| {
             f.state.cache().memory_limit() as u64
         }),
     ];
@@ -397,17 +397,30 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
             }
         }
     }
-    metric(
-        out,
-        "strategy_chosen_total",
-        "counter",
-        "Gets and scans (first pages) decided for all-row or each-row entries, per table",
-    );
-    for (f, ts) in &tables {
-        for (t, st, _) in ts {
-            for (name, v) in [("all-row", st.chosen_all_row), ("each-row", st.chosen_each_row)] {
-                let more = format!("{},strategy=\"{name}\"", table_label(t));
-                let _ = writeln!(out, "slipstream_hbase_strategy_chosen_total{} {v}", labels(f, &more));
+    type PickPair = fn(&crate::cache::Stats) -> (u64, u64);
+    let per_strategy: [(&str, &str, &str, PickPair); 2] = [
+        (
+            "strategy_chosen_total",
+            "counter",
+            "Gets and scans (first pages) decided for all-row or each-row entries, per table",
+            |s| (s.chosen_all_row, s.chosen_each_row),
+        ),
+        (
+            "adaptive_shapes",
+            "gauge",
+            "Adaptive strategy: scan shapes tracked per table, by the strategy each is on now",
+            |s| (s.shapes_all_row, s.shapes_each_row),
+        ),
+    ];
+    for (metric_name, kind, help, pick) in per_strategy {
+        metric(out, metric_name, kind, help);
+        for (f, ts) in &tables {
+            for (t, st, _) in ts {
+                let (all, each) = pick(st);
+                for (name, v) in [("all-row", all), ("each-row", each)] {
+                    let more = format!("{},strategy=\"{name}\"", table_label(t));
+                    let _ = writeln!(out, "slipstream_hbase_{metric_name}{} {v}", labels(f, &more));
+                }
             }
         }
     }

@@ -2,7 +2,8 @@
 //! the tenant table (crates/server, which knows nothing of HBase) and the range cache's front
 //! ends (crates/rangecache `Fronts`). A tenant's Thrift port listens on the tenant's address,
 //! is shaped by the tenant's own buckets, and its cache takes the Thrift part of the tenant's
-//! `memory_mb` (`TenantSpec::memory_split`); admin adds, edits and removals follow.
+//! `memory_mb` (`TenantSpec::memory_split`: `thrift_cache_mb`, or half); admin adds, edits and
+//! removals follow.
 //!
 //! Not for: the Thrift protocol or the cache (crates/rangecache), or the tenant rules
 //! (crates/tenancy).

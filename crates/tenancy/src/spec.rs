@@ -77,6 +77,10 @@ pub struct TenantSpec {
     /// [`TenantSpec::memory_split`]'s part of `memory_mb`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thrift_port: Option<u16>,
+    /// The part of `memory_mb` (less `shuffle_mb`) the range cache behind `thrift_port` may hold
+    /// (absent = half); its KV store gets the rest, at least 1 MiB. Needs `thrift_port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thrift_cache_mb: Option<u64>,
     /// The part of `memory_mb` the tenant's Spark applications may hold in `[shuffle]` pool
     /// blocks (issue 17; absent = the tenant runs no shuffles). Its KV store gets the rest.
     /// Set in the config file only (the pool's shares are fixed at start).
@@ -94,6 +98,7 @@ pub struct TenantPatch {
     pub burst_bytes: Option<u64>,
     pub memory_mb: Option<u64>,
     pub max_outstanding: Option<u32>,
+    pub thrift_cache_mb: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -167,6 +172,19 @@ impl TenantSpec {
                 SpecError::Field("shuffle_mb", format!("must be 1..memory_mb ({}), got {mb}", self.memory_mb))
             })?;
         }
+        if let Some(mb) = self.thrift_cache_mb {
+            if self.thrift_port.is_none() {
+                return Err(SpecError::Field("thrift_cache_mb", "needs thrift_port".into()));
+            }
+            // At least 1 MiB stays with the store, as with shuffle_mb.
+            let left = self.memory_mb.saturating_sub(self.shuffle_mb.unwrap_or(0));
+            check_range_u64("thrift_cache_mb", mb, 1, left.saturating_sub(1)).map_err(|_| {
+                SpecError::Field(
+                    "thrift_cache_mb",
+                    format!("must be 1..memory_mb - shuffle_mb ({left}) for the KV store to keep some, got {mb}"),
+                )
+            })?;
+        }
         check_share("share", self.share)?;
         if let Some(v) = self.egress_share {
             check_share("egress_share", v)?;
@@ -215,6 +233,9 @@ impl TenantSpec {
         if let Some(v) = patch.max_outstanding {
             s.max_outstanding = v;
         }
+        if let Some(v) = patch.thrift_cache_mb {
+            s.thrift_cache_mb = Some(v);
+        }
         s
     }
 
@@ -230,12 +251,17 @@ impl TenantSpec {
     }
 
     /// `memory_mb` as (the KV store's limit, the Thrift range cache's limit): a tenant with a
-    /// `thrift_port` gives half of it to its range cache, so both count against the one budget.
+    /// `thrift_port` gives `thrift_cache_mb` of it (absent: half) to its range cache, so both
+    /// count against the one budget.
     pub fn memory_split(&self) -> (usize, usize) {
         let all = self.memory_bytes();
-        match self.thrift_port {
-            Some(_) => (all - all / 2, all / 2),
-            None => (all, 0),
+        match (self.thrift_port, self.thrift_cache_mb) {
+            (Some(_), Some(mb)) => {
+                let cache = ((mb.min(MEMORY_MB_MAX) as usize) * 1024 * 1024).min(all.saturating_sub(1 << 20));
+                (all - cache, cache)
+            }
+            (Some(_), None) => (all - all / 2, all / 2),
+            (None, _) => (all, 0),
         }
     }
 }
@@ -270,6 +296,9 @@ impl TenantPatch {
         }
         if let Some(v) = self.max_outstanding {
             check_range_u64("max_outstanding", v as u64, 1, MAX_OUTSTANDING_MAX as u64)?;
+        }
+        if let Some(v) = self.thrift_cache_mb {
+            check_range_u64("thrift_cache_mb", v, 1, MEMORY_MB_MAX)?;
         }
         Ok(())
     }

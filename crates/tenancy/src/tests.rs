@@ -443,6 +443,7 @@ fn spec(name: &str, tcp: u16, udp: Option<u16>, share: f64) -> TenantSpec {
         replicas: None,
         preferred_leader: None,
         thrift_port: None,
+        thrift_cache_mb: None,
         shuffle_mb: None,
     }
 }
@@ -655,6 +656,45 @@ fn thrift_port_rules_and_memory_split() {
     let parsed: TenantSpec =
         serde_json::from_str(r#"{"name":"t","tcp_port":1,"share":0.1,"thrift_port":9091}"#).expect("parses");
     assert_eq!(parsed.thrift_port, Some(9091));
+}
+
+/// `thrift_cache_mb` sets the range cache's part of `memory_mb` (the KV store keeps the rest, at
+/// least 1 MiB, after `shuffle_mb`); it needs `thrift_port`; a patch may change it or
+/// `memory_mb`, and the patched spec is checked against both.
+#[test]
+fn thrift_cache_mb_sets_the_cache_share() {
+    let mut a = spec("a", 12000, None, 0.5);
+    a.thrift_port = Some(12010);
+    a.thrift_cache_mb = Some(48);
+    assert_eq!(a.validate(), Ok(()));
+    assert_eq!(a.memory_split(), (16 << 20, 48 << 20));
+    a.shuffle_mb = Some(8);
+    assert_eq!(a.memory_split(), (8 << 20, 48 << 20));
+    a.thrift_cache_mb = Some(56);
+    assert_eq!(field_of(a.validate()), "thrift_cache_mb", "nothing left for the store");
+    a.shuffle_mb = None;
+    a.thrift_cache_mb = Some(63);
+    assert_eq!((a.validate(), a.memory_split()), (Ok(()), (1 << 20, 63 << 20)));
+    a.thrift_cache_mb = Some(64);
+    assert_eq!(field_of(a.validate()), "thrift_cache_mb");
+    a.thrift_cache_mb = Some(0);
+    assert_eq!(field_of(a.validate()), "thrift_cache_mb");
+    let mut no_port = spec("b", 12001, None, 0.5);
+    no_port.thrift_cache_mb = Some(8);
+    assert_eq!(field_of(no_port.validate()), "thrift_cache_mb", "needs thrift_port");
+    // Admin: a patch of the share, or of memory_mb, is checked against it.
+    a.thrift_cache_mb = Some(16);
+    let p = TenantPatch::from_json(br#"{"thrift_cache_mb": 40}"#).expect("a patch");
+    assert_eq!(a.patched(&p).memory_split(), (24 << 20, 40 << 20));
+    let smaller = a.patched(&TenantPatch { memory_mb: Some(16), ..TenantPatch::default() });
+    assert_eq!(field_of(smaller.validate()), "thrift_cache_mb", "memory_mb below the cache share");
+    let bigger = a.patched(&TenantPatch { memory_mb: Some(128), ..TenantPatch::default() });
+    assert_eq!(bigger.memory_split(), (112 << 20, 16 << 20), "the share stays what was set");
+    assert!(TenantPatch::from_json(br#"{"thrift_cache_mb": 0}"#).is_err());
+    let parsed: TenantSpec =
+        serde_json::from_str(r#"{"name":"t","tcp_port":1,"share":0.1,"thrift_port":9091,"thrift_cache_mb":12}"#)
+            .expect("parses");
+    assert_eq!(parsed.thrift_cache_mb, Some(12));
 }
 
 // ---- services outside the serving loops (the shuffle service) --------------------------------
