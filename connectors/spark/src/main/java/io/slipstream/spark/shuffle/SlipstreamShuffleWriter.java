@@ -8,6 +8,11 @@
 // partly filled chunk per partition (4 KiB for a small one). Map-side combine runs first, with
 // Spark's own Aggregator. Records are not compressed: blocks are shared memory, not a network.
 //
+// A shuffle the reducer aggregates by merging (HashOrder.applies: an aggregator and a serializer
+// whose records can be reordered) flushes the serializer after each record, notes its key hash
+// and byte range, and appends each partition's HashOrder index after its records: the records
+// stay where they were written.
+//
 // First successful attempt wins: the commit's answer names the winning attempt, and the
 // MapStatus reports that attempt and its sizes, so Spark's map output tracker and the daemon
 // agree whichever attempt Spark keeps.
@@ -72,6 +77,8 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
         List<int[]> segments = new ArrayList<>();
         PartitionOutput[] outs = new PartitionOutput[parts];
         SerializationStream[] streams = new SerializationStream[parts];
+        boolean ordered = HashOrder.applies(dep, manager.mergeAggregation());
+        HashOrder.Builder[] index = ordered ? new HashOrder.Builder[parts] : null;
         try (BlockArena arena = new BlockArena(client, app, shuffle, manager.blockDir(), manager.blockBytes())) {
             while (it.hasNext()) {
                 Product2<K, ?> r = it.next();
@@ -80,15 +87,29 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
                 if (s == null) {
                     outs[p] = new PartitionOutput(p, arena, segments);
                     s = streams[p] = ser.serializeStream(outs[p]);
+                    if (ordered) {
+                        index[p] = new HashOrder.Builder();
+                    }
                 }
+                long start = ordered ? outs[p].written() : 0;
                 s.writeKey(r._1(), ANY);
                 s.writeValue(r._2(), ANY);
+                if (ordered) {
+                    // The record's bytes end here (Spark's relocation contract: flush per record).
+                    s.flush();
+                    index[p].add(HashOrder.hash(r._1()), start, outs[p].written() - start);
+                }
                 metrics.incRecordsWritten(1);
             }
             long bytes = 0;
             for (int p = 0; p < parts; p++) {
                 if (streams[p] != null) {
                     streams[p].close();
+                    if (ordered) {
+                        outs[p].write(index[p].finish());
+                        index[p] = null;
+                        outs[p].close();
+                    }
                     bytes += outs[p].written();
                 }
             }
