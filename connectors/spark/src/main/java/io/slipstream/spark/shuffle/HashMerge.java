@@ -1,11 +1,18 @@
 // HashMerge: reduce-side aggregation by merging, for shuffles whose map outputs carry a HashOrder
-// index. Each source (one map output's bytes of one partition, in mapped pool blocks) is read in
-// its index's order — key hash ascending — by one deserialization stream; a k-way merge on the
-// hash brings every record of one hash together, a small list (a hash map past RUN_KEYS_LINEAR)
-// tells apart unequal keys of equal hash, and Spark's Aggregator functions (createCombiner /
-// mergeValue, or mergeCombiners after a map-side combine) fold each key's records. The pairs of a
-// hash are handed out once the next hash starts: memory is one hash's keys and combiners, not the
-// partition (Spark's ExternalAppendOnlyMap holds every key of the partition, and spills).
+// index. Each source (one map output's bytes of one partition, in mapped pool blocks) is walked in
+// its index's order — key hash ascending; a k-way merge on the hash brings every record of one
+// hash together, a small list (a hash map past RUN_KEYS_LINEAR) tells apart unequal keys of equal
+// hash, and Spark's Aggregator functions (createCombiner / mergeValue, or mergeCombiners after a
+// map-side combine) fold each key's records. The pairs of a hash are handed out once the next
+// hash starts: memory is one hash's keys and combiners, not the partition (Spark's
+// ExternalAppendOnlyMap holds every key of the partition, and spills).
+//
+// One deserialization stream reads every record, fed one record's bytes at a time (Feed): the
+// records of a relocatable serializer can be read in any order (HashOrder), and one stream
+// borrows one Kryo instance where a stream per source would build one per map output (each task
+// deserializes its own serializer, whose Kryo pool starts empty). The feed never hands out more
+// than the record being read, so the deserializer cannot read ahead into another source; a
+// record it reads only part of is an error, not a silent misread.
 //
 // A source is done (its blocks may go, the `done` callback) when its last record is read.
 // Not for: the index format (HashOrder), mapping or releasing blocks (SlipstreamShuffleReader),
@@ -47,6 +54,8 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     private final ArrayList<Object> combiners = new ArrayList<>();
     private Map<Object, Integer> slots;
     private int emitted;
+    private final Feed feed = new Feed();
+    private final DeserializationStream stream;
 
     /** `perRecord` runs once per record read (Spark's records-read metric). */
     HashMerge(List<Source> sources, SerializerInstance ser, Aggregator<Object, Object, Object> agg, boolean combined,
@@ -60,9 +69,9 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
                 s.done().run();
                 continue;
             }
-            c.stream = ser.deserializeStream(c);
             heap.add(c);
         }
+        stream = ser.deserializeStream(feed);
     }
 
     @Override
@@ -100,16 +109,21 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         while (!heap.isEmpty() && heap.peek().hash == h) {
             Cursor c = heap.poll();
             do {
-                Object k = c.stream.readKey(ANY);
-                Object v = c.stream.readValue(ANY);
+                feed.serve(c);
+                Object k = stream.readKey(ANY);
+                Object v = stream.readValue(ANY);
+                feed.check();
                 perRecord.run();
                 fold(k, v);
             } while (c.advance() && c.hash == h);
             if (c.next < c.count) {
                 heap.add(c);
             } else {
-                c.finish();
+                c.done.run();
             }
+        }
+        if (heap.isEmpty()) {
+            stream.close();
         }
     }
 
@@ -146,26 +160,18 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         return -1;
     }
 
-    /**
-     * One source: its bytes seen as one run (parts in order), and an InputStream that hands the
-     * deserializer the records' bytes in index order. `next` is the entry whose record the
-     * deserializer reads next, `hash` its hash; the stream may run ahead of it (buffering).
-     */
-    static final class Cursor extends InputStream {
+    /** One source: its bytes seen as one run (parts in order), walked in its index's order. */
+    static final class Cursor {
         private final ByteBuffer[] parts;
         private final long[] starts;
         private final long length;
-        private final Runnable done;
+        final Runnable done;
         /** Where the index starts (= where the records' region ends). */
         private final long indexAt;
         final int count;
+        /** The entry read next, and its hash. */
         int next;
         int hash;
-        DeserializationStream stream;
-        /** The entry being served to the stream, and its bytes left [pos, end). */
-        private int served = -1;
-        private long pos;
-        private long end;
         /** The last part used by index reads and by record reads (each goes forward mostly). */
         private int indexPart;
         private int recordPart;
@@ -203,11 +209,19 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             return false;
         }
 
-        /** Not InputStream.close (the stream's close calls that): the source is read. */
-        void finish() {
-            stream.close();
-            stream = null;
-            done.run();
+        /** Entry `next`'s record: {start, end} in this source's bytes, checked against the index. */
+        long recordStart() {
+            long start = getLong(indexAt + (long) next * HashOrder.ENTRY_BYTES + 4);
+            int len = getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES + 12);
+            if (start < 0 || len <= 0 || start + len > indexAt) {
+                throw new IllegalStateException("Slipstream shuffle order index entry " + next + " (" + start + ", " + len
+                        + ") outside the " + indexAt + " bytes of records");
+            }
+            return start;
+        }
+
+        int recordLength() {
+            return getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES + 12);
         }
 
         /** The part holding byte `at`, scanning on from `hint` (binary search when behind it). */
@@ -248,32 +262,44 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             return ((long) getInt(at) << 32) | (getInt(at + 4) & 0xffffffffL);
         }
 
-        /** True when [pos, end) has bytes; moves to the next entry's record when it has none. */
-        private boolean more() {
-            while (pos == end) {
-                if (served + 1 >= count) {
-                    return false;
-                }
-                served++;
-                long e = indexAt + (long) served * HashOrder.ENTRY_BYTES;
-                long start = getLong(e + 4);
-                int len = getInt(e + 12);
-                if (start < 0 || len < 0 || start + len > indexAt) {
-                    throw new IllegalStateException("Slipstream shuffle order index entry " + served + " (" + start + ", " + len
-                            + ") outside the " + indexAt + " bytes of records");
-                }
-                pos = start;
-                end = start + len;
+        /** Copies up to `len` bytes at `at` (within one part) into `dst`; how many. */
+        int copy(long at, byte[] dst, int off, int len) {
+            int i = recordPart = partOf(at, recordPart);
+            ByteBuffer p = parts[i];
+            long inPart = at - starts[i];
+            int n = (int) Math.min(len, p.remaining() - inPart);
+            p.get(p.position() + (int) inPart, dst, off, n);
+            return n;
+        }
+    }
+
+    /** The one deserialization stream's input: the bytes of the record being read, then EOF. */
+    static final class Feed extends InputStream {
+        private Cursor cur;
+        private long pos;
+        private long end;
+
+        /** Serves `c`'s entry `next` (the previous record must be read to its end). */
+        void serve(Cursor c) {
+            cur = c;
+            pos = c.recordStart();
+            end = pos + c.recordLength();
+        }
+
+        /** The deserializer read the record to its end (else the index and the records disagree). */
+        void check() {
+            if (pos != end) {
+                throw new IllegalStateException("Slipstream shuffle record read " + (end - pos) + " bytes short of its end: "
+                        + "the order index does not match the serializer's records");
             }
-            return true;
         }
 
         @Override
         public int read() {
-            if (!more()) {
+            if (pos == end) {
                 return -1;
             }
-            return byteAt(pos++) & 0xff;
+            return cur.byteAt(pos++) & 0xff;
         }
 
         @Override
@@ -281,14 +307,10 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             if (len == 0) {
                 return 0;
             }
-            if (!more()) {
+            if (pos == end) {
                 return -1;
             }
-            int i = recordPart = partOf(pos, recordPart);
-            ByteBuffer p = parts[i];
-            long inPart = pos - starts[i];
-            int n = (int) Math.min(Math.min(len, end - pos), p.remaining() - inPart);
-            p.get(p.position() + (int) inPart, dst, off, n);
+            int n = cur.copy(pos, dst, off, (int) Math.min(len, end - pos));
             pos += n;
             return n;
         }
