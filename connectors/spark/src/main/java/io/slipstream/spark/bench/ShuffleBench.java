@@ -17,6 +17,9 @@
 //   [jfr_dir=DIR: executors record JFR (profile settings) into DIR] [tuned_conf=k=v;k=v]
 //   [kryo=1: every manager serializes with Kryo (Spark's recommended serializer; with it
 //   Slipstream aggregates by merging, HashMerge); kryo=0: Spark's default Java serializer]
+//   [clean=1: before each round, a driver GC and a 3 s pause (untimed), so Spark's ContextCleaner
+//   drops the previous round's shuffle (its files, or its blocks in the daemon's pool) first —
+//   for inputs whose shuffles do not fit the pool or disk twice, e.g. 16M records]
 // With executor JVMs (local-cluster, spark://), `jar` (this module's jar) goes to spark.jars, as
 // users pass it with --jars: the executors load the shuffle manager and the job's code from it.
 // Not for: correctness (src/test/.../shuffle).
@@ -117,6 +120,7 @@ public final class ShuffleBench {
         long daemonPid = Long.parseLong(o.getOrDefault("daemon_pid", "0"));
         String jfrDir = o.get("jfr_dir");
         boolean kryo = !o.getOrDefault("kryo", "1").equals("0");
+        boolean clean = o.getOrDefault("clean", "0").equals("1");
         // tuned_conf=k=v;k=v replaces TUNED (for trying other settings of the built-in shuffle).
         String[][] tuned = tuned(o);
         // The order the managers run in (the script alternates it between invocations).
@@ -153,6 +157,10 @@ public final class ShuffleBench {
                     stages.cpuMs.clear();
                     stages.fetchWaitMs.clear();
                     stages.writeBytes.clear();
+                }
+                if (clean) {
+                    System.gc();
+                    Thread.sleep(3000);
                 }
                 Map<Long, Double> cpu0 = hostCpu(daemonPid);
                 long t0 = System.nanoTime();
