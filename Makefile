@@ -88,8 +88,9 @@ spark-bench: build
 
 # Spark's GroupBy with the built-in sort shuffle (defaults and tuned) vs SlipstreamShuffleManager
 # on local-cluster[2,1,1024], 4M records, 8x8 and 200x200 tasks (bench/shuffle_bench.sh; about
-# 30 minutes on the loaded 2-core machine, most of it the built-in shuffle at 200x200).
-SHUFFLE_BENCH = SKIP_BUILD=1 RECORDS=4000000 SHAPES="8x8 200x200" RUNS=2 bash bench/shuffle_bench.sh
+# 40–60 minutes on the loaded 2-core machine with RUNS=3, estimated from session 12's rounds; most of it
+# the built-in shuffle at 200x200).
+SHUFFLE_BENCH = SKIP_BUILD=1 RECORDS=4000000 SHAPES="8x8 200x200" RUNS=3 bash bench/shuffle_bench.sh
 shuffle-bench: build
 	$(SHUFFLE_BENCH)
 

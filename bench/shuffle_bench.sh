@@ -36,7 +36,10 @@
 # Knobs: RECORDS [1000000], SHAPES ["8x8"; e.g. "8x8 200x200"], VALUE_BYTES [100], RUNS [5, per invocation
 #   and manager: 2 x RUNS measured rounds each], MEMORY_MB [4096], MASTER [local-cluster[2,1,1024]],
 #   SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream], MANAGERS [sort,tuned,slipstream],
-#   PROFILE [0], TUNED_CONF ["k=v;k=v" replaces the tuned settings].
+#   PROFILE [0], TUNED_CONF ["k=v;k=v" replaces the tuned settings], KRYO [1: every manager
+#   serializes with Kryo, so Slipstream aggregates by merging (HashMerge); 0: Java serialization],
+#   CLEAN [0; 1: a driver GC and 3 s pause before each round, so the previous round's shuffle is
+#   cleaned first (16M records: two rounds' shuffles do not fit the pool)].
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
@@ -108,7 +111,7 @@ for shape in $SHAPES; do
     for order in "$MANAGERS" "$REVERSED"; do
         SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
             io.slipstream.spark.bench.ShuffleBench endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" \
-            reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" master="$MASTER" jar="$JAR" managers="$order" \
+            reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" master="$MASTER" jar="$JAR" managers="$order" kryo="${KRYO:-1}" clean="${CLEAN:-0}" \
             daemon_pid="$DAEMON" "${EXTRA[@]}" | grep '^{' | tee -a "$OUT/shuffle.jsonl"
         uptime >> "$OUT/uptime.txt"
         if [[ "$MANAGERS" == "$REVERSED" ]]; then break; fi

@@ -15,6 +15,11 @@
 // Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3
 //   master=local-cluster[2,1,1024] jar=PATH managers=sort,tuned,slipstream daemon_pid=PID
 //   [jfr_dir=DIR: executors record JFR (profile settings) into DIR] [tuned_conf=k=v;k=v]
+//   [kryo=1: every manager serializes with Kryo (Spark's recommended serializer; with it
+//   Slipstream aggregates by merging, HashMerge); kryo=0: Spark's default Java serializer]
+//   [clean=1: before each round, a driver GC and a 3 s pause (untimed), so Spark's ContextCleaner
+//   drops the previous round's shuffle (its files, or its blocks in the daemon's pool) first —
+//   for inputs whose shuffles do not fit the pool or disk twice, e.g. 16M records]
 // With executor JVMs (local-cluster, spark://), `jar` (this module's jar) goes to spark.jars, as
 // users pass it with --jars: the executors load the shuffle manager and the job's code from it.
 // Not for: correctness (src/test/.../shuffle).
@@ -114,12 +119,17 @@ public final class ShuffleBench {
         String jar = o.get("jar");
         long daemonPid = Long.parseLong(o.getOrDefault("daemon_pid", "0"));
         String jfrDir = o.get("jfr_dir");
+        boolean kryo = !o.getOrDefault("kryo", "1").equals("0");
+        boolean clean = o.getOrDefault("clean", "0").equals("1");
         // tuned_conf=k=v;k=v replaces TUNED (for trying other settings of the built-in shuffle).
         String[][] tuned = tuned(o);
         // The order the managers run in (the script alternates it between invocations).
         List<String> managers = List.of(o.getOrDefault("managers", "sort,slipstream").split(","));
         for (String manager : managers) {
             SparkSession.Builder b = builder("shuffle-bench-" + manager, manager, master, jar, endpoint, tuned, jfrDir);
+            if (kryo) {
+                b.config("spark.serializer", "org.apache.spark.serializer.KryoSerializer");
+            }
             SparkSession spark = b.getOrCreate();
             spark.sparkContext().setLogLevel("ERROR");
             Stages stages = new Stages();
@@ -148,6 +158,10 @@ public final class ShuffleBench {
                     stages.fetchWaitMs.clear();
                     stages.writeBytes.clear();
                 }
+                if (clean) {
+                    System.gc();
+                    Thread.sleep(3000);
+                }
                 Map<Long, Double> cpu0 = hostCpu(daemonPid);
                 long t0 = System.nanoTime();
                 long groups = pairs.groupByKey(reduces).count();
@@ -174,10 +188,11 @@ public final class ShuffleBench {
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
                         + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\","
-                        + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d}%n",
+                        + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d,"
+                        + "\"kryo\":%b}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
                         mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers), hostCpuS,
-                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages));
+                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo);
             }
             spark.stop();
         }

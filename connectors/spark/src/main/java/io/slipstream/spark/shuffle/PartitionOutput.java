@@ -2,7 +2,9 @@
 // straight into chunks of mapped pool blocks (no heap buffer of ours in between). Chunks start
 // at 4 KiB and double up to 256 KiB, so a map task with many small partitions wastes little
 // and a large partition takes few segments; adjacent chunks of one partition are merged into
-// one segment. Segments are appended to the task's list in write order.
+// one segment. Segments are appended to the task's list in write order. Writing after close()
+// goes on in new chunks (the writer appends a HashOrder index after the serializer's stream is
+// closed, so nothing the serializer writes at close can land after the index's trailer).
 package io.slipstream.spark.shuffle;
 
 import java.io.IOException;

@@ -8,6 +8,9 @@
 // reducers deserialize from the same memory in place. This is the local path: executors and the
 // daemon on one host. A daemon that cannot be reached when the manager starts is a clear error
 // (the SparkContext, or the executor, fails to start with the reason); no silent fallback.
+//   --conf spark.slipstream.shuffle.mergeAggregation=false   (default true: shuffles with an
+//      aggregator and a relocatable serializer, e.g. Kryo, are aggregated by merging the map
+//      outputs in key-hash order, HashOrder; false keeps Spark's ExternalAppendOnlyMap)
 package io.slipstream.spark.shuffle;
 
 import java.io.IOException;
@@ -28,6 +31,7 @@ import org.apache.spark.shuffle.ShuffleWriter;
 public final class SlipstreamShuffleManager implements ShuffleManager {
     public static final String ENDPOINT = "spark.slipstream.shuffle.endpoint";
     public static final String TENANT = "spark.slipstream.shuffle.tenant";
+    public static final String MERGE_AGGREGATION = "spark.slipstream.shuffle.mergeAggregation";
     static final int CONNECT_TIMEOUT_MS = 5_000;
     static final int READ_TIMEOUT_MS = 120_000;
 
@@ -35,6 +39,7 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     /** The tenant this application is charged to; null on a daemon without tenants. */
     private final String tenant;
     private final boolean isDriver;
+    private final boolean mergeAggregation;
     private final int blockBytes;
     private final Path blockDir;
     private final SlipstreamBlockResolver resolver = new SlipstreamBlockResolver();
@@ -45,6 +50,7 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
         String t = conf.get(TENANT, "").trim();
         this.tenant = t.isEmpty() ? null : t;
         this.isDriver = isDriver;
+        this.mergeAggregation = conf.getBoolean(MERGE_AGGREGATION, true);
         // HELLO names the tenant, so an unknown one fails the SparkContext (or executor) at start.
         try (ShuffleClient c = connect()) {
             ShuffleClient.Hello h = c.hello(tenant);
@@ -61,6 +67,11 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
 
     ShuffleClient connect() throws IOException {
         return new ShuffleClient(endpoint, CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS);
+    }
+
+    /** MERGE_AGGREGATION: the same on every executor (one SparkConf), so writers and readers agree. */
+    boolean mergeAggregation() {
+        return mergeAggregation;
     }
 
     String tenant() {

@@ -4,8 +4,14 @@
 // mapped, raises Spark's FetchFailedException so Spark recomputes that map task (a block that
 // cannot be mapped is first reported LOST, so the recomputed attempt may commit). Blocks are
 // mapped read-only and deserialized in place; each is unmapped and released (RELEASE) as soon as
-// the last segment this task reads from it is consumed. Aggregation and key ordering are Spark's
-// own (Aggregator, ExternalSorter), as in its BlockStoreShuffleReader.
+// the last segment this task reads from it is consumed. A shuffle whose map outputs carry a
+// HashOrder index (an aggregator and a relocatable serializer, e.g. Kryo) is aggregated by
+// HashMerge: the map outputs merged in key-hash order, one hash's keys in memory at a time, with
+// Spark's Aggregator functions; otherwise aggregation is Spark's own (Aggregator:
+// ExternalAppendOnlyMap), as in its BlockStoreShuffleReader. Key ordering is Spark's
+// ExternalSorter either way. Under HashMerge every map output is read at once, so a block goes
+// when all of its segments' last records are read (near the task's end) rather than one map
+// output after the other.
 package io.slipstream.spark.shuffle;
 
 import java.io.IOException;
@@ -113,9 +119,20 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
             }
         }
         metrics.incFetchWaitTime((System.nanoTime() - t0) / 1_000_000);
-        Iterator<Product2<Object, Object>> records = new Records(client, groups, dep.serializer().newInstance(), shuffle);
-        Iterator<Product2<K, C>> it = new InterruptibleIterator(context, records);
-        if (dep.aggregator().isDefined()) {
+        Blocks blocks = new Blocks(client, groups, shuffle);
+        Iterator<Product2<K, C>> it;
+        boolean merge = HashOrder.applies(dep, manager.mergeAggregation());
+        if (merge) {
+            List<HashMerge.Source> sources = new ArrayList<>(groups.size());
+            for (Group g : groups) {
+                sources.add(new HashMerge.Source(blocks.open(g), () -> blocks.done(g)));
+            }
+            it = new InterruptibleIterator(context, new HashMerge(sources, dep.serializer().newInstance(),
+                    (org.apache.spark.Aggregator) dep.aggregator().get(), dep.mapSideCombine(), () -> metrics.incRecordsRead(1)));
+        } else {
+            it = new InterruptibleIterator(context, new Records(blocks, groups, dep.serializer().newInstance()));
+        }
+        if (!merge && dep.aggregator().isDefined()) {
             it = dep.mapSideCombine()
                     ? (Iterator) dep.aggregator().get().combineCombinersByKey((Iterator) it, context)
                     : (Iterator) dep.aggregator().get().combineValuesByKey((Iterator) it, context);
@@ -146,23 +163,15 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
         return out;
     }
 
-    /** The records of every group in turn; blocks mapped on first use, released after last. */
-    private final class Records extends AbstractIterator<Product2<Object, Object>> {
+    /** The groups' blocks: each mapped on first use, unmapped and released after its last group. */
+    private final class Blocks {
         private final ShuffleClient client;
-        private final List<Group> groups;
-        private final SerializerInstance ser;
         private final int shuffle;
         private final Map<Integer, Integer> usesLeft = new HashMap<>();
         private final Map<Integer, MappedByteBuffer> mapped = new HashMap<>();
-        private int next;
-        private Group group;
-        private DeserializationStream stream;
-        private Iterator<Tuple2<Object, Object>> current;
 
-        Records(ShuffleClient client, List<Group> groups, SerializerInstance ser, int shuffle) {
+        Blocks(ShuffleClient client, List<Group> groups, int shuffle) {
             this.client = client;
-            this.groups = groups;
-            this.ser = ser;
             this.shuffle = shuffle;
             for (Group g : groups) {
                 for (int b : blocksOf(g)) {
@@ -171,7 +180,7 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
             }
         }
 
-        private List<Integer> blocksOf(Group g) {
+        private static List<Integer> blocksOf(Group g) {
             List<Integer> out = new ArrayList<>();
             for (ShuffleClient.Segment s : g.segments()) {
                 if (!out.contains(s.block())) {
@@ -179,6 +188,74 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
                 }
             }
             return out;
+        }
+
+        /** The group's segments as slices of the mapped blocks, in order. */
+        List<ByteBuffer> open(Group g) {
+            List<ByteBuffer> parts = new ArrayList<>(g.segments().size());
+            long bytes = 0;
+            for (ShuffleClient.Segment s : g.segments()) {
+                MappedByteBuffer m = mapped.get(s.block());
+                if (m == null) {
+                    try {
+                        m = BlockFiles.mapForRead(manager.blockDir(), s.block(), manager.blockBytes());
+                    } catch (IOException e) {
+                        lost(g, e);
+                    }
+                    mapped.put(s.block(), m);
+                }
+                parts.add(m.slice(s.offset(), s.length()));
+                bytes += s.length();
+            }
+            metrics.incLocalBlocksFetched(1);
+            metrics.incLocalBytesRead(bytes);
+            return parts;
+        }
+
+        private void lost(Group g, IOException e) {
+            Expect x = g.expect();
+            try {
+                client.lost(manager.appId(), shuffle, x.mapIndex(), x.mapId());
+            } catch (IOException ignored) {
+                // the FetchFailed below recomputes the map output either way
+            }
+            throw sneaky(new FetchFailedException(x.where(), shuffle, x.mapId(), x.mapIndex(), g.reduce(),
+                    "Slipstream shuffle block unreadable: " + e.getMessage(), e));
+        }
+
+        /** The group is read: its blocks that no other group still needs go now. */
+        void done(Group g) {
+            for (int b : blocksOf(g)) {
+                if (usesLeft.merge(b, -1, Integer::sum) == 0) {
+                    usesLeft.remove(b);
+                    MappedByteBuffer m = mapped.remove(b);
+                    if (m != null) {
+                        BlockFiles.unmap(m);
+                    }
+                    try {
+                        client.release(b);
+                    } catch (IOException ignored) {
+                        // the pin goes with the connection at task end anyway
+                    }
+                }
+            }
+        }
+    }
+
+    /** The records of every group in turn (write order). */
+    private final class Records extends AbstractIterator<Product2<Object, Object>> {
+        private final Blocks blocks;
+        private final List<Group> groups;
+        private final SerializerInstance ser;
+        private int next;
+        private Group group;
+        private DeserializationStream stream;
+        private Iterator<Tuple2<Object, Object>> current;
+
+        Records(Blocks blocks, List<Group> groups, SerializerInstance ser) {
+            this.blocks = blocks;
+            this.groups = groups;
+            this.ser = ser;
         }
 
         @Override
@@ -205,57 +282,16 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
         }
 
         private void openGroup(Group g) {
-            List<ByteBuffer> parts = new ArrayList<>(g.segments().size());
-            long bytes = 0;
-            for (ShuffleClient.Segment s : g.segments()) {
-                MappedByteBuffer m = mapped.get(s.block());
-                if (m == null) {
-                    try {
-                        m = BlockFiles.mapForRead(manager.blockDir(), s.block(), manager.blockBytes());
-                    } catch (IOException e) {
-                        lost(g, e);
-                    }
-                    mapped.put(s.block(), m);
-                }
-                parts.add(m.slice(s.offset(), s.length()));
-                bytes += s.length();
-            }
-            metrics.incLocalBlocksFetched(1);
-            metrics.incLocalBytesRead(bytes);
             group = g;
-            stream = ser.deserializeStream(new SegmentInput(parts));
+            stream = ser.deserializeStream(new SegmentInput(blocks.open(g)));
             current = stream.asKeyValueIterator();
-        }
-
-        private void lost(Group g, IOException e) {
-            Expect x = g.expect();
-            try {
-                client.lost(manager.appId(), shuffle, x.mapIndex(), x.mapId());
-            } catch (IOException ignored) {
-                // the FetchFailed below recomputes the map output either way
-            }
-            throw sneaky(new FetchFailedException(x.where(), shuffle, x.mapId(), x.mapIndex(), g.reduce(),
-                    "Slipstream shuffle block unreadable: " + e.getMessage(), e));
         }
 
         private void finishGroup() {
             stream.close();
             stream = null;
             current = null;
-            for (int b : blocksOf(group)) {
-                if (usesLeft.merge(b, -1, Integer::sum) == 0) {
-                    usesLeft.remove(b);
-                    MappedByteBuffer m = mapped.remove(b);
-                    if (m != null) {
-                        BlockFiles.unmap(m);
-                    }
-                    try {
-                        client.release(b);
-                    } catch (IOException ignored) {
-                        // the pin goes with the connection at task end anyway
-                    }
-                }
-            }
+            blocks.done(group);
             group = null;
         }
     }

@@ -8,6 +8,12 @@
 // partly filled chunk per partition (4 KiB for a small one). Map-side combine runs first, with
 // Spark's own Aggregator. Records are not compressed: blocks are shared memory, not a network.
 //
+// A shuffle the reducer aggregates by merging (HashOrder.applies: an aggregator and a serializer
+// whose records can be reordered) flushes the serializer after each record, notes its key hash
+// and byte range, and appends each partition's HashOrder index after its records: the records
+// stay where they were written. That path uses one serialization stream for all partitions
+// (pointed at each record's partition; Switch), the other one stream per partition.
+//
 // First successful attempt wins: the commit's answer names the winning attempt, and the
 // MapStatus reports that attempt and its sizes, so Spark's map output tracker and the daemon
 // agree whichever attempt Spark keeps.
@@ -72,25 +78,56 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
         List<int[]> segments = new ArrayList<>();
         PartitionOutput[] outs = new PartitionOutput[parts];
         SerializationStream[] streams = new SerializationStream[parts];
+        boolean ordered = HashOrder.applies(dep, manager.mergeAggregation());
+        HashOrder.Builder[] index = ordered ? new HashOrder.Builder[parts] : null;
         try (BlockArena arena = new BlockArena(client, app, shuffle, manager.blockDir(), manager.blockBytes())) {
+            // Ordered: one stream for every partition, pointed at the record's partition before
+            // each record and flushed after it (a Kryo stream per partition would build a Kryo
+            // instance per partition and task: 200 per map task at 200 reducers).
+            Switch sw = ordered ? new Switch() : null;
+            SerializationStream one = ordered ? ser.serializeStream(sw) : null;
             while (it.hasNext()) {
                 Product2<K, ?> r = it.next();
                 int p = partitioner.getPartition(r._1());
-                SerializationStream s = streams[p];
-                if (s == null) {
+                if (outs[p] == null) {
                     outs[p] = new PartitionOutput(p, arena, segments);
-                    s = streams[p] = ser.serializeStream(outs[p]);
+                    if (ordered) {
+                        index[p] = new HashOrder.Builder();
+                    } else {
+                        streams[p] = ser.serializeStream(outs[p]);
+                    }
                 }
-                s.writeKey(r._1(), ANY);
-                s.writeValue(r._2(), ANY);
+                if (ordered) {
+                    sw.target = outs[p];
+                    long start = outs[p].written();
+                    one.writeKey(r._1(), ANY);
+                    one.writeValue(r._2(), ANY);
+                    // The record's bytes end here (Spark's relocation contract: flush per record).
+                    one.flush();
+                    index[p].add(HashOrder.hash(r._1()), start, outs[p].written() - start);
+                } else {
+                    streams[p].writeKey(r._1(), ANY);
+                    streams[p].writeValue(r._2(), ANY);
+                }
                 metrics.incRecordsWritten(1);
+            }
+            if (ordered) {
+                sw.target = null;
+                one.close();
             }
             long bytes = 0;
             for (int p = 0; p < parts; p++) {
-                if (streams[p] != null) {
-                    streams[p].close();
-                    bytes += outs[p].written();
+                if (outs[p] == null) {
+                    continue;
                 }
+                if (ordered) {
+                    outs[p].write(index[p].finish());
+                    index[p] = null;
+                } else {
+                    streams[p].close();
+                }
+                outs[p].close();
+                bytes += outs[p].written();
             }
             ShuffleClient.Committed won = client.commit(app, shuffle, context.partitionId(), mapId, segments);
             lengths = new long[parts];
@@ -101,6 +138,39 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
             status = MapStatus$.MODULE$.apply(SparkEnv.get().blockManager().shuffleServerId(), lengths, won.attempt());
         }
         metrics.incWriteTime(System.nanoTime() - t0);
+    }
+
+    /**
+     * The ordered path's one serialization stream writes here: into the partition of the record
+     * being written. Bytes with no partition (a serializer header or trailer, which relocatable
+     * serializers do not write) are an error, not a silent misplacement.
+     */
+    private static final class Switch extends java.io.OutputStream {
+        PartitionOutput target;
+
+        @Override
+        public void write(int b) throws IOException {
+            out().write(b);
+        }
+
+        @Override
+        public void write(byte[] b, int off, int len) throws IOException {
+            if (len > 0) {
+                out().write(b, off, len);
+            }
+        }
+
+        private PartitionOutput out() throws IOException {
+            if (target == null) {
+                throw new IOException("serializer wrote bytes outside a record: not relocatable");
+            }
+            return target;
+        }
+
+        @Override
+        public void close() {
+            // the partitions' outputs are closed by the writer, after their indexes
+        }
     }
 
     @Override

@@ -7,6 +7,9 @@
 // FetchFailed and Spark recomputes; an executor JVM killed (SIGKILL) while it runs a reduce task
 // is recomputed and the result is still the same; a daemon restarted between jobs, and a full
 // pool, behave as in local mode. Runs in the surefire execution "shuffle" (its own JVM).
+// Both managers serialize with Kryo here, so Slipstream's aggregated shuffles take the merge path
+// (HashOrder/HashMerge) across JVMs, through the kill and restart tests; SlipstreamShuffleManagerTest
+// keeps Spark's default Java serializer (Spark's own aggregation on the reduce side).
 //
 // Executors get this module's classes with spark.executor.extraClassPath (target/classes for
 // the manager, target/test-classes for the jobs' lambdas): the shuffle manager is created when
@@ -98,6 +101,7 @@ class LocalClusterShuffleTest {
                 .config("spark.driver.host", "127.0.0.1")
                 .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.executor.extraClassPath", cp)
+                .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
                 // One core per executor: a serial collector instead of one GC thread per host core.
                 .config("spark.executor.extraJavaOptions", "-XX:+UseSerialGC");
         if (shuffleManager != null) {

@@ -1,0 +1,318 @@
+// HashMerge: reduce-side aggregation by merging, for shuffles whose map outputs carry a HashOrder
+// index. Each source (one map output's bytes of one partition, in mapped pool blocks) is walked in
+// its index's order — key hash ascending; a k-way merge on the hash brings every record of one
+// hash together, a small list (a hash map past RUN_KEYS_LINEAR) tells apart unequal keys of equal
+// hash, and Spark's Aggregator functions (createCombiner / mergeValue, or mergeCombiners after a
+// map-side combine) fold each key's records. The pairs of a hash are handed out once the next
+// hash starts: memory is one hash's keys and combiners, not the partition (Spark's
+// ExternalAppendOnlyMap holds every key of the partition, and spills).
+//
+// One deserialization stream reads every record, fed one record's bytes at a time (Feed): the
+// records of a relocatable serializer can be read in any order (HashOrder), and one stream
+// borrows one Kryo instance where a stream per source would build one per map output (each task
+// deserializes its own serializer, whose Kryo pool starts empty). The feed never hands out more
+// than the record being read, so the deserializer cannot read ahead into another source; a
+// record it reads only part of is an error, not a silent misread.
+//
+// A source is done (its blocks may go, the `done` callback) when its last record is read.
+// Not for: the index format (HashOrder), mapping or releasing blocks (SlipstreamShuffleReader),
+// ordering by key (Spark's ExternalSorter runs after this when the shuffle has a key ordering).
+package io.slipstream.spark.shuffle;
+
+import java.io.InputStream;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.NoSuchElementException;
+import java.util.Objects;
+import java.util.PriorityQueue;
+import org.apache.spark.Aggregator;
+import org.apache.spark.serializer.DeserializationStream;
+import org.apache.spark.serializer.SerializerInstance;
+import scala.Product2;
+import scala.Tuple2;
+import scala.collection.AbstractIterator;
+import scala.reflect.ClassTag;
+import scala.reflect.ClassTag$;
+
+final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
+    private static final ClassTag<Object> ANY = ClassTag$.MODULE$.Any();
+    /** Keys of one hash compared by a linear scan up to this many; a hash map past it. */
+    static final int RUN_KEYS_LINEAR = 8;
+
+    /** One map output's bytes of one partition (the parts in order), and what to do when read. */
+    record Source(List<ByteBuffer> parts, Runnable done) {}
+
+    private final Aggregator<Object, Object, Object> agg;
+    /** Records are (key, combiner) from a map-side combine, not (key, value). */
+    private final boolean combined;
+    private final Runnable perRecord;
+    private final PriorityQueue<Cursor> heap = new PriorityQueue<>((a, b) -> Integer.compare(a.hash, b.hash));
+    private final ArrayList<Object> keys = new ArrayList<>();
+    private final ArrayList<Object> combiners = new ArrayList<>();
+    private Map<Object, Integer> slots;
+    private int emitted;
+    private final Feed feed = new Feed();
+    private final DeserializationStream stream;
+
+    /** `perRecord` runs once per record read (Spark's records-read metric). */
+    HashMerge(List<Source> sources, SerializerInstance ser, Aggregator<Object, Object, Object> agg, boolean combined,
+            Runnable perRecord) {
+        this.agg = agg;
+        this.combined = combined;
+        this.perRecord = perRecord;
+        for (Source s : sources) {
+            Cursor c = new Cursor(s);
+            if (c.count == 0) {
+                s.done().run();
+                continue;
+            }
+            heap.add(c);
+        }
+        stream = ser.deserializeStream(feed);
+    }
+
+    @Override
+    public boolean hasNext() {
+        if (emitted < keys.size()) {
+            return true;
+        }
+        nextRun();
+        return emitted < keys.size();
+    }
+
+    @Override
+    public Product2<Object, Object> next() {
+        if (!hasNext()) {
+            throw new NoSuchElementException();
+        }
+        int i = emitted++;
+        Tuple2<Object, Object> t = new Tuple2<>(keys.get(i), combiners.get(i));
+        keys.set(i, null);
+        combiners.set(i, null);
+        return t;
+    }
+
+    /** Reads every record of the smallest hash left and folds it into keys/combiners. */
+    private void nextRun() {
+        keys.clear();
+        combiners.clear();
+        slots = null;
+        emitted = 0;
+        Cursor first = heap.peek();
+        if (first == null) {
+            return;
+        }
+        int h = first.hash;
+        while (!heap.isEmpty() && heap.peek().hash == h) {
+            Cursor c = heap.poll();
+            do {
+                feed.serve(c);
+                Object k = stream.readKey(ANY);
+                Object v = stream.readValue(ANY);
+                feed.check();
+                perRecord.run();
+                fold(k, v);
+            } while (c.advance() && c.hash == h);
+            if (c.next < c.count) {
+                heap.add(c);
+            } else {
+                c.done.run();
+            }
+        }
+        if (heap.isEmpty()) {
+            stream.close();
+        }
+    }
+
+    private void fold(Object k, Object v) {
+        int i = slot(k);
+        if (i < 0) {
+            keys.add(k);
+            combiners.add(combined ? v : agg.createCombiner().apply(v));
+            if (slots != null) {
+                slots.put(k, keys.size() - 1);
+            } else if (keys.size() > RUN_KEYS_LINEAR) {
+                slots = new HashMap<>();
+                for (int j = 0; j < keys.size(); j++) {
+                    slots.put(keys.get(j), j);
+                }
+            }
+        } else {
+            Object c = combiners.get(i);
+            combiners.set(i, combined ? agg.mergeCombiners().apply(c, v) : agg.mergeValue().apply(c, v));
+        }
+    }
+
+    /** Where key `k` is among this hash's keys, or -1. */
+    private int slot(Object k) {
+        if (slots != null) {
+            Integer i = slots.get(k);
+            return i == null ? -1 : i;
+        }
+        for (int j = 0; j < keys.size(); j++) {
+            if (Objects.equals(keys.get(j), k)) {
+                return j;
+            }
+        }
+        return -1;
+    }
+
+    /** One source: its bytes seen as one run (parts in order), walked in its index's order. */
+    static final class Cursor {
+        private final ByteBuffer[] parts;
+        private final long[] starts;
+        private final long length;
+        final Runnable done;
+        /** Where the index starts (= where the records' region ends). */
+        private final long indexAt;
+        final int count;
+        /** The entry read next, and its hash. */
+        int next;
+        int hash;
+        /** The last part used by index reads and by record reads (each goes forward mostly). */
+        private int indexPart;
+        private int recordPart;
+
+        Cursor(Source s) {
+            done = s.done();
+            parts = s.parts().toArray(new ByteBuffer[0]);
+            starts = new long[parts.length];
+            long n = 0;
+            for (int i = 0; i < parts.length; i++) {
+                starts[i] = n;
+                n += parts[i].remaining();
+            }
+            length = n;
+            if (length < HashOrder.TRAILER_BYTES || getInt(length - 4) != HashOrder.MAGIC) {
+                throw new IllegalStateException("Slipstream shuffle segment of " + length + " bytes has no order index");
+            }
+            count = getInt(length - 8);
+            indexAt = length - HashOrder.TRAILER_BYTES - (long) count * HashOrder.ENTRY_BYTES;
+            if (count < 0 || indexAt < 0) {
+                throw new IllegalStateException("Slipstream shuffle order index of " + count + " entries in " + length + " bytes");
+            }
+            if (count > 0) {
+                hash = getInt(indexAt);
+            }
+        }
+
+        /** Moves to the next entry; false at the end. */
+        boolean advance() {
+            next++;
+            if (next < count) {
+                hash = getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES);
+                return true;
+            }
+            return false;
+        }
+
+        /** Entry `next`'s record: {start, end} in this source's bytes, checked against the index. */
+        long recordStart() {
+            long start = getLong(indexAt + (long) next * HashOrder.ENTRY_BYTES + 4);
+            int len = getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES + 12);
+            if (start < 0 || len <= 0 || start + len > indexAt) {
+                throw new IllegalStateException("Slipstream shuffle order index entry " + next + " (" + start + ", " + len
+                        + ") outside the " + indexAt + " bytes of records");
+            }
+            return start;
+        }
+
+        int recordLength() {
+            return getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES + 12);
+        }
+
+        /** The part holding byte `at`, scanning on from `hint` (binary search when behind it). */
+        private int partOf(long at, int hint) {
+            int i = hint;
+            if (at < starts[i]) {
+                i = java.util.Arrays.binarySearch(starts, at);
+                return i >= 0 ? i : -i - 2;
+            }
+            while (i + 1 < parts.length && starts[i + 1] <= at) {
+                i++;
+            }
+            return i;
+        }
+
+        private byte byteAt(long at) {
+            int i = recordPart = partOf(at, recordPart);
+            ByteBuffer p = parts[i];
+            return p.get(p.position() + (int) (at - starts[i]));
+        }
+
+        /** An int of the index or trailer. */
+        private int getInt(long at) {
+            int i = indexPart = partOf(at, indexPart);
+            ByteBuffer p = parts[i];
+            long off = at - starts[i];
+            if (off + 4 <= p.remaining()) {
+                return p.getInt(p.position() + (int) off);
+            }
+            int v = 0;
+            for (int k = 0; k < 4; k++) {
+                v = (v << 8) | (byteAt(at + k) & 0xff);
+            }
+            return v;
+        }
+
+        private long getLong(long at) {
+            return ((long) getInt(at) << 32) | (getInt(at + 4) & 0xffffffffL);
+        }
+
+        /** Copies up to `len` bytes at `at` (within one part) into `dst`; how many. */
+        int copy(long at, byte[] dst, int off, int len) {
+            int i = recordPart = partOf(at, recordPart);
+            ByteBuffer p = parts[i];
+            long inPart = at - starts[i];
+            int n = (int) Math.min(len, p.remaining() - inPart);
+            p.get(p.position() + (int) inPart, dst, off, n);
+            return n;
+        }
+    }
+
+    /** The one deserialization stream's input: the bytes of the record being read, then EOF. */
+    static final class Feed extends InputStream {
+        private Cursor cur;
+        private long pos;
+        private long end;
+
+        /** Serves `c`'s entry `next` (the previous record must be read to its end). */
+        void serve(Cursor c) {
+            cur = c;
+            pos = c.recordStart();
+            end = pos + c.recordLength();
+        }
+
+        /** The deserializer read the record to its end (else the index and the records disagree). */
+        void check() {
+            if (pos != end) {
+                throw new IllegalStateException("Slipstream shuffle record read " + (end - pos) + " bytes short of its end: "
+                        + "the order index does not match the serializer's records");
+            }
+        }
+
+        @Override
+        public int read() {
+            if (pos == end) {
+                return -1;
+            }
+            return cur.byteAt(pos++) & 0xff;
+        }
+
+        @Override
+        public int read(byte[] dst, int off, int len) {
+            if (len == 0) {
+                return 0;
+            }
+            if (pos == end) {
+                return -1;
+            }
+            int n = cur.copy(pos, dst, off, (int) Math.min(len, end - pos));
+            pos += n;
+            return n;
+        }
+    }
+}
