@@ -376,6 +376,48 @@ fn a_full_map_undoes_the_cache_too() {
     assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
 }
 
+/// The cache is two-way: with the hash map full, two words whose hash picks the same slot are
+/// both counted in the cache (the second in the other slot of the pair) and the datagram is
+/// consumed; a third word on the same slot finds both taken and no room in the map, so its
+/// datagram passes whole and the two counts it made are undone. A one-way cache passes the
+/// first datagram already.
+#[test]
+fn two_words_sharing_a_slot_both_stay_in_the_cache() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    const SLOT: u32 = 8;
+    wc_stream(s, SLOT, 7008, u64::MAX / 4);
+    let target = ks::wcc_slot_of(SLOT, b"k0").expect("a short word");
+    let same: Vec<Vec<u8>> = (0..200_000)
+        .map(|i| format!("k{i}").into_bytes())
+        .filter(|w| ks::wcc_slot_of(SLOT, w) == Some(target))
+        .take(3)
+        .collect();
+    assert_eq!(same.len(), 3, "three words on slot {target}");
+    // Fill the hash map with words too long for the cache (they never touch a slot).
+    let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut full = false;
+    for p in word_datagrams("long-fill-word-", ks::WC_ENTRIES as usize + 1_000, 80, 1) {
+        if s.test_run(&udp_frame(false, 7008, &p)).expect("test run") == XDP_DROP {
+            for w in p.split(|b| *b == b' ') {
+                *want.entry(w.to_vec()).or_default() += 1;
+            }
+        } else {
+            full = true;
+        }
+    }
+    assert!(full, "the map never filled up");
+    let (a, b, c) = (&same[0], &same[1], &same[2]);
+    let two = [a.as_slice(), b].join(&b' ');
+    let three = [a.as_slice(), b, c].join(&b' ');
+    assert_eq!(s.test_run(&udp_frame(false, 7008, &two)).expect("test run"), XDP_DROP, "two words, one slot");
+    assert_eq!(s.test_run(&udp_frame(false, 7008, &three)).expect("test run"), XDP_PASS, "a third has no room");
+    assert_eq!(s.test_run(&udp_frame(false, 7008, &two)).expect("test run"), XDP_DROP);
+    want.insert(a.clone(), 2);
+    want.insert(b.clone(), 2);
+    assert_eq!(drained(s, SLOT, u64::MAX), want, "the third word's datagram counted nothing");
+}
+
 /// A values (aggregate/filter) stream in `slot` on `port`: the kernel parses its numbers and
 /// ships them through the ring buffer.
 fn add_values_stream(s: &ks::StreamKernel, slot: u32, port: u16, records_max: u32) {
