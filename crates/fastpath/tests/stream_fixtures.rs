@@ -376,6 +376,24 @@ fn a_full_map_undoes_the_cache_too() {
     assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
 }
 
+/// Fills `ss_wc` through `port` with distinct words too long for the cache (they never touch a
+/// slot) until a datagram passes for want of room; returns the words the kernel counted.
+fn fill_the_map_with_long_words(s: &ks::StreamKernel, port: u16) -> BTreeMap<Vec<u8>, u64> {
+    let mut counted = BTreeMap::new();
+    let mut full = false;
+    for p in word_datagrams("long-fill-word-", ks::WC_ENTRIES as usize + 1_000, 80, 1) {
+        if s.test_run(&udp_frame(false, port, &p)).expect("test run") == XDP_DROP {
+            for w in p.split(|b| *b == b' ') {
+                *counted.entry(w.to_vec()).or_default() += 1;
+            }
+        } else {
+            full = true;
+        }
+    }
+    assert!(full, "the map never filled up");
+    counted
+}
+
 /// The cache is two-way: with the hash map full, two words whose hash picks the same slot are
 /// both counted in the cache (the second in the other slot of the pair) and the datagram is
 /// consumed; a third word on the same slot finds both taken and no room in the map, so its
@@ -394,19 +412,7 @@ fn two_words_sharing_a_slot_both_stay_in_the_cache() {
         .take(3)
         .collect();
     assert_eq!(same.len(), 3, "three words on slot {target}");
-    // Fill the hash map with words too long for the cache (they never touch a slot).
-    let mut want: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    let mut full = false;
-    for p in word_datagrams("long-fill-word-", ks::WC_ENTRIES as usize + 1_000, 80, 1) {
-        if s.test_run(&udp_frame(false, 7008, &p)).expect("test run") == XDP_DROP {
-            for w in p.split(|b| *b == b' ') {
-                *want.entry(w.to_vec()).or_default() += 1;
-            }
-        } else {
-            full = true;
-        }
-    }
-    assert!(full, "the map never filled up");
+    let mut want = fill_the_map_with_long_words(s, 7008);
     let (a, b, c) = (&same[0], &same[1], &same[2]);
     let two = [a.as_slice(), b].join(&b' ');
     let three = [a.as_slice(), b, c].join(&b' ');
@@ -452,18 +458,7 @@ fn a_new_window_does_not_wait_for_the_last_ones_drain() {
         .take(40)
         .collect();
     assert_eq!(words.len(), 40);
-    let mut before: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
-    let mut full = false;
-    for p in word_datagrams("long-fill-word-", ks::WC_ENTRIES as usize + 1_000, 80, 1) {
-        if s.test_run(&udp_frame(false, 7009, &p)).expect("test run") == XDP_DROP {
-            for w in p.split(|b| *b == b' ') {
-                *before.entry(w.to_vec()).or_default() += 1;
-            }
-        } else {
-            full = true;
-        }
-    }
-    assert!(full, "the map never filled up");
+    let mut before = fill_the_map_with_long_words(s, 7009);
     let now_window = || slipstream_fastpath::clock_monotonic_ns() / window_ns;
     let w0 = now_window();
     while now_window() == w0 {
