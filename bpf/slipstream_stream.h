@@ -47,9 +47,11 @@
 #define SS_VALUES_MAX 256
 /* Distinct (stream, window, word) entries in ss_wc; full: the datagram goes to user space. */
 #define SS_WC_ENTRIES 65536
-/* Word-count cache slots per CPU (power of two): direct-mapped by ss_wcc_hash of the word. */
+/* Word-count cache slots per CPU (power of two): two-way, a word's hash picks a pair. */
 #define SS_WCC_SLOTS 4096
 #define SS_WCC_SLOT_BITS 12
+/* Slots a word may use (two-way): the pair (i, i ^ 1) shares a cache line. */
+#define SS_WCC_WAYS 2
 /* Longest word the cache holds (a 32-byte slot, two to a cache line); longer words, up to
  * SS_WORD_KEY_BYTES, are counted in ss_wc. Every word of the benchmarks is shorter. */
 #define SS_WCC_WORD_BYTES 16
@@ -120,10 +122,11 @@ struct ss_wc_key {
 };                      /* 48 bytes */
 
 /* One word-count cache slot (words of at most SS_WCC_WORD_BYTES). CPU c's program owns slots
- * [c * SS_WCC_SLOTS, (c + 1) * SS_WCC_SLOTS): it counts a word of the current window in the
- * slot its hash picks if the slot's tag and word are that (window, stream, len, word), claims
- * the slot if it is empty (tag 0: word and count first, then the tag with an atomic add, so a
- * reader that sees the tag sees the word), and otherwise counts in ss_wc. Only user space
+ * [c * SS_WCC_SLOTS, (c + 1) * SS_WCC_SLOTS): it counts a word of the current window in
+ * whichever of the two slots its hash picks (SS_WCC_WAYS) has that tag and word (window,
+ * stream, len, word), else claims the first empty one of the two (tag 0: word and count
+ * first, then the tag with an atomic add, so a reader that sees the tag sees the word), and
+ * otherwise counts in ss_wc. Only user space
  * empties a slot: when it drains a window that has ended, it takes the count (atomic swap to
  * 0) and then sets the tag to 0. The program never writes a slot whose tag is another window,
  * so a slot's word is stable while user space reads it; a window's count is the sum of its
@@ -205,6 +208,8 @@ _Static_assert(sizeof(struct ss_wc_key) == 16 + SS_WORD_KEY_BYTES, "ss_wc_key: n
 _Static_assert(sizeof(struct ss_wcc_slot) == 32, "ss_wcc_slot: two per cache line");
 _Static_assert(__builtin_offsetof(struct ss_wcc_slot, word) % 8 == 0, "ss_wcc_slot: word read as u64s");
 _Static_assert(SS_WCC_SLOTS == (1 << SS_WCC_SLOT_BITS), "cache slots: a power of two");
+_Static_assert(SS_WCC_WAYS == 2 && SS_WCC_SLOTS % SS_WCC_WAYS == 0, "a slot pair (i, i ^ 1) stays in one CPU's slots");
+_Static_assert(64 % (SS_WCC_WAYS * sizeof(struct ss_wcc_slot)) == 0, "a slot pair fits one cache line");
 _Static_assert(SS_WORD_KEY_BYTES == 32, "wc_key builds the key from four 8-byte words");
 _Static_assert(SS_WCC_WORD_BYTES == 16, "ss_wcc_hash mixes two 8-byte words");
 _Static_assert(SS_WCC_WORD_BYTES <= SS_WCC_TAG_LEN_MASK && SS_STREAMS_MAX <= 256, "len and stream fit the tag");

@@ -11,8 +11,8 @@
  *
  * - wordcount: words (split on space, \t, \n, \r, \v, \f, as crates/stream record.rs) are
  *   counted keyed by (window = t_ns / window_ns, stream, word): a word of at most
- *   SS_WCC_WORD_BYTES in this CPU's slot of the direct-mapped cache ss_wcc when the slot holds
- *   that key or is empty, any other in ss_wc. A datagram is counted
+ *   SS_WCC_WORD_BYTES in one of its two slots (one cache line) of this CPU's two-way cache
+ *   ss_wcc when a slot holds that key or is empty, any other in ss_wc. A datagram is counted
  *   whole or not at all: a byte >= 0x80 (user space must check UTF-8), a word longer than
  *   word_bytes_max, too many words, or a full map (counts already made are undone) pass it up.
  *   User space drains finished windows and merges what it parsed itself.
@@ -121,18 +121,23 @@ static __always_inline void wc_close(struct ss_sscratch *s, struct wc_tok_ctx *x
 	x->nwords += 1;
 }
 
-/* Nonzero iff some byte of v is a word separator (' ', \t, \n, \v, \f, \r). Only for v with
- * no byte >= 0x80: the 9..13 range test is exact per byte under that condition (SWAR
- * "hasbetween": 141 - b has its high bit set iff b <= 13, b + 119 iff b >= 9, no carries). */
-static __always_inline __u64 wc_has_sep(__u64 v)
+/* The high bit of each byte of v that is a word separator (' ', \t, \n, \v, \f, \r), exact
+ * per byte (no carry crosses a byte). Only for v with no byte >= 0x80: then b ^ ' ' + 0x7f
+ * has its high bit clear iff b is a space, and the 9..13 test is "hasbetween" (141 - b has
+ * its high bit set iff b <= 13, b + 119 iff b >= 9). */
+static __always_inline __u64 wc_sep_mask(__u64 v)
 {
+	__u64 space = ~((v ^ (ONES * ' ')) + ONES * 0x7f) & HIGHS;
 	__u64 ctl = ((ONES * (127 + 14)) - v) & ~v & (v + ONES * (127 - 8)) & HIGHS;
-	return has_zero_byte(v ^ (ONES * ' ')) | ctl;
+	return space | ctl;
 }
 
 /* Eight payload bytes per call, read as one word (one bpf_loop callback per byte cost more
- * than the byte work). Eight bytes with no separator and no byte >= 0x80 at most start a
- * word; otherwise byte by byte. Returns nonzero to stop. */
+ * than the byte work), and no branch per byte: the separator mask gives the bytes where a word
+ * starts (a non-separator after a separator) and ends (the reverse), and the loop visits only
+ * those, in order (at most 8; the live profile found the byte-by-byte version ~13% of the
+ * receive thread, most of it per-byte branches). Bytes past the payload count as separators,
+ * so a word running to the end is closed there. Returns nonzero to stop. */
 static long wc_tok_step(__u32 w, void *c)
 {
 	struct ss_sscratch *s = ((struct loop_arg *)c)->s;
@@ -146,35 +151,36 @@ static long wc_tok_step(__u32 w, void *c)
 	}
 	__u64 v = *(__u64 *)(s->payload + (base & SPAY_MASK));
 	__u32 lim = n - base;
-	if (lim >= 8 && !(v & HIGHS) && !wc_has_sep(v)) {
-		if (!x->in_word) {
-			x->in_word = 1;
-			x->wstart = base;
-		}
-		return 0;
+	__u64 valid = lim >= 8 ? ~0ULL : (1ULL << (lim * 8)) - 1;
+	v &= valid;
+	if (v & HIGHS) {
+		x->bad = 1; /* user space checks UTF-8 */
+		return 1;
 	}
-#pragma unroll
+	__u64 sep = wc_sep_mask(v) | (~valid & HIGHS);
+	__u64 word = ~sep & HIGHS;
+	/* "the byte before is a separator / in a word", for byte 0 from the previous step */
+	__u64 before_sep = (sep << 8) | (x->in_word ? 0 : 0x80);
+	__u64 before_word = (word << 8) | (x->in_word ? 0x80 : 0);
+	__u64 starts = word & before_sep;
+	__u64 edges = starts | (sep & before_word);
 	for (__u32 j = 0; j < 8; j++) {
-		if (j >= lim)
-			continue; /* past the payload */
-		__u8 ch = (__u8)(v >> (8 * j));
-		if (ch >= 0x80) {
-			x->bad = 1; /* user space checks UTF-8 */
-			return 1;
-		}
-		int ws = ch == ' ' || (ch >= '\t' && ch <= '\r');
-		if (ws) {
-			if (x->in_word) {
-				wc_close(s, x, base + j);
-				if (x->bad)
-					return 1;
-			}
-		} else if (!x->in_word) {
+		if (!edges)
+			break;
+		__u64 low = edges & -edges;
+		/* byte index of the lowest edge: (1 << 8k) times bytes 07 06 .. 00 puts k in the top byte */
+		__u32 at = base + (__u32)(((low >> 7) * 0x0001020304050607ULL) >> 56);
+		if (low & starts) {
 			x->in_word = 1;
-			x->wstart = base + j;
+			x->wstart = at;
+		} else {
+			wc_close(s, x, at);
+			if (x->bad)
+				return 1;
 		}
+		edges &= edges - 1;
 	}
-	return 0;
+	return lim < 8; /* bytes past the payload were separators: any word was closed above */
 }
 
 struct wc_count_ctx {
@@ -227,31 +233,19 @@ static __always_inline void wc_short_word(struct ss_sscratch *s, __u32 start, __
 	*w1 = b;
 }
 
-/* Counts (delta +1) or undoes (-1) a word of at most SS_WCC_WORD_BYTES in this CPU's cache
- * slot: 1 if done there, 0 if the word goes to ss_wc (the slot holds another word or window; an
- * undo finds its word in the slot if the count went there, since only user space empties a
- * slot and only once the window has ended). The slot index mixes the word, stream and length
- * but not the window, so a word keeps its slot from window to window: multiply-xor, top bits
- * of the last product (no loop, no helper). */
-static __always_inline int wc_cache_add(struct wc_count_ctx *x, __u32 len, __u64 w0, __u64 w1)
+/* 1 iff slot c holds (tag, w0, w1): that window, stream, length and word. */
+static __always_inline int wc_slot_holds(struct ss_wcc_slot *c, __u64 tag, __u64 w0, __u64 w1)
 {
-	__u64 low = ((__u64)x->stream << SS_WCC_TAG_STREAM_SHIFT) | len;
-	__u64 tag = ((x->window + 1) << SS_WCC_TAG_WINDOW_SHIFT) | low;
-	__u64 h = ((w0 ^ low) * SS_WCC_MUL1 ^ w1) * SS_WCC_MUL2;
-	__u32 idx = x->cache_base + (__u32)(h >> (64 - SS_WCC_SLOT_BITS));
-	struct ss_wcc_slot *c = bpf_map_lookup_elem(&ss_wcc, &idx);
-	if (!c)
-		return 0; /* CPU beyond the slots user space sized the map for */
 	__u64 *cw = (__u64 *)c->word;
-	__u64 ctag = c->tag;
-	if (ctag == tag) {
-		if (cw[0] != w0 || cw[1] != w1)
-			return 0;
-		c->count += x->delta;
-		return 1;
-	}
-	if (ctag != 0 || x->delta < 0)
+	return c->tag == tag && cw[0] == w0 && cw[1] == w1;
+}
+
+/* Claims the empty slot c for (tag, w0, w1) with a count of 1; 0 if it is not empty. */
+static __always_inline int wc_slot_claim(struct ss_wcc_slot *c, __u64 tag, __u64 w0, __u64 w1)
+{
+	if (c->tag != 0)
 		return 0;
+	__u64 *cw = (__u64 *)c->word;
 	cw[0] = w0;
 	cw[1] = w1;
 	c->count = 1;
@@ -259,6 +253,46 @@ static __always_inline int wc_cache_add(struct wc_count_ctx *x, __u32 len, __u64
 	 * the tag sees the word. Nobody else writes a slot whose tag is 0. */
 	__sync_fetch_and_add(&c->tag, tag);
 	return 1;
+}
+
+/* Counts (delta +1) or undoes (-1) a word of at most SS_WCC_WORD_BYTES in this CPU's cache:
+ * 1 if done there, 0 if the word goes to ss_wc. The cache is two-way: the word's hash picks a
+ * pair of slots that share one 64-byte cache line (SS_WCC_WAYS), so a second word hashed to
+ * the same place costs no further cache miss and does not fall back to the hash map (the live
+ * profile of the one-way cache found ~7% of the receive thread in ss_wc's lookup). Both slots
+ * are checked for the word before either is claimed; a count is never split by this, and where
+ * it could be (a drain between two datagrams), the drain sums every place anyway. The second way
+ * also serves a window change: until the daemon drains an ended window (5 ms after its end,
+ * later on a busy host) its words hold their slots, and with one way every word of the new
+ * window went to ss_wc meanwhile (a live run of the one-way cache had 370-590 map entries per
+ * 1 s window of ~700 distinct words); now it claims the other slot of its pair. An undo finds
+ * its word in the pair if the count went there, since only user space empties a slot and only
+ * once the window has ended. The pair index mixes the word, stream and length but not the
+ * window, so a word keeps its pair from window to window: multiply-xor, top bits of the last
+ * product (no loop, no helper). */
+static __always_inline int wc_cache_add(struct wc_count_ctx *x, __u32 len, __u64 w0, __u64 w1)
+{
+	__u64 low = ((__u64)x->stream << SS_WCC_TAG_STREAM_SHIFT) | len;
+	__u64 tag = ((x->window + 1) << SS_WCC_TAG_WINDOW_SHIFT) | low;
+	__u64 h = ((w0 ^ low) * SS_WCC_MUL1 ^ w1) * SS_WCC_MUL2;
+	__u32 idx = x->cache_base + (__u32)(h >> (64 - SS_WCC_SLOT_BITS));
+	__u32 idx2 = idx ^ (SS_WCC_WAYS - 1);
+	struct ss_wcc_slot *c = bpf_map_lookup_elem(&ss_wcc, &idx);
+	struct ss_wcc_slot *d = bpf_map_lookup_elem(&ss_wcc, &idx2);
+	if (!c || !d)
+		return 0; /* CPU beyond the slots user space sized the map for */
+	struct ss_wcc_slot *hit = 0;
+	if (wc_slot_holds(c, tag, w0, w1))
+		hit = c;
+	else if (wc_slot_holds(d, tag, w0, w1))
+		hit = d;
+	if (hit) {
+		hit->count += x->delta;
+		return 1;
+	}
+	if (x->delta < 0)
+		return 0;
+	return wc_slot_claim(c, tag, w0, w1) || wc_slot_claim(d, tag, w0, w1);
 }
 
 static long wc_count_step(__u32 i, void *c)

@@ -50,6 +50,25 @@ const WCC_TAG_STREAM_SHIFT: u32 = h::SS_WCC_TAG_STREAM_SHIFT as u32;
 const WCC_TAG_LEN_MASK: u64 = h::SS_WCC_TAG_LEN_MASK;
 /// The first window the cache does not hold (counted in `ss_wc` from there on).
 pub const WCC_WINDOW_END: u64 = h::SS_WCC_WINDOW_END;
+
+/// The cache slot index (within one CPU's `WCC_SLOTS`) the program's hash picks for a word of
+/// at most `WCC_WORD_BYTES` of `stream`; the word may be counted there or in the other slot of
+/// the pair (`index ^ 1`). Only for fixtures that need words which collide: the program's
+/// `wc_cache_add` is the rule (this follows it, with the header's constants, and the fixture
+/// `two_words_sharing_a_slot_both_stay_in_the_cache` fails if the two ever disagree).
+pub fn wcc_slot_of(stream: u32, word: &[u8]) -> Option<u32> {
+    if word.len() > WCC_WORD_BYTES {
+        return None;
+    }
+    let mut padded = [0u8; WCC_WORD_BYTES];
+    padded.get_mut(..word.len())?.copy_from_slice(word);
+    let (a, b) = padded.split_at(8);
+    let w0 = u64::from_le_bytes(a.try_into().ok()?);
+    let w1 = u64::from_le_bytes(b.try_into().ok()?);
+    let low = (u64::from(stream) << WCC_TAG_STREAM_SHIFT) | word.len() as u64;
+    let hash = ((w0 ^ low).wrapping_mul(h::SS_WCC_MUL1) ^ w1).wrapping_mul(h::SS_WCC_MUL2);
+    u32::try_from(hash >> (64 - h::SS_WCC_SLOT_BITS)).ok()
+}
 pub const CP_REF_MAX: usize = h::SS_CP_REF_MAX as usize;
 pub const CP_HISTORY_MAX: usize = h::SS_CP_HISTORY_MAX as usize;
 /// Values are micro-units: `value = micro / FIXED_SCALE`.

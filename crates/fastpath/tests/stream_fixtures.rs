@@ -208,7 +208,7 @@ fn cache_collisions_fall_back_to_the_map_and_merge_exactly() {
 }
 
 /// Windows: a slot holding a window that has not been drained is not reused for the next one
-/// (those words go to the map), and a drain up to a window takes only the windows before it.
+/// (those words go to the other slot of the pair or to the map), and a drain up to a window takes only the windows before it.
 #[test]
 fn cache_slots_of_an_undrained_window_are_left_alone() {
     let Some(k) = kernel() else { return };
@@ -334,6 +334,9 @@ fn a_full_map_undoes_the_cache_too() {
     let Some(k) = kernel() else { return };
     let s = k.streams();
     wc_stream(s, 7, 7007, u64::MAX / 4);
+    // One CPU: a word counted in one CPU's cache slots is not in another's, and with every
+    // slot and the map full, the last datagram below would pass on another CPU.
+    pin_to_this_cpu();
     // Words longer than a cache slot holds (the map only), counted while the map has room.
     let long: Vec<Vec<u8>> = (0..10).map(|i| format!("long-word-{i:07}").into_bytes()).collect();
     assert!(long.iter().all(|w| w.len() == ks::WCC_WORD_BYTES + 1));
@@ -374,6 +377,111 @@ fn a_full_map_undoes_the_cache_too() {
         *want.entry(w.clone()).or_default() += 1;
     }
     assert_eq!(drained(s, 7, u64::MAX), want, "the passed datagrams counted nothing");
+}
+
+/// Fills `ss_wc` through `port` with distinct words too long for the cache (they never touch a
+/// slot) until a datagram passes for want of room; returns the words the kernel counted.
+fn fill_the_map_with_long_words(s: &ks::StreamKernel, port: u16) -> BTreeMap<Vec<u8>, u64> {
+    let mut counted = BTreeMap::new();
+    let mut full = false;
+    for p in word_datagrams("long-fill-word-", ks::WC_ENTRIES as usize + 1_000, 80, 1) {
+        if s.test_run(&udp_frame(false, port, &p)).expect("test run") == XDP_DROP {
+            for w in p.split(|b| *b == b' ') {
+                *counted.entry(w.to_vec()).or_default() += 1;
+            }
+        } else {
+            full = true;
+        }
+    }
+    assert!(full, "the map never filled up");
+    counted
+}
+
+/// The cache is two-way: with the hash map full, two words whose hash picks the same slot are
+/// both counted in the cache (the second in the other slot of the pair) and the datagram is
+/// consumed; a third word on the same slot finds both taken and no room in the map, so its
+/// datagram passes whole and the two counts it made are undone. A one-way cache passes the
+/// first datagram already.
+#[test]
+fn two_words_sharing_a_slot_both_stay_in_the_cache() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    const SLOT: u32 = 8;
+    wc_stream(s, SLOT, 7008, u64::MAX / 4);
+    let target = ks::wcc_slot_of(SLOT, b"k0").expect("a short word");
+    let same: Vec<Vec<u8>> = (0..200_000)
+        .map(|i| format!("k{i}").into_bytes())
+        .filter(|w| ks::wcc_slot_of(SLOT, w) == Some(target))
+        .take(3)
+        .collect();
+    assert_eq!(same.len(), 3, "three words on slot {target}");
+    let mut want = fill_the_map_with_long_words(s, 7008);
+    let (a, b, c) = (&same[0], &same[1], &same[2]);
+    let two = [a.as_slice(), b].join(&b' ');
+    let three = [a.as_slice(), b, c].join(&b' ');
+    assert_eq!(s.test_run(&udp_frame(false, 7008, &two)).expect("test run"), XDP_DROP, "two words, one slot");
+    assert_eq!(s.test_run(&udp_frame(false, 7008, &three)).expect("test run"), XDP_PASS, "a third has no room");
+    assert_eq!(s.test_run(&udp_frame(false, 7008, &two)).expect("test run"), XDP_DROP);
+    want.insert(a.clone(), 2);
+    want.insert(b.clone(), 2);
+    assert_eq!(drained(s, SLOT, u64::MAX), want, "the third word's datagram counted nothing");
+}
+
+/// Pins the calling thread to the CPU it is on, so test runs share one CPU's cache slots.
+fn pin_to_this_cpu() {
+    // SAFETY: sched_getcpu has no preconditions; the cpu_set_t is zeroed, then one CPU is set
+    // with the libc macro and passed with its own size for the calling thread (pid 0).
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu >= 0 {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+/// A window change with the hash map full: the words of the window that just ended keep their
+/// slots until the drain, and the same words in the next window are still counted in the cache
+/// (each in the other slot of its pair), not passed to user space for want of map room. The
+/// one-way cache sent every word of a new window to the map until the drain.
+#[test]
+fn a_new_window_does_not_wait_for_the_last_ones_drain() {
+    let Some(k) = kernel() else { return };
+    let s = k.streams();
+    const SLOT: u32 = 9;
+    let window_ns = 400_000_000u64;
+    wc_stream(s, SLOT, 7009, window_ns);
+    pin_to_this_cpu();
+    // 40 short words, no two on one slot pair.
+    let mut pairs = std::collections::HashSet::new();
+    let words: Vec<Vec<u8>> = (0..100_000)
+        .map(|i| format!("n{i}").into_bytes())
+        .filter(|w| ks::wcc_slot_of(SLOT, w).is_some_and(|i| pairs.insert(i / 2)))
+        .take(40)
+        .collect();
+    assert_eq!(words.len(), 40);
+    let mut before = fill_the_map_with_long_words(s, 7009);
+    let now_window = || slipstream_fastpath::clock_monotonic_ns() / window_ns;
+    let w0 = now_window();
+    while now_window() == w0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let first = now_window();
+    let p = words.join(&b' ');
+    assert_eq!(s.test_run(&udp_frame(false, 7009, &p)).expect("test run"), XDP_DROP, "first window");
+    assert_eq!(now_window(), first, "the first datagram took longer than a window on this machine");
+    while now_window() == first {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let second = now_window();
+    assert_eq!(s.test_run(&udp_frame(false, 7009, &p)).expect("test run"), XDP_DROP, "next window, no drain");
+    for w in &words {
+        before.insert(w.clone(), 1);
+    }
+    assert_eq!(drained(s, SLOT, second), before, "the fill words and the first window");
+    let again: BTreeMap<Vec<u8>, u64> = words.iter().map(|w| (w.clone(), 1)).collect();
+    assert_eq!(drained(s, SLOT, u64::MAX), again, "the second window");
 }
 
 /// A values (aggregate/filter) stream in `slot` on `port`: the kernel parses its numbers and
