@@ -483,6 +483,11 @@ class Netns:
             self.sh("ip", "-n", ns, "addr", "add", "10.78.%d.2/24" % n, "dev", there)
             self.sh("ip", "-n", ns, "link", "set", there, "up")
 
+    def cluster(self, root):
+        """A Cluster of these nodes: clients and admin on the test's links, raft on the hub."""
+        return Cluster(root, self.nodes, host={n: "10.78.%d.2" % n for n in self.nodes},
+                       raft_host={n: "10.77.0.%d" % n for n in self.nodes}, netns=self.ns, fixed_ports=True)
+
     def partition(self, n, cut):
         self.sh("ip", "-n", self.hub, "link", "set", "h%d_%s" % (n, self.tag), "down" if cut else "up")
 
@@ -501,8 +506,7 @@ def test_partitioned_minority_acknowledges_nothing_and_data_converges(root, rng)
     c = None
     try:
         net.up()
-        c = Cluster(root, nodes, host={n: "10.78.%d.2" % n for n in nodes},
-                    raft_host={n: "10.77.0.%d" % n for n in nodes}, netns=net.ns, fixed_ports=True)
+        c = net.cluster(root)
         for n in nodes:
             c.write_config(n, list(nodes))
         for n in nodes:
@@ -615,8 +619,7 @@ def test_xdp_on_a_replicated_tenant_serves_only_applied_writes_on_every_replica(
     c = None
     try:
         net.up()
-        c = Cluster(root, nodes, host={n: "10.78.%d.2" % n for n in nodes},
-                    raft_host={n: "10.77.0.%d" % n for n in nodes}, netns=net.ns, fixed_ports=True)
+        c = net.cluster(root)
         c.udp = True
         c.xdp = {n: "c%d_%s" % (n, net.tag) for n in nodes}
         for n in nodes:
