@@ -1,6 +1,7 @@
 // BlockFiles: where block N lives (<dir>/blk-N, the daemon's crates/shuffle/src/pool.rs names
 // it the same way), mapping one for reading, and unmapping at once rather than at some later GC
-// (NetSpark's early release: a consumed block leaves the process's address space immediately).
+// (a map task's blocks after its commit, BlockArena; an executor's read mappings when their
+// shuffle ends, BlockMaps).
 package io.slipstream.spark.shuffle;
 
 import java.io.IOException;

@@ -160,7 +160,12 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         return -1;
     }
 
-    /** One source: its bytes seen as one run (parts in order), walked in its index's order. */
+    /**
+     * One source: its bytes seen as one run (parts in order), walked in its index's order. The
+     * index (usually within one part: the writer appends it in one go) is read straight from that
+     * part's buffer, and a record's part is found by a range check on the part used last (most
+     * segments are one to three parts); the general search over `starts` is the fallback only.
+     */
     static final class Cursor {
         private final ByteBuffer[] parts;
         private final long[] starts;
@@ -172,9 +177,15 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         /** The entry read next, and its hash. */
         int next;
         int hash;
-        /** The last part used by index reads and by record reads (each goes forward mostly). */
-        private int indexPart;
+        /** The part holding the whole index and the index's offset in it, or null (index across parts). */
+        private final ByteBuffer indexBuf;
+        private final int indexOff;
+        /** The part used last by record reads, its bytes [partStart, partEnd) of the source, and its buffer position. */
         private int recordPart;
+        private long partStart;
+        private long partEnd;
+        private ByteBuffer partBuf;
+        private int partPos;
 
         Cursor(Source s) {
             done = s.done();
@@ -194,8 +205,17 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             if (count < 0 || indexAt < 0) {
                 throw new IllegalStateException("Slipstream shuffle order index of " + count + " entries in " + length + " bytes");
             }
+            int ip = partOf(indexAt);
+            if (length - starts[ip] <= parts[ip].remaining()) {
+                indexBuf = parts[ip];
+                indexOff = indexBuf.position() + (int) (indexAt - starts[ip]);
+            } else {
+                indexBuf = null;
+                indexOff = 0;
+            }
+            usePart(0);
             if (count > 0) {
-                hash = getInt(indexAt);
+                hash = indexInt(0);
             }
         }
 
@@ -203,7 +223,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         boolean advance() {
             next++;
             if (next < count) {
-                hash = getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES);
+                hash = indexInt((long) next * HashOrder.ENTRY_BYTES);
                 return true;
             }
             return false;
@@ -211,8 +231,9 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
 
         /** Entry `next`'s record: {start, end} in this source's bytes, checked against the index. */
         long recordStart() {
-            long start = getLong(indexAt + (long) next * HashOrder.ENTRY_BYTES + 4);
-            int len = getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES + 12);
+            long e = (long) next * HashOrder.ENTRY_BYTES;
+            long start = ((long) indexInt(e + 4) << 32) | (indexInt(e + 8) & 0xffffffffL);
+            int len = indexInt(e + 12);
             if (start < 0 || len <= 0 || start + len > indexAt) {
                 throw new IllegalStateException("Slipstream shuffle order index entry " + next + " (" + start + ", " + len
                         + ") outside the " + indexAt + " bytes of records");
@@ -221,31 +242,53 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         }
 
         int recordLength() {
-            return getInt(indexAt + (long) next * HashOrder.ENTRY_BYTES + 12);
+            return indexInt((long) next * HashOrder.ENTRY_BYTES + 12);
         }
 
-        /** The part holding byte `at`, scanning on from `hint` (binary search when behind it). */
-        private int partOf(long at, int hint) {
-            int i = hint;
-            if (at < starts[i]) {
-                i = java.util.Arrays.binarySearch(starts, at);
-                return i >= 0 ? i : -i - 2;
+        /** The int at `off` bytes into the index. */
+        private int indexInt(long off) {
+            if (indexBuf != null) {
+                return indexBuf.getInt(indexOff + (int) off);
             }
-            while (i + 1 < parts.length && starts[i + 1] <= at) {
+            return getInt(indexAt + off);
+        }
+
+        /** The part holding byte `at` (< length). */
+        private int partOf(long at) {
+            int i = java.util.Arrays.binarySearch(starts, at);
+            if (i < 0) {
+                return -i - 2;
+            }
+            // An empty part starts where the next begins: take the last part starting at `at`.
+            while (i + 1 < parts.length && starts[i + 1] == at) {
                 i++;
             }
             return i;
         }
 
-        private byte byteAt(long at) {
-            int i = recordPart = partOf(at, recordPart);
-            ByteBuffer p = parts[i];
-            return p.get(p.position() + (int) (at - starts[i]));
+        private void usePart(int i) {
+            recordPart = i;
+            partStart = starts[i];
+            partBuf = parts[i];
+            partPos = partBuf.position();
+            partEnd = partStart + partBuf.remaining();
         }
 
-        /** An int of the index or trailer. */
+        /** Makes the part holding byte `at` of the records current. */
+        private void seek(long at) {
+            if (at < partStart || at >= partEnd) {
+                usePart(partOf(at));
+            }
+        }
+
+        private byte byteAt(long at) {
+            seek(at);
+            return partBuf.get(partPos + (int) (at - partStart));
+        }
+
+        /** An int of the trailer (or of an index across parts). */
         private int getInt(long at) {
-            int i = indexPart = partOf(at, indexPart);
+            int i = partOf(at);
             ByteBuffer p = parts[i];
             long off = at - starts[i];
             if (off + 4 <= p.remaining()) {
@@ -253,22 +296,17 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             }
             int v = 0;
             for (int k = 0; k < 4; k++) {
-                v = (v << 8) | (byteAt(at + k) & 0xff);
+                int j = partOf(at + k);
+                v = (v << 8) | (parts[j].get(parts[j].position() + (int) (at + k - starts[j])) & 0xff);
             }
             return v;
         }
 
-        private long getLong(long at) {
-            return ((long) getInt(at) << 32) | (getInt(at + 4) & 0xffffffffL);
-        }
-
         /** Copies up to `len` bytes at `at` (within one part) into `dst`; how many. */
         int copy(long at, byte[] dst, int off, int len) {
-            int i = recordPart = partOf(at, recordPart);
-            ByteBuffer p = parts[i];
-            long inPart = at - starts[i];
-            int n = (int) Math.min(len, p.remaining() - inPart);
-            p.get(p.position() + (int) inPart, dst, off, n);
+            seek(at);
+            int n = (int) Math.min(len, partEnd - at);
+            partBuf.get(partPos + (int) (at - partStart), dst, off, n);
             return n;
         }
     }

@@ -42,6 +42,8 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     private final boolean mergeAggregation;
     private final int blockBytes;
     private final Path blockDir;
+    /** This JVM's read mappings of pool blocks, shared by its reduce tasks. */
+    private final BlockMaps blockMaps;
     private final SlipstreamBlockResolver resolver = new SlipstreamBlockResolver();
     private volatile String appId;
 
@@ -59,6 +61,7 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
         } catch (IOException e) {
             throw new IllegalStateException(e.getMessage(), e);
         }
+        blockMaps = new BlockMaps(blockDir, blockBytes);
     }
 
     public SlipstreamShuffleManager(SparkConf conf) {
@@ -84,6 +87,10 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
 
     Path blockDir() {
         return blockDir;
+    }
+
+    BlockMaps blockMaps() {
+        return blockMaps;
     }
 
     /** The daemon's name for this application: spark.app.id in its alphabet. */
@@ -126,6 +133,7 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
 
     @Override
     public boolean unregisterShuffle(int shuffleId) {
+        blockMaps.dropShuffle(shuffleId);
         try (ShuffleClient c = connect()) {
             c.unregister(appId(), shuffleId);
         } catch (IOException | RuntimeException e) {
@@ -141,6 +149,7 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
 
     @Override
     public void stop() {
+        blockMaps.dropAll();
         if (isDriver && appId != null) {
             try (ShuffleClient c = connect()) {
                 c.unregisterApp(appId);

@@ -3,8 +3,8 @@
 // output the daemon does not have, or has from another attempt, or whose block cannot be
 // mapped, raises Spark's FetchFailedException so Spark recomputes that map task (a block that
 // cannot be mapped is first reported LOST, so the recomputed attempt may commit). Blocks are
-// mapped read-only and deserialized in place; each is unmapped and released (RELEASE) as soon as
-// the last segment this task reads from it is consumed. A shuffle whose map outputs carry a
+// mapped read-only (once per executor: BlockMaps) and deserialized in place; each is released
+// to the daemon (RELEASE) as soon as the last segment this task reads from it is consumed. A shuffle whose map outputs carry a
 // HashOrder index (an aggregator and a relocatable serializer, e.g. Kryo) is aggregated by
 // HashMerge: the map outputs merged in key-hash order, one hash's keys in memory at a time, with
 // Spark's Aggregator functions; otherwise aggregation is Spark's own (Aggregator:
@@ -16,7 +16,6 @@ package io.slipstream.spark.shuffle;
 
 import java.io.IOException;
 import java.nio.ByteBuffer;
-import java.nio.MappedByteBuffer;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -120,6 +119,13 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
         }
         metrics.incFetchWaitTime((System.nanoTime() - t0) / 1_000_000);
         Blocks blocks = new Blocks(client, groups, shuffle);
+        // Runs before the listener above (Spark calls them in reverse): the pins go after the maps.
+        context.addTaskCompletionListener(new TaskCompletionListener() {
+            @Override
+            public void onTaskCompletion(TaskContext ctx) {
+                blocks.releaseAll();
+            }
+        });
         Iterator<Product2<K, C>> it;
         boolean merge = HashOrder.applies(dep, manager.mergeAggregation());
         if (merge) {
@@ -168,7 +174,8 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
         private final ShuffleClient client;
         private final int shuffle;
         private final Map<Integer, Integer> usesLeft = new HashMap<>();
-        private final Map<Integer, MappedByteBuffer> mapped = new HashMap<>();
+        /** The blocks this task holds from the executor's BlockMaps. */
+        private final Map<Integer, ByteBuffer> mapped = new HashMap<>();
 
         Blocks(ShuffleClient client, List<Group> groups, int shuffle) {
             this.client = client;
@@ -195,10 +202,10 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
             List<ByteBuffer> parts = new ArrayList<>(g.segments().size());
             long bytes = 0;
             for (ShuffleClient.Segment s : g.segments()) {
-                MappedByteBuffer m = mapped.get(s.block());
+                ByteBuffer m = mapped.get(s.block());
                 if (m == null) {
                     try {
-                        m = BlockFiles.mapForRead(manager.blockDir(), s.block(), manager.blockBytes());
+                        m = manager.blockMaps().acquire(shuffle, s.block());
                     } catch (IOException e) {
                         lost(g, e);
                     }
@@ -223,14 +230,22 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
                     "Slipstream shuffle block unreadable: " + e.getMessage(), e));
         }
 
+        /** At task end: lets go of the blocks of groups not read to their end (a failed or cut-short task). */
+        void releaseAll() {
+            for (ByteBuffer m : mapped.values()) {
+                manager.blockMaps().release(m);
+            }
+            mapped.clear();
+        }
+
         /** The group is read: its blocks that no other group still needs go now. */
         void done(Group g) {
             for (int b : blocksOf(g)) {
                 if (usesLeft.merge(b, -1, Integer::sum) == 0) {
                     usesLeft.remove(b);
-                    MappedByteBuffer m = mapped.remove(b);
+                    ByteBuffer m = mapped.remove(b);
                     if (m != null) {
-                        BlockFiles.unmap(m);
+                        manager.blockMaps().release(m);
                     }
                     try {
                         client.release(b);
