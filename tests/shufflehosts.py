@@ -1,0 +1,128 @@
+"""Two shuffle daemons on two hosts for the black-box tests and benchmarks of the cross-host
+path: A in this network namespace, B in a namespace of its own made here, joined by a veth pair
+(A 10.79.0.1, B 10.79.0.2), each naming the other in `[shuffle] peers`.
+
+For: the topology and its clean-up (namespace, link and daemons go on the way out, also on
+failure; every wait bounded). Used by tests/test_shuffle_peers.py (the daemons' protocol),
+tests/test_shuffle_two_hosts.py (a Spark application across the two hosts) and
+bench/shuffle_peer_bench.py. Not for: traffic or assertions. Needs root and iproute2.
+"""
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import daemonlib
+import mcwire
+
+A_IP, B_IP = "10.79.0.1", "10.79.0.2"
+START_TIMEOUT_S = 20
+
+
+def root_and_ip():
+    return os.geteuid() == 0 and shutil.which("ip") is not None and mcwire.slipstream_available()
+
+
+def sh(*args):
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=20)
+    if r.returncode != 0:
+        raise RuntimeError("%s: %s" % (" ".join(args), r.stderr.strip()))
+
+
+class Host:
+    """One shuffle daemon: here (`ns` None) or inside namespace `ns`, reached at `ip` and
+    listening on `listen` (default `ip`; "0.0.0.0" lets the host's own processes reach it on
+    127.0.0.1 too, as Spark executors do), with a pool of `memory_mb` in blocks of `block_kb`
+    (the benchmark sizes them up)."""
+
+    def __init__(self, name, ip, ns, port, peer, memory_mb=4, block_kb=64, listen=None):
+        self.name, self.ip, self.ns, self.port = name, ip, ns, port
+        self.admin_port = port + 1
+        self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-%s-" % name, dir="/dev/shm")
+        fd, self.config = tempfile.mkstemp(prefix="slipstream-shuffle-%s-" % name, suffix=".toml")
+        with os.fdopen(fd, "w") as f:
+            f.write('[server]\nadmin = "%s:%d"\n[shuffle]\nlisten = "%s"\ntcp_port = %d\nmemory_mb = %d\n'
+                    'block_kb = %d\ndir = "%s"\npeers = ["%s"]\npeer_timeout_ms = 3000\n'
+                    % (ip, self.admin_port, listen or ip, port, memory_mb, block_kb, self.dir, peer))
+        self.log = self.config[:-5] + ".log"
+        self.proc = None
+
+    def start(self):
+        prefix = ["ip", "netns", "exec", self.ns] if self.ns else []
+        kv = str(mcwire.free_port()) if not self.ns else "11211"  # B's own loopback
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                prefix + [mcwire.SLIPSTREAM_BIN, "serve", "-l", "127.0.0.1", "-p", kv, "--config", self.config],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert self.proc.poll() is None, "%s exited: %s" % (self.name, open(self.log).read()[-2000:])
+            try:
+                socket.create_connection((self.ip, self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                assert time.monotonic() < deadline, "%s not accepting" % self.name
+                time.sleep(0.05)
+
+    def stop(self):
+        daemonlib.stop_group(self.proc)
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for p in (self.config, self.log):
+            if os.path.exists(p):
+                os.unlink(p)
+
+    def metric(self, name):
+        url = "http://%s:%d/metrics" % (self.ip, self.admin_port)
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return int(float(line.split()[1]))
+        raise AssertionError("no metric %s" % name)
+
+    def block_bytes(self, block, offset, length):
+        with open(os.path.join(self.dir, "blk-%d" % block), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+
+@contextlib.contextmanager
+def two_hosts(memory_mb=4, block_kb=64, listen=None):
+    """Daemon A here and B in a fresh namespace over a veth pair, each the other's peer; yields
+    (a, b, namespace name); the namespace, link and daemons are removed on the way out, also on
+    failure."""
+    tag = "%d" % (os.getpid() % 100000)
+    ns, here, there = "shfb" + tag, "sha" + tag, "shb" + tag
+    made_ns = made_link = False
+    a = b = None
+    try:
+        sh("ip", "netns", "add", ns)
+        made_ns = True
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", here, "type", "veth", "peer", "name", there, "netns", ns)
+        made_link = True
+        sh("ip", "addr", "add", A_IP + "/24", "dev", here)
+        sh("ip", "link", "set", here, "up")
+        sh("ip", "-n", ns, "addr", "add", B_IP + "/24", "dev", there)
+        sh("ip", "-n", ns, "link", "set", there, "up")
+        port = 17300 + int(tag) % 1000 * 2
+        a = Host("a", A_IP, None, port, "%s:%d" % (B_IP, port), memory_mb, block_kb, listen)
+        b = Host("b", B_IP, ns, port, "%s:%d" % (A_IP, port), memory_mb, block_kb, listen)
+        a.start()
+        b.start()
+        yield a, b, ns
+    finally:
+        for h in (a, b):
+            if h is not None:
+                h.cleanup()
+        if made_link:
+            subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=20)
+        if made_ns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
