@@ -3,16 +3,18 @@ path: A in this network namespace, B in a namespace of its own made here, joined
 (A 10.79.0.1, B 10.79.0.2), each naming the other in `[shuffle] peers`.
 
 For: the topology and its clean-up (namespace, link and daemons go on the way out, also on
-failure; every wait bounded). Used by tests/test_shuffle_peers.py (the daemons' protocol),
+failure; every wait bounded), and a Spark standalone cluster with a worker on each host. Used by tests/test_shuffle_peers.py (the daemons' protocol),
 tests/test_shuffle_two_hosts.py (a Spark application across the two hosts) and
 bench/shuffle_peer_bench.py. Not for: traffic or assertions. Needs root and iproute2.
 """
 
+import collections
 import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -22,6 +24,7 @@ import mcwire
 
 A_IP, B_IP = "10.79.0.1", "10.79.0.2"
 START_TIMEOUT_S = 20
+SPARK_START_S = 60
 
 
 def root_and_ip():
@@ -126,3 +129,84 @@ def two_hosts(memory_mb=4, block_kb=64, listen=None):
             subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=20)
         if made_ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+def spark_home():
+    """pip's pyspark 4.0.1 is the Spark installation here (scripts/setup.sh)."""
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def spark_env(ip):
+    """The environment of a Spark process on the host at `ip` (driver, master, worker; a worker's
+    executors inherit it, so they bind to their own host's address)."""
+    return dict(os.environ, SPARK_HOME=spark_home(), SPARK_SCALA_VERSION="2.13", SPARK_LOCAL_IP=ip,
+                SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable)
+
+
+class SparkProc:
+    """A Spark daemon (master or worker) started with spark-class, in namespace `ns` or here,
+    its output in `log_dir`/`name`.log."""
+
+    def __init__(self, ns, ip, log_dir, name, *args):
+        prefix = ["ip", "netns", "exec", ns] if ns else []
+        self.log = os.path.join(log_dir, name + ".log")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(prefix + [os.path.join(spark_home(), "bin/spark-class")] + list(args),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=spark_env(ip),
+                                         start_new_session=True)
+
+    def wait_for(self, text, deadline):
+        while True:
+            assert self.proc.poll() is None, "exited: %s" % self.tail()
+            with open(self.log, errors="replace") as f:
+                if text in f.read():
+                    return
+            assert time.monotonic() < deadline, "no %r in %s: %s" % (text, self.log, self.tail())
+            time.sleep(0.2)
+
+    def tail(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def stop(self):
+        """The worker's executors are in its process group: they go with it."""
+        daemonlib.stop_group(self.proc)
+
+
+Standalone = collections.namedtuple("Standalone", "url pids")
+
+
+@contextlib.contextmanager
+def standalone(ns, worker_memory="1g", work=None):
+    """A Spark standalone cluster over the two hosts: the master and worker A here, worker B in
+    namespace `ns`, one core each; yields a Standalone (the master URL; the pids of the master
+    and workers, the roots of the process trees whose CPU a benchmark counts). Every process
+    (executors too) is stopped on the way out, also on failure; the work directory (executor
+    logs) is removed unless the caller passed one."""
+    own = work is None
+    work = work or tempfile.mkdtemp(prefix="slipstream-two-hosts-")
+    procs = []
+    try:
+        port = mcwire.free_port()
+        master = SparkProc(None, A_IP, work, "master", "org.apache.spark.deploy.master.Master",
+                           "--host", A_IP, "--port", str(port), "--webui-port", "0")
+        procs.append(master)
+        deadline = time.monotonic() + SPARK_START_S
+        master.wait_for("I have been elected leader", deadline)
+        url = "spark://%s:%d" % (A_IP, port)
+        for name, nsname, ip in (("worker-a", None, A_IP), ("worker-b", ns, B_IP)):
+            wdir = os.path.join(work, name)
+            os.makedirs(wdir, exist_ok=True)
+            procs.append(SparkProc(nsname, ip, work, name, "org.apache.spark.deploy.worker.Worker", "--host", ip,
+                                   "--webui-port", "0", "--cores", "1", "--memory", worker_memory,
+                                   "--work-dir", wdir, url))
+        for w in procs[1:]:
+            w.wait_for("Successfully registered with master", deadline)
+        yield Standalone(url, [p.proc.pid for p in procs])
+    finally:
+        for p in reversed(procs):  # before the namespace the worker runs in goes
+            p.stop()
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
