@@ -187,6 +187,7 @@ def standalone(ns, worker_memory="1g", work=None):
     logs) is removed unless the caller passed one."""
     own = work is None
     work = work or tempfile.mkdtemp(prefix="slipstream-two-hosts-")
+    os.makedirs(work, exist_ok=True)
     procs = []
     try:
         port = mcwire.free_port()
