@@ -24,7 +24,7 @@ import mcwire
 
 A_IP, B_IP = "10.79.0.1", "10.79.0.2"
 START_TIMEOUT_S = 20
-SPARK_START_S = 60
+SPARK_START_S = 120  # a JVM start takes seconds on a quiet machine, a minute on a starved one
 
 
 def root_and_ip():
