@@ -119,6 +119,7 @@ bench: build
 	$(SHUFFLE_BENCH)
 	$(PAGERANK_BENCH)
 	python3 bench/shuffle_peer_bench.py
+	python3 bench/shuffle_two_hosts_bench.py
 	bash bench/stream_cpu.sh
 	$(MAKE) hbase-bench
 	bash bench/repl_soak.sh

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The shuffle service's cross-host path measured over a veth pair (root; part of `make bench`).
 
-Daemon A here, daemon B in a namespace (the same topology as tests/test_shuffle_peers.py, whose
-launcher this uses): MAPS map outputs of BLOCK_KB-sized segments are committed on A, then a
+Daemon A here, daemon B in a namespace (tests/shufflehosts.py's topology and launcher, the one
+tests/test_shuffle_peers.py uses): MAPS map outputs of BLOCK_KB-sized segments are committed on A, then a
 reducer on B looks up the partition ROUNDS times; each LOOKUP makes B fetch every segment from A
 (sendfile on A, splice on B) into copy blocks, released after. Reports GB/s of segment bytes
 and both daemons' CPU-seconds per GB (from /proc/<pid>/stat, their whole processes).
@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ.setdefault("SLIPSTREAM_BIN", os.path.join(ROOT, "target/release/slipstream"))
 
+import shufflehosts  # noqa: E402
 import test_shuffle_peers as tp  # noqa: E402
 
 MAPS = int(os.environ.get("MAPS", "64"))
@@ -34,9 +35,9 @@ def cpu_s(pid):
 def main():
     tp.BLOCK = BLOCK_KB * 1024
     memory_mb = 2 * MAPS * BLOCK_KB // 1024 + 64
-    if not tp._root_and_ip():
+    if not shufflehosts.root_and_ip():
         sys.exit("needs root, iproute2 and the slipstream binary")
-    with tp.two_hosts(memory_mb, BLOCK_KB) as (a, b):
+    with shufflehosts.two_hosts(memory_mb, BLOCK_KB) as (a, b, _ns):
         ca, reader = tp.Conn(a), tp.Conn(b)
         for c in (ca, tp.Conn(b)):
             assert c.ask("REGISTER bench 0 1\r\n") == "OK"

@@ -10,94 +10,20 @@ seed printed), local and remote segments come back in map order, copy blocks are
 RELEASE, both daemons count the bytes; a map committed on both hosts is taken once (the local
 copy); with the peer gone the lookup answers at once with the local maps only and counts a
 fetch error (the reader's FetchFailed then makes Spark recompute). Needs root (namespaces);
-skipped otherwise. Every wait is bounded; the namespace, veth and daemons go even on failure.
+skipped otherwise. Every wait is bounded; the namespace, veth and daemons go even on failure
+(tests/shufflehosts.py).
 """
 
-import contextlib
 import os
 import random
-import shutil
 import socket
-import subprocess
-import tempfile
 import time
-import urllib.request
 
 import pytest
 
-import daemonlib
-import mcwire
+import shufflehosts
 
 BLOCK = 64 * 1024
-A_IP, B_IP = "10.79.0.1", "10.79.0.2"
-START_TIMEOUT_S = 20
-
-
-def _root_and_ip():
-    return os.geteuid() == 0 and shutil.which("ip") is not None and mcwire.slipstream_available()
-
-
-def sh(*args):
-    r = subprocess.run(list(args), capture_output=True, text=True, timeout=20)
-    if r.returncode != 0:
-        raise RuntimeError("%s: %s" % (" ".join(args), r.stderr.strip()))
-
-
-class Host:
-    """One shuffle daemon: here (`ns` None) or inside namespace `ns`, listening on `ip`, with a
-    pool of `memory_mb` in blocks of `block_kb` (the benchmark sizes them up)."""
-
-    def __init__(self, name, ip, ns, port, peer, memory_mb=4, block_kb=64):
-        self.name, self.ip, self.ns, self.port = name, ip, ns, port
-        self.admin_port = port + 1
-        self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-%s-" % name, dir="/dev/shm")
-        fd, self.config = tempfile.mkstemp(prefix="slipstream-shuffle-%s-" % name, suffix=".toml")
-        with os.fdopen(fd, "w") as f:
-            f.write('[server]\nadmin = "%s:%d"\n[shuffle]\nlisten = "%s"\ntcp_port = %d\nmemory_mb = %d\n'
-                    'block_kb = %d\ndir = "%s"\npeers = ["%s"]\npeer_timeout_ms = 3000\n'
-                    % (ip, self.admin_port, ip, port, memory_mb, block_kb, self.dir, peer))
-        self.log = self.config[:-5] + ".log"
-        self.proc = None
-
-    def start(self):
-        prefix = ["ip", "netns", "exec", self.ns] if self.ns else []
-        kv = str(mcwire.free_port()) if not self.ns else "11211"  # B's own loopback
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                prefix + [mcwire.SLIPSTREAM_BIN, "serve", "-l", "127.0.0.1", "-p", kv, "--config", self.config],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert self.proc.poll() is None, "%s exited: %s" % (self.name, open(self.log).read()[-2000:])
-            try:
-                socket.create_connection((self.ip, self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                assert time.monotonic() < deadline, "%s not accepting" % self.name
-                time.sleep(0.05)
-
-    def stop(self):
-        daemonlib.stop_group(self.proc)
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        for p in (self.config, self.log):
-            if os.path.exists(p):
-                os.unlink(p)
-
-    def metric(self, name):
-        url = "http://%s:%d/metrics" % (self.ip, self.admin_port)
-        with urllib.request.urlopen(url, timeout=5) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return int(float(line.split()[1]))
-        raise AssertionError("no metric %s" % name)
-
-    def block_bytes(self, block, offset, length):
-        with open(os.path.join(self.dir, "blk-%d" % block), "rb") as f:
-            f.seek(offset)
-            return f.read(length)
 
 
 class Conn:
@@ -137,46 +63,12 @@ def commit_map(host, conn, app, map_id, parts):
     assert conn.lines_to_end(head)[0] == "COMMITTED 1 %d" % len(segs)
 
 
-@contextlib.contextmanager
-def two_hosts(memory_mb=4, block_kb=64):
-    """Daemon A here and B in a fresh namespace over a veth pair, each the other's peer; the
-    namespace, link and daemons are removed on the way out, also on failure."""
-    tag = "%d" % (os.getpid() % 100000)
-    ns, here, there = "shfb" + tag, "sha" + tag, "shb" + tag
-    made_ns = made_link = False
-    a = b = None
-    try:
-        sh("ip", "netns", "add", ns)
-        made_ns = True
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", here, "type", "veth", "peer", "name", there, "netns", ns)
-        made_link = True
-        sh("ip", "addr", "add", A_IP + "/24", "dev", here)
-        sh("ip", "link", "set", here, "up")
-        sh("ip", "-n", ns, "addr", "add", B_IP + "/24", "dev", there)
-        sh("ip", "-n", ns, "link", "set", there, "up")
-        port = 17300 + int(tag) % 1000 * 2
-        a = Host("a", A_IP, None, port, "%s:%d" % (B_IP, port), memory_mb, block_kb)
-        b = Host("b", B_IP, ns, port, "%s:%d" % (A_IP, port), memory_mb, block_kb)
-        a.start()
-        b.start()
-        yield a, b
-    finally:
-        for h in (a, b):
-            if h is not None:
-                h.cleanup()
-        if made_link:
-            subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=20)
-        if made_ns:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
-
-
 @pytest.fixture
 def hosts():
-    if not _root_and_ip():
+    if not shufflehosts.root_and_ip():
         pytest.skip("needs root, iproute2 and the slipstream binary")
-    with two_hosts() as pair:
-        yield pair
+    with shufflehosts.two_hosts() as (a, b, _ns):
+        yield a, b
 
 
 def test_lookup_brings_the_other_hosts_segments_byte_for_byte(hosts):

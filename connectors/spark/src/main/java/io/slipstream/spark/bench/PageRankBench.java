@@ -168,7 +168,7 @@ public final class PageRankBench {
         String endpoint = o.getOrDefault("endpoint", "127.0.0.1:7300");
         String master = o.getOrDefault("master", "local[2]");
         String jar = o.get("jar");
-        long daemonPid = Long.parseLong(o.getOrDefault("daemon_pid", "0"));
+        List<Long> daemonPid = ShuffleBench.roots(o.getOrDefault("daemon_pid", "0"));
         boolean kryo = !o.getOrDefault("kryo", "1").equals("0");
         String[][] tuned = ShuffleBench.tuned(o);
         List<String> managers = List.of(o.getOrDefault("managers", "sort,slipstream").split(","));

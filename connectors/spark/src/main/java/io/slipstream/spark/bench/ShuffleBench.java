@@ -7,14 +7,15 @@
 // (executorCpuTime summed over its tasks), the reduce stage's fetch wait, summed task run time
 // (executorRunTime) and GC time from its task
 // metrics. Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
-// every process it started (the executor JVMs) and the daemon (`daemon_pid`), so a manager
+// every process it started (the executor JVMs) and the process trees in `daemon_pid` (the daemon;
+// on a standalone cluster the daemons and the workers with their executors), so a manager
 // that moves work out of the executors is charged for it. One JSON line per round on stdout.
 //
 // Managers: `sort` (Spark's built-in sort shuffle, its defaults: lz4 on, 32 KiB file buffers,
 // 48 MiB in flight), `tuned` (the built-in shuffle with the settings of TUNED) and `slipstream`.
 //
 // Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3
-//   master=local-cluster[2,1,1024] jar=PATH managers=sort,tuned,slipstream daemon_pid=PID
+//   master=local-cluster[2,1,1024] jar=PATH managers=sort,tuned,slipstream daemon_pid=PID[,PID...]
 //   [jfr_dir=DIR: executors record JFR (profile settings) into DIR] [tuned_conf=k=v;k=v]
 //   [kryo=1: every manager serializes with Kryo (Spark's recommended serializer; with it
 //   Slipstream aggregates by merging, HashMerge); kryo=0: Spark's default Java serializer]
@@ -67,16 +68,32 @@ public final class ShuffleBench {
         }
     }
 
-    /** CPU seconds of this JVM, its descendants (the executor JVMs) and `daemonPid`, by pid. */
-    static Map<Long, Double> hostCpu(long daemonPid) {
+    /**
+     * CPU seconds of this JVM, its descendants (the executor JVMs of local-cluster), and each of
+     * `roots` with its descendants (the daemon; on a standalone cluster also the workers, whose
+     * descendants are the executors), by pid.
+     */
+    static Map<Long, Double> hostCpu(List<Long> roots) {
         Map<Long, Double> m = new HashMap<>();
-        ProcessHandle me = ProcessHandle.current();
-        m.put(me.pid(), cpuSeconds(me.pid()));
-        me.descendants().forEach(p -> m.put(p.pid(), cpuSeconds(p.pid())));
-        if (daemonPid > 0) {
-            m.put(daemonPid, cpuSeconds(daemonPid));
+        List<ProcessHandle> tops = new ArrayList<>();
+        tops.add(ProcessHandle.current());
+        roots.forEach(pid -> ProcessHandle.of(pid).ifPresent(tops::add));
+        for (ProcessHandle top : tops) {
+            m.put(top.pid(), cpuSeconds(top.pid()));
+            top.descendants().forEach(p -> m.put(p.pid(), cpuSeconds(p.pid())));
         }
         return m;
+    }
+
+    /** `daemon_pid=PID[,PID...]`: the process trees counted beside this JVM's (0 or empty: none). */
+    static List<Long> roots(String pids) {
+        List<Long> out = new ArrayList<>();
+        for (String p : pids.split(",")) {
+            if (!p.isBlank() && Long.parseLong(p.trim()) > 0) {
+                out.add(Long.parseLong(p.trim()));
+            }
+        }
+        return out;
     }
 
     /** CPU seconds spent between two snapshots (a process that appeared counts from 0). */
@@ -123,7 +140,7 @@ public final class ShuffleBench {
         String endpoint = o.getOrDefault("endpoint", "127.0.0.1:7300");
         String master = o.getOrDefault("master", "local[2]");
         String jar = o.get("jar");
-        long daemonPid = Long.parseLong(o.getOrDefault("daemon_pid", "0"));
+        List<Long> daemonPid = roots(o.getOrDefault("daemon_pid", "0"));
         String jfrDir = o.get("jfr_dir");
         boolean kryo = !o.getOrDefault("kryo", "1").equals("0");
         boolean clean = o.getOrDefault("clean", "0").equals("1");
@@ -218,10 +235,12 @@ public final class ShuffleBench {
      */
     static SparkSession.Builder builder(String app, String manager, String master, String jar, String endpoint,
             String[][] tuned, String jfrDir) {
+        // SPARK_LOCAL_IP (Spark's own per-host setting) when the executors are on other hosts.
+        String driverHost = System.getenv().getOrDefault("SPARK_LOCAL_IP", "127.0.0.1");
         SparkSession.Builder b = SparkSession.builder().master(master).appName(app)
                 .config("spark.ui.enabled", "false")
-                .config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1");
+                .config("spark.driver.host", driverHost)
+                .config("spark.driver.bindAddress", driverHost);
         if (jar != null) {
             b.config("spark.jars", jar);
         }
