@@ -4,7 +4,8 @@
 // turn (a new SparkSession each: the manager is fixed when a context starts), one warm-up round
 // and `runs` measured rounds; the map (shuffle write) and reduce (shuffle read + group) stage
 // times come from Spark's own stage submission/completion times, each stage's task CPU time
-// (executorCpuTime summed over its tasks) and the reduce stage's fetch wait from its task
+// (executorCpuTime summed over its tasks), the reduce stage's fetch wait, summed task run time
+// (executorRunTime) and GC time from its task
 // metrics. Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
 // every process it started (the executor JVMs) and the process trees in `daemon_pid` (the daemon;
 // on a standalone cluster the daemons and the workers with their executors), so a manager
@@ -110,6 +111,9 @@ public final class ShuffleBench {
         final Map<Integer, Long> cpuMs = new HashMap<>();
         final Map<Integer, Long> fetchWaitMs = new HashMap<>();
         final Map<Integer, Long> writeBytes = new HashMap<>();
+        /** The tasks' summed run time (executorRunTime) and GC time: where wall time that is not CPU went. */
+        final Map<Integer, Long> runMs = new HashMap<>();
+        final Map<Integer, Long> gcMs = new HashMap<>();
 
         @Override
         public synchronized void onStageCompleted(SparkListenerStageCompleted e) {
@@ -120,6 +124,8 @@ public final class ShuffleBench {
                 cpuMs.put(s.stageId(), s.taskMetrics().executorCpuTime() / 1_000_000);
                 fetchWaitMs.put(s.stageId(), s.taskMetrics().shuffleReadMetrics().fetchWaitTime());
                 writeBytes.put(s.stageId(), s.taskMetrics().shuffleWriteMetrics().bytesWritten());
+                runMs.put(s.stageId(), s.taskMetrics().executorRunTime());
+                gcMs.put(s.stageId(), s.taskMetrics().jvmGCTime());
             }
         }
     }
@@ -174,6 +180,8 @@ public final class ShuffleBench {
                     stages.cpuMs.clear();
                     stages.fetchWaitMs.clear();
                     stages.writeBytes.clear();
+                    stages.runMs.clear();
+                    stages.gcMs.clear();
                 }
                 if (clean) {
                     System.gc();
@@ -191,6 +199,8 @@ public final class ShuffleBench {
                 long reduceCpuMs;
                 long fetchWaitMs;
                 long shuffleWriteBytes;
+                long reduceRunMs;
+                long reduceGcMs;
                 synchronized (stages) {
                     // The job's two stages: the shuffle map stage has the lower id.
                     List<Integer> ids = new ArrayList<>(stages.ms.keySet());
@@ -201,15 +211,17 @@ public final class ShuffleBench {
                     reduceCpuMs = ids.size() == 2 ? stages.cpuMs.get(ids.get(1)) : -1L;
                     fetchWaitMs = ids.size() == 2 ? stages.fetchWaitMs.get(ids.get(1)) : -1L;
                     shuffleWriteBytes = ids.size() == 2 ? stages.writeBytes.get(ids.get(0)) : -1L;
+                    reduceRunMs = ids.size() == 2 ? stages.runMs.get(ids.get(1)) : -1L;
+                    reduceGcMs = ids.size() == 2 ? stages.gcMs.get(ids.get(1)) : -1L;
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
                         + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\","
                         + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d,"
-                        + "\"kryo\":%b}%n",
+                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
                         mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers), hostCpuS,
-                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo);
+                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs);
             }
             spark.stop();
         }

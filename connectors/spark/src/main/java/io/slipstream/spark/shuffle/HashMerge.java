@@ -27,7 +27,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.Objects;
-import java.util.PriorityQueue;
+import java.util.function.LongConsumer;
 import org.apache.spark.Aggregator;
 import org.apache.spark.serializer.DeserializationStream;
 import org.apache.spark.serializer.SerializerInstance;
@@ -48,8 +48,10 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     private final Aggregator<Object, Object, Object> agg;
     /** Records are (key, combiner) from a map-side combine, not (key, value). */
     private final boolean combined;
-    private final Runnable perRecord;
-    private final PriorityQueue<Cursor> heap = new PriorityQueue<>((a, b) -> Integer.compare(a.hash, b.hash));
+    private final LongConsumer recordsRead;
+    /** The sources not read to their end, by their next hash (HashHeap keys name `cursors` slots). */
+    private final Cursor[] cursors;
+    private final HashHeap heap;
     private final ArrayList<Object> keys = new ArrayList<>();
     private final ArrayList<Object> combiners = new ArrayList<>();
     private Map<Object, Integer> slots;
@@ -57,19 +59,23 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     private final Feed feed = new Feed();
     private final DeserializationStream stream;
 
-    /** `perRecord` runs once per record read (Spark's records-read metric). */
+    /** `recordsRead` is told how many records each hash's run read (Spark's records-read metric). */
     HashMerge(List<Source> sources, SerializerInstance ser, Aggregator<Object, Object, Object> agg, boolean combined,
-            Runnable perRecord) {
+            LongConsumer recordsRead) {
         this.agg = agg;
         this.combined = combined;
-        this.perRecord = perRecord;
-        for (Source s : sources) {
+        this.recordsRead = recordsRead;
+        cursors = new Cursor[sources.size()];
+        heap = new HashHeap(sources.size());
+        for (int i = 0; i < cursors.length; i++) {
+            Source s = sources.get(i);
             Cursor c = new Cursor(s);
             if (c.count == 0) {
                 s.done().run();
                 continue;
             }
-            heap.add(c);
+            cursors[i] = c;
+            heap.add(HashHeap.key(c.hash, i));
         }
         stream = ser.deserializeStream(feed);
     }
@@ -101,27 +107,31 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         combiners.clear();
         slots = null;
         emitted = 0;
-        Cursor first = heap.peek();
-        if (first == null) {
+        if (heap.isEmpty()) {
             return;
         }
-        int h = first.hash;
-        while (!heap.isEmpty() && heap.peek().hash == h) {
-            Cursor c = heap.poll();
+        int h = HashHeap.hashOf(heap.top());
+        long read = 0;
+        while (!heap.isEmpty() && HashHeap.hashOf(heap.top()) == h) {
+            int i = HashHeap.sourceOf(heap.top());
+            Cursor c = cursors[i];
             do {
                 feed.serve(c);
                 Object k = stream.readKey(ANY);
                 Object v = stream.readValue(ANY);
                 feed.check();
-                perRecord.run();
+                read++;
                 fold(k, v);
             } while (c.advance() && c.hash == h);
             if (c.next < c.count) {
-                heap.add(c);
+                heap.replaceTop(HashHeap.key(c.hash, i));
             } else {
+                heap.removeTop();
+                cursors[i] = null;
                 c.done.run();
             }
         }
+        recordsRead.accept(read);
         if (heap.isEmpty()) {
             stream.close();
         }
@@ -162,9 +172,12 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
 
     /**
      * One source: its bytes seen as one run (parts in order), walked in its index's order. The
-     * index (usually within one part: the writer appends it in one go) is read straight from that
-     * part's buffer, and a record's part is found by a range check on the part used last (most
-     * segments are one to three parts); the general search over `starts` is the fallback only.
+     * index is read from one buffer: straight from the part that holds it, or, when it straddles
+     * parts (the writer appends a partition's index into the rest of its current block, so it
+     * often runs into the next), from a copy made once here (16 bytes per record; reading such
+     * an index in place searched the parts for every int). A record's part is found by a range
+     * check on the part used last (most segments are one to three parts); the general search
+     * over `starts` is the fallback only.
      */
     static final class Cursor {
         private final ByteBuffer[] parts;
@@ -177,7 +190,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         /** The entry read next, and its hash. */
         int next;
         int hash;
-        /** The part holding the whole index and the index's offset in it, or null (index across parts). */
+        /** The whole index: the part holding it, or a copy when it straddles parts; its offset there. */
         private final ByteBuffer indexBuf;
         private final int indexOff;
         /** The part used last by record reads, its bytes [partStart, partEnd) of the source, and its buffer position. */
@@ -205,12 +218,15 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             if (count < 0 || indexAt < 0) {
                 throw new IllegalStateException("Slipstream shuffle order index of " + count + " entries in " + length + " bytes");
             }
+            if ((long) count * HashOrder.ENTRY_BYTES > Integer.MAX_VALUE - HashOrder.TRAILER_BYTES) {
+                throw new IllegalStateException("Slipstream shuffle order index of " + count + " entries (over 2 GiB)");
+            }
             int ip = partOf(indexAt);
             if (length - starts[ip] <= parts[ip].remaining()) {
                 indexBuf = parts[ip];
                 indexOff = indexBuf.position() + (int) (indexAt - starts[ip]);
             } else {
-                indexBuf = null;
+                indexBuf = ByteBuffer.wrap(copyOut(indexAt, count * HashOrder.ENTRY_BYTES));
                 indexOff = 0;
             }
             usePart(0);
@@ -223,7 +239,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         boolean advance() {
             next++;
             if (next < count) {
-                hash = indexInt((long) next * HashOrder.ENTRY_BYTES);
+                hash = indexInt(next * HashOrder.ENTRY_BYTES);
                 return true;
             }
             return false;
@@ -231,7 +247,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
 
         /** Entry `next`'s record: {start, end} in this source's bytes, checked against the index. */
         long recordStart() {
-            long e = (long) next * HashOrder.ENTRY_BYTES;
+            int e = next * HashOrder.ENTRY_BYTES;
             long start = ((long) indexInt(e + 4) << 32) | (indexInt(e + 8) & 0xffffffffL);
             int len = indexInt(e + 12);
             if (start < 0 || len <= 0 || start + len > indexAt) {
@@ -242,15 +258,29 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         }
 
         int recordLength() {
-            return indexInt((long) next * HashOrder.ENTRY_BYTES + 12);
+            return indexInt(next * HashOrder.ENTRY_BYTES + 12);
         }
 
         /** The int at `off` bytes into the index. */
-        private int indexInt(long off) {
-            if (indexBuf != null) {
-                return indexBuf.getInt(indexOff + (int) off);
+        private int indexInt(int off) {
+            return indexBuf.getInt(indexOff + off);
+        }
+
+        /** A copy of the `n` bytes at `at`, across parts. */
+        private byte[] copyOut(long at, int n) {
+            byte[] out = new byte[n];
+            int done = 0;
+            while (done < n) {
+                // partOf skips empty parts (the last part starting at `at`), so each turn copies some.
+                int i = partOf(at);
+                ByteBuffer p = parts[i];
+                int off = (int) (at - starts[i]);
+                int k = Math.min(n - done, p.remaining() - off);
+                p.get(p.position() + off, out, done, k);
+                done += k;
+                at += k;
             }
-            return getInt(indexAt + off);
+            return out;
         }
 
         /** The part holding byte `at` (< length). */
@@ -286,7 +316,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             return partBuf.get(partPos + (int) (at - partStart));
         }
 
-        /** An int of the trailer (or of an index across parts). */
+        /** An int of the trailer. */
         private int getInt(long at) {
             int i = partOf(at);
             ByteBuffer p = parts[i];

@@ -33,6 +33,8 @@ final class ShuffleClient implements Closeable {
     private final InputStream in;
     private final OutputStream out;
     private final String endpoint;
+    /** RELEASEs sent whose answers are not read yet (release): read before the next answer. */
+    private int unanswered;
 
     ShuffleClient(String endpoint, int connectTimeoutMs, int readTimeoutMs) throws IOException {
         this.endpoint = endpoint;
@@ -81,6 +83,7 @@ final class ShuffleClient implements Closeable {
     /** Flushes, reads one line; an error line becomes an IOException with the daemon's words. */
     private String call() throws IOException {
         out.flush();
+        skipUnanswered();
         String line = readLine();
         if (line.startsWith("CLIENT_ERROR") || line.startsWith("SERVER_ERROR")) {
             throw new ShuffleServiceException(line);
@@ -170,9 +173,24 @@ final class ShuffleClient implements Closeable {
         }
     }
 
+    /**
+     * RELEASE without waiting for the daemon's answer: sent at once (the block goes as early as
+     * when the answer was awaited), its answer read before the next call's (or dropped with the connection).
+     * A reduce task releases one block per map output it read: waiting for each answer cost a
+     * round trip through the daemon per block in the task thread.
+     */
     void release(int block) throws IOException {
         send("RELEASE " + block);
-        expectOk();
+        out.flush();
+        unanswered++;
+    }
+
+    /** Reads the answers of release; an error there changes nothing (the pin goes at close). */
+    private void skipUnanswered() throws IOException {
+        while (unanswered > 0) {
+            readLine();
+            unanswered--;
+        }
     }
 
     void lost(String app, int shuffle, int map, long attempt) throws IOException {

@@ -134,7 +134,7 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
                 sources.add(new HashMerge.Source(blocks.open(g), () -> blocks.done(g)));
             }
             it = new InterruptibleIterator(context, new HashMerge(sources, dep.serializer().newInstance(),
-                    (org.apache.spark.Aggregator) dep.aggregator().get(), dep.mapSideCombine(), () -> metrics.incRecordsRead(1)));
+                    (org.apache.spark.Aggregator) dep.aggregator().get(), dep.mapSideCombine(), metrics::incRecordsRead));
         } else {
             it = new InterruptibleIterator(context, new Records(blocks, groups, dep.serializer().newInstance()));
         }
