@@ -242,6 +242,8 @@ struct Waiter {
     id: u64,
     deadline: Instant,
     done: Done,
+    /// The term in which it was forwarded to the leader (0: not forwarded).
+    term: u64,
 }
 
 /// Waiting for a leader to be known: a proposal (its entry data) or a read (None).
@@ -291,8 +293,10 @@ struct Group {
     /// set) and never replays the log from index 1 with an empty configuration.
     compact_soon: bool,
     election_ticks: usize,
-    /// Ticks left in which a pre-vote started because the leader's connection dropped is
-    /// asked again while unanswered (a peer that had not yet seen the drop ignored it).
+    /// Ticks left in which a pre-vote (started because the leader's connection dropped or
+    /// the election timeout ran out) is asked again while unanswered: a peer still inside
+    /// the leader's lease ignores it, and is out of it a tick or two later (both stopped
+    /// hearing the leader at the same moment), not a whole randomized timeout later.
     loss_campaign_ticks: usize,
     /// Elections this node started because the leader's connection dropped.
     loss_campaigns: u64,
@@ -515,8 +519,14 @@ impl Loop {
             if Instant::now() >= next_tick {
                 let now = Instant::now();
                 for g in self.groups.values_mut() {
+                    let before = g.raw.raft.state;
                     g.raw.tick();
                     notice_leader_loss(g, &self.transport);
+                    if before != StateRole::PreCandidate && g.raw.raft.state == StateRole::PreCandidate {
+                        // The election timeout ran out (a hung leader): ask again every tick,
+                        // as after a dropped connection (see `notice_leader_loss`).
+                        g.loss_campaign_ticks = g.election_ticks;
+                    }
                     restore_preferred_leader(g, &self.transport);
                     expire(g, now);
                     resend_reads(g, now);
@@ -585,7 +595,7 @@ impl Loop {
             return;
         }
         self.next_id += 1;
-        g.batch.push((data, Waiter { id: self.next_id, deadline, done }));
+        g.batch.push((data, Waiter { id: self.next_id, deadline, done, term: 0 }));
     }
 
     /// Propose every group's proposals of this turn (see `Group::batch`).
@@ -608,7 +618,7 @@ impl Loop {
             return;
         }
         self.next_id += 1;
-        let waiter = Waiter { id: self.next_id, deadline, done };
+        let waiter = Waiter { id: self.next_id, deadline, done, term: 0 };
         if let Some(u) = try_read_index(g, waiter, &self.transport) {
             g.unsent.push_back(u);
         }
@@ -787,6 +797,7 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
                 }
                 if e.data.is_empty() {
                     complete_up_to(g, e.index, None); // a new leader's empty entry
+                    answer_lost_forwards(g, e.term);
                     continue;
                 }
                 let result = match Mutation::decode(&e.data) {
@@ -831,6 +842,24 @@ fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applie
             _ => Err(ProposeError::Dropped),
         };
         g.replies.push((w.done, r));
+    }
+}
+
+/// The empty entry a leader of `term` appends first was applied here: every entry of an
+/// earlier term that this leader committed lies before it and is applied, so a proposal this
+/// node forwarded in an earlier term that has not completed was lost with its leader (a hung
+/// leader's socket, a leader transfer that dropped it). Its caller hears `Timeout` (outcome
+/// unknown, never "failed": the old leader, once a follower, may still forward it on) now,
+/// not at its deadline — with a hung leader that is the failover time the client sees.
+fn answer_lost_forwards(g: &mut Group, term: u64) {
+    if g.forwarded.values().all(|w| w.term >= term) {
+        return;
+    }
+    let lost: Vec<u64> = g.forwarded.iter().filter(|(_, w)| w.term < term).map(|(&id, _)| id).collect();
+    for id in lost {
+        if let Some(w) = g.forwarded.remove(&id) {
+            g.replies.push((w.done, Err(ProposeError::Timeout)));
+        }
     }
 }
 
@@ -881,7 +910,8 @@ fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
         }
     } else if res.is_ok() {
         g.forwarded_total += n;
-        g.forwarded.extend(waiters.into_iter().map(|w| (w.id, w)));
+        let term = g.raw.raft.term;
+        g.forwarded.extend(waiters.into_iter().map(|w| (w.id, Waiter { term, ..w })));
     } else {
         // raft-rs sent nothing (a candidate, or no leader after all): never proposed; it waits
         // for a leader like one that came with none known (its deadline still holds).
