@@ -41,7 +41,7 @@
 //! leader returned, so a read of the local store after it is linearizable.
 
 use crate::cluster::Timing;
-use crate::machine::{Applied, TenantMachine};
+use crate::machine::{Applied, CommandOutcome, Recalled, TenantMachine};
 use crate::mutation::Mutation;
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
 use crate::transport::{Deliver, Incoming, Transport};
@@ -689,11 +689,13 @@ impl Loop {
             }
             if !rd.snapshot().is_empty() {
                 let snap: Snapshot = rd.snapshot().clone();
+                let term = snap.get_metadata().term;
                 g.machine.restore(&snap.data).map_err(|e| (gid, e.to_string()))?;
                 g.raw.mut_store().apply_snapshot(snap).map_err(|e| (gid, e.to_string()))?;
                 let idx = g.raw.store().snapshot_index();
                 g.snapshots_installed += 1;
-                complete_up_to(g, idx, None);
+                complete_from_snapshot(g, idx);
+                answer_lost_forwards(g, term);
             }
             apply_entries(gid, g, rd.take_committed_entries())?;
             if !rd.entries().is_empty() {
@@ -805,6 +807,13 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
                     Err(_) => Err(ProposeError::Corrupt),
                 };
                 let id = id_of(&e.context);
+                if let Some(id) = id {
+                    let outcome = match &result {
+                        Ok(Applied::Command(o)) => Some(o),
+                        _ => None,
+                    };
+                    g.machine.remember(e.index, id, outcome);
+                }
                 if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
                     g.replies.push((w.done, result.clone()));
                 }
@@ -840,6 +849,44 @@ fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applie
         let r = match &applied {
             Some((aid, r)) if i == index && *aid == w.id => r.clone(),
             _ => Err(ProposeError::Dropped),
+        };
+        g.replies.push((w.done, r));
+    }
+}
+
+/// A snapshot up to `index` was installed: its entries were never applied here one by one,
+/// so the callers waiting for them learn their results from the results the snapshot carries
+/// (`TenantMachine::recall`). A forwarded proposal found there completes with its result (not
+/// found: its entry may still come, it keeps waiting). A proposal this node appended (as
+/// leader) at an index the snapshot covers completes with its result if its entry is the one
+/// there, is `Dropped` if another entry took that index, and gets `Timeout` (outcome
+/// unknown) if the snapshot's results do not reach back to it. (Without the results, the
+/// forwarded ones waited until their deadline — `Timeout` although applied — and the appended
+/// ones were all `Dropped`, although one may have been committed by the next leader.)
+fn complete_from_snapshot(g: &mut Group, index: u64) {
+    let result = |outcome: Option<CommandOutcome>| match outcome {
+        Some(o) => Ok(Applied::Command(o)),
+        // Applied, but only command results are kept.
+        None => Err(ProposeError::Timeout),
+    };
+    if !g.forwarded.is_empty() {
+        let ids: Vec<u64> = g.forwarded.keys().copied().collect();
+        for id in ids {
+            let Recalled::Applied { outcome, .. } = g.machine.recall(id) else { continue };
+            if let Some(w) = g.forwarded.remove(&id) {
+                g.replies.push((w.done, result(outcome)));
+            }
+        }
+    }
+    while let Some((&i, _)) = g.pending.first_key_value() {
+        if i > index {
+            break;
+        }
+        let Some((_, w)) = g.pending.pop_first() else { break };
+        let r = match g.machine.recall(w.id) {
+            Recalled::Applied { outcome, .. } => result(outcome),
+            Recalled::NotSince { from_index } if from_index <= i => Err(ProposeError::Dropped),
+            Recalled::NotSince { .. } => Err(ProposeError::Timeout),
         };
         g.replies.push((w.done, r));
     }
