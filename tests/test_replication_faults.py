@@ -199,6 +199,23 @@ def set_cmd(key, value):
     return b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value)
 
 
+def read_lines(sock, n, deadline):
+    """The next n reply lines on sock (each with its CRLF), by `deadline` (monotonic)."""
+    replies = []
+    buf = b""
+    while len(replies) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, "only %d replies: %r" % (len(replies), replies)
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        assert chunk, "closed after %r" % replies
+        buf += chunk
+        while b"\r\n" in buf:
+            line, buf = buf.split(b"\r\n", 1)
+            replies.append(line + b"\r\n")
+    return replies
+
+
 def write_until_stored(c, node, tenant, data, within_s=LEADER_S):
     """Send a write (a fresh connection each try) until it is answered STORED."""
     deadline = time.monotonic() + within_s
@@ -382,18 +399,7 @@ def test_writes_forwarded_to_a_killed_leader_are_answered_at_once(root):
             time.sleep(0.3)  # forwarded, queued at the stopped leader (elections need >= 2 s)
             killed = time.monotonic()
             c.kill(leader)
-            replies = []
-            buf = b""
-            while len(replies) < 32:
-                left = killed + 20 - time.monotonic()
-                assert left > 0, "only %d replies: %r" % (len(replies), replies)
-                s.settimeout(left)
-                chunk = s.recv(65536)
-                assert chunk, "closed after %r" % replies
-                buf += chunk
-                while b"\r\n" in buf:
-                    line, buf = buf.split(b"\r\n", 1)
-                    replies.append(line + b"\r\n")
+            replies = read_lines(s, 32, killed + 20)
             took = time.monotonic() - killed
         print("32 forwarded writes answered %.3f s after the kill: %r" % (took, sorted(set(replies))))
         assert set(replies) <= {b"STORED\r\n", TIMEOUT_LINE}, replies
@@ -425,18 +431,7 @@ def test_a_hung_leader_is_replaced_and_writes_forwarded_to_it_answered_within_a_
             c.procs[leader].send_signal(signal.SIGSTOP)
             try:
                 s.sendall(b"".join(set_cmd(b"k%d" % i, b"v%d" % i) for i in range(32)))
-                replies = []
-                buf = b""
-                while len(replies) < 32:
-                    left = stopped + 20 - time.monotonic()
-                    assert left > 0, "only %d replies: %r" % (len(replies), replies)
-                    s.settimeout(left)
-                    chunk = s.recv(65536)
-                    assert chunk, "closed after %r" % replies
-                    buf += chunk
-                    while b"\r\n" in buf:
-                        line, buf = buf.split(b"\r\n", 1)
-                        replies.append(line + b"\r\n")
+                replies = read_lines(s, 32, stopped + 20)
                 answered = time.monotonic() - stopped
                 write_until_stored(c, f, "t0", set_cmd(b"after", b"1"), within_s=5.0)
                 stored = time.monotonic() - stopped
