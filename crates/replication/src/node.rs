@@ -869,10 +869,15 @@ fn complete_from_snapshot(g: &mut Group, index: u64) {
         // Applied, but only command results are kept.
         None => Err(ProposeError::Timeout),
     };
+    let covered = g.pending.first_key_value().is_some_and(|(&i, _)| i <= index);
+    if g.forwarded.is_empty() && !covered {
+        return;
+    }
+    let known = g.machine.recall_all();
     if !g.forwarded.is_empty() {
         let ids: Vec<u64> = g.forwarded.keys().copied().collect();
         for id in ids {
-            let Recalled::Applied { outcome, .. } = g.machine.recall(id) else { continue };
+            let Recalled::Applied { outcome, .. } = known.get(id) else { continue };
             if let Some(w) = g.forwarded.remove(&id) {
                 g.replies.push((w.done, result(outcome)));
             }
@@ -883,7 +888,7 @@ fn complete_from_snapshot(g: &mut Group, index: u64) {
             break;
         }
         let Some((_, w)) = g.pending.pop_first() else { break };
-        let r = match g.machine.recall(w.id) {
+        let r = match known.get(w.id) {
             Recalled::Applied { outcome, .. } => result(outcome),
             Recalled::NotSince { from_index } if from_index <= i => Err(ProposeError::Dropped),
             Recalled::NotSince { .. } => Err(ProposeError::Timeout),
