@@ -199,6 +199,19 @@ def set_cmd(key, value):
     return b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value)
 
 
+def started_with_a_follower(c):
+    """Start c's three nodes with wait_ms 10 s; (t0's leader, a follower that has written)."""
+    c.wait_ms = 10000
+    for n in c.nodes:
+        c.write_config(n, [1, 2, 3])
+    for n in c.nodes:
+        c.start(n)
+    leader = c.leader("t0", c.nodes)
+    f = next(n for n in c.nodes if n != leader)
+    write_until_stored(c, f, "t0", set_cmd(b"warm", b"1"))
+    return leader, f
+
+
 def read_lines(sock, n, deadline):
     """The next n reply lines on sock (each with its CRLF), by `deadline` (monotonic)."""
     replies = []
@@ -383,16 +396,9 @@ def test_writes_forwarded_to_a_killed_leader_are_answered_at_once(root):
     election timeout is set long (2-4 s) so that only the dropped connection can end the wait
     (a hung leader: the next test)."""
     c = Cluster(root, (1, 2, 3))
-    c.wait_ms = 10000
     c.timing = (100, 20, 3)
-    for n in c.nodes:
-        c.write_config(n, [1, 2, 3])
     try:
-        for n in c.nodes:
-            c.start(n)
-        leader = c.leader("t0", c.nodes)
-        f = next(n for n in c.nodes if n != leader)
-        write_until_stored(c, f, "t0", set_cmd(b"warm", b"1"))
+        leader, f = started_with_a_follower(c)
         with c.conn(f, "t0", timeout=20) as s:
             c.procs[leader].send_signal(signal.SIGSTOP)
             s.sendall(b"".join(set_cmd(b"k%d" % i, b"v%d" % i) for i in range(32)))
@@ -417,15 +423,8 @@ def test_a_hung_leader_is_replaced_and_writes_forwarded_to_it_answered_within_a_
     (10 s here), and a write through the same follower is then STORED by the new leader. After
     SIGCONT the old leader rejoins as a follower and holds the new write."""
     c = Cluster(root, (1, 2, 3))
-    c.wait_ms = 10000
-    for n in c.nodes:
-        c.write_config(n, [1, 2, 3])
     try:
-        for n in c.nodes:
-            c.start(n)
-        leader = c.leader("t0", c.nodes)
-        f = next(n for n in c.nodes if n != leader)
-        write_until_stored(c, f, "t0", set_cmd(b"warm", b"1"))
+        leader, f = started_with_a_follower(c)
         with c.conn(f, "t0", timeout=20) as s:
             stopped = time.monotonic()
             c.procs[leader].send_signal(signal.SIGSTOP)
