@@ -10,9 +10,11 @@ send/answer times (CLOCK_MONOTONIC, shared by the processes).
 
 Each of KILLS rounds: the round's tenant k = round % 3; its writer is pointed at a node that
 does not lead it (it survives: its writes are forwarded), the others at their leaders; after
-QUIET_S of quiet (the baseline window) the leader of tenant k is SIGKILLed; the failover time
-is from the kill to the answer of the first write sent after the kill that is acknowledged
-(`STORED`: committed by the new leader and applied). Then the killed node is restarted, the
+QUIET_S of quiet (the baseline window) the leader of tenant k is SIGKILLed (SIGNAL=KILL, the
+default: its sockets close at once) or SIGSTOPped (SIGNAL=STOP: a hung process whose sockets
+stay open, found only by the election timeout); the failover time is from the signal to the
+answer of the first write sent after it that is acknowledged (`STORED`: committed by the new
+leader and applied). Then the killed node is restarted (a stopped one gets SIGCONT), the
 round waits until every node has applied the same index for every tenant and the preferred
 leaders are back (the disturbed window ends there). Writes of the tenants whose leader was not
 killed: latency in the disturbed windows vs in the quiet windows (paired: the quiet window just
@@ -22,7 +24,7 @@ Runs once per TIMINGS entry ("tick_ms/election_ticks/heartbeat_ticks", raft's cl
 `[cluster]` keys), so a before/after of a tuning is one run. Writes JSON to OUT
 (bench/results/failover-<date>.json) and a plot (docs/img/failover.png) and prints a summary.
 
-Env: KILLS (20), TIMINGS ("100/10/3 50/8/2"), WRITE_RATE (100 per writer per s),
+Env: KILLS (20), SIGNAL (KILL or STOP), TIMINGS ("100/10/3 50/8/2"), WRITE_RATE (100 per writer per s),
 CLIENT_TIMEOUT_MS (200), QUIET_S (2), WAIT_MS (daemon wait_ms, 3000), FSYNC (batch),
 SLIPSTREAM_BIN; NODE_CPU / CLIENT_CPU / CPU_SHARES: emulated machines (bench/cpugroups.py:
 each daemon in its own cpu cgroup with NODE_CPU cores, this script and its writers in a clients'
@@ -50,8 +52,9 @@ from replbench import Cluster, Tenant  # noqa: E402
 
 TENANTS = ("t0", "t1", "t2")
 NODES = (1, 2, 3)
-ROUND_S_MAX = 60.0
-FSYNC = os.environ.get("FSYNC", "batch")  # one round (kill, new leader, restart, catch-up) must end within this
+ROUND_S_MAX = 60.0  # one round (kill, new leader, restart, catch-up) must end within this
+FSYNC = os.environ.get("FSYNC", "batch")
+SIGNAL = os.environ.get("SIGNAL", "KILL")  # KILL (process dies) or STOP (process hangs)
 
 
 def pct(xs, p):
@@ -203,7 +206,12 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
             time.sleep(quiet_s)
             others = [t for t in TENANTS if lead[t] != victim]
             t_kill = time.monotonic_ns()
-            c.kill(victim)
+            stopped = None
+            if SIGNAL == "STOP":
+                stopped = c.procs[victim]
+                stopped.send_signal(signal.SIGSTOP)
+            else:
+                c.kill(victim)
             # Bounded: the first acknowledged write sent after the kill.
             deadline = time.monotonic() + ROUND_S_MAX / 2
             ack = None
@@ -213,19 +221,25 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
                     break
                 time.sleep(0.02)
             if ack is None:
+                if stopped is not None:
+                    stopped.send_signal(signal.SIGCONT)
                 raise RuntimeError("round %d: no write acknowledged after killing node %d" % (r, victim))
             new_lead = c.leaders([n for n in NODES if n != victim])[victim_t]
             time.sleep(0.3)
             t_restart = time.monotonic_ns()
-            c.start(victim)
+            if stopped is not None:
+                stopped.send_signal(signal.SIGCONT)
+            else:
+                c.start(victim)
             c.wait(c.settled, ROUND_S_MAX, "round %d: restarted node %d caught up" % (r, victim))
             t_end = time.monotonic_ns()
             rounds.append({"round": r, "tenant": victim_t, "killed_node": victim, "new_leader": new_lead,
-                           "failover_ms": (ack - t_kill) / 1e6, "quiet_ns": [t_quiet, t_kill],
+                           "signal": SIGNAL, "failover_ms": (ack - t_kill) / 1e6, "quiet_ns": [t_quiet, t_kill],
                            "disturbed_ns": [t_kill, t_end], "down_ns": [t_kill, t_restart],
                            "catchup_ns": [t_restart, t_end], "others": others})
-            print("  round %2d: killed node %d (leader of %s) -> new leader %s, first ack after %.0f ms, "
-                  "settled after %.1f s" % (r, victim, victim_t, new_lead, (ack - t_kill) / 1e6,
+            print("  round %2d: %s node %d (leader of %s) -> new leader %s, first ack after %.0f ms, "
+                  "settled after %.1f s" % (r, "stopped" if stopped else "killed", victim, victim_t, new_lead,
+                                             (ack - t_kill) / 1e6,
                                              (t_end - t_kill) / 1e9), flush=True)
         elections = {n: sum(m.get(("slipstream_replica_elections_won_total", t), 0) for t in TENANTS)
                      for n, m in c.view(NODES).items()}
@@ -246,6 +260,7 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
     windows = ("quiet", "disturbed", "down", "catchup")
     samples = {w: [] for w in windows}
     errors = {w: 0 for w in windows}
+    error_kinds = {w: {} for w in windows}  # status (err = a reply other than STORED, timeout, conn) -> count
     offsets = []  # (ms after the kill, latency ms) of the disturbed windows' writes
     for t in TENANTS:
         rows = read_log(logs[t])
@@ -262,6 +277,7 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
                                 offsets.append(((send - a) / 1e6, (ans - send) / 1e6))
                         else:
                             errors[w] += 1
+                            error_kinds[w][status] = error_kinds[w].get(status, 0) + 1
     fo = [rd["failover_ms"] for rd in rounds]
     # Where the slow writes fall: the disturbed windows' writes slower than the quiet p99, by
     # their time after the kill (what part of a failover hurts the others).
@@ -279,7 +295,7 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
         "failover_ms": {"p50": pct(fo, 50), "p99": pct(fo, 99), "max": max(fo), "min": min(fo), "n": len(fo)},
         # disturbed = down (kill to restart) + catchup (restart to settled)
         "others_latency_ms": {w: {"p50": pct(samples[w], 50), "p99": pct(samples[w], 99), "n": len(samples[w]),
-                                  "errors": errors[w]} for w in windows},
+                                  "errors": errors[w], "error_kinds": error_kinds[w]} for w in windows},
         "others_samples_ms": {"quiet": samples["quiet"], "disturbed": samples["disturbed"]},
         "elections_won_by_node": elections,
     }
@@ -303,7 +319,7 @@ def plot(results, path):
     a.axvline(1000, color="grey", lw=0.8)
     a.set_xlabel("kill -> first acknowledged write (ms)")
     a.set_ylabel("fraction of kills")
-    a.set_title("Failover time (leader SIGKILL)")
+    a.set_title("Failover time (leader SIG%s)" % SIGNAL)
     a.legend(fontsize=8)
     b.set_xscale("log")
     b.set_xlabel("write latency (ms), tenants whose leader was not killed")
@@ -326,7 +342,9 @@ def main():
     wait_ms = int(os.environ.get("WAIT_MS", "3000"))
     repo = os.path.abspath(os.path.join(HERE, ".."))
     out = os.environ.get("OUT", os.path.join(repo, "bench", "results", "failover-%s.json" % time.strftime("%Y%m%d-%H%M%S")))
-    png = os.environ.get("PNG", os.path.join(repo, "docs", "img", "failover.png"))
+    if SIGNAL not in ("KILL", "STOP"):
+        raise SystemExit("SIGNAL=%s: KILL or STOP" % SIGNAL)
+    png = os.environ.get("PNG", os.path.join(repo, "docs", "img", "failover.png" if SIGNAL == "KILL" else "failover-stop.png"))
     commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = []
     groups = cpugroups.from_env("slipstream-failover-%d" % os.getpid(), NODES)
@@ -341,7 +359,7 @@ def main():
             groups.remove()
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as fh:
-        json.dump({"commit": commit, "fsync": FSYNC, "kills": kills, "write_rate": rate, "client_timeout_ms": client_timeout_ms,
+        json.dump({"commit": commit, "signal": SIGNAL, "fsync": FSYNC, "kills": kills, "write_rate": rate, "client_timeout_ms": client_timeout_ms,
                    "quiet_s": quiet_s, "wait_ms": wait_ms, "cpu_groups": groups.describe() if groups else "none",
                    "results": [{k: v for k, v in r.items() if k != "others_samples_ms"} for r in results]},
                   fh, indent=1)
@@ -355,8 +373,8 @@ def run_all(timings, kills, rate, client_timeout_ms, quiet_s, wait_ms, groups, r
         root = tempfile.mkdtemp(prefix="slipstream-failover-")
         try:
             load_before = open("/proc/loadavg").read().split()[:3]
-            print("timing %s: %d kills, writers %g/s each, client timeout %d ms, load %s" %
-                  ("/".join(map(str, timing)), kills, rate, client_timeout_ms, " ".join(load_before)), flush=True)
+            print("timing %s: %d SIG%s rounds, writers %g/s each, client timeout %d ms, load %s" %
+                  ("/".join(map(str, timing)), kills, SIGNAL, rate, client_timeout_ms, " ".join(load_before)), flush=True)
             cg_before = groups.report() if groups else {}
             res = run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, groups)
             if groups:
@@ -370,10 +388,10 @@ def run_all(timings, kills, rate, client_timeout_ms, quiet_s, wait_ms, groups, r
             f, q = res["failover_ms"], res["others_latency_ms"]
             rise = (q["disturbed"]["p99"] / q["quiet"]["p99"] - 1) * 100 if q["quiet"]["p99"] else float("nan")
             print("  failover p50 %.0f ms p99 %.0f ms (max %.0f, n %d); others' write p99 quiet %.2f ms -> "
-                  "during failover %.2f ms (%+.0f%%), p50 %.2f -> %.2f ms; errors %d/%d; load after %s" %
+                  "during failover %.2f ms (%+.0f%%), p50 %.2f -> %.2f ms; errors %d %s / %d %s; load after %s" %
                   (f["p50"], f["p99"], f["max"], f["n"], q["quiet"]["p99"], q["disturbed"]["p99"], rise,
-                   q["quiet"]["p50"], q["disturbed"]["p50"], q["quiet"]["errors"], q["disturbed"]["errors"],
-                   " ".join(res["load_after"])), flush=True)
+                   q["quiet"]["p50"], q["disturbed"]["p50"], q["quiet"]["errors"], q["quiet"]["error_kinds"],
+                   q["disturbed"]["errors"], q["disturbed"]["error_kinds"], " ".join(res["load_after"])), flush=True)
             print("  others' writes slower than the quiet p99, by time after the kill: %s (of all: %s)" %
                   (res["slow_after_kill"]["slower_than_quiet_p99"], res["slow_after_kill"]["all"]), flush=True)
             print("  others' write p50/p99: node down %.2f/%.2f ms (n %d), restart+catch-up %.2f/%.2f ms (n %d)" %

@@ -53,6 +53,7 @@ class Cluster(replcluster.Daemons):
 
     start_s = 15.0
     wait_ms = WAIT_MS
+    timing = None  # (tick_ms, election_ticks, heartbeat_ticks) or None: the daemon's defaults
 
     def __init__(self, root, nodes, fsync="batch", host=None, raft_host=None, netns=None, fixed_ports=False):
         super().__init__(root)
@@ -102,6 +103,9 @@ class Cluster(replcluster.Daemons):
             "wait_ms = %d" % self.wait_ms,
             "join = %s" % ("true" if join else "false"),
         ]
+        if self.timing is not None:
+            lines += ["tick_ms = %d" % self.timing[0], "election_ticks = %d" % self.timing[1],
+                      "heartbeat_ticks = %d" % self.timing[2]]
         for k, t in enumerate(TENANTS):
             lines += ["", "[[tenant]]", 'name = "%s"' % t, "tcp_port = %d" % self.ports[n][t],
                       "memory_mb = 16", "share = 0.4", "replicas = %d" % len(peers),
@@ -193,6 +197,36 @@ def gets(sock, key):
 
 def set_cmd(key, value):
     return b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value)
+
+
+def started_with_a_follower(c):
+    """Start c's three nodes with wait_ms 10 s; (t0's leader, a follower that has written)."""
+    c.wait_ms = 10000
+    for n in c.nodes:
+        c.write_config(n, [1, 2, 3])
+    for n in c.nodes:
+        c.start(n)
+    leader = c.leader("t0", c.nodes)
+    f = next(n for n in c.nodes if n != leader)
+    write_until_stored(c, f, "t0", set_cmd(b"warm", b"1"))
+    return leader, f
+
+
+def read_lines(sock, n, deadline):
+    """The next n reply lines on sock (each with its CRLF), by `deadline` (monotonic)."""
+    replies = []
+    buf = b""
+    while len(replies) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, "only %d replies: %r" % (len(replies), replies)
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        assert chunk, "closed after %r" % replies
+        buf += chunk
+        while b"\r\n" in buf:
+            line, buf = buf.split(b"\r\n", 1)
+            replies.append(line + b"\r\n")
+    return replies
 
 
 def write_until_stored(c, node, tenant, data, within_s=LEADER_S):
@@ -358,40 +392,56 @@ def test_writes_forwarded_to_a_killed_leader_are_answered_at_once(root):
     as soon as the follower sees the leader's connection drop, not at wait_ms (10 s here):
     `outcome unknown` (the dead leader may have replicated them) or STORED, never a line that
     says they were not applied. The leader is stopped first so the writes are surely in flight
-    (queued at it), then killed; the follower then writes again through the new leader."""
+    (queued at it), then killed; the follower then writes again through the new leader. The
+    election timeout is set long (2-4 s) so that only the dropped connection can end the wait
+    (a hung leader: the next test)."""
     c = Cluster(root, (1, 2, 3))
-    c.wait_ms = 10000
-    for n in c.nodes:
-        c.write_config(n, [1, 2, 3])
+    c.timing = (100, 20, 3)
     try:
-        for n in c.nodes:
-            c.start(n)
-        leader = c.leader("t0", c.nodes)
-        f = next(n for n in c.nodes if n != leader)
-        write_until_stored(c, f, "t0", set_cmd(b"warm", b"1"))
+        leader, f = started_with_a_follower(c)
         with c.conn(f, "t0", timeout=20) as s:
             c.procs[leader].send_signal(signal.SIGSTOP)
             s.sendall(b"".join(set_cmd(b"k%d" % i, b"v%d" % i) for i in range(32)))
-            time.sleep(0.3)  # forwarded, queued at the stopped leader (elections need >= 1 s)
+            time.sleep(0.3)  # forwarded, queued at the stopped leader (elections need >= 2 s)
             killed = time.monotonic()
             c.kill(leader)
-            replies = []
-            buf = b""
-            while len(replies) < 32:
-                left = killed + 20 - time.monotonic()
-                assert left > 0, "only %d replies: %r" % (len(replies), replies)
-                s.settimeout(left)
-                chunk = s.recv(65536)
-                assert chunk, "closed after %r" % replies
-                buf += chunk
-                while b"\r\n" in buf:
-                    line, buf = buf.split(b"\r\n", 1)
-                    replies.append(line + b"\r\n")
+            replies = read_lines(s, 32, killed + 20)
             took = time.monotonic() - killed
         print("32 forwarded writes answered %.3f s after the kill: %r" % (took, sorted(set(replies))))
         assert set(replies) <= {b"STORED\r\n", TIMEOUT_LINE}, replies
         assert took < 3.0, "answered only after %.1f s (wait_ms 10 s)" % took
         write_until_stored(c, f, "t0", set_cmd(b"after", b"1"), within_s=5.0)
+    finally:
+        c.stop_all()
+
+
+def test_a_hung_leader_is_replaced_and_writes_forwarded_to_it_answered_within_a_second(root):
+    """A SIGSTOPped leader keeps its sockets open, so only the election timeout (the default
+    clock: 0.3-0.6 s) finds it. The writes a follower forwarded to it are answered as soon as
+    the follower applies the new leader's first entry — `outcome unknown` (the hung leader may
+    still forward them on once it resumes), never a line saying they failed — not at wait_ms
+    (10 s here), and a write through the same follower is then STORED by the new leader. After
+    SIGCONT the old leader rejoins as a follower and holds the new write."""
+    c = Cluster(root, (1, 2, 3))
+    try:
+        leader, f = started_with_a_follower(c)
+        with c.conn(f, "t0", timeout=20) as s:
+            stopped = time.monotonic()
+            c.procs[leader].send_signal(signal.SIGSTOP)
+            try:
+                s.sendall(b"".join(set_cmd(b"k%d" % i, b"v%d" % i) for i in range(32)))
+                replies = read_lines(s, 32, stopped + 20)
+                answered = time.monotonic() - stopped
+                write_until_stored(c, f, "t0", set_cmd(b"after", b"1"), within_s=5.0)
+                stored = time.monotonic() - stopped
+            finally:
+                c.procs[leader].send_signal(signal.SIGCONT)
+        print("leader %d stopped: 32 forwarded writes answered after %.3f s (%r), a new write stored after "
+              "%.3f s" % (leader, answered, sorted(set(replies)), stored))
+        assert set(replies) <= {b"STORED\r\n", TIMEOUT_LINE}, replies
+        assert answered < 3.0, "answered only after %.1f s (wait_ms 10 s)" % answered
+        assert stored < 3.0, "no write stored through the follower until %.1f s after the stop" % stored
+        assert contents(c, leader, "t0", [b"after"])[b"after"][0] == b"1"
     finally:
         c.stop_all()
 

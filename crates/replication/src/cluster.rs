@@ -25,9 +25,12 @@ pub struct ClusterSpec {
 
 /// Raft's clock of a node: one tick every `tick_ms`; a follower that hears no leader for a
 /// randomized `[election_ticks, 2 * election_ticks)` ticks starts a (pre-)vote; a leader
-/// sends heartbeats every `heartbeat_ticks`. The election timeout bounds failover time (a
-/// leader kill is noticed only after it); too short a one on a loaded host causes needless
-/// elections (pre-vote and check-quorum keep them from disturbing a healthy leader).
+/// sends heartbeats every `heartbeat_ticks`. The election timeout bounds the failover time of
+/// a hung leader (a killed one is noticed at once, by its dropped connection); too short a one
+/// on a loaded host causes needless elections (pre-vote and check-quorum keep a starved
+/// follower from disturbing a healthy leader; a leader that hears no majority for one timeout
+/// steps down). Safe at any setting: reads are ReadIndex (`ReadOnlyOption::Safe`: a heartbeat
+/// round per read batch), not lease reads, so no clock bound rests on these values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
     pub tick_ms: u64,
@@ -41,9 +44,11 @@ pub const TICK_MS_MAX: u64 = 1000;
 pub const TICKS_MAX: usize = 1000;
 
 impl Default for Timing {
-    /// 100 ms ticks, 1-2 s election timeout, 300 ms heartbeats.
+    /// 50 ms ticks, 0.3-0.6 s election timeout, 100 ms heartbeats: a hung (SIGSTOPped)
+    /// leader is replaced well within 1 s (docs/benchmarks.md, "Failover"); the ratio of
+    /// election timeout to heartbeat (3-6) is raft-rs's default one (10 / 3).
     fn default() -> Timing {
-        Timing { tick_ms: 100, election_ticks: 10, heartbeat_ticks: 3 }
+        Timing { tick_ms: 50, election_ticks: 6, heartbeat_ticks: 2 }
     }
 }
 

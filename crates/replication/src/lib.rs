@@ -28,7 +28,7 @@ pub mod node;
 pub mod storage;
 pub mod transport;
 
-pub use machine::{Applied, TenantMachine};
+pub use machine::{Applied, Recalled, TenantMachine};
 pub use mutation::{absolute_exptime, Mutation};
 pub use node::{
     AdminError, AdminOp, Completion, GroupSpec, GroupStatus, NodeConfig, NodeError, ProposeError, ReplicationNode,

@@ -41,7 +41,7 @@
 //! leader returned, so a read of the local store after it is linearizable.
 
 use crate::cluster::Timing;
-use crate::machine::{Applied, TenantMachine};
+use crate::machine::{Applied, CommandOutcome, Recalled, TenantMachine};
 use crate::mutation::Mutation;
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
 use crate::transport::{Deliver, Incoming, Transport};
@@ -242,6 +242,8 @@ struct Waiter {
     id: u64,
     deadline: Instant,
     done: Done,
+    /// The term in which it was forwarded to the leader (0: not forwarded).
+    term: u64,
 }
 
 /// Waiting for a leader to be known: a proposal (its entry data) or a read (None).
@@ -291,8 +293,10 @@ struct Group {
     /// set) and never replays the log from index 1 with an empty configuration.
     compact_soon: bool,
     election_ticks: usize,
-    /// Ticks left in which a pre-vote started because the leader's connection dropped is
-    /// asked again while unanswered (a peer that had not yet seen the drop ignored it).
+    /// Ticks left in which a pre-vote (started because the leader's connection dropped or
+    /// the election timeout ran out) is asked again while unanswered: a peer still inside
+    /// the leader's lease ignores it, and is out of it a tick or two later (both stopped
+    /// hearing the leader at the same moment), not a whole randomized timeout later.
     loss_campaign_ticks: usize,
     /// Elections this node started because the leader's connection dropped.
     loss_campaigns: u64,
@@ -515,8 +519,14 @@ impl Loop {
             if Instant::now() >= next_tick {
                 let now = Instant::now();
                 for g in self.groups.values_mut() {
+                    let before = g.raw.raft.state;
                     g.raw.tick();
                     notice_leader_loss(g, &self.transport);
+                    if before != StateRole::PreCandidate && g.raw.raft.state == StateRole::PreCandidate {
+                        // The election timeout ran out (a hung leader): ask again every tick,
+                        // as after a dropped connection (see `notice_leader_loss`).
+                        g.loss_campaign_ticks = g.election_ticks;
+                    }
                     restore_preferred_leader(g, &self.transport);
                     expire(g, now);
                     resend_reads(g, now);
@@ -585,7 +595,7 @@ impl Loop {
             return;
         }
         self.next_id += 1;
-        g.batch.push((data, Waiter { id: self.next_id, deadline, done }));
+        g.batch.push((data, Waiter { id: self.next_id, deadline, done, term: 0 }));
     }
 
     /// Propose every group's proposals of this turn (see `Group::batch`).
@@ -608,7 +618,7 @@ impl Loop {
             return;
         }
         self.next_id += 1;
-        let waiter = Waiter { id: self.next_id, deadline, done };
+        let waiter = Waiter { id: self.next_id, deadline, done, term: 0 };
         if let Some(u) = try_read_index(g, waiter, &self.transport) {
             g.unsent.push_back(u);
         }
@@ -679,11 +689,13 @@ impl Loop {
             }
             if !rd.snapshot().is_empty() {
                 let snap: Snapshot = rd.snapshot().clone();
+                let term = snap.get_metadata().term;
                 g.machine.restore(&snap.data).map_err(|e| (gid, e.to_string()))?;
                 g.raw.mut_store().apply_snapshot(snap).map_err(|e| (gid, e.to_string()))?;
                 let idx = g.raw.store().snapshot_index();
                 g.snapshots_installed += 1;
-                complete_up_to(g, idx, None);
+                complete_from_snapshot(g, idx);
+                answer_lost_forwards(g, term);
             }
             apply_entries(gid, g, rd.take_committed_entries())?;
             if !rd.entries().is_empty() {
@@ -787,6 +799,7 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
                 }
                 if e.data.is_empty() {
                     complete_up_to(g, e.index, None); // a new leader's empty entry
+                    answer_lost_forwards(g, e.term);
                     continue;
                 }
                 let result = match Mutation::decode(&e.data) {
@@ -794,6 +807,13 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
                     Err(_) => Err(ProposeError::Corrupt),
                 };
                 let id = id_of(&e.context);
+                if let Some(id) = id {
+                    let outcome = match &result {
+                        Ok(Applied::Command(o)) => Some(o),
+                        _ => None,
+                    };
+                    g.machine.remember(e.index, id, outcome);
+                }
                 if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
                     g.replies.push((w.done, result.clone()));
                 }
@@ -831,6 +851,67 @@ fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applie
             _ => Err(ProposeError::Dropped),
         };
         g.replies.push((w.done, r));
+    }
+}
+
+/// A snapshot up to `index` was installed: its entries were never applied here one by one,
+/// so the callers waiting for them learn their results from the results the snapshot carries
+/// (`TenantMachine::recall`). A forwarded proposal found there completes with its result (not
+/// found: its entry may still come, it keeps waiting). A proposal this node appended (as
+/// leader) at an index the snapshot covers completes with its result if its entry is the one
+/// there, is `Dropped` if another entry took that index, and gets `Timeout` (outcome
+/// unknown) if the snapshot's results do not reach back to it. (Without the results, the
+/// forwarded ones waited until their deadline — `Timeout` although applied — and the appended
+/// ones were all `Dropped`, although one may have been committed by the next leader.)
+fn complete_from_snapshot(g: &mut Group, index: u64) {
+    let result = |outcome: Option<CommandOutcome>| match outcome {
+        Some(o) => Ok(Applied::Command(o)),
+        // Applied, but only command results are kept.
+        None => Err(ProposeError::Timeout),
+    };
+    let covered = g.pending.first_key_value().is_some_and(|(&i, _)| i <= index);
+    if g.forwarded.is_empty() && !covered {
+        return;
+    }
+    let known = g.machine.recall_all();
+    if !g.forwarded.is_empty() {
+        let ids: Vec<u64> = g.forwarded.keys().copied().collect();
+        for id in ids {
+            let Recalled::Applied { outcome, .. } = known.get(id) else { continue };
+            if let Some(w) = g.forwarded.remove(&id) {
+                g.replies.push((w.done, result(outcome)));
+            }
+        }
+    }
+    while let Some((&i, _)) = g.pending.first_key_value() {
+        if i > index {
+            break;
+        }
+        let Some((_, w)) = g.pending.pop_first() else { break };
+        let r = match known.get(w.id) {
+            Recalled::Applied { outcome, .. } => result(outcome),
+            Recalled::NotSince { from_index } if from_index <= i => Err(ProposeError::Dropped),
+            Recalled::NotSince { .. } => Err(ProposeError::Timeout),
+        };
+        g.replies.push((w.done, r));
+    }
+}
+
+/// The empty entry a leader of `term` appends first was applied here: every entry of an
+/// earlier term that this leader committed lies before it and is applied, so a proposal this
+/// node forwarded in an earlier term that has not completed was lost with its leader (a hung
+/// leader's socket, a leader transfer that dropped it). Its caller hears `Timeout` (outcome
+/// unknown, never "failed": the old leader, once a follower, may still forward it on) now,
+/// not at its deadline — with a hung leader that is the failover time the client sees.
+fn answer_lost_forwards(g: &mut Group, term: u64) {
+    if g.forwarded.values().all(|w| w.term >= term) {
+        return;
+    }
+    let lost: Vec<u64> = g.forwarded.iter().filter(|(_, w)| w.term < term).map(|(&id, _)| id).collect();
+    for id in lost {
+        if let Some(w) = g.forwarded.remove(&id) {
+            g.replies.push((w.done, Err(ProposeError::Timeout)));
+        }
     }
 }
 
@@ -881,7 +962,8 @@ fn propose_batch(g: &mut Group, batch: Vec<(Vec<u8>, Waiter)>, t: &Transport) {
         }
     } else if res.is_ok() {
         g.forwarded_total += n;
-        g.forwarded.extend(waiters.into_iter().map(|w| (w.id, w)));
+        let term = g.raw.raft.term;
+        g.forwarded.extend(waiters.into_iter().map(|w| (w.id, Waiter { term, ..w })));
     } else {
         // raft-rs sent nothing (a candidate, or no leader after all): never proposed; it waits
         // for a leader like one that came with none known (its deadline still holds).

@@ -70,6 +70,8 @@ struct Link {
     generation: u64,
     out: Option<SyncSender<Vec<u8>>>,
     stream: Option<TcpStream>,
+    /// Fault injection ([`Transport::mute_sends_to`]): frames for this peer are dropped.
+    muted: bool,
 }
 
 struct Shared {
@@ -165,6 +167,7 @@ impl Transport {
         frame.extend_from_slice(&body);
         let l = lock(&link);
         let ok = match &l.out {
+            Some(_) if l.muted => false,
             Some(tx) => match tx.try_send(frame) {
                 Ok(()) => true,
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
@@ -174,6 +177,16 @@ impl Transport {
         let c = if ok { &st.frames_sent } else { &st.frames_dropped };
         c.fetch_add(1, Ordering::Relaxed);
         ok.then_some(frame_bytes)
+    }
+
+    /// Fault injection (tests): while `muted`, every frame for `peer` is dropped as if its
+    /// queue were full (counted in `frames_dropped`, raft-rs told it was unreachable), while
+    /// the connection stays up and frames from `peer` still arrive — a one-way loss, which
+    /// no process kill or partition of the whole link produces.
+    pub fn mute_sends_to(&self, peer: u64, muted: bool) {
+        if let Some(link) = self.shared.link(peer) {
+            lock(&link).muted = muted;
+        }
     }
 
     /// Whether a connection to `peer` is up now.
@@ -202,7 +215,7 @@ impl Drop for Transport {
 }
 
 fn new_link() -> Arc<Mutex<Link>> {
-    Arc::new(Mutex::new(Link { generation: 0, out: None, stream: None }))
+    Arc::new(Mutex::new(Link { generation: 0, out: None, stream: None, muted: false }))
 }
 
 impl Shared {

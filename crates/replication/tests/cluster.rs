@@ -5,6 +5,7 @@
 // Test code: unwrap() in test set-up is the clearest failure.
 #![allow(clippy::unwrap_used)]
 
+use slipstream_replication::machine::CommandOutcome;
 use slipstream_replication::node::GroupTraffic;
 use slipstream_replication::storage::FsyncMode;
 use slipstream_replication::{Applied, GroupSpec, Mutation, NodeConfig, ProposeError, ReplicationNode, StateRole};
@@ -712,4 +713,72 @@ fn proposals_of_one_turn_complete_each_with_its_own_result() {
             assert_eq!(c.value_on(l, 1, &format!("{label}{i}")), Some(format!("v{i}")));
         }
     }
+}
+
+/// A follower's forwarded write whose entry reaches that follower only inside a snapshot (it
+/// lagged past the leader's log compaction) is answered with its result, as the other
+/// replicas applied it, when the snapshot is installed — not `Timeout` at its wait (30 s here):
+/// the snapshot carries recent proposals' results.
+///
+/// How f lags: the leader's frames to f are dropped (one-way loss: `mute_sends_to`) while f's
+/// frames still reach the leader, so f forwards the write, the leader commits it with the
+/// third node b and compacts its log past it; then the loss ends and the leader sends f a
+/// snapshot.
+#[test]
+fn a_forwarded_write_that_arrives_in_a_snapshot_gets_its_result() {
+    let c = Cluster::new("fwd-snapshot", FsyncMode::Never, 20);
+    let l = c.wait_leader(1, Duration::from_secs(10));
+    c.write(1, &set("warm", "0"), Duration::from_secs(5));
+    c.wait_converged(1, Duration::from_secs(5));
+    let f = NODES.into_iter().find(|&n| n != l).unwrap();
+    let b = NODES.into_iter().find(|&n| n != l && n != f).unwrap();
+    let command = |key: &str| Mutation::Command {
+        protocol: 0,
+        now_unix_s: 1_700_000_000,
+        request: format!("{key:<2000}").into_bytes(),
+    };
+    let before = c.nodes[&b].status(1).unwrap().applied_index;
+    let installed = c.nodes[&f].status(1).unwrap().snapshots_installed;
+    c.nodes[&l].transport().mute_sends_to(f, true);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = Instant::now();
+    c.nodes[&f].propose_then(
+        1,
+        &command("forwarded"),
+        Duration::from_secs(30),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    // The leader and b commit it (f hears nothing from the leader).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.nodes[&b].status(1).unwrap().applied_index <= before {
+        assert!(Instant::now() < deadline, "the forwarded write was not committed: {:?}", c.nodes[&l].status(1));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let index = c.nodes[&b].status(1).unwrap().applied_index;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut i = 0;
+    while c.nodes[&l].status(1).unwrap().snapshot_index < index + 10 {
+        assert!(Instant::now() < deadline, "the leader did not compact: {:?}", c.nodes[&l].status(1));
+        let r = c.nodes[&l].propose(1, &command(&format!("k{}", i % 4))).wait(Duration::from_secs(5));
+        assert!(matches!(r, Some(Ok(_))), "{r:?}");
+        i += 1;
+    }
+    assert!(rx.try_recv().is_err(), "answered before f could know the outcome");
+    let released = Instant::now();
+    c.nodes[&l].transport().mute_sends_to(f, false);
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("no answer within 10 s of the release ({:?} after the proposal)", t.elapsed()));
+    eprintln!("forwarded write answered {:?} after the leader's frames reach f again", released.elapsed());
+    let want = CommandOutcome { reply: b"SERVER_ERROR no executor\r\n".to_vec(), swallow_bytes: 0 };
+    assert_eq!(r, Ok(Applied::Command(want)));
+    // (f publishes its status at the end of the loop turn that answered.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.nodes[&f].status(1).unwrap().snapshots_installed <= installed {
+        assert!(Instant::now() < deadline, "f did not install a snapshot: {:?}", c.nodes[&f].status(1));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.wait_converged(1, Duration::from_secs(10));
 }
