@@ -68,6 +68,11 @@ const CELL_OVERHEAD_BYTES: usize = 32;
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
 /// Each-row result memos per table (see the module doc); when full they are all dropped.
 const MEMOS_PER_TABLE_MAX: usize = 4096;
+/// Slots (one range hash each) remembering which scans walked the runs lately: a memo is made
+/// at a range's second walk, not its first. Making one per walk cost scans that never repeat
+/// (random starts) a copy of their row list, a key, and every 4,096 a mass drop: session 13's
+/// walk profile, docs/benchmarks.md.
+const WALKED_SLOTS: usize = 4096;
 /// Write events (a row's write or notice beginning or ending) remembered per table for the
 /// fills' range check; a fill whose ticket is older than the oldest is dropped.
 const WRITE_LOG_MAX: usize = 4096;
@@ -381,6 +386,8 @@ struct TableState {
     /// Some memo was hit since its rows' reference bits were last set from it
     /// ([`TableState::mark_memo_rows`]).
     memos_referenced: bool,
+    /// Hashes of ranges walked lately, by hash modulo [`WALKED_SLOTS`] (empty until a walk).
+    walked: Vec<u64>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
@@ -421,6 +428,20 @@ impl TableState {
         });
         self.bytes -= freed;
         self.memo_freed += freed;
+    }
+
+    /// Did a scan of exactly `q` walk the runs lately (then it is worth a memo)? Records this
+    /// walk. A collision only makes or skips one memo.
+    fn walked_before(&mut self, q: &QueryKey) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        q.hash(&mut h);
+        let h = h.finish() | 1;
+        if self.walked.is_empty() {
+            self.walked = vec![0; WALKED_SLOTS];
+        }
+        let slot = &mut self.walked[(h % WALKED_SLOTS as u64) as usize];
+        std::mem::replace(slot, h) == h
     }
 
     /// Every each-row row, in order.
@@ -712,7 +733,7 @@ impl Cache {
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
                 let bytes = memo_bytes(q, &rows);
-                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max {
+                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max && st.walked_before(q) {
                     let rows: Rows = rows.into();
                     if st.memos.len() >= MEMOS_PER_TABLE_MAX {
                         st.drop_memos(|_| true);
@@ -1323,7 +1344,9 @@ mod tests {
         let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
         let filled = c.bytes();
-        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk, memo stored") };
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Assembled(r, None)) if r.len() == 2), "walk");
+        assert_eq!(c.bytes(), filled, "no memo for a first walk");
+        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk again, memo stored") };
         assert!(c.bytes() > filled, "memo counted");
         let Some(Hit::Rows(again, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("memo hit") };
         assert!(Arc::ptr_eq(&first, &again) && again.len() == 2);
@@ -1766,7 +1789,8 @@ mod tests {
             let t = c.fill_ticket(b"t", &q("", ""));
             let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
             assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
-            // The walk that makes the memo.
+            // The walks that make the memo (at the second).
+            assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Assembled(..))));
             assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Rows(..))));
         }
         // The hand has passed since: every row's bit is clear.
