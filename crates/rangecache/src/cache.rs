@@ -723,7 +723,8 @@ impl Cache {
         }
         if each {
             let memo = first && !is_get(q);
-            if let Some(m) = st.memos.get_mut(q).filter(|m| memo && m.rows.len() <= rows_max) {
+            // Gets and continuations have no memo: not even a hash of their key.
+            if let Some(m) = memo.then(|| st.memos.get_mut(q)).flatten().filter(|m| m.rows.len() <= rows_max) {
                 m.referenced = true;
                 let rows = m.rows.clone();
                 st.memos_referenced = true;
@@ -1096,14 +1097,14 @@ impl Cache {
 /// with the cache unless `q` names columns (then projected copies, encoded here).
 fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option<(Assembled, Option<Vec<u8>>)> {
     let iv_end = covering_end(&st.complete, &q.start)?;
-    // The walk ends at the query's stop or the interval's, whichever comes first.
-    let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
-        (_, true) => (q.stop.clone(), None),
-        (true, false) => (iv_end.clone(), Some(iv_end)),
-        (false, false) if q.stop <= iv_end => (q.stop.clone(), None),
-        (false, false) => (iv_end.clone(), Some(iv_end)),
+    // The walk ends at the query's stop or the interval's, whichever comes first (borrowed:
+    // no copy of either key for a Get).
+    let (end, next): (&[u8], Option<Vec<u8>>) = match (q.stop.is_empty(), iv_end.is_empty()) {
+        (_, true) => (&q.stop, None),
+        (false, false) if q.stop.as_slice() <= iv_end => (&q.stop, None),
+        (_, false) => (iv_end, Some(iv_end.to_vec())),
     };
-    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
+    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end) };
     let rows_max = rows_max.max(1);
     let mut out = Vec::with_capacity(rows_max.min(1024));
     let mut next = next;
@@ -1113,7 +1114,7 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
         let from = run.rows.partition_point(|r| r.row.row.as_slice() < q.start.as_slice());
         for i in from..run.rows.len() {
             let k = &run.rows[i];
-            if !end.is_empty() && k.row.row.as_slice() >= end.as_slice() {
+            if !end.is_empty() && k.row.row.as_slice() >= end {
                 break 'walk;
             }
             if out.len() >= rows_max {
@@ -1137,9 +1138,9 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
 }
 
 /// The end of the complete interval holding `key` (empty = end of table), if any.
-fn covering_end(iv: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<Vec<u8>> {
+fn covering_end<'a>(iv: &'a BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<&'a [u8]> {
     let (_, e) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
-    (e.is_empty() || key < e.as_slice()).then(|| e.clone())
+    (e.is_empty() || key < e.as_slice()).then_some(e.as_slice())
 }
 
 /// Is [start, stop) inside one complete interval? (Test helper: lookups need only the start.)
