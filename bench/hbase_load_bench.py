@@ -18,7 +18,8 @@ in flight per connection, raw client), SECS (per figure), THRIFT_LOAD (the load
 generator binary), PLOT_OUT (where the PNG goes), ONLY_HITS=1 (skip direct and miss runs),
 PERF=1 (`perf stat` on the daemon: context switches per operation), PAIRED=N (after the table:
 N rounds of cached 100-row scans and Gets against the three strategies' daemons alternated
-A B C C B A, SECS each, one line per run plus each strategy's median). Every row also gives the
+A B C C B A, SECS each, one line per run plus each strategy's median), WALK=N (only: N rounds of
+the each-row run walk vs all-row hits and both vs scan range, see walk_rounds). Every row also gives the
 CPU each process used during the run and CPU microseconds per operation (daemon, client, JVM),
 which say which side saturates and stay meaningful on a shared machine.
 """
@@ -47,6 +48,10 @@ SWEEP = [1, 10, 25, 50, 100]
 PERF = os.environ.get("PERF") == "1"
 ONLY_HITS = os.environ.get("ONLY_HITS") == "1"  # skip direct and miss runs (A/B of the hit path)
 PAIRED = int(os.environ.get("PAIRED", "0"))  # rounds of alternated strategy runs (A B C C B A)
+WALK = int(os.environ.get("WALK", "0"))  # rounds of the each-row run walk vs all-row hits (only that)
+# The walk's scans start among the first WALK_KEYS rows (all-row's 64 ranges hold 6,400 rows:
+# WALK_KEYS=6500 gives the walk a working set of that size, the rest of the gap is the walk's).
+WALK_KEYS = os.environ.get("WALK_KEYS", str(KEYS))
 
 
 def proc_cpu_s(pid):
@@ -167,6 +172,65 @@ def print_paired(paired):
     print()
 
 
+def counts(d):
+    """(hits, misses) of a daemon so far."""
+    m = d.metrics()
+    get = lambda n: sum(float(l.split()[-1]) for l in m.splitlines() if l.startswith("slipstream_hbase_%s{" % n))
+    return get("all_row_hits_total") + get("each_row_hits_total"), get("misses_total")
+
+
+def walk_rounds(thrift, daemons):
+    """WALK=N: the each-row *run walk* (a scan's first hit: no memo of that exact range yet, so
+    its rows are gathered from the runs) against all-row hits. The each-row daemon is warmed
+    with uniformly random 100-row scans until its table is one complete interval; its measured
+    scans start anywhere (`--starts 0`: 20,000 possible starts, memos at most 4,096 per table,
+    so nearly every scan walks), the all-row daemon's at 64 fixed starts (every scan a hit).
+    N rounds alternated all-row, each-row, each-row, all-row at 100 rows, SECS each; then
+    both vs scan range (SWEEP rows, 2 s each). Hit ratios are per run (daemon counters)."""
+    each, allr = thrift["each-row"], thrift["all-row"]
+    for _ in range(6):
+        run(each, "--op", "scan", "--starts", "0", secs=3)
+        h0, m0 = counts(daemons["each-row"])
+        run(each, "--op", "scan", "--starts", "0", secs=1)
+        h1, m1 = counts(daemons["each-row"])
+        print("each-row warm-up: hit ratio of a random-start second %.4f" % ((h1 - h0) / max(1.0, h1 - h0 + m1 - m0)))
+        if m1 == m0:
+            break
+    run(allr, "--op", "scan", "--starts", "64", secs=1)
+    out = {}
+    for _ in range(WALK):
+        for s, starts in (("all-row", "64"), ("each-row", "0"), ("each-row", "0"), ("all-row", "64")):
+            h0, m0 = counts(daemons[s])
+            keys = ["--keys", WALK_KEYS] if s == "each-row" else []
+            r = run(thrift[s], "--op", "scan", "--starts", starts, *keys, daemon=s)
+            h1, m1 = counts(daemons[s])
+            load = float(open("/proc/loadavg").read().split()[0])
+            cpu = float(r["cpu_per_op"].split(",")[0].split()[1])
+            out.setdefault(s, []).append((float(r["ops_per_s"]), cpu, load, r["p99_us"], (h1 - h0) / max(1.0, h1 - h0 + m1 - m0)))
+    print("walk rounds (all-row 64 fixed starts vs each-row walk from random starts among the first %s rows; "
+          "A B B A, %.0f s each): ops/s (daemon CPU us/op, load, p99 us, hit ratio)" % (WALK_KEYS, SECS))
+    med = {}
+    for s, runs in out.items():
+        rates = sorted(r[0] for r in runs)
+        med[s] = rates[len(rates) // 2]
+        print("%s: %s; median %.0f/s" % (s, " ".join("%.0f (%.1f, %.1f, %s, %.4f)" % r for r in runs), med[s]))
+    print("each-row walk / all-row hits (medians): %.3f" % (med["each-row"] / max(1.0, med["all-row"])))
+    sweep = {}
+    for rows in SWEEP:
+        for s, starts in (("all-row", "64"), ("each-row", "0")):
+            keys = ["--keys", WALK_KEYS] if s == "each-row" else []
+            run(thrift[s], "--op", "scan", "--starts", starts, "--rows", str(rows), *keys, secs=0.5)
+            h0, m0 = counts(daemons[s])
+            r = run(thrift[s], "--op", "scan", "--starts", starts, "--rows", str(rows), *keys, secs=2)
+            h1, m1 = counts(daemons[s])
+            sweep[(s, rows)] = (float(r["ops_per_s"]), (h1 - h0) / max(1.0, h1 - h0 + m1 - m0))
+    print("| scan rows | " + " | ".join(str(r) for r in SWEEP) + " |")
+    print("| --- |" + " ---: |" * len(SWEEP))
+    for s, what in (("all-row", "all-row hits (64 starts)"), ("each-row", "each-row walk (random starts)")):
+        print("| %s scans/s (hit ratio) | " % what + " | ".join("%.0f (%.3f)" % sweep[(s, r)] for r in SWEEP) + " |")
+    return sweep
+
+
 def main():
     m = hbaselib.MiniHBase().start()
     print("mini cluster: start %.1f s, RSS %s MB; %d CPUs, load average %s" % (
@@ -184,35 +248,43 @@ def main():
         t0 = time.time()
         run(thrift["all-row"], "--load", secs=0)
         print("loaded %d rows in %.1f s" % (KEYS, time.time() - t0))
-        run(side, "--target", "sidecar", "--op", "scan", "--starts", "64", secs=2)  # warm the JVM
-        run(side, "--target", "sidecar", "--op", "get", "--starts", "256", secs=1)
-        if not ONLY_HITS:
-            lines.append(fmt("scan100 HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "scan", "--starts", "64")))
-            lines.append(fmt("get HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "get", "--starts", "256")))
-        for s, addr in thrift.items():
-            d = daemons[s]
+        if WALK:
+            walk_sweep = walk_rounds(thrift, daemons)
+            sweep = {k: v[0] for k, v in walk_sweep.items()}
+            lines = paired = None
+        if not WALK:
+            run(side, "--target", "sidecar", "--op", "scan", "--starts", "64", secs=2)  # warm the JVM
+            run(side, "--target", "sidecar", "--op", "get", "--starts", "256", secs=1)
             if not ONLY_HITS:
-                r = run(addr, "--op", "scan", "--starts", "0", daemon=s)
-                lines.append(fmt("scan100 Slipstream miss path (%s, random starts)" % s, r, "hit ratio %.2f" % hit_ratio(d)))
-            run(addr, "--op", "scan", "--starts", "64", secs=1)  # warm
-            lines.append(fmt("scan100 Slipstream hits (%s, 64 starts)" % s, run(addr, "--op", "scan", "--starts", "64", daemon=s), "hit ratio %.2f" % hit_ratio(d)))
-            run(addr, "--op", "get", "--starts", "256", secs=1)
-            lines.append(fmt("get Slipstream hits (%s, 256 rows)" % s, run(addr, "--op", "get", "--starts", "256", daemon=s)))
-        for s in ("all-row", "each-row"):
-            for rows in SWEEP:
-                run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=0.5)
-                r = run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=2)
-                sweep[(s, rows)] = float(r["ops_per_s"])
-        paired = paired_rounds(thrift)
-        # What adaptive chose here (crate::adaptive: fixed starts, no writes -> all-row scans).
-        chosen = [l for l in daemons["adaptive"].metrics().splitlines()
-                  if l.startswith(("slipstream_hbase_strategy_chosen_total{", "slipstream_hbase_adaptive_shapes{"))]
-        print("adaptive daemon: " + "; ".join(chosen))
+                lines.append(fmt("scan100 HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "scan", "--starts", "64")))
+                lines.append(fmt("get HBase direct (sidecar, native client)", run(side, "--target", "sidecar", "--op", "get", "--starts", "256")))
+            for s, addr in thrift.items():
+                d = daemons[s]
+                if not ONLY_HITS:
+                    r = run(addr, "--op", "scan", "--starts", "0", daemon=s)
+                    lines.append(fmt("scan100 Slipstream miss path (%s, random starts)" % s, r, "hit ratio %.2f" % hit_ratio(d)))
+                run(addr, "--op", "scan", "--starts", "64", secs=1)  # warm
+                lines.append(fmt("scan100 Slipstream hits (%s, 64 starts)" % s, run(addr, "--op", "scan", "--starts", "64", daemon=s), "hit ratio %.2f" % hit_ratio(d)))
+                run(addr, "--op", "get", "--starts", "256", secs=1)
+                lines.append(fmt("get Slipstream hits (%s, 256 rows)" % s, run(addr, "--op", "get", "--starts", "256", daemon=s)))
+            for s in ("all-row", "each-row"):
+                for rows in SWEEP:
+                    run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=0.5)
+                    r = run(thrift[s], "--op", "scan", "--starts", "64", "--rows", str(rows), secs=2)
+                    sweep[(s, rows)] = float(r["ops_per_s"])
+            paired = paired_rounds(thrift)
+            # What adaptive chose here (crate::adaptive: fixed starts, no writes -> all-row scans).
+            chosen = [l for l in daemons["adaptive"].metrics().splitlines()
+                      if l.startswith(("slipstream_hbase_strategy_chosen_total{", "slipstream_hbase_adaptive_shapes{"))]
+            print("adaptive daemon: " + "; ".join(chosen))
     finally:
         for d in daemons.values():
             d.stop()
         m.stop()
     print("load average at the end: %s" % open("/proc/loadavg").read().split()[:3])
+    if WALK:
+        plot(sweep, "each-row walk (random starts)", "all-row hits (64 starts)")
+        return
     print("| what | ops/s | rows/op | p50 µs | p99 µs | CPU cores used (client = load generator) | CPU µs per op | note |")
     print("| --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for l in lines:
@@ -223,6 +295,10 @@ def main():
     print("| --- |" + " ---: |" * len(SWEEP))
     for s in ("all-row", "each-row"):
         print("| %s scans/s | " % s + " | ".join("%.0f" % sweep[(s, r)] for r in SWEEP) + " |")
+    plot(sweep, "each-row", "all-row")
+
+
+def plot(sweep, each_label, all_label):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -232,8 +308,8 @@ def main():
         return
     os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)  # PLOT_OUT=... writes elsewhere
     plt.figure(figsize=(6, 4))
-    for s in ("all-row", "each-row"):
-        plt.plot(SWEEP, [sweep[(s, r)] for r in SWEEP], marker="o", label=s)
+    for s, label in (("all-row", all_label), ("each-row", each_label)):
+        plt.plot(SWEEP, [sweep[(s, r)] for r in SWEEP], marker="o", label=label)
     plt.xlabel("rows per scan")
     plt.ylabel("cached scans / s (%d connections)" % CONNS)
     plt.title("Slipstream HBase cache: throughput vs scan range")
@@ -242,7 +318,6 @@ def main():
     out = os.environ.get("PLOT_OUT", os.path.join(ROOT, "docs", "img", "hbase_scan_range.png"))
     plt.savefig(out, dpi=100, bbox_inches="tight")
     print("plot:", out)
-
 
 if __name__ == "__main__":
     main()

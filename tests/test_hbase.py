@@ -822,3 +822,73 @@ def test_tenants_own_thrift_ports_shaped_and_charged(hbase, oracle):
         slow.close()
     finally:
         d.stop()
+
+
+def _recv_frames(s, count):
+    """`count` framed replies (each with its 4-byte length), read whole."""
+    got, frames = b"", []
+    deadline = time.monotonic() + 10
+    while len(frames) < count and time.monotonic() < deadline:
+        chunk = _recv_some(s)
+        assert chunk, "connection ended after %d of %d replies" % (len(frames), count)
+        got += chunk
+        while len(got) >= 4 and len(got) >= 4 + struct.unpack(">i", got[:4])[0]:
+            n = 4 + struct.unpack(">i", got[:4])[0]
+            frames.append(got[:n])
+            got = got[n:]
+    assert len(frames) == count and not got, (len(frames), count, got)
+    return frames
+
+
+def test_tenant_request_metrics_count_its_thrift_port_too(hbase):
+    """One pipeline, one metrics endpoint: a tenant's Thrift messages and their bytes are in its
+    `slipstream_tenant_{requests,bytes_in,bytes_out}_total` (framed: with the 4-byte length),
+    beside its memcached requests, and not in another tenant's; checked exactly against what
+    the client sent and received."""
+    import tenantlib
+    d = hbaselib.TenantHbaseDaemon(hbase.sidecar_port, [
+        dict(name="a", share=0.4, memory_mb=4, thrift=True),
+        dict(name="b", share=0.4, memory_mb=4, thrift=True),
+    ]).start()
+    try:
+        families = ("slipstream_tenant_requests_total", "slipstream_tenant_bytes_in_total",
+                    "slipstream_tenant_bytes_out_total")
+
+        def counts(tenant):
+            m = d.metrics()
+            return [tenantlib.metric_value(m, f, tenant) for f in families]
+
+        a0, b0 = counts("a"), counts("b")
+        sent = received = 0
+        # Framed, pipelined: 20 getTableNames in one send; each reply is read by its frame length.
+        s = socket.create_connection((mcwire.HOST, d.thrift_ports["a"]), timeout=5)
+        burst = b"".join(struct.pack(">i", len(m)) + m for m in (_msg(b"getTableNames", i) for i in range(20)))
+        s.sendall(burst)
+        sent += len(burst)
+        for f in _recv_frames(s, 20):
+            assert f[4:8] == b"\x80\x01\x00\x02", f  # a reply
+            received += len(f)
+        s.close()
+        # Buffered, one at a time: an unknown method (an exception reply) then getTableNames.
+        s = socket.create_connection((mcwire.HOST, d.thrift_ports["a"]), timeout=5)
+        for m in (_msg(b"getRegionInfo", 1, b"\x0b\x00\x01\x00\x00\x00\x01x\x00"), _msg(b"getTableNames", 2)):
+            s.sendall(m)
+            sent += len(m)
+            reply = _recv_some(s)
+            assert reply and reply[:2] == b"\x80\x01", reply
+            received += len(reply)
+        s.close()
+        # And one memcached request on the tenant's KV port: the same three series.
+        k = socket.create_connection((mcwire.HOST, d.ports["a"]), timeout=5)
+        k.sendall(b"version\r\n")
+        kv_reply = _recv_some(k)
+        assert kv_reply.startswith(b"VERSION "), kv_reply
+        k.close()
+        a1, b1 = counts("a"), counts("b")
+        print("tenant a before", a0, "after", a1, "; thrift sent", sent, "received", received)
+        assert a1[0] - a0[0] == 22 + 1
+        assert a1[1] - a0[1] == sent + len(b"version\r\n")
+        assert a1[2] - a0[2] == received + len(kv_reply)
+        assert b1 == b0, (b0, b1)
+    finally:
+        d.stop()

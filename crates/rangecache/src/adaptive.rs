@@ -42,6 +42,12 @@
 //!    bytes, 1.08x its RSS growth), and an all-row hit is one hash lookup (paired runs: all-row
 //!    1.1x each-row's memo hit in session 11, within noise of it in session 12).
 //!
+//! **A switch** drops the entries of the kind the shape left (crate::cache
+//! `Cache::drop_after_switch`): to all-row its memos and the each-row rows inside its recent
+//! ranges (not those inside a recent range of another shape still on each-row); to each-row its
+//! all-row entries. The recent ranges are the ones in use: a repeat from the older half of the
+//! list moves to its newest end.
+//!
 //! Bounds: [`SHAPES_PER_TABLE_MAX`] shapes per table (a new shape past it is decided by rules
 //! 1-2 and starts each-row, untracked), [`RECENT_RANGES_MAX`] recent distinct ranges per shape,
 //! [`WRITE_ROWS_OBSERVED_MAX`] rows of one write looked at.
@@ -71,8 +77,9 @@ pub const LARGE_RESULT_ROWS: u64 = 1000;
 pub const HIT_RATE_MARGIN: f64 = 0.05;
 /// Windows a shape stays each-row after the hit-rate rule.
 pub const HOLD_WINDOWS: u32 = 8;
-/// Windows in a row that must say all-row before an each-row shape switches: a switch leaves
-/// the other kind's entries until they are evicted and finds the new kind cold (Zipf, k = 1,
+/// Windows in a row that must say all-row before an each-row shape switches: a switch finds
+/// the new kind of entry cold (and, before session 13, left the other kind's entries until they
+/// were evicted; now the cache drops them: `Cache::drop_after_switch`) (Zipf, k = 1,
 /// 5% writes: switching on single quiet windows held both kinds, 1.52x all-row's memory, hit
 /// ratio 0.928 vs each-row's 0.940; docs/benchmarks.md session 12). Back to each-row is at once.
 pub const ALL_ROW_WINDOWS_MIN: u32 = 4;
@@ -242,11 +249,11 @@ pub fn decide(w: &Window, h: &History) -> (Strategy, Reason) {
 }
 
 /// Do [a, b) and [c, d) intersect? (Empty stop = end of table.)
-fn intersects(a: &[u8], b: &[u8], c: &[u8], d: &[u8]) -> bool {
+pub(crate) fn intersects(a: &[u8], b: &[u8], c: &[u8], d: &[u8]) -> bool {
     (b.is_empty() || c < b) && (d.is_empty() || a < d)
 }
 
-fn inside(row: &[u8], start: &[u8], stop: &[u8]) -> bool {
+pub(crate) fn inside(row: &[u8], start: &[u8], stop: &[u8]) -> bool {
     row >= start && (stop.is_empty() || row < stop)
 }
 
@@ -310,15 +317,26 @@ impl Shape {
     }
 
     /// Records a scan's first page of [start, stop) and whether the cache answered it.
-    pub fn observe_scan(&mut self, start: &[u8], stop: &[u8], hit: bool) {
+    /// Returns the new strategy when this scan ended a window that switched the shape (the
+    /// cache then drops the old kind's entries of the shape: [`Shape::recent_ranges`]).
+    pub fn observe_scan(&mut self, start: &[u8], stop: &[u8], hit: bool) -> Option<Strategy> {
         let w = &mut self.window;
         w.scans += 1;
         w.hits += hit as u32;
         let hash = range_hash(start, stop);
-        if let Some(r) = self.recent.iter_mut().find(|r| r.is(hash, start, stop)) {
+        if let Some(i) = self.recent.iter().position(|r| r.is(hash, start, stop)) {
+            let r = &mut self.recent[i];
             if std::mem::replace(&mut r.warm, true) {
                 w.repeats += 1;
                 w.repeat_hits += hit as u32;
+            }
+            // A repeat from the older half moves to the newest end, so the ranges remembered
+            // are the ones in use (what a switch drops), not the first ones seen; the newer
+            // half stays put (no move per hit for the hottest ranges).
+            if i < self.recent.len() / 2 {
+                if let Some(r) = self.recent.remove(i) {
+                    self.recent.push_back(r);
+                }
             }
         } else {
             if self.recent.iter().any(|r| intersects(&r.start, &r.stop, start, stop)) {
@@ -329,9 +347,17 @@ impl Shape {
             }
             self.recent.push_back(Recent { hash, start: start.to_vec(), stop: stop.to_vec(), warm: true });
         }
-        if w.scans >= WINDOW {
-            self.end_window();
+        if w.scans < WINDOW {
+            return None;
         }
+        let before = self.choice;
+        self.end_window();
+        (self.choice != before).then_some(self.choice)
+    }
+
+    /// The shape's recent ranges (start, stop), oldest first.
+    pub fn recent_ranges(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.recent.iter().map(|r| (r.start.as_slice(), r.stop.as_slice()))
     }
 
     /// Records the fill of a scan of [start, stop) with the keys of the rows it read: how many
@@ -456,6 +482,17 @@ impl Shapes {
                 s.observe_write(row);
             }
         }
+    }
+
+    /// The recent ranges of every tracked shape on each-row other than the scan shape of
+    /// (`spec`, `filter`): rows a switch of that shape to all-row must leave cached.
+    pub fn each_row_ranges_of_others(&self, spec: &ReadSpec, filter: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let h = shape_hash(false, spec, filter);
+        self.by_hash
+            .iter()
+            .filter(|(k, s)| **k != h && s.choice == Strategy::EachRow)
+            .flat_map(|(_, s)| s.recent_ranges().map(|(a, b)| (a.to_vec(), b.to_vec())))
+            .collect()
     }
 
     /// Tracked shapes currently on all-row and on each-row.

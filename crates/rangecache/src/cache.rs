@@ -33,7 +33,8 @@
 //!   shape's statistics (writes into its ranges, overlap between its ranges, result size, the
 //!   hit rate of its repeats under each strategy), which this module feeds from lookups, fills
 //!   and writes. Both kinds of entry live in the same table state and every write invalidates
-//!   both, so a shape may switch at any time.
+//!   both, so a shape may switch at any time; when it does, the entries of the kind it left
+//!   are dropped ([`Cache::drop_after_switch`]) rather than left for CLOCK.
 //!
 //! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
 //! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
@@ -67,6 +68,11 @@ const CELL_OVERHEAD_BYTES: usize = 32;
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
 /// Each-row result memos per table (see the module doc); when full they are all dropped.
 const MEMOS_PER_TABLE_MAX: usize = 4096;
+/// Slots (one range hash each) remembering which scans walked the runs lately: a memo is made
+/// at a range's second walk, not its first. Making one per walk cost scans that never repeat
+/// (random starts) a copy of their row list, a key, and every 4,096 a mass drop: session 13's
+/// walk profile, docs/benchmarks.md.
+const WALKED_SLOTS: usize = 4096;
 /// Write events (a row's write or notice beginning or ending) remembered per table for the
 /// fills' range check; a fill whose ticket is older than the oldest is dropped.
 const WRITE_LOG_MAX: usize = 4096;
@@ -298,6 +304,19 @@ fn remove_row(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, row: &[u
     Some(freed)
 }
 
+/// The keys of the cached each-row rows in [start, stop) (empty stop = the end of the table).
+fn row_keys_in(runs: &BTreeMap<Arc<[u8]>, Run>, start: &[u8], stop: &[u8]) -> Vec<Vec<u8>> {
+    let first = run_lo_of(runs, start);
+    let lower = Bound::Included(first.as_deref().unwrap_or(start));
+    let upper = if stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(stop) };
+    runs.range::<[u8], _>((lower, upper))
+        .flat_map(|(_, run)| run.rows.iter())
+        .map(|r| r.row.row.as_slice())
+        .filter(|r| crate::adaptive::inside(r, start, stop))
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
 /// The lower bound for a walk of the runs from `start`: the `lo` of the run that holds
 /// `start`'s place (a clone of the shared key), if any.
 fn run_lo_of(runs: &BTreeMap<Arc<[u8]>, Run>, start: &[u8]) -> Option<Arc<[u8]>> {
@@ -333,6 +352,9 @@ pub struct Stats {
     /// Adaptive: scan shapes tracked now on all-row / each-row (crate::adaptive).
     pub shapes_all_row: u64,
     pub shapes_each_row: u64,
+    /// Adaptive: entries (all-row entries, each-row rows, memos) of the kind a scan shape left,
+    /// dropped when it switched (`Cache::drop_after_switch`).
+    pub switch_drops: u64,
 }
 
 #[derive(Default)]
@@ -364,6 +386,8 @@ struct TableState {
     /// Some memo was hit since its rows' reference bits were last set from it
     /// ([`TableState::mark_memo_rows`]).
     memos_referenced: bool,
+    /// Hashes of ranges walked lately, by hash modulo [`WALKED_SLOTS`] (empty until a walk).
+    walked: Vec<u64>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
@@ -404,6 +428,20 @@ impl TableState {
         });
         self.bytes -= freed;
         self.memo_freed += freed;
+    }
+
+    /// Did a scan of exactly `q` walk the runs lately (then it is worth a memo)? Records this
+    /// walk. A collision only makes or skips one memo.
+    fn walked_before(&mut self, q: &QueryKey) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        q.hash(&mut h);
+        let h = h.finish() | 1;
+        if self.walked.is_empty() {
+            self.walked = vec![0; WALKED_SLOTS];
+        }
+        let slot = &mut self.walked[(h % WALKED_SLOTS as u64) as usize];
+        std::mem::replace(slot, h) == h
     }
 
     /// Every each-row row, in order.
@@ -598,11 +636,69 @@ impl Cache {
     pub fn lookup(&mut self, table: &[u8], q: &QueryKey, rows_max: usize) -> Option<Hit> {
         let hit = self.lookup_at(table, q, rows_max, true);
         if self.strategy == Strategy::Adaptive && !is_get(q) {
-            if let Some(s) = self.table(table).shapes.scan_shape(&q.spec, &q.filter) {
-                s.observe_scan(&q.start, &q.stop, hit.is_some());
+            let shape = self.table(table).shapes.scan_shape(&q.spec, &q.filter);
+            if let Some(to) = shape.and_then(|s| s.observe_scan(&q.start, &q.stop, hit.is_some())) {
+                self.drop_after_switch(table, q, to);
             }
         }
         hit
+    }
+
+    /// The scan shape of `q` (adaptive) just switched to `to`: drops the entries of the kind it
+    /// left, which its queries no longer read (they would otherwise stay until CLOCK reached
+    /// them: with room to spare, never — no writes, k = 1: 1.89x all-row's bytes,
+    /// docs/benchmarks.md session 12). To all-row: the shape's result memos, and the each-row
+    /// rows inside its recent ranges except those inside a recent range of another each-row
+    /// shape (Gets are each-row too: a Get of a dropped row misses once and refills it). To
+    /// each-row: every all-row entry of the shape. Dropping is never stale (a later query
+    /// misses and reads HBase); complete intervals are cut at every dropped row, as by a write.
+    fn drop_after_switch(&mut self, table: &[u8], q: &QueryKey, to: Strategy) {
+        let Some(st) = self.tables.get_mut(table) else { return };
+        let of_shape = |k: &QueryKey| {
+            !is_get(k) && k.filter.is_empty() && each_row_servable(&k.spec) && k.spec.columns == q.spec.columns
+        };
+        let (mut freed, mut dropped) = (0, 0u64);
+        if to == Strategy::EachRow {
+            let keys: Vec<QueryKey> = st.queries.keys().filter(|k| of_shape(k)).cloned().collect();
+            for k in keys {
+                if let Some(e) = st.queries.remove(&k) {
+                    freed += e.bytes;
+                    dropped += 1;
+                    self.clock.remove(&e.tick);
+                }
+            }
+        } else {
+            let memos = st.memos.len();
+            st.drop_memos(of_shape);
+            dropped += (memos - st.memos.len()) as u64;
+            let others = st.shapes.each_row_ranges_of_others(&q.spec, &q.filter);
+            let mine: Vec<(Vec<u8>, Vec<u8>)> = st
+                .shapes
+                .scan_shape(&q.spec, &q.filter)
+                .map(|s| s.recent_ranges().map(|(a, b)| (a.to_vec(), b.to_vec())).collect())
+                .unwrap_or_default();
+            for (a, b) in &mine {
+                let keep: Vec<&(Vec<u8>, Vec<u8>)> =
+                    others.iter().filter(|(c, d)| crate::adaptive::intersects(a, b, c, d)).collect();
+                let mut gone = row_keys_in(&st.runs, a, b);
+                gone.retain(|r| !keep.iter().any(|(c, d)| crate::adaptive::inside(r, c, d)));
+                for r in &gone {
+                    if let Some(bytes) = remove_row(st, &mut self.clock, r) {
+                        freed += bytes;
+                        dropped += 1;
+                    }
+                    split_interval(&mut st.complete, r);
+                }
+                if !gone.is_empty() {
+                    // Other shapes' memos over those rows would keep them alive uncounted.
+                    st.drop_memos(|k| crate::adaptive::intersects(&k.start, &k.stop, a, b));
+                }
+            }
+        }
+        st.stats.switch_drops += dropped;
+        st.bytes -= freed;
+        self.bytes -= freed;
+        self.bytes -= st.take_freed();
     }
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
@@ -627,7 +723,8 @@ impl Cache {
         }
         if each {
             let memo = first && !is_get(q);
-            if let Some(m) = st.memos.get_mut(q).filter(|m| memo && m.rows.len() <= rows_max) {
+            // Gets and continuations have no memo: not even a hash of their key.
+            if let Some(m) = memo.then(|| st.memos.get_mut(q)).flatten().filter(|m| m.rows.len() <= rows_max) {
                 m.referenced = true;
                 let rows = m.rows.clone();
                 st.memos_referenced = true;
@@ -637,7 +734,7 @@ impl Cache {
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
                 let bytes = memo_bytes(q, &rows);
-                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max {
+                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max && st.walked_before(q) {
                     let rows: Rows = rows.into();
                     if st.memos.len() >= MEMOS_PER_TABLE_MAX {
                         st.drop_memos(|_| true);
@@ -1000,14 +1097,14 @@ impl Cache {
 /// with the cache unless `q` names columns (then projected copies, encoded here).
 fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option<(Assembled, Option<Vec<u8>>)> {
     let iv_end = covering_end(&st.complete, &q.start)?;
-    // The walk ends at the query's stop or the interval's, whichever comes first.
-    let (end, next) = match (q.stop.is_empty(), iv_end.is_empty()) {
-        (_, true) => (q.stop.clone(), None),
-        (true, false) => (iv_end.clone(), Some(iv_end)),
-        (false, false) if q.stop <= iv_end => (q.stop.clone(), None),
-        (false, false) => (iv_end.clone(), Some(iv_end)),
+    // The walk ends at the query's stop or the interval's, whichever comes first (borrowed:
+    // no copy of either key for a Get).
+    let (end, next): (&[u8], Option<Vec<u8>>) = match (q.stop.is_empty(), iv_end.is_empty()) {
+        (_, true) => (&q.stop, None),
+        (false, false) if q.stop.as_slice() <= iv_end => (&q.stop, None),
+        (_, false) => (iv_end, Some(iv_end.to_vec())),
     };
-    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end.as_slice()) };
+    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end) };
     let rows_max = rows_max.max(1);
     let mut out = Vec::with_capacity(rows_max.min(1024));
     let mut next = next;
@@ -1017,7 +1114,7 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
         let from = run.rows.partition_point(|r| r.row.row.as_slice() < q.start.as_slice());
         for i in from..run.rows.len() {
             let k = &run.rows[i];
-            if !end.is_empty() && k.row.row.as_slice() >= end.as_slice() {
+            if !end.is_empty() && k.row.row.as_slice() >= end {
                 break 'walk;
             }
             if out.len() >= rows_max {
@@ -1041,9 +1138,9 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
 }
 
 /// The end of the complete interval holding `key` (empty = end of table), if any.
-fn covering_end(iv: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<Vec<u8>> {
+fn covering_end<'a>(iv: &'a BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8]) -> Option<&'a [u8]> {
     let (_, e) = iv.range::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back()?;
-    (e.is_empty() || key < e.as_slice()).then(|| e.clone())
+    (e.is_empty() || key < e.as_slice()).then_some(e.as_slice())
 }
 
 /// Is [start, stop) inside one complete interval? (Test helper: lookups need only the start.)
@@ -1248,7 +1345,9 @@ mod tests {
         let t = c.fill_ticket(b"t", &q("", ""));
         assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
         let filled = c.bytes();
-        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk, memo stored") };
+        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Assembled(r, None)) if r.len() == 2), "walk");
+        assert_eq!(c.bytes(), filled, "no memo for a first walk");
+        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk again, memo stored") };
         assert!(c.bytes() > filled, "memo counted");
         let Some(Hit::Rows(again, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("memo hit") };
         assert!(Arc::ptr_eq(&first, &again) && again.len() == 2);
@@ -1372,6 +1471,96 @@ mod tests {
         assert!(c.each_row_for(b"t", &q(&k(200), &k(250))), "a write: each-row");
         assert!(c.lookup(b"t", &all[0], 1000).is_none());
         assert!(c.table_stats()[0].1.chosen_all_row > st.chosen_all_row);
+    }
+
+    /// Bytes the cache should account for what it holds (entries, runs and their rows, memos).
+    fn held_bytes(c: &Cache) -> usize {
+        c.tables
+            .values()
+            .map(|st| {
+                st.queries.values().map(|e| e.bytes).sum::<usize>()
+                    + st.runs
+                        .iter()
+                        .map(|(lo, r)| run_bytes(lo, r) + r.rows.iter().map(row_bytes).sum::<usize>())
+                        .sum::<usize>()
+                    + st.memos.iter().map(|(k, m)| memo_bytes(k, &m.rows)).sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// A shape switching strategy drops the entries of the kind it left: to all-row, its memos
+    /// and the each-row rows of its recent ranges, but not rows inside a recent range of
+    /// another shape still on each-row; to each-row, its all-row entries (another shape's
+    /// stay). Bytes stay equal to what is held; the dropped ranges are then misses, refilled.
+    #[test]
+    fn a_switch_drops_the_entries_of_the_strategy_it_left() {
+        use crate::adaptive::{ALL_ROW_WINDOWS_MIN, WINDOW};
+        let mut c = Cache::new(Strategy::Adaptive, 64 << 20);
+        let k = |i: usize| format!("r{i:04}");
+        let rows: Vec<Arc<CachedRow>> = (0..1000).map(|i| row(&k(i), "v")).collect();
+        let cols =
+            |qq: QueryKey| QueryKey { spec: ReadSpec { columns: vec![b"f:a".to_vec()], ..ReadSpec::latest() }, ..qq };
+        let scan = |c: &mut Cache, qq: &QueryKey, a: usize, b: usize| {
+            if c.lookup(b"t", qq, 1000).is_none() {
+                let t = c.fill_ticket(b"t", qq);
+                assert!(c.fill(b"t", qq, rows[a..b].to_vec(), None, t));
+            }
+        };
+        let a_range = |i: usize| 200 + i % 4 * 100;
+        // Another shape's all-row entry (a filter: always all-row), which no switch touches.
+        let filtered = QueryKey { filter: b"KeyOnlyFilter()".to_vec(), ..q(&k(300), &k(350)) };
+        scan(&mut c, &filtered, 300, 350);
+        // Shape A (whole rows) repeats four disjoint ranges; shape B (a column) slides inside
+        // A's first range, so it stays each-row.
+        let n = (ALL_ROW_WINDOWS_MIN * WINDOW) as usize;
+        for i in 0..n {
+            if i == n - 1 {
+                let st = &c.tables[&b"t"[..]];
+                assert_eq!(st.cached_rows().count(), 200, "A's four ranges, each-row");
+                assert!(st.memos.keys().any(|m| m.spec.columns.is_empty()), "A's memos");
+            }
+            scan(&mut c, &q(&k(a_range(i)), &k(a_range(i) + 50)), a_range(i), a_range(i) + 50);
+            scan(&mut c, &cols(q(&k(200 + i % 10), &k(240 + i % 10))), 200 + i % 10, 240 + i % 10);
+        }
+        assert!(!c.each_row_for(b"t", &q(&k(300), &k(350))), "A switched to all-row");
+        assert!(c.each_row_for(b"t", &cols(q(&k(200), &k(240)))), "B stays each-row");
+        let st = &c.tables[&b"t"[..]];
+        let kept: Vec<String> = st.cached_rows().map(|r| String::from_utf8_lossy(&r.row.row).into_owned()).collect();
+        assert_eq!(kept, (200..249).map(k).collect::<Vec<_>>(), "only rows inside B's ranges stay");
+        assert!(!st.memos.keys().any(|m| m.spec.columns.is_empty()), "A's memos dropped");
+        assert_eq!(st.stats.switch_drops, 151 + 4, "{:?}", st.stats);
+        assert!(st.queries.contains_key(&filtered));
+        assert!(covered(&st.complete, k(200).as_bytes(), k(249).as_bytes()));
+        assert!(!covered(&st.complete, k(300).as_bytes(), k(301).as_bytes()), "no longer complete");
+        assert_eq!(c.bytes(), held_bytes(&c));
+        check_runs(&c);
+        // A's ranges now miss once and are refilled as all-row entries; B's are still hits.
+        assert!(c.lookup(b"t", &q(&k(300), &k(350)), 1000).is_none());
+        assert!(c.lookup(b"t", &cols(q(&k(205), &k(245))), 1000).is_some());
+        for i in 0..4 {
+            scan(&mut c, &q(&k(a_range(i)), &k(a_range(i) + 50)), a_range(i), a_range(i) + 50);
+        }
+        assert_eq!(c.tables[&b"t"[..]].queries.len(), 5);
+        // A write into A's ranges within its window: back to each-row at the window's end, and
+        // A's all-row entries go (the filtered shape's stays).
+        c.begin_write(b"t", Some(&[k(410).into_bytes()]));
+        c.end_write(b"t", Some(&[k(410).into_bytes()]));
+        let before = c.tables[&b"t"[..]].stats.switch_drops;
+        let window_left = WINDOW as usize - (n + 1 + 4) % WINDOW as usize;
+        for i in 0..window_left {
+            let qq = q(&k(a_range(i)), &k(a_range(i) + 50));
+            if i + 1 == window_left {
+                assert!(!c.each_row_for(b"t", &qq), "still all-row before the window ends");
+            }
+            scan(&mut c, &qq, a_range(i), a_range(i) + 50);
+        }
+        assert!(c.each_row_for(b"t", &q(&k(300), &k(350))), "a write: each-row");
+        let st = &c.tables[&b"t"[..]];
+        assert_eq!(st.queries.keys().collect::<Vec<_>>(), vec![&filtered], "A's all-row entries dropped");
+        assert_eq!(st.stats.switch_drops - before, 4, "the four ranges (the written one refilled in the window)");
+        assert_eq!(c.bytes(), held_bytes(&c));
+        check_runs(&c);
+        assert!(c.lookup(b"t", &q(&k(300), &k(350)), 1000).is_none(), "each-row rows were dropped before");
     }
 
     /// Each-row's per-row bytes against all-row's for k-fold overlapping ranges (the issue's
@@ -1601,7 +1790,8 @@ mod tests {
             let t = c.fill_ticket(b"t", &q("", ""));
             let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
             assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
-            // The walk that makes the memo.
+            // The walks that make the memo (at the second).
+            assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Assembled(..))));
             assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Rows(..))));
         }
         // The hand has passed since: every row's bit is clear.

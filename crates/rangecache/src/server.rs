@@ -379,7 +379,7 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
     }
     let tables: Vec<_> = fronts.iter().map(|f| (*f, f.state.cache().table_stats())).collect();
     type Pick = fn(&crate::cache::Stats) -> u64;
-    let per_table: [(&str, &str, Pick); 8] = [
+    let per_table: [(&str, &str, Pick); 9] = [
         ("all_row_hits_total", "Queries answered from all-row entries", |s| s.hits_all_row),
         ("each_row_hits_total", "Queries answered from each-row entries", |s| s.hits_each_row),
         ("misses_total", "Queries that went to HBase", |s| s.misses),
@@ -388,6 +388,11 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
         ("invalidations_total", "Entries dropped by writes or table changes", |s| s.invalidations),
         ("evictions_total", "Entries evicted by the memory limit", |s| s.evictions),
         ("notices_total", "Write notices from the RegionObserver (writes by any HBase client)", |s| s.notices),
+        (
+            "switch_drops_total",
+            "Adaptive: entries of the strategy a scan shape left (all-row entries, or each-row rows and memos), dropped at the switch",
+            |s| s.switch_drops,
+        ),
     ];
     for (name, help, pick) in per_table {
         metric(out, name, "counter", help);

@@ -19,6 +19,7 @@ use std::cell::Cell;
 use std::io::{self, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use thrift::protocol::{
     TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TInputProtocol, TListIdentifier, TMapIdentifier,
     TMessageIdentifier, TMessageType, TSetIdentifier, TStructIdentifier, TType,
@@ -375,6 +376,9 @@ const PACE_SLEEP_NS_MAX: u64 = 50_000_000;
 struct Pacer<'a> {
     shaper: &'a TenantShaper,
     unwritten: u32,
+    /// Requests and bytes run since the last write, added to the tenant's counters just before
+    /// it (one set of shared atomics per write, not per message).
+    uncounted: (u64, u64, u64),
 }
 
 impl Pacer<'_> {
@@ -392,6 +396,7 @@ impl Pacer<'_> {
                 },
             };
             if !out.is_empty() {
+                self.count();
                 w.write_all(out)?;
                 out.clear();
                 self.written();
@@ -405,16 +410,31 @@ impl Pacer<'_> {
         self.shaper.charge_ingress(bytes_in as u64);
         self.shaper.charge_egress(1, bytes_out as u64);
         self.unwritten += 1;
+        let u = &mut self.uncounted;
+        *u = (u.0 + 1, u.1 + bytes_in as u64, u.2 + bytes_out as u64);
     }
 
     fn written(&mut self) {
         self.shaper.complete(std::mem::take(&mut self.unwritten));
+    }
+
+    /// Adds the messages run since the last call to the tenant's counters; called before their
+    /// replies are written, so a client that has its reply sees it counted.
+    fn count(&mut self) {
+        let (requests, bytes_in, bytes_out) = std::mem::take(&mut self.uncounted);
+        if requests > 0 {
+            let c = &self.shaper.counters;
+            c.port_requests.fetch_add(requests, Ordering::Relaxed);
+            c.port_bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
+            c.port_bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for Pacer<'_> {
     /// A connection ending with replies unwritten frees their outstanding slots.
     fn drop(&mut self) {
+        self.count();
         self.written();
     }
 }
@@ -456,7 +476,7 @@ pub fn serve<R: Read, W: Write>(
     let framed = transport == Transport::Framed;
     let mut input = BoundedInput::new(Frames { inner: BufReader::with_capacity(IN_BUFFER_BYTES, r), left: None });
     let mut out = Vec::with_capacity(OUT_INITIAL_BYTES);
-    let mut pacer = shaper.map(|shaper| Pacer { shaper, unwritten: 0 });
+    let mut pacer = shaper.map(|shaper| Pacer { shaper, unwritten: 0, uncounted: (0, 0, 0) });
     loop {
         if let Some(p) = pacer.as_mut() {
             p.wait_turn(w, &mut out)?;
@@ -475,11 +495,18 @@ pub fn serve<R: Read, W: Write>(
         frame_end(&mut out, at, framed);
         if let Some(p) = pacer.as_mut() {
             // Framed: the whole frame and its 4-byte length were read (a rest the message left
-            // is skipped below); buffered: what the message used.
-            p.charge(if framed { budget + 4 } else { input.used(budget) }, out.len() - at);
+            // is skipped below); buffered: what the message used (none: the connection ended
+            // between messages, which is no request).
+            let bytes_in = if framed { budget + 4 } else { input.used(budget) };
+            if bytes_in > 0 {
+                p.charge(bytes_in, out.len() - at);
+            }
         }
         if let Err(e) = res {
             // Whatever the failed message produced (an exception reply) goes out before closing.
+            if let Some(p) = pacer.as_mut() {
+                p.count();
+            }
             let _ = w.write_all(&out);
             return end_of(e);
         }
@@ -488,6 +515,9 @@ pub fn serve<R: Read, W: Write>(
         }
         if input.source().next_message_buffered(framed) && out.len() < OUT_FLUSH_BYTES {
             continue;
+        }
+        if let Some(p) = pacer.as_mut() {
+            p.count();
         }
         w.write_all(&out)?;
         out.clear();

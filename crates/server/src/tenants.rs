@@ -598,9 +598,21 @@ impl TenantControl for TenantTable {
     fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         const FAMILIES: [(&str, &str, &str); 12] = [
-            ("slipstream_tenant_requests_total", "counter", "Requests executed in user space for the tenant."),
-            ("slipstream_tenant_bytes_in_total", "counter", "Request bytes received for the tenant (user space)."),
-            ("slipstream_tenant_bytes_out_total", "counter", "Reply bytes sent for the tenant (user space)."),
+            (
+                "slipstream_tenant_requests_total",
+                "counter",
+                "Requests executed in user space for the tenant (its memcached and Thrift ports).",
+            ),
+            (
+                "slipstream_tenant_bytes_in_total",
+                "counter",
+                "Request bytes received for the tenant (user space, memcached and Thrift ports).",
+            ),
+            (
+                "slipstream_tenant_bytes_out_total",
+                "counter",
+                "Reply bytes sent for the tenant (user space, memcached and Thrift ports).",
+            ),
             (
                 "slipstream_tenant_throttled_total",
                 "counter",
@@ -630,9 +642,9 @@ impl TenantControl for TenantTable {
                 let st = t.store.stats();
                 let sh = |f: fn(&TenantShaper) -> u64| t.shaper.as_deref().map(f).unwrap_or(0);
                 let values = [
-                    c.requests,
-                    c.bytes_read,
-                    c.bytes_written,
+                    c.requests + sh(|s| s.counters.port_requests.load(Ordering::Relaxed)),
+                    c.bytes_read + sh(|s| s.counters.port_bytes_in.load(Ordering::Relaxed)),
+                    c.bytes_written + sh(|s| s.counters.port_bytes_out.load(Ordering::Relaxed)),
                     sh(|s| s.counters.throttled.load(Ordering::Relaxed)),
                     sh(|s| s.counters.dropped.load(Ordering::Relaxed)),
                     st.bytes,

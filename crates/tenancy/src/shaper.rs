@@ -54,6 +54,12 @@ pub struct ShaperCounters {
     pub kernel_requests: AtomicU64,
     pub kernel_bytes_in: AtomicU64,
     pub kernel_bytes_out: AtomicU64,
+    /// Requests and bytes served on the tenant's own service ports outside the serving loops
+    /// (its Thrift port: a thread per connection, so no per-thread stats there), added by that
+    /// service once per reply write; the tenant's request and byte metrics include them.
+    pub port_requests: AtomicU64,
+    pub port_bytes_in: AtomicU64,
+    pub port_bytes_out: AtomicU64,
 }
 
 /// One tenant's two buckets and in-flight bound.
