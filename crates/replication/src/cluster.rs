@@ -109,27 +109,72 @@ impl ClusterSpec {
         Ok(ClusterSpec { node_id, peers: map, data_dir: PathBuf::from(data_dir), fsync, timing: Timing::default() })
     }
 
-    /// Check a tenant's `replicas` (1 = unreplicated) and `preferred_leader` against this
-    /// cluster (`None` = no `[cluster]` section).
-    pub fn check_tenant(
+    /// The nodes holding a tenant's replicas (its group's voters), checked against this
+    /// cluster (`None` = no `[cluster]` section); empty = unreplicated (`replicas` 1 or absent,
+    /// no `nodes`). The one home of the placement rule:
+    /// - `nodes = [..]` given: exactly those (ids of `peers`, unique, 2 or more; `replicas`, if
+    ///   given too, must equal their count);
+    /// - else `replicas = n` of the `m` peers: n = m means every node; n < m means the n peers
+    ///   that follow `preferred_leader` in ascending id order, wrapping around (from the lowest
+    ///   id without one), so `preferred_leader = 4` with replicas 3 of nodes 1..=5 is [4, 5, 1]
+    ///   and tenants whose leaders are spread are spread too.
+    ///
+    /// `preferred_leader` must be one of the result.
+    pub fn placement(
         cluster: Option<&ClusterSpec>,
-        replicas: u64,
+        replicas: Option<u64>,
+        nodes: Option<&[u64]>,
         preferred_leader: Option<u64>,
-    ) -> Result<(), String> {
-        let nodes = cluster.map_or(1, |c| c.peers.len());
-        if replicas == 0 || replicas as usize > nodes {
-            let hint = if cluster.is_none() { " (more than 1 needs a [cluster] section)" } else { "" };
-            return Err(format!("replicas {replicas}: must be 1..={nodes}{hint}"));
-        }
+    ) -> Result<Vec<u64>, String> {
+        let peers: Vec<u64> = cluster.map_or(Vec::new(), |c| c.peers.keys().copied().collect());
+        let count = peers.len().max(1);
+        let hint = if cluster.is_none() { " (more than 1 needs a [cluster] section)" } else { "" };
+        let placed = match nodes {
+            Some(list) => {
+                if cluster.is_none() {
+                    return Err("nodes needs a [cluster] section".into());
+                }
+                if list.len() < 2 || list.len() > count {
+                    return Err(format!(
+                        "nodes {list:?}: 2..={count} node ids of [cluster] peers (1 replica = leave nodes out)"
+                    ));
+                }
+                if let Some(bad) = list.iter().find(|n| !peers.contains(n)) {
+                    return Err(format!("nodes {list:?}: node {bad} is not in [cluster] peers"));
+                }
+                let mut sorted = list.to_vec();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() != list.len() {
+                    return Err(format!("nodes {list:?}: a node is given twice"));
+                }
+                if let Some(r) = replicas.filter(|&r| r != list.len() as u64) {
+                    return Err(format!("replicas {r} but nodes {list:?} has {}: give one of them", list.len()));
+                }
+                list.to_vec()
+            }
+            None => {
+                let n = replicas.unwrap_or(1);
+                if n == 0 || n as usize > count {
+                    return Err(format!("replicas {n}: must be 1..={count}{hint}"));
+                }
+                if n == 1 {
+                    Vec::new()
+                } else {
+                    let start = preferred_leader.and_then(|l| peers.iter().position(|&p| p == l)).unwrap_or(0);
+                    (0..n as usize).map(|i| peers[(start + i) % peers.len()]).collect()
+                }
+            }
+        };
         if let Some(l) = preferred_leader {
-            if replicas == 1 {
+            if placed.is_empty() {
                 return Err("preferred_leader needs replicas > 1".into());
             }
-            if !cluster.is_some_and(|c| c.peers.contains_key(&l)) {
-                return Err(format!("preferred_leader {l} is not a node of [cluster] peers"));
+            if !placed.contains(&l) {
+                return Err(format!("preferred_leader {l} is not one of the tenant's nodes {placed:?}"));
             }
         }
-        Ok(())
+        Ok(placed)
     }
 }
 
@@ -148,8 +193,8 @@ mod tests {
         assert_eq!(c.peers.len(), 3);
         assert_eq!(c.peers[&2], "127.0.0.1:13002".parse().unwrap());
         assert_eq!(c.fsync, FsyncMode::Always);
-        assert_eq!(ClusterSpec::check_tenant(Some(&c), 3, Some(1)), Ok(()));
-        assert_eq!(ClusterSpec::check_tenant(None, 1, None), Ok(()));
+        assert_eq!(ClusterSpec::placement(Some(&c), Some(3), None, Some(1)), Ok(vec![1, 2, 3]));
+        assert_eq!(ClusterSpec::placement(None, Some(1), None, None), Ok(vec![]));
     }
 
     #[test]
@@ -165,11 +210,33 @@ mod tests {
         assert!(err(1, &["1=127.0.0.1:1"], "", "always").contains("data_dir"));
         assert!(err(1, &["1=127.0.0.1:1"], "/d", "sometimes").contains("fsync"));
         let c = ClusterSpec::parse(1, &ok, "/d", "batch").unwrap();
-        assert!(ClusterSpec::check_tenant(Some(&c), 3, None).unwrap_err().contains("1..=2"));
-        assert!(ClusterSpec::check_tenant(Some(&c), 0, None).is_err());
-        assert!(ClusterSpec::check_tenant(Some(&c), 2, Some(9)).unwrap_err().contains("preferred_leader"));
-        assert!(ClusterSpec::check_tenant(None, 3, None).unwrap_err().contains("[cluster]"));
-        assert!(ClusterSpec::check_tenant(Some(&c), 1, Some(1)).is_err());
+        assert!(ClusterSpec::placement(Some(&c), Some(3), None, None).unwrap_err().contains("1..=2"));
+        assert!(ClusterSpec::placement(Some(&c), Some(0), None, None).is_err());
+        assert!(ClusterSpec::placement(Some(&c), Some(2), None, Some(9)).unwrap_err().contains("preferred_leader"));
+        assert!(ClusterSpec::placement(None, Some(3), None, None).unwrap_err().contains("[cluster]"));
+        assert!(ClusterSpec::placement(Some(&c), Some(1), None, Some(1)).is_err());
+    }
+
+    #[test]
+    fn placement_is_explicit_or_follows_the_preferred_leader() {
+        let five = peers(&["1=127.0.0.1:1", "2=127.0.0.1:2", "3=127.0.0.1:3", "4=127.0.0.1:4", "5=127.0.0.1:5"]);
+        let c = ClusterSpec::parse(1, &five, "/d", "always").unwrap();
+        let place = |r, n: Option<&[u64]>, l| ClusterSpec::placement(Some(&c), r, n, l);
+        // The rule: `replicas` peers from the preferred leader on, by id, wrapping.
+        assert_eq!(place(Some(3), None, Some(4)), Ok(vec![4, 5, 1]));
+        assert_eq!(place(Some(3), None, Some(2)), Ok(vec![2, 3, 4]));
+        assert_eq!(place(Some(3), None, None), Ok(vec![1, 2, 3]));
+        assert_eq!(place(Some(5), None, None), Ok(vec![1, 2, 3, 4, 5]));
+        assert_eq!(place(None, None, None), Ok(vec![]));
+        // Explicit nodes, in the order given; replicas may be left out.
+        assert_eq!(place(None, Some(&[5, 2, 3]), Some(2)), Ok(vec![5, 2, 3]));
+        assert_eq!(place(Some(2), Some(&[1, 4]), None), Ok(vec![1, 4]));
+        assert!(place(Some(3), Some(&[1, 4]), None).unwrap_err().contains("give one of them"));
+        assert!(place(None, Some(&[1, 6, 2]), None).unwrap_err().contains("node 6 is not in [cluster] peers"));
+        assert!(place(None, Some(&[1, 1, 2]), None).unwrap_err().contains("twice"));
+        assert!(place(None, Some(&[1]), None).unwrap_err().contains("2..=5"));
+        assert!(place(None, Some(&[1, 2]), Some(3)).unwrap_err().contains("preferred_leader 3 is not one of"));
+        assert!(ClusterSpec::placement(None, None, Some(&[1, 2]), None).unwrap_err().contains("[cluster]"));
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod memcache_meta;
 pub mod memcache_text;
 pub mod net;
 pub mod outq;
+pub mod relay;
 pub mod replicated;
 pub mod stats;
 pub mod stats_prefix;

@@ -80,6 +80,9 @@ pub struct Tenant {
     /// Set once at start-up for a tenant with `replicas > 1`: its mutations go through its
     /// Raft group (see `replicated`).
     pub replica: OnceLock<Arc<crate::replicated::Replica>>,
+    /// Set once at start-up for a replicated tenant this node holds no replica of: its
+    /// connections are relayed to a node that does (see `relay`).
+    pub relay: OnceLock<Arc<crate::relay::Relay>>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -210,6 +213,7 @@ impl TenantTable {
                     udp_local,
                     tls_exempt: tls_exempt.contains(&slot),
                     replica: OnceLock::new(),
+                    relay: OnceLock::new(),
                 })
             })
             .collect();
@@ -337,6 +341,7 @@ impl TenantTable {
             udp_local,
             tls_exempt: false,
             replica: OnceLock::new(),
+            relay: OnceLock::new(),
         });
         Ok(t)
     }

@@ -1,15 +1,19 @@
 //! Start-up of this node's replication (issue 15): one Raft group per replicated tenant
-//! (`replicas > 1`), its store the tenant's own, its command executor the server's
+//! this node holds (`replicas > 1`, this node among its placement: `ClusterSpec::placement`),
+//! its store the tenant's own, its command executor the server's
 //! (`slipstream_server::replicated`), then each tenant handed its group before the workers
-//! serve it.
+//! serve it; a replicated tenant placed on other nodes only gets a `Relay` to them.
 //!
 //! Not for: Raft (slipstream-replication) or the request path (slipstream-server).
 
 use crate::config::Config;
+use slipstream_replication::cluster::ClusterSpec;
 use slipstream_replication::{GroupSpec, NodeConfig, ReplicationNode};
 use slipstream_server::admin::MetricsFn;
+use slipstream_server::relay::Relay;
 use slipstream_server::replicated::{ApplyExec, Replica, TenantTraffic};
 use slipstream_server::tenants::TenantTable;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,9 +35,21 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
     let Some(c) = cfg.cluster.as_ref() else { return Ok(None) };
     let tenants = table.snapshot();
     let mut groups = Vec::new();
-    for spec in cfg.tenants.iter().filter(|t| t.replicas.unwrap_or(1) > 1) {
+    for spec in &cfg.tenants {
+        let placed = ClusterSpec::placement(Some(c), spec.replicas, spec.nodes.as_deref(), spec.preferred_leader)?;
+        if placed.is_empty() {
+            continue;
+        }
         let t =
             tenants.iter().find(|t| t.name == spec.name).ok_or_else(|| format!("tenant {:?} missing", spec.name))?;
+        if !placed.contains(&c.node_id) {
+            // Not a member: its port relays to the members, the preferred leader first.
+            let mut order = placed.clone();
+            order.sort_by_key(|&n| Some(n) != spec.preferred_leader);
+            let targets = order.iter().map(|n| SocketAddr::new(c.peers[n].ip(), spec.tcp_port)).collect();
+            let _ = t.relay.set(Arc::new(Relay::new(targets)));
+            continue;
+        }
         let exec = Arc::new(ApplyExec::new(table.settings.clone(), t.info.clone()));
         // Full, it refuses writes the same way on every replica instead of evicting by its
         // own LRU order (docs/replication.md, "Memory").
@@ -45,7 +61,7 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
             GroupSpec {
                 group_id: group_id(&spec.name),
                 // A joining node learns its groups' voters from the leader (log or snapshot).
-                voters: if cfg.replica_opts.join { Vec::new() } else { c.peers.keys().copied().collect() },
+                voters: if cfg.replica_opts.join { Vec::new() } else { placed },
                 store: t.store.clone(),
                 preferred_leader: spec.preferred_leader,
                 exec: Some(exec),
@@ -74,7 +90,7 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
 /// Prometheus lines for every replicated tenant (role, term, indexes, log bytes, elections,
 /// forwarded proposals, requests sent to the group and failures), for the admin endpoint.
 pub fn metrics(table: &Arc<TenantTable>) -> Option<MetricsFn> {
-    if !table.snapshot().iter().any(|t| t.replica.get().is_some()) {
+    if !table.snapshot().iter().any(|t| t.replica.get().is_some() || t.relay.get().is_some()) {
         return None;
     }
     let table = table.clone();
@@ -114,8 +130,34 @@ const METRICS: [(&str, &str); 15] = [
     ),
 ];
 
+/// Relayed tenants (held by other nodes): (name, help, value of the relay).
+const RELAY_METRICS: [(&str, &str, fn(&Relay) -> u64); 3] = [
+    (
+        "slipstream_tenant_relayed_connections_total",
+        "counter|Connections on the tenant's port relayed to a node of its group (this node holds no replica)",
+        |r| r.relayed.load(Ordering::Relaxed),
+    ),
+    (
+        "slipstream_tenant_relay_unreachable_total",
+        "counter|Connections on the tenant's port closed because no node of its group accepted one",
+        |r| r.unreachable.load(Ordering::Relaxed),
+    ),
+    ("slipstream_tenant_relays_open", "gauge|Relayed connections open now", |r| r.open.load(Ordering::Relaxed) as u64),
+];
+
 fn render(table: &TenantTable, out: &mut String) {
     use std::fmt::Write;
+    let relays: Vec<_> =
+        table.snapshot().into_iter().filter_map(|t| t.relay.get().map(|r| (t.name.clone(), r.clone()))).collect();
+    if !relays.is_empty() {
+        for (name, help, value) in RELAY_METRICS {
+            let (kind, help) = help.split_once('|').unwrap_or(("gauge", help));
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (tenant, r) in &relays {
+                let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {}", value(r));
+            }
+        }
+    }
     let tenants: Vec<_> =
         table.snapshot().into_iter().filter_map(|t| t.replica.get().map(|r| (t.name.clone(), r.clone()))).collect();
     for (name, help) in METRICS {

@@ -275,9 +275,12 @@ impl Default for ReplicaOpts {
     }
 }
 
-/// Check `[cluster]` and every tenant's `replicas`/`preferred_leader` against it. A
-/// replicated tenant has a replica on every node for now (`replicas` = the number of peers):
-/// each node serves the tenant's port, and a node without a replica could not.
+/// Check `[cluster]` and every tenant's `replicas`/`nodes`/`preferred_leader` against it
+/// (`ClusterSpec::placement`). A replicated tenant may live on fewer nodes than the cluster
+/// has: the others relay its port to a node that holds it (`slipstream_server::relay`), which
+/// needs the tenant's `tcp_port` to be the same on every node (the relay connects to
+/// `<member's peers IP>:<tcp_port>`) and no `udp_port` (a relayed datagram could not be
+/// answered by the member).
 fn check_cluster(
     cluster: Option<FileCluster>,
     tenants: &[TenantSpec],
@@ -306,13 +309,13 @@ fn check_cluster(
         None => (None, ReplicaOpts::default()),
     };
     for t in tenants {
-        let replicas = t.replicas.unwrap_or(1);
-        ClusterSpec::check_tenant(spec.as_ref(), replicas, t.preferred_leader)
+        let placed = ClusterSpec::placement(spec.as_ref(), t.replicas, t.nodes.as_deref(), t.preferred_leader)
             .map_err(|e| format!("[[tenant]] {:?}: {e}", t.name))?;
-        let nodes = spec.as_ref().map_or(1, |c| c.peers.len() as u64);
-        if replicas > 1 && replicas != nodes {
+        let everywhere = spec.as_ref().is_none_or(|c| placed.len() == c.peers.len());
+        if !placed.is_empty() && !everywhere && t.udp_port.is_some_and(|p| p != 0) {
             return Err(format!(
-                "[[tenant]] {:?}: replicas {replicas}: a replicated tenant has a replica on every node for now ({nodes})",
+                "[[tenant]] {:?}: udp_port: a tenant on {placed:?}, not every node, takes TCP only \
+                 (a node outside its group relays TCP connections, not datagrams)",
                 t.name
             ));
         }
@@ -1151,8 +1154,17 @@ mod tests {
         assert_eq!(opts, ReplicaOpts { local_reads: false, wait_ms: 3000, join: false });
         let mut two = file.tenant.clone();
         two[0].replicas = Some(2);
+        // Fewer replicas than nodes: placed from the preferred leader on; no UDP then.
+        check_cluster(Some(cluster("batch")), &two).unwrap();
+        two[0].replicas = None;
+        two[0].nodes = Some(vec![2, 4]);
         let e = check_cluster(Some(cluster("batch")), &two).unwrap_err();
-        assert!(e.contains("a replica on every node"), "{e}");
+        assert!(e.contains("nodes [2, 4]: node 4 is not in [cluster] peers"), "{e}");
+        two[0].nodes = Some(vec![1, 3]);
+        check_cluster(Some(cluster("batch")), &two).unwrap();
+        two[0].udp_port = Some(12001);
+        let e = check_cluster(Some(cluster("batch")), &two).unwrap_err();
+        assert!(e.contains("udp_port: a tenant on [1, 3], not every node"), "{e}");
         let local = FileCluster { reads: "local".into(), wait_ms: 500, ..cluster("never") };
         assert_eq!(
             check_cluster(Some(local), &file.tenant).unwrap().1,

@@ -72,6 +72,11 @@ pub struct TenantSpec {
     /// Node id that should lead the tenant's replication group while it is up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_leader: Option<u64>,
+    /// The node ids holding the tenant's replicas (absent: `replicas` from the preferred
+    /// leader on; slipstream_replication::cluster::ClusterSpec::placement has the rule). A
+    /// node not among them serves the tenant's port by relaying to one that is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<u64>>,
     /// The tenant's own HBase Thrift1 port (the range cache, crates/rangecache; needs
     /// `[hbase]`): its requests are shaped by this tenant's buckets and its cache takes
     /// [`TenantSpec::memory_split`]'s part of `memory_mb`.
@@ -138,7 +143,7 @@ impl TenantSpec {
     pub fn from_json(body: &[u8]) -> Result<TenantSpec, SpecError> {
         let spec: TenantSpec = parse_json(body)?;
         spec.validate()?;
-        if spec.replicas.unwrap_or(1) != 1 || spec.preferred_leader.is_some() {
+        if spec.replicas.unwrap_or(1) != 1 || spec.preferred_leader.is_some() || spec.nodes.is_some() {
             // Replication groups are set up from the config file at start (issue 15); a
             // tenant created here would silently be unreplicated.
             return Err(SpecError::Field("replicas", "replicated tenants cannot be created at run time yet".into()));

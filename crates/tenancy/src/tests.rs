@@ -442,6 +442,7 @@ fn spec(name: &str, tcp: u16, udp: Option<u16>, share: f64) -> TenantSpec {
         max_outstanding: 64,
         replicas: None,
         preferred_leader: None,
+        nodes: None,
         thrift_port: None,
         thrift_cache_mb: None,
         shuffle_mb: None,

@@ -138,6 +138,10 @@ impl Acceptor<'_> {
                 Ok((stream, peer)) => {
                     let listen_addr = listener.local_addr().ok().map(|a| format!("tcp:{a}"));
                     let _ = stream.set_nodelay(true);
+                    if let Some(relay) = wt.tenant.relay.get() {
+                        self.relay_conn(relay, stream);
+                        continue;
+                    }
                     let tls = self.tls.filter(|_| !wt.tenant.tls_exempt);
                     let Some(stream) = wrap_tcp(stream, tls) else { continue };
                     let addr = format!("tcp:{peer}");
@@ -183,6 +187,16 @@ impl Acceptor<'_> {
                 }
             }
         }
+    }
+
+    /// A connection to a tenant this node holds no replica of: relayed to one that does;
+    /// at most the node's connection limit of them at once.
+    fn relay_conn(&self, relay: &Arc<crate::relay::Relay>, stream: mio::net::TcpStream) {
+        if relay.open.load(Ordering::Relaxed) >= self.table.conn_limit {
+            refuse_over_limit(&Stream::Tcp(stream));
+            return;
+        }
+        relay.start(std::net::TcpStream::from(stream));
     }
 
     /// Take an accepted connection in: within the connection limit (memcached's refusal
