@@ -72,6 +72,8 @@ struct Cluster {
     election_ticks: usize,
     /// NodeConfig::compact_log_bytes_min of nodes started from now on.
     compact_log_bytes_min: u64,
+    /// Group → the nodes holding it (its voters); a node starts only the groups it holds.
+    placement: BTreeMap<u64, Vec<u64>>,
 }
 
 impl Cluster {
@@ -90,11 +92,24 @@ impl Cluster {
         preferred: bool,
         election_ticks: usize,
     ) -> Cluster {
+        let placement = GROUPS.iter().map(|&g| (g, NODES.to_vec())).collect();
+        Cluster::build_placed(name, fsync, log_entries_max, preferred, election_ticks, &NODES, placement)
+    }
+
+    fn build_placed(
+        name: &str,
+        fsync: FsyncMode,
+        log_entries_max: u64,
+        preferred: bool,
+        election_ticks: usize,
+        node_ids: &[u64],
+        placement: BTreeMap<u64, Vec<u64>>,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!("slipstream-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        // Hold all three listeners at once so the ports differ, then free them for the nodes.
-        let ls: Vec<TcpListener> = NODES.iter().map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        let peers = NODES.iter().zip(&ls).map(|(&id, l)| (id, l.local_addr().unwrap())).collect();
+        // Hold all listeners at once so the ports differ, then free them for the nodes.
+        let ls: Vec<TcpListener> = node_ids.iter().map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let peers = node_ids.iter().zip(&ls).map(|(&id, l)| (id, l.local_addr().unwrap())).collect();
         drop(ls);
         let mut c = Cluster {
             dir,
@@ -106,8 +121,9 @@ impl Cluster {
             meters: BTreeMap::new(),
             election_ticks,
             compact_log_bytes_min: 0, // the tests' small logs must compact too
+            placement,
         };
-        for id in NODES {
+        for &id in node_ids {
             c.start(id);
         }
         c
@@ -121,11 +137,13 @@ impl Cluster {
         cfg.heartbeat_ticks = 2;
         cfg.log_entries_max = self.log_entries_max;
         cfg.compact_log_bytes_min = self.compact_log_bytes_min;
-        let groups: Vec<GroupSpec> = GROUPS
+        let groups: Vec<GroupSpec> = self
+            .placement
             .iter()
-            .map(|&g| GroupSpec {
+            .filter(|(_, voters)| voters.contains(&id))
+            .map(|(&g, voters)| GroupSpec {
                 group_id: g,
-                voters: NODES.to_vec(),
+                voters: voters.clone(),
                 store: Arc::new(Store::new(StoreConfig { shards: 4, ..StoreConfig::default() })),
                 preferred_leader: self.preferred.then_some(g),
                 exec: None,
@@ -201,8 +219,9 @@ impl Cluster {
             let commit = l.and_then(|l| self.nodes[&l].status(group)).map(|s| s.commit_index);
             let applied: Vec<u64> =
                 self.nodes.values().filter_map(|n| n.status(group)).map(|s| s.applied_index).collect();
+            let members = self.nodes.keys().filter(|n| self.placement[&group].contains(n)).count();
             if let Some(c) = commit {
-                if applied.len() == self.nodes.len() && applied.iter().all(|&a| a == c) {
+                if applied.len() == members && applied.iter().all(|&a| a == c) {
                     return c;
                 }
             }
@@ -212,9 +231,9 @@ impl Cluster {
     }
 
     fn hashes(&self, group: u64) -> Vec<u64> {
-        let h: Vec<u64> = self.nodes.values().map(|n| n.machine(group).unwrap().content_hash()).collect();
+        let h: Vec<u64> = self.nodes.values().filter_map(|n| n.machine(group)).map(|m| m.content_hash()).collect();
         if h.iter().any(|&x| x != h[0]) {
-            for (id, n) in &self.nodes {
+            for (id, n) in self.nodes.iter().filter(|(_, n)| n.machine(group).is_some()) {
                 let mut items = Vec::new();
                 n.machine(group).unwrap().store().export(|i| {
                     items.push(format!(
@@ -231,7 +250,7 @@ impl Cluster {
                 eprintln!("node {id} group {group} status {:?}: {items:?}", n.status(group));
             }
             std::thread::sleep(Duration::from_millis(500));
-            for (id, n) in &self.nodes {
+            for (id, n) in self.nodes.iter().filter(|(_, n)| n.machine(group).is_some()) {
                 eprintln!(
                     "later: node {id} status {:?} hash {}",
                     n.status(group),
@@ -327,7 +346,7 @@ fn random_write(c: &Cluster, rng: &mut Rng, group: u64, model: &mut BTreeMap<Str
 }
 
 fn check_model(c: &Cluster, group: u64, model: &BTreeMap<String, String>) {
-    for &n in c.nodes.keys() {
+    for &n in c.nodes.keys().filter(|n| c.placement[&group].contains(n)) {
         for i in 0..20 {
             let k = format!("k{i}");
             assert_eq!(c.value_on(n, group, &k).as_ref(), model.get(&k), "node {n} group {group} key {k}");
@@ -781,4 +800,51 @@ fn a_forwarded_write_that_arrives_in_a_snapshot_gets_its_result() {
         std::thread::sleep(Duration::from_millis(5));
     }
     c.wait_converged(1, Duration::from_secs(10));
+}
+
+/// A group on three of five nodes (and another on three others, overlapping on node 3): only
+/// its members hold it (store, log, raft traffic); a leader killed, writes go on among the
+/// other two members; the killed member restarts and catches up; members end identical.
+#[test]
+fn a_group_on_three_of_five_nodes_lives_on_its_members_only() {
+    let t0 = Instant::now();
+    let mut rng = Rng(seed());
+    let placement: BTreeMap<u64, Vec<u64>> = [(1, vec![1, 2, 3]), (2, vec![3, 4, 5])].into_iter().collect();
+    let mut c = Cluster::build_placed("subset", FsyncMode::Never, 50, true, 10, &[1, 2, 3, 4, 5], placement);
+    let w = Duration::from_secs(10);
+    let mut models: BTreeMap<u64, BTreeMap<String, String>> = BTreeMap::new();
+    for g in [1, 2] {
+        let l = c.wait_leader(g, w);
+        assert!(c.placement[&g].contains(&l), "group {g} led by non-member {l}");
+        for seq in 0..60 {
+            random_write(&c, &mut rng, g, models.entry(g).or_default(), seq);
+        }
+    }
+    let lead = c.wait_leader(1, w);
+    c.kill(lead);
+    for seq in 60..160 {
+        random_write(&c, &mut rng, 1, models.get_mut(&1).unwrap(), seq);
+    }
+    let new_lead = c.wait_leader(1, w);
+    assert!(new_lead != lead && c.placement[&1].contains(&new_lead));
+    c.start(lead);
+    for g in [1, 2] {
+        c.wait_converged(g, Duration::from_secs(20));
+        check_model(&c, g, &models[&g]);
+        let h = c.hashes(g);
+        assert_eq!(h.len(), 3, "group {g}: three members hold it");
+        assert!(h.iter().all(|&x| x == h[0]), "group {g}: members differ");
+    }
+    // Non-members: no group, no log on disk, not one raft byte of it.
+    for (g, outside) in [(1, [4, 5]), (2, [1, 2])] {
+        for n in outside {
+            assert!(c.nodes[&n].machine(g).is_none() && c.nodes[&n].status(g).is_none());
+            assert!(!c.dir.join(format!("node-{n}/group-{g}")).exists(), "node {n} has group {g} on disk");
+            assert!(!c.meters.contains_key(&(n, g)));
+        }
+        for &n in &c.placement[&g] {
+            assert!(c.meters[&(n, g)].received.load(Ordering::Relaxed) > 0, "member {n} of {g} got no raft bytes");
+        }
+    }
+    eprintln!("subset cluster test: {:?}", t0.elapsed());
 }
