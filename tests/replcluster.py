@@ -73,6 +73,21 @@ class Daemons:
                         raise RuntimeError("node %d port %d not open: %s" % (n, port, self.log_tail(n)))
                     time.sleep(0.05)
 
+    def agreed_leader(self, tenant, among, within_s):
+        """The node all of `among` agree leads `tenant` (waits, bounded); needs the subclass's
+        `metric(n, name, tenant)`."""
+        deadline = time.monotonic() + within_s
+        seen = None
+        while time.monotonic() < deadline:
+            try:
+                seen = {self.metric(n, "slipstream_replica_leader_id", tenant) for n in among}
+            except OSError:
+                seen = set()
+            if len(seen) == 1 and None not in seen and 0 not in seen and int(next(iter(seen))) in among:
+                return int(seen.pop())
+            time.sleep(0.1)
+        raise AssertionError("no agreed leader for %s among %r (saw %r)" % (tenant, among, seen))
+
     def kill(self, n, sig=signal.SIGKILL):
         p = self.procs.pop(n, None)
         if p is not None and p.poll() is None:

@@ -82,16 +82,7 @@ class Cluster(replcluster.Daemons):
         return tl.metric_value(body.decode(), name, tenant)
 
     def leader(self, tenant, among, within_s=LEADER_S):
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            try:
-                seen = {self.metric(n, "slipstream_replica_leader_id", tenant) for n in among}
-            except OSError:
-                seen = set()
-            if len(seen) == 1 and None not in seen and 0 not in seen and int(next(iter(seen))) in among:
-                return int(seen.pop())
-            time.sleep(0.1)
-        raise AssertionError("no agreed leader for %s among %r" % (tenant, among))
+        return self.agreed_leader(tenant, among, within_s)
 
     def conn(self, n, tenant):
         s = socket.create_connection((host(n), self.ports[n][tenant]), timeout=10)

@@ -72,8 +72,8 @@ impl Relay {
         };
         self.relayed.fetch_add(1, Ordering::Relaxed);
         let (Ok(c2), Ok(m2)) = (client.try_clone(), member.try_clone()) else { return };
-        let back = std::thread::Builder::new().name("relay-back".into()).spawn(move || pump(m2, c2));
-        pump(client, member);
+        let back = std::thread::Builder::new().name("relay-back".into()).spawn(move || pump(m2, c2, true));
+        pump(client, member, false);
         if let Ok(h) = back {
             let _ = h.join();
         }
@@ -87,9 +87,12 @@ impl Relay {
     }
 }
 
-/// Copy `from` to `to` until `from` ends or either fails, then end both directions that
-/// depend on it: `to` gets the end of stream, and a failed write closes `from` too.
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Copy `from` to `to` until `from` ends or either fails, then end what depends on it: `to`
+/// gets the end of stream (all of `to` when `end_to` — the member ended, so the client's
+/// connection is over and the other pump, blocked reading the client, wakes up; a client's
+/// end is only a half-close: it may still wait for replies), and a failed write closes
+/// `from` too.
+fn pump(mut from: TcpStream, mut to: TcpStream, end_to: bool) {
     let mut buf = vec![0u8; RELAY_CHUNK_BYTES];
     loop {
         match from.read(&mut buf) {
@@ -105,7 +108,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream) {
         }
     }
     // The other side's reader sees the end; a dead member (reset) ends the client too.
-    let _ = to.shutdown(Shutdown::Write);
+    let _ = to.shutdown(if end_to { Shutdown::Both } else { Shutdown::Write });
     let _ = from.shutdown(Shutdown::Read);
 }
 
@@ -115,7 +118,7 @@ mod tests {
     use std::net::TcpListener;
 
     #[test]
-    fn bytes_go_both_ways_to_the_first_member_that_accepts() {
+    fn bytes_go_both_ways_to_the_first_member_that_accepts_and_its_end_ends_the_relay() {
         // A dead target first (a port nobody listens on), then an echo server.
         let dead = TcpListener::bind("127.0.0.1:0").unwrap();
         let dead_addr = dead.local_addr().unwrap();
@@ -140,7 +143,7 @@ mod tests {
         client.read_to_end(&mut got).unwrap();
         assert_eq!(got, b"get k\r\n");
         server.join().unwrap();
-        drop(client);
+        // The member ended: the relay ends too, though the client still holds its socket.
         for _ in 0..500 {
             if relay.open.load(Ordering::Relaxed) == 0 {
                 break;
@@ -149,6 +152,7 @@ mod tests {
         }
         assert_eq!(relay.relayed.load(Ordering::Relaxed), 1);
         assert_eq!(relay.open.load(Ordering::Relaxed), 0, "the relay ended");
+        drop(client);
     }
 
     #[test]

@@ -130,8 +130,11 @@ const METRICS: [(&str, &str); 15] = [
     ),
 ];
 
-/// Relayed tenants (held by other nodes): (name, help, value of the relay).
-const RELAY_METRICS: [(&str, &str, fn(&Relay) -> u64); 3] = [
+/// A relay metric: (name, "kind|help", its value for one relay).
+type RelayMetric = (&'static str, &'static str, fn(&Relay) -> u64);
+
+/// Relayed tenants (held by other nodes).
+const RELAY_METRICS: [RelayMetric; 3] = [
     (
         "slipstream_tenant_relayed_connections_total",
         "counter|Connections on the tenant's port relayed to a node of its group (this node holds no replica)",
