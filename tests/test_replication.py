@@ -78,18 +78,7 @@ class Cluster(replcluster.Daemons):
 
     def leader(self, tenant, among=NODES, within_s=LEADER_S):
         """The node all of `among` agree leads `tenant` (waits, bounded)."""
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            try:
-                seen = {self.metric(n, "slipstream_replica_leader_id", tenant) for n in among}
-            except OSError:
-                seen = set()
-            if len(seen) == 1 and None not in seen and 0 not in seen:
-                lead = int(seen.pop())
-                if lead in among:
-                    return lead
-            time.sleep(0.1)
-        raise AssertionError("no agreed leader for %s among %r" % (tenant, among))
+        return self.agreed_leader(tenant, among, within_s)
 
     def conn(self, n, tenant):
         s = socket.create_connection((HOST, self.ports[n][tenant]), timeout=10)

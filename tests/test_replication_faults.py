@@ -139,19 +139,7 @@ class Cluster(replcluster.Daemons):
 
     def leader(self, tenant, among, within_s=LEADER_S):
         """The node all of `among` agree leads `tenant` (waits, bounded)."""
-        deadline = time.monotonic() + within_s
-        seen = None
-        while time.monotonic() < deadline:
-            try:
-                seen = {self.metric(n, "slipstream_replica_leader_id", tenant) for n in among}
-            except OSError:
-                seen = set()
-            if len(seen) == 1 and None not in seen and 0 not in seen:
-                lead = seen.pop()
-                if lead in among:
-                    return lead
-            time.sleep(0.1)
-        raise AssertionError("no agreed leader for %s among %r (saw %r)" % (tenant, among, seen))
+        return self.agreed_leader(tenant, among, within_s)
 
     def converged(self, tenant, among, within_s=LEADER_S):
         """Wait until `among` have applied the same index (bounded)."""
