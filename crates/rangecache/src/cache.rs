@@ -63,6 +63,9 @@ use std::sync::Arc;
 
 /// Fixed per-entry and per-cell overheads charged on top of the key and cell bytes.
 const ENTRY_OVERHEAD_BYTES: usize = 96;
+/// The header of a shared list of rows ([`Rows`]: its counts and its `Vec`), charged with the
+/// entry, memo or run that owns the list.
+const LIST_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>() + std::mem::size_of::<Vec<Arc<CachedRow>>>();
 const CELL_OVERHEAD_BYTES: usize = 32;
 /// Complete intervals kept per table before they are dropped (they only speed scans up).
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
@@ -154,10 +157,96 @@ fn row_bytes(r: &Arc<CachedRow>) -> usize {
     rows_bytes(std::slice::from_ref(r))
 }
 
-/// Rows as a query's answer (shared with the cache: a hit copies no row).
-pub type Rows = Arc<[Arc<CachedRow>]>;
-/// Rows gathered from each-row entries for one answer.
-pub type Assembled = Vec<Arc<CachedRow>>;
+/// A list of rows shared between the cache and the answers that hold it: an all-row entry's
+/// result, a memo, an each-row run. A hit copies no row and no list, only this pointer. A `Vec`
+/// behind the `Arc` so that a run can change in place (`Arc::make_mut`), copying its list only
+/// while an answer still holds the old one.
+pub type Rows = Arc<Vec<Arc<CachedRow>>>;
+
+/// Rows `from..to` of a shared list: part of an [`Answer`].
+#[derive(Clone, Debug)]
+pub struct Slice {
+    rows: Rows,
+    from: usize,
+    to: usize,
+}
+
+impl Slice {
+    pub fn whole(rows: Rows) -> Slice {
+        let to = rows.len();
+        Slice { rows, from: 0, to }
+    }
+
+    pub fn rows(&self) -> &[Arc<CachedRow>] {
+        &self.rows[self.from..self.to]
+    }
+}
+
+/// The rows of an answer, in order: slices of shared lists. An all-row hit or a memo hit is
+/// one slice (held inline: no allocation); an each-row walk is one slice per run it crossed,
+/// so it costs a reference count per run, not per row (per-row pointer copies and key
+/// compares were most of the walk: docs/benchmarks.md, issue 16, session 14). Holding an
+/// answer keeps the lists it slices alive (up to a run's rows each), not only the rows it
+/// returns, until the scanner drains or is closed.
+#[derive(Clone, Debug, Default)]
+pub struct Answer {
+    first: Option<Slice>,
+    more: Vec<Slice>,
+}
+
+impl Answer {
+    pub fn whole(rows: Rows) -> Answer {
+        Answer { first: Some(Slice::whole(rows)), more: Vec::new() }
+    }
+
+    fn push(&mut self, s: Slice) {
+        if s.from == s.to {
+            return;
+        }
+        if self.first.is_none() {
+            self.first = Some(s);
+        } else {
+            self.more.push(s);
+        }
+    }
+
+    fn slices(&self) -> impl Iterator<Item = &Slice> {
+        self.first.iter().chain(self.more.iter())
+    }
+
+    /// Every row, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<CachedRow>> {
+        self.slices().flat_map(Slice::rows)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slices().map(|s| s.to - s.from).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Row `i` (a walk over the slices: an answer has a few).
+    pub fn get(&self, mut i: usize) -> Option<&Arc<CachedRow>> {
+        for s in self.slices() {
+            let n = s.to - s.from;
+            if i < n {
+                return Some(&s.rows[s.from + i]);
+            }
+            i -= n;
+        }
+        None
+    }
+
+    /// The rows as one list (shared as it is when the answer is one whole list).
+    pub fn to_rows(&self) -> Rows {
+        match (&self.first, self.more.is_empty()) {
+            (Some(s), true) if s.from == 0 && s.to == s.rows.len() => s.rows.clone(),
+            _ => Arc::new(self.iter().cloned().collect()),
+        }
+    }
+}
 
 /// What the CLOCK ring points at: an entry of the table with that id ([`Cache::names`]): an
 /// all-row entry (its query key boxed: the key is large) or a run of each-row rows by its
@@ -189,21 +278,32 @@ const RUN_ROWS_MAX: usize = 128;
 /// whose reference bit is clear and gives the others their second chance.
 #[derive(Debug)]
 struct Run {
-    rows: Vec<Arc<CachedRow>>,
+    /// Shared with answers that hold a slice of it; changed through [`Run::rows_mut`].
+    rows: Rows,
     /// Reference bit of `rows[i]`: bit i (set by a hit, cleared by the passing hand).
     referenced: u128,
     /// Position in the CLOCK ring.
     tick: u64,
 }
 
-/// The index bytes a run takes: its pointers (by capacity), its `lo` (one shared copy and its
-/// count header), its slots in the run map and in the CLOCK ring (slot sizes, as for every
-/// entry here: the free space in B-tree nodes is seen in RSS only).
+impl Run {
+    /// The rows to change: the run's own list, copied first if an answer still holds it (the
+    /// answer keeps the rows it was given; the cache moves on).
+    fn rows_mut(&mut self) -> &mut Vec<Arc<CachedRow>> {
+        Arc::make_mut(&mut self.rows)
+    }
+}
+
+/// The index bytes a run takes: its pointers (by capacity) and their shared list's header,
+/// its `lo` (one shared copy and its count header), its slots in the run map and in the CLOCK
+/// ring (slot sizes, as for every entry here: the free space in B-tree nodes is seen in RSS
+/// only).
 fn run_bytes(lo: &[u8], run: &Run) -> usize {
     const SLOTS_BYTES: usize = std::mem::size_of::<Arc<[u8]>>()
         + std::mem::size_of::<Run>()
         + std::mem::size_of::<u64>()
-        + std::mem::size_of::<EntryRef>();
+        + std::mem::size_of::<EntryRef>()
+        + LIST_HEADER_BYTES;
     SLOTS_BYTES
         + 2 * std::mem::size_of::<usize>()
         + lo.len()
@@ -240,20 +340,20 @@ fn insert_row(
         let before = run_bytes(lo, run);
         match row_pos(run, key) {
             Ok(i) => {
-                let old = std::mem::replace(&mut run.rows[i], r);
+                let old = std::mem::replace(&mut run.rows_mut()[i], r);
                 run.referenced &= !(1u128 << i);
                 let new = row_bytes(&run.rows[i]);
                 return (new, row_bytes(&old));
             }
             Err(i) if run.rows.len() < RUN_ROWS_MAX => {
                 let added = row_bytes(&r);
-                run.rows.insert(i, r);
+                run.rows_mut().insert(i, r);
                 run.referenced = bits_insert(run.referenced, i);
                 return (added + run_bytes(lo, run), before);
             }
             Err(i) if i < run.rows.len() => {
                 // Full, and the row goes inside it: split it in halves, then insert.
-                let right = run.rows.split_off(RUN_ROWS_MAX / 2);
+                let right = run.rows_mut().split_off(RUN_ROWS_MAX / 2);
                 let right_bits = run.referenced >> (RUN_ROWS_MAX / 2);
                 run.referenced &= (1u128 << (RUN_ROWS_MAX / 2)) - 1;
                 let left_bytes = run_bytes(lo, run);
@@ -280,7 +380,7 @@ fn new_run(
 ) -> usize {
     *tick += 1;
     let lo: Arc<[u8]> = Arc::from(rows[0].row.row.as_slice());
-    let run = Run { rows, referenced, tick: *tick };
+    let run = Run { rows: Arc::new(rows), referenced, tick: *tick };
     let bytes = run_bytes(&lo, &run);
     clock.insert(*tick, EntryRef::Run(st.id, lo.clone()));
     st.runs.insert(lo, run);
@@ -292,7 +392,7 @@ fn new_run(
 fn remove_row(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, row: &[u8]) -> Option<usize> {
     let (lo, run) = st.runs.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(row))).next_back()?;
     let i = row_pos(run, row).ok()?;
-    let old = run.rows.remove(i);
+    let old = run.rows_mut().remove(i);
     run.referenced = bits_remove(run.referenced, i);
     let mut freed = row_bytes(&old);
     if run.rows.is_empty() {
@@ -411,7 +511,7 @@ struct Memo {
 
 /// Bytes charged for a result memo: its key, a pointer per row, the entry.
 fn memo_bytes(q: &QueryKey, rows: &[Arc<CachedRow>]) -> usize {
-    ENTRY_OVERHEAD_BYTES + q.size_bytes() + std::mem::size_of_val(rows)
+    ENTRY_OVERHEAD_BYTES + LIST_HEADER_BYTES + q.size_bytes() + std::mem::size_of_val(rows)
 }
 
 impl TableState {
@@ -553,10 +653,21 @@ pub struct Cache {
 
 /// A result served from the cache, and where the query continues past it (None = complete).
 pub enum Hit {
-    /// An all-row result (shared).
+    /// An all-row entry or an each-row memo (one shared list).
     Rows(Rows, Option<Vec<u8>>),
-    /// Rows assembled from each-row entries (shared, or projected copies for a column subset).
-    Assembled(Assembled, Option<Vec<u8>>),
+    /// Rows gathered by a walk of the each-row runs (slices of them, or projected copies for
+    /// a query naming columns).
+    Assembled(Answer, Option<Vec<u8>>),
+}
+
+impl Hit {
+    /// The rows, and where the query continues.
+    pub fn into_parts(self) -> (Answer, Option<Vec<u8>>) {
+        match self {
+            Hit::Rows(r, n) => (Answer::whole(r), n),
+            Hit::Assembled(a, n) => (a, n),
+        }
+    }
 }
 
 impl Cache {
@@ -733,9 +844,13 @@ impl Cache {
             }
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
-                let bytes = memo_bytes(q, &rows);
+                let bytes = ENTRY_OVERHEAD_BYTES
+                    + LIST_HEADER_BYTES
+                    + q.size_bytes()
+                    + rows.len() * std::mem::size_of::<Arc<CachedRow>>();
                 if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max && st.walked_before(q) {
-                    let rows: Rows = rows.into();
+                    let rows: Rows = rows.to_rows();
+                    debug_assert_eq!(bytes, memo_bytes(q, &rows));
                     if st.memos.len() >= MEMOS_PER_TABLE_MAX {
                         st.drop_memos(|_| true);
                     }
@@ -802,8 +917,12 @@ impl Cache {
         continue_at: Option<Vec<u8>>,
         ticket: FillTicket,
     ) -> bool {
-        // The rows, the entry's list of pointers to them, its key.
-        let bytes = rows_bytes(&rows) + std::mem::size_of_val(&rows[..]) + q.size_bytes() + ENTRY_OVERHEAD_BYTES;
+        // The rows, the entry's list of pointers to them (and the list's header), its key.
+        let bytes = rows_bytes(&rows)
+            + LIST_HEADER_BYTES
+            + std::mem::size_of_val(&rows[..])
+            + q.size_bytes()
+            + ENTRY_OVERHEAD_BYTES;
         if bytes > self.result_bytes_max() || !self.fill_allowed(table, q, ticket) {
             return false;
         }
@@ -825,7 +944,10 @@ impl Cache {
                 self.clock.remove(&old.tick);
             }
             let st = self.table(table);
-            let e = QueryEntry { rows: rows.into(), continue_at, bytes, tick, referenced: false };
+            let mut rows = rows;
+            // Its bytes are charged by length.
+            rows.shrink_to_fit();
+            let e = QueryEntry { rows: Arc::new(rows), continue_at, bytes, tick, referenced: false };
             st.queries.insert(q.clone(), e);
             st.bytes += bytes;
             self.bytes += bytes;
@@ -1039,7 +1161,7 @@ impl Cache {
                     let before = run_bytes(&lo, run);
                     let keep = std::mem::take(&mut run.referenced);
                     let (mut i, mut gone) = (0, Vec::new());
-                    run.rows.retain(|r| {
+                    run.rows_mut().retain(|r| {
                         let kept = keep & (1u128 << i) != 0;
                         i += 1;
                         if !kept {
@@ -1053,7 +1175,7 @@ impl Cache {
                         st.runs.remove(&lo[..]);
                     } else {
                         if run.rows.len() * 4 <= run.rows.capacity() {
-                            run.rows.shrink_to_fit();
+                            run.rows_mut().shrink_to_fit();
                         }
                         freed += before - run_bytes(&lo, run);
                         self.tick += 1;
@@ -1094,8 +1216,20 @@ impl Cache {
 
 /// Serves the start of `q` from each-row entries when a complete interval holds `q.start`:
 /// up to `rows_max` rows, and the key to continue from (None = `q` is done). Rows are shared
-/// with the cache unless `q` names columns (then projected copies, encoded here).
-fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option<(Assembled, Option<Vec<u8>>)> {
+/// with the cache, a slice of each run the walk crosses, unless `q` names columns (then
+/// projected copies, encoded here).
+///
+/// Keys are compared only where the answer may begin or end: the walk's start in its first
+/// run and its end in its last (binary searches), plus each run's last row against the end.
+/// Every row of a run before the last is below the end (the next run starts below it, and
+/// runs are disjoint and sorted: [`Run`]), and every row after the first run is at or after
+/// the start. So a walk costs a few key compares and a reference count per run, not a key
+/// compare, a pointer copy and a reference count per row (docs/benchmarks.md, session 14).
+fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option<(Answer, Option<Vec<u8>>)> {
+    if !q.stop.is_empty() && q.stop <= q.start {
+        // An empty or backward range: HBase's answer, not a walk (whose bounds would cross).
+        return None;
+    }
     let iv_end = covering_end(&st.complete, &q.start)?;
     // The walk ends at the query's stop or the interval's, whichever comes first (borrowed:
     // no copy of either key for a Get).
@@ -1104,13 +1238,66 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
         (false, false) if q.stop.as_slice() <= iv_end => (&q.stop, None),
         (_, false) => (iv_end, Some(iv_end.to_vec())),
     };
+    if !q.spec.columns.is_empty() {
+        return Some(projected_walk(&mut st.runs, q, end, next, rows_max));
+    }
     let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end) };
-    let rows_max = rows_max.max(1);
-    let mut out = Vec::with_capacity(rows_max.min(1024));
+    let below_end = |r: &Arc<CachedRow>| end.is_empty() || r.row.row.as_slice() < end;
+    let mut left = rows_max.max(1);
+    let mut out = Answer::default();
     let mut next = next;
     let first = run_lo_of(&st.runs, &q.start);
     let lower = Bound::Included(first.as_deref().unwrap_or(q.start.as_slice()));
-    'walk: for (_, run) in st.runs.range_mut::<[u8], _>((lower, upper)) {
+    for (n, (_, run)) in st.runs.range_mut::<[u8], _>((lower, upper)).enumerate() {
+        let rows = &run.rows;
+        let from = if n == 0 { rows.partition_point(|r| r.row.row.as_slice() < q.start.as_slice()) } else { 0 };
+        // Runs are never empty; a run whose last row is below the end is taken whole.
+        let (to, at_end) = match rows.last() {
+            Some(last) if !below_end(last) => (rows.partition_point(below_end), true),
+            _ => (rows.len(), false),
+        };
+        let to = to.max(from);
+        if to - from > left {
+            let cut = from + left;
+            next = Some(rows[cut].row.row.clone());
+            mark(run, from, cut);
+            out.push(Slice { rows: run.rows.clone(), from, to: cut });
+            break;
+        }
+        left -= to - from;
+        mark(run, from, to);
+        out.push(Slice { rows: run.rows.clone(), from, to });
+        if at_end {
+            break;
+        }
+    }
+    Some((out, next))
+}
+
+/// Sets the reference bits of `run.rows[from..to]` (a hit on each).
+fn mark(run: &mut Run, from: usize, to: usize) {
+    let n = to - from;
+    if n > 0 {
+        let ones = if n >= RUN_ROWS_MAX { u128::MAX } else { (1u128 << n) - 1 };
+        run.referenced |= ones << from;
+    }
+}
+
+/// [`each_row_lookup`] for a query naming columns: each row projected (a copy, encoded here),
+/// rows left with no cell skipped.
+fn projected_walk(
+    runs: &mut BTreeMap<Arc<[u8]>, Run>,
+    q: &QueryKey,
+    end: &[u8],
+    mut next: Option<Vec<u8>>,
+    rows_max: usize,
+) -> (Answer, Option<Vec<u8>>) {
+    let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end) };
+    let rows_max = rows_max.max(1);
+    let mut out = Vec::with_capacity(rows_max.min(1024));
+    let first = run_lo_of(runs, &q.start);
+    let lower = Bound::Included(first.as_deref().unwrap_or(q.start.as_slice()));
+    'walk: for (_, run) in runs.range_mut::<[u8], _>((lower, upper)) {
         let from = run.rows.partition_point(|r| r.row.row.as_slice() < q.start.as_slice());
         for i in from..run.rows.len() {
             let k = &run.rows[i];
@@ -1121,20 +1308,16 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
                 next = Some(k.row.row.clone());
                 break 'walk;
             }
-            let served = if q.spec.columns.is_empty() {
-                k.clone()
-            } else {
-                let r = project(&k.row, &q.spec.columns);
-                if r.cells.is_empty() {
-                    continue;
-                }
-                Arc::new(CachedRow::new(r))
-            };
-            out.push(served);
+            let r = project(&k.row, &q.spec.columns);
+            if r.cells.is_empty() {
+                continue;
+            }
+            out.push(Arc::new(CachedRow::new(r)));
             run.referenced |= 1u128 << i;
         }
     }
-    Some((out, next))
+    let answer = if out.is_empty() { Answer::default() } else { Answer::whole(Arc::new(out)) };
+    (answer, next)
 }
 
 /// The end of the complete interval holding `key` (empty = end of table), if any.
@@ -1224,11 +1407,9 @@ mod tests {
     }
 
     /// A hit's rows and where it continues, whichever form it came in.
-    fn served(h: Option<Hit>) -> Option<(Assembled, Option<Vec<u8>>)> {
-        match h? {
-            Hit::Rows(r, n) => Some((r.to_vec(), n)),
-            Hit::Assembled(r, n) => Some((r, n)),
-        }
+    fn served(h: Option<Hit>) -> Option<(Vec<Arc<CachedRow>>, Option<Vec<u8>>)> {
+        let (rows, next) = h?.into_parts();
+        Some((rows.iter().cloned().collect(), next))
     }
 
     fn q(start: &str, stop: &str) -> QueryKey {
@@ -1613,7 +1794,7 @@ mod tests {
                 if let Some(next) = los.get(n + 1) {
                     assert!(run.rows.last().unwrap().row.row.as_slice() < &next[..]);
                 }
-                for r in &run.rows {
+                for r in run.rows.iter() {
                     assert!(prev.is_none_or(|p| p < r.row.row.as_slice()), "sorted");
                     prev = Some(&r.row.row);
                 }
@@ -1811,5 +1992,213 @@ mod tests {
             "rows hit through the memo kept"
         );
         assert!(st.cached_rows().filter(|r| r.row.row.starts_with(b"b")).count() < 20, "unused rows evicted first");
+    }
+
+    /// What a walk must answer, from every cached row (no run structure): the rows of
+    /// [start, end) up to `rows_max`, and where to continue.
+    fn walk_reference(st: &TableState, qq: &QueryKey, rows_max: usize) -> Option<(Vec<Vec<u8>>, Option<Vec<u8>>)> {
+        if !qq.stop.is_empty() && qq.stop <= qq.start {
+            return None;
+        }
+        let iv_end = covering_end(&st.complete, &qq.start)?.to_vec();
+        let (end, mut next) = match (qq.stop.is_empty(), iv_end.is_empty()) {
+            (_, true) => (qq.stop.clone(), None),
+            (false, false) if qq.stop <= iv_end => (qq.stop.clone(), None),
+            (_, false) => (iv_end.clone(), Some(iv_end)),
+        };
+        let mut rows: Vec<Vec<u8>> = st
+            .cached_rows()
+            .map(|r| r.row.row.clone())
+            .filter(|r| *r >= qq.start && (end.is_empty() || *r < end))
+            .collect();
+        if rows.len() > rows_max.max(1) {
+            next = Some(rows[rows_max.max(1)].clone());
+            rows.truncate(rows_max.max(1));
+        }
+        Some((rows, next))
+    }
+
+    fn keys_of(a: &Answer) -> Vec<Vec<u8>> {
+        a.iter().map(|r| r.row.row.clone()).collect()
+    }
+
+    /// Randomized (seed printed; `SEED=` repeats one): a walk of the runs answers exactly the
+    /// cached rows of its range, page limit and continuation included, whatever the runs'
+    /// splits (fills, writes and evictions in any order, runs of 1 to RUN_ROWS_MAX rows, pages
+    /// crossing several runs, empty and backward ranges), sets the bits of the rows it served,
+    /// and an answer held across later writes, fills and evictions keeps the rows it was given.
+    #[test]
+    fn walks_answer_exactly_the_cached_rows_of_their_range() {
+        let seed = crate::reply::tests::seed();
+        println!("seed {seed}");
+        let mut rng = crate::reply::tests::Rng(seed);
+        let mut c = Cache::new(Strategy::EachRow, 1 << 30);
+        c.table(b"t");
+        let key = |i: usize| format!("r{i:05}");
+        let mut held: Vec<(Answer, Vec<Vec<u8>>)> = Vec::new();
+        let mut walks = 0;
+        for step in 0..1500 {
+            match rng.below(12) {
+                0..=4 => {
+                    let a = rng.below(3000);
+                    let b = a + 1 + rng.below(400);
+                    let qq = q(&key(a), &key(b));
+                    let t = c.fill_ticket(b"t", &qq);
+                    let gap = 2 + rng.below(4);
+                    let rs = (a..b).filter(|i| i % gap != 0).map(|i| row(&key(i), "v")).collect();
+                    c.fill(b"t", &qq, rs, None, t);
+                }
+                5 | 6 => {
+                    let r = vec![key(rng.below(3400)).into_bytes()];
+                    c.begin_write(b"t", Some(&r));
+                    c.end_write(b"t", Some(&r));
+                }
+                7 => {
+                    c.memory_bytes_max = c.bytes() * (60 + rng.below(40)) / 100;
+                    c.evict();
+                    c.memory_bytes_max = 1 << 30;
+                }
+                _ => {
+                    let a = rng.below(3400);
+                    let stop = match rng.below(8) {
+                        0 => String::new(),
+                        1 => key(a.saturating_sub(rng.below(50))),
+                        _ => key(a + 1 + rng.below(500)),
+                    };
+                    let mut qq = q(&key(a), &stop);
+                    if rng.below(4) == 0 {
+                        qq.start.push(b'x'); // a start between rows
+                    }
+                    let rows_max = rng.below(300);
+                    let want = walk_reference(&c.tables[&b"t"[..]], &qq, rows_max);
+                    // A continuation: never a memo, always the walk.
+                    let got = c.lookup_continuation(b"t", &qq, rows_max).map(|h| match h {
+                        Hit::Assembled(a, n) => (a, n),
+                        Hit::Rows(..) => panic!("a continuation is walked (seed {seed})"),
+                    });
+                    let got_keys = got.as_ref().map(|(a, n)| (keys_of(a), n.clone()));
+                    assert_eq!(got_keys, want, "step {step}, {qq:?} rows_max {rows_max} (seed {seed})");
+                    if let Some((a, _)) = got {
+                        walks += 1;
+                        let st = &c.tables[&b"t"[..]];
+                        for r in a.iter() {
+                            let (_, run) = st
+                                .runs
+                                .range::<[u8], _>((Bound::Unbounded, Bound::Included(&r.row.row[..])))
+                                .next_back()
+                                .unwrap();
+                            let i = row_pos(run, &r.row.row).unwrap();
+                            assert!(Arc::ptr_eq(&run.rows[i], r), "shared, not copied (seed {seed})");
+                            assert!(run.referenced & (1u128 << i) != 0, "bit set (seed {seed})");
+                        }
+                        assert_eq!(a.len(), a.iter().count());
+                        if rng.below(4) == 0 && held.len() < 64 {
+                            let k = keys_of(&a);
+                            held.push((a, k));
+                        }
+                    }
+                }
+            }
+            if step % 16 == 0 {
+                check_runs(&c);
+                for (a, k) in &held {
+                    assert_eq!(&keys_of(a), k, "a held answer keeps its rows (seed {seed})");
+                }
+            }
+        }
+        assert!(walks > 150, "walks {walks}");
+    }
+
+    /// Randomized, threaded (seed printed for the choices; the interleaving is the scheduler's):
+    /// never stale with answers read outside the cache's lock. Writer threads write rows the
+    /// way crate::service does (begin_write, the write at "HBase", acknowledged, end_write);
+    /// reader threads scan random ranges (a hit's rows read after the lock is released, while
+    /// writers change the runs those rows came from; a miss reads "HBase" and fills, the way a
+    /// page does). Every row a hit returns is at least as new as the last write of that row
+    /// acknowledged before the lookup began, and the cache's runs stay consistent.
+    #[test]
+    fn walks_racing_writes_never_return_a_row_older_than_an_acknowledged_write() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Mutex;
+        const ROWS: usize = 600;
+        let seed = crate::reply::tests::seed();
+        println!("seed {seed}");
+        let key = |i: usize| format!("r{i:05}");
+        let cache = Mutex::new(Cache::new(Strategy::EachRow, 1 << 30));
+        // "HBase": each row's value is its version; `acked` the newest acknowledged version.
+        let hbase: Mutex<Vec<u64>> = Mutex::new(vec![0; ROWS]);
+        let acked: Vec<AtomicU64> = (0..ROWS).map(|_| AtomicU64::new(0)).collect();
+        let stop = AtomicBool::new(false);
+        let (hits, stale) = (AtomicU64::new(0), AtomicU64::new(0));
+        // Until 1 s has passed and 300 hits were checked, or 20 s at most (a starved machine).
+        let t0 = std::time::Instant::now();
+        let done = |hits: u64| {
+            let e = t0.elapsed();
+            (e.as_secs_f64() > 1.0 && hits >= 300) || e.as_secs() >= 20
+        };
+        std::thread::scope(|s| {
+            for w in 0..2u64 {
+                let (cache, hbase, acked, stop) = (&cache, &hbase, &acked, &stop);
+                s.spawn(move || {
+                    let mut rng = crate::reply::tests::Rng(seed ^ (w + 1).wrapping_mul(0x9e37_79b9));
+                    for _ in 0..50_000 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let i = rng.below(ROWS);
+                        let rows = vec![key(i).into_bytes()];
+                        cache.lock().unwrap().begin_write(b"t", Some(&rows));
+                        let v = {
+                            let mut h = hbase.lock().unwrap();
+                            h[i] += 1;
+                            h[i]
+                        };
+                        acked[i].fetch_max(v, Ordering::SeqCst);
+                        cache.lock().unwrap().end_write(b"t", Some(&rows));
+                        // Paced, so that ranges stay complete long enough to be hit.
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                });
+            }
+            for rd in 0..3u64 {
+                let (cache, hbase, acked, stop, hits, stale, done) =
+                    (&cache, &hbase, &acked, &stop, &hits, &stale, &done);
+                s.spawn(move || {
+                    let mut rng = crate::reply::tests::Rng(seed ^ (rd + 7).wrapping_mul(0x85eb_ca6b));
+                    while !done(hits.load(Ordering::Relaxed)) {
+                        let a = rng.below(ROWS - 1);
+                        let b = (a + 1 + rng.below(150)).min(ROWS);
+                        let qq = q(&key(a), &key(b));
+                        let floor: Vec<u64> = (a..b).map(|i| acked[i].load(Ordering::SeqCst)).collect();
+                        let hit = cache.lock().unwrap().lookup(b"t", &qq, 1000);
+                        if let Some(h) = hit {
+                            hits.fetch_add(1, Ordering::Relaxed);
+                            std::thread::yield_now(); // writers run while this answer is held
+                            let (rows, _) = h.into_parts();
+                            for r in rows.iter() {
+                                let i: usize = std::str::from_utf8(&r.row.row[1..]).unwrap().parse().unwrap();
+                                let v: u64 = std::str::from_utf8(&r.row.cells[0].value).unwrap().parse().unwrap();
+                                if v < floor[i - a] {
+                                    stale.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            continue;
+                        }
+                        let t = cache.lock().unwrap().fill_ticket(b"t", &qq);
+                        let vs: Vec<u64> = hbase.lock().unwrap()[a..b].to_vec();
+                        std::thread::yield_now(); // a write may land between the read and the fill
+                        let rs = vs.iter().enumerate().map(|(j, v)| row(&key(a + j), &v.to_string())).collect();
+                        let mut c = cache.lock().unwrap();
+                        c.fill(b"t", &qq, rs, None, t);
+                        check_runs(&c);
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                });
+            }
+        });
+        let (hits, stale) = (hits.load(Ordering::Relaxed), stale.load(Ordering::Relaxed));
+        println!("hits {hits}, stale rows {stale}");
+        assert_eq!(stale, 0, "stale rows served (seed {seed})");
+        assert!(hits >= 300, "too few hits to mean anything: {hits} (seed {seed})");
     }
 }
