@@ -1407,7 +1407,10 @@ mod tests {
     }
 
     /// A hit's rows and where it continues, whichever form it came in.
-    fn served(h: Option<Hit>) -> Option<(Vec<Arc<CachedRow>>, Option<Vec<u8>>)> {
+    /// Rows served, and where the query continues.
+    type Served = (Vec<Arc<CachedRow>>, Option<Vec<u8>>);
+
+    fn served(h: Option<Hit>) -> Option<Served> {
         let (rows, next) = h?.into_parts();
         Some((rows.iter().cloned().collect(), next))
     }
@@ -1996,7 +1999,9 @@ mod tests {
 
     /// What a walk must answer, from every cached row (no run structure): the rows of
     /// [start, end) up to `rows_max`, and where to continue.
-    fn walk_reference(st: &TableState, qq: &QueryKey, rows_max: usize) -> Option<(Vec<Vec<u8>>, Option<Vec<u8>>)> {
+    type Keys = (Vec<Vec<u8>>, Option<Vec<u8>>);
+
+    fn walk_reference(st: &TableState, qq: &QueryKey, rows_max: usize) -> Option<Keys> {
         if !qq.stop.is_empty() && qq.stop <= qq.start {
             return None;
         }
