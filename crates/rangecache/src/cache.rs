@@ -6,7 +6,9 @@
 //!   serving, so they are not part of the key and queries that differ only there share an entry.
 //! * **each-row**: whole rows (every column, newest version) cached once, plus per table a set of
 //!   row intervals known to be *complete* (every existing row inside is cached, so a missing row
-//!   is known absent). A scan inside one complete interval is served by a range walk; a Get is
+//!   is known absent). A scan inside one complete interval is served by a range walk, which
+//!   answers with slices of the runs it crosses ([`Answer`]: a reference count per run, keys
+//!   compared only where the answer begins and ends); a Get is
 //!   served from its row (or from an interval that proves the row absent). A scan served whole
 //!   by such a walk also leaves a *result memo*: the list of the rows it returned (pointers to
 //!   the shared rows, 8 bytes each, not copies), so the same scan again is one hash lookup, as
