@@ -482,8 +482,9 @@ impl RangeCache {
 
     /// Sends up to `n` results of `sc` into `out`, reading further pages with `page` (from the
     /// key to continue at) as the rows in hand run out. The rows in hand are read in place:
-    /// no reference count is taken per row sent (an atomic per row on rows out of the CPU's
-    /// cache cost each-row walks ~10% of their CPU: docs/benchmarks.md, session 14).
+    /// no reference count is taken per row sent (an atomic read-modify-write per row, on rows
+    /// that for a walk are mostly out of the CPU's cache, waits for each row's line in turn:
+    /// docs/benchmarks.md, session 14).
     fn send_rows(
         sc: &mut Scanner,
         n: usize,
