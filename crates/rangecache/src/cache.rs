@@ -9,15 +9,11 @@
 //!   is known absent). A scan inside one complete interval is served by a range walk, which
 //!   answers with slices of the runs it crosses ([`Answer`]: a reference count per run, keys
 //!   compared only where the answer begins and ends); a Get is
-//!   served from its row (or from an interval that proves the row absent). A scan served whole
-//!   by such a walk also leaves a *result memo*: the list of the rows it returned (pointers to
-//!   the shared rows, 8 bytes each, not copies), so the same scan again is one hash lookup, as
-//!   with all-row, instead of a walk of its rows (a walk per hit was the rest of each-row's
-//!   extra cost over all-row: docs/benchmarks.md, issue 16). Row data stays stored once; a
-//!   write drops the memos whose range holds the row, as it drops all-row entries, and an
-//!   evicted row drops its table's memos (they would keep the row alive uncounted). A memo hit
-//!   counts as a hit on each of its rows for eviction (their CLOCK bits, set by the hand from
-//!   the memo's own bit before it reads a row's).
+//!   served from its row (or from an interval that proves the row absent). Every each-row
+//!   scan is a walk: there are no per-scan result memos any more (session 14 measured that
+//!   they cost more than they saved once walks answer slices of runs: without them first
+//!   walks went from 0.69x to 0.89x of all-row hits and repeated ranges stayed 0.99x;
+//!   docs/benchmarks.md). Row data is stored once.
 //!
 //! Freshness: a write first calls [`Cache::begin_write`] (invalidates every entry that could
 //! contain the rows and logs them at a new table version), is forwarded, then calls
@@ -45,7 +41,7 @@
 //! an all-row entry its rows, its list of pointers to them and its key; an each-row row the
 //! row, and its place in a *run* ([`Run`]: up to `RUN_ROWS_MAX` rows of a table, sorted, one
 //! pointer per row, with one slot in the run map and one in the CLOCK ring per run, not per
-//! row); a memo its pointers and key. So at k = 1 each-row holds what all-row holds (a pointer
+//! row). So at k = 1 each-row holds what all-row holds (a pointer
 //! per row, a slot per run instead of a query entry per range), and for k-fold overlapping
 //! ranges all-row holds k copies of every row where each-row holds one (docs/benchmarks.md,
 //! session 12; a slot per row in a row map and in the ring cost each-row ~75 bytes per row of
@@ -66,18 +62,11 @@ use std::sync::Arc;
 /// Fixed per-entry and per-cell overheads charged on top of the key and cell bytes.
 const ENTRY_OVERHEAD_BYTES: usize = 96;
 /// The header of a shared list of rows ([`Rows`]: its counts and its `Vec`), charged with the
-/// entry, memo or run that owns the list.
+/// entry or run that owns the list.
 const LIST_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>() + std::mem::size_of::<Vec<Arc<CachedRow>>>();
 const CELL_OVERHEAD_BYTES: usize = 32;
 /// Complete intervals kept per table before they are dropped (they only speed scans up).
 const INTERVALS_PER_TABLE_MAX: usize = 65_536;
-/// Each-row result memos per table (see the module doc); when full they are all dropped.
-const MEMOS_PER_TABLE_MAX: usize = 4096;
-/// Slots (one range hash each) remembering which scans walked the runs lately: a memo is made
-/// at a range's second walk, not its first. Making one per walk cost scans that never repeat
-/// (random starts) a copy of their row list, a key, and every 4,096 a mass drop: session 13's
-/// walk profile, docs/benchmarks.md.
-const WALKED_SLOTS: usize = 4096;
 /// Write events (a row's write or notice beginning or ending) remembered per table for the
 /// fills' range check; a fill whose ticket is older than the oldest is dropped.
 const WRITE_LOG_MAX: usize = 4096;
@@ -160,7 +149,7 @@ fn row_bytes(r: &Arc<CachedRow>) -> usize {
 }
 
 /// A list of rows shared between the cache and the answers that hold it: an all-row entry's
-/// result, a memo, an each-row run. A hit copies no row and no list, only this pointer. A `Vec`
+/// result, an each-row run. A hit copies no row and no list, only this pointer. A `Vec`
 /// behind the `Arc` so that a run can change in place (`Arc::make_mut`), copying its list only
 /// while an answer still holds the old one.
 pub type Rows = Arc<Vec<Arc<CachedRow>>>;
@@ -184,7 +173,7 @@ impl Slice {
     }
 }
 
-/// The rows of an answer, in order: slices of shared lists. An all-row hit or a memo hit is
+/// The rows of an answer, in order: slices of shared lists. An all-row hit is
 /// one slice (held inline: no allocation); an each-row walk is one slice per run it crossed,
 /// so it costs a reference count per run, not per row (per-row pointer copies and key
 /// compares were most of the walk: docs/benchmarks.md, issue 16, session 14). Holding an
@@ -342,10 +331,12 @@ fn insert_row(
         let before = run_bytes(lo, run);
         match row_pos(run, key) {
             Ok(i) => {
+                // Held by an answer, the list is copied (`rows_mut`) with a new capacity:
+                // charged as it is after, not as it was.
                 let old = std::mem::replace(&mut run.rows_mut()[i], r);
                 run.referenced &= !(1u128 << i);
                 let new = row_bytes(&run.rows[i]);
-                return (new, row_bytes(&old));
+                return (new + run_bytes(lo, run), row_bytes(&old) + before);
             }
             Err(i) if run.rows.len() < RUN_ROWS_MAX => {
                 let added = row_bytes(&r);
@@ -394,14 +385,18 @@ fn new_run(
 fn remove_row(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, row: &[u8]) -> Option<usize> {
     let (lo, run) = st.runs.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(row))).next_back()?;
     let i = row_pos(run, row).ok()?;
+    let before = run_bytes(lo, run);
+    // Held by an answer (a switch drops rows while the walk's answer is out), the list is
+    // copied with a smaller capacity: the run's charge is taken from before and after.
     let old = run.rows_mut().remove(i);
     run.referenced = bits_remove(run.referenced, i);
-    let mut freed = row_bytes(&old);
+    let mut freed = row_bytes(&old) + before;
     if run.rows.is_empty() {
-        freed += run_bytes(lo, run);
         let (lo, tick) = (lo.clone(), run.tick);
         clock.remove(&tick);
         st.runs.remove(&lo[..]);
+    } else {
+        freed -= run_bytes(lo, run);
     }
     Some(freed)
 }
@@ -454,7 +449,7 @@ pub struct Stats {
     /// Adaptive: scan shapes tracked now on all-row / each-row (crate::adaptive).
     pub shapes_all_row: u64,
     pub shapes_each_row: u64,
-    /// Adaptive: entries (all-row entries, each-row rows, memos) of the kind a scan shape left,
+    /// Adaptive: entries (all-row entries, each-row rows) of the kind a scan shape left,
     /// dropped when it switched (`Cache::drop_after_switch`).
     pub switch_drops: u64,
 }
@@ -472,8 +467,6 @@ struct TableState {
     write_log: VecDeque<(u64, Option<Vec<u8>>)>,
     /// Versions up to this one may have left the log.
     log_floor: u64,
-    /// Bytes of memos dropped by `drop_memos` not yet taken off the cache's total.
-    memo_freed: usize,
     /// BEGIN notices (by id) whose END has not arrived, with their rows (empty = the whole
     /// table): their writes may not be visible yet.
     notices_in_flight: HashMap<u32, Vec<Vec<u8>>>,
@@ -483,13 +476,6 @@ struct TableState {
     queries: HashMap<QueryKey, QueryEntry>,
     /// Each-row rows, in runs keyed by their `lo` ([`Run`]).
     runs: BTreeMap<Arc<[u8]>, Run>,
-    /// Each-row result memos: a scan served whole from `rows`, and the rows it returned.
-    memos: HashMap<QueryKey, Memo>,
-    /// Some memo was hit since its rows' reference bits were last set from it
-    /// ([`TableState::mark_memo_rows`]).
-    memos_referenced: bool,
-    /// Hashes of ranges walked lately, by hash modulo [`WALKED_SLOTS`] (empty until a walk).
-    walked: Vec<u64>,
     /// Disjoint complete intervals: start -> stop (exclusive; empty = end of table).
     complete: BTreeMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
@@ -500,85 +486,11 @@ struct TableState {
     shapes: crate::adaptive::Shapes,
 }
 
-/// An each-row result memo: the rows a scan returned (shared with `rows`, or projected copies).
-struct Memo {
-    rows: Rows,
-    /// Hit since its rows' reference bits were last set from it. A hit only sets this bit (one
-    /// store, not one per row: the memo exists to make a repeat cost one lookup); the CLOCK
-    /// hand copies it onto the rows of the memo's range before it reads a row's bit of the
-    /// table, so to eviction a memo hit is a hit on each of its rows. Without that, rows served
-    /// only through memos looked unused, were evicted, and each eviction dropped every memo.
-    referenced: bool,
-}
-
-/// Bytes charged for a result memo: its key, a pointer per row, the entry.
-fn memo_bytes(q: &QueryKey, rows: &[Arc<CachedRow>]) -> usize {
-    ENTRY_OVERHEAD_BYTES + LIST_HEADER_BYTES + q.size_bytes() + std::mem::size_of_val(rows)
-}
-
 impl TableState {
-    /// Drops the memos whose key `drop` selects (their bytes off the table's, and noted for
-    /// the cache's total: [`TableState::take_freed`]).
-    fn drop_memos(&mut self, drop: impl Fn(&QueryKey) -> bool) {
-        let mut freed = 0;
-        self.memos.retain(|k, m| {
-            let gone = drop(k);
-            if gone {
-                freed += memo_bytes(k, &m.rows);
-            }
-            !gone
-        });
-        self.bytes -= freed;
-        self.memo_freed += freed;
-    }
-
-    /// Did a scan of exactly `q` walk the runs lately (then it is worth a memo)? Records this
-    /// walk. A collision only makes or skips one memo.
-    fn walked_before(&mut self, q: &QueryKey) -> bool {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        q.hash(&mut h);
-        let h = h.finish() | 1;
-        if self.walked.is_empty() {
-            self.walked = vec![0; WALKED_SLOTS];
-        }
-        let slot = &mut self.walked[(h % WALKED_SLOTS as u64) as usize];
-        std::mem::replace(slot, h) == h
-    }
-
     /// Every each-row row, in order.
     #[cfg(test)]
     fn cached_rows(&self) -> impl Iterator<Item = &Arc<CachedRow>> {
         self.runs.values().flat_map(|r| r.rows.iter())
-    }
-
-    fn take_freed(&mut self) -> usize {
-        std::mem::take(&mut self.memo_freed)
-    }
-
-    /// Sets the reference bit of every row in the range of each memo hit since the last call
-    /// (the rows a memo returned are exactly the cached rows of its range: it is made only
-    /// from a walk that served the whole range, and a write or eviction in the range drops it).
-    /// Called by the CLOCK hand before it reads a row's bit of this table; the cost is one range
-    /// walk per memo hit since the hand last came by, paid at eviction, not on the hit path.
-    fn mark_memo_rows(&mut self) {
-        if !std::mem::take(&mut self.memos_referenced) {
-            return;
-        }
-        let runs = &mut self.runs;
-        for (k, m) in self.memos.iter_mut().filter(|(_, m)| m.referenced) {
-            m.referenced = false;
-            let first = run_lo_of(runs, &k.start);
-            let lower = Bound::Included(first.as_deref().unwrap_or(k.start.as_slice()));
-            let upper = if k.stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(k.stop.as_slice()) };
-            for (_, run) in runs.range_mut::<[u8], _>((lower, upper)) {
-                for (i, r) in run.rows.iter().enumerate() {
-                    if k.contains(&r.row.row) {
-                        run.referenced |= 1u128 << i;
-                    }
-                }
-            }
-        }
     }
 
     /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
@@ -655,7 +567,7 @@ pub struct Cache {
 
 /// A result served from the cache, and where the query continues past it (None = complete).
 pub enum Hit {
-    /// An all-row entry or an each-row memo (one shared list).
+    /// An all-row entry (one shared list).
     Rows(Rows, Option<Vec<u8>>),
     /// Rows gathered by a walk of the each-row runs (slices of them, or projected copies for
     /// a query naming columns).
@@ -760,8 +672,7 @@ impl Cache {
     /// The scan shape of `q` (adaptive) just switched to `to`: drops the entries of the kind it
     /// left, which its queries no longer read (they would otherwise stay until CLOCK reached
     /// them: with room to spare, never — no writes, k = 1: 1.89x all-row's bytes,
-    /// docs/benchmarks.md session 12). To all-row: the shape's result memos, and the each-row
-    /// rows inside its recent ranges except those inside a recent range of another each-row
+    /// docs/benchmarks.md session 12). To all-row: the each-row rows inside its recent ranges except those inside a recent range of another each-row
     /// shape (Gets are each-row too: a Get of a dropped row misses once and refills it). To
     /// each-row: every all-row entry of the shape. Dropping is never stale (a later query
     /// misses and reads HBase); complete intervals are cut at every dropped row, as by a write.
@@ -781,9 +692,6 @@ impl Cache {
                 }
             }
         } else {
-            let memos = st.memos.len();
-            st.drop_memos(of_shape);
-            dropped += (memos - st.memos.len()) as u64;
             let others = st.shapes.each_row_ranges_of_others(&q.spec, &q.filter);
             let mine: Vec<(Vec<u8>, Vec<u8>)> = st
                 .shapes
@@ -802,16 +710,11 @@ impl Cache {
                     }
                     split_interval(&mut st.complete, r);
                 }
-                if !gone.is_empty() {
-                    // Other shapes' memos over those rows would keep them alive uncounted.
-                    st.drop_memos(|k| crate::adaptive::intersects(&k.start, &k.stop, a, b));
-                }
             }
         }
         st.stats.switch_drops += dropped;
         st.bytes -= freed;
         self.bytes -= freed;
-        self.bytes -= st.take_freed();
     }
 
     /// Looks up the rest of a scan from `q.start` (each-row entries only; not counted as a new
@@ -835,41 +738,8 @@ impl Cache {
             }
         }
         if each {
-            let memo = first && !is_get(q);
-            // Gets and continuations have no memo: not even a hash of their key.
-            if let Some(m) = memo.then(|| st.memos.get_mut(q)).flatten().filter(|m| m.rows.len() <= rows_max) {
-                m.referenced = true;
-                let rows = m.rows.clone();
-                st.memos_referenced = true;
-                st.stats.hits_each_row += 1;
-                return Some(Hit::Rows(rows, None));
-            }
             if let Some((rows, next)) = each_row_lookup(st, q, rows_max) {
                 st.stats.hits_each_row += 1;
-                let bytes = ENTRY_OVERHEAD_BYTES
-                    + LIST_HEADER_BYTES
-                    + q.size_bytes()
-                    + rows.len() * std::mem::size_of::<Arc<CachedRow>>();
-                if memo && next.is_none() && self.bytes + bytes <= self.memory_bytes_max && st.walked_before(q) {
-                    let rows: Rows = rows.to_rows();
-                    debug_assert_eq!(bytes, memo_bytes(q, &rows));
-                    if st.memos.len() >= MEMOS_PER_TABLE_MAX {
-                        st.drop_memos(|_| true);
-                    }
-                    // The walk just set the rows' bits: the new memo starts unreferenced.
-                    let m = Memo { rows: rows.clone(), referenced: false };
-                    if let Some(old) = st.memos.insert(q.clone(), m) {
-                        // Off the cache's total too (through `take_freed` below), not only the
-                        // table's.
-                        let old_bytes = memo_bytes(q, &old.rows);
-                        st.bytes -= old_bytes;
-                        st.memo_freed += old_bytes;
-                    }
-                    st.bytes += bytes;
-                    let freed = st.take_freed();
-                    self.bytes = self.bytes + bytes - freed;
-                    return Some(Hit::Rows(rows, None));
-                }
                 return Some(Hit::Assembled(rows, next));
             }
         } else if let Some(e) = st.queries.get_mut(q) {
@@ -1044,8 +914,6 @@ impl Cache {
             freed += bytes;
             st.stats.invalidations += 1;
         }
-        st.drop_memos(|k| k.contains(row));
-        self.bytes -= st.take_freed();
         let was_complete = covering_end(&st.complete, row).is_some();
         split_interval(&mut st.complete, row);
         st.bytes -= freed;
@@ -1123,8 +991,6 @@ impl Cache {
         st.stats.invalidations += (st.queries.len() + rows) as u64;
         st.queries.clear();
         st.runs.clear();
-        st.memos.clear();
-        st.memo_freed = 0;
         st.complete.clear();
         st.families = None;
         self.bytes -= st.bytes;
@@ -1158,7 +1024,6 @@ impl Cache {
                 }
                 EntryRef::Run(t, lo) => {
                     let Some(st) = state_of(&mut self.tables, &self.names, t) else { continue };
-                    st.mark_memo_rows();
                     let Some(run) = st.runs.get_mut(&lo[..]) else { continue };
                     let before = run_bytes(&lo, run);
                     let keep = std::mem::take(&mut run.referenced);
@@ -1189,12 +1054,10 @@ impl Cache {
                     st.stats.evictions += gone.len() as u64;
                     if !gone.is_empty() {
                         // Those rows are no longer cached, so intervals over them are not
-                        // complete, and memos would keep them alive uncounted.
+                        // complete.
                         for r in &gone {
                             split_interval(&mut st.complete, &r.row.row);
                         }
-                        st.drop_memos(|_| true);
-                        self.bytes -= st.take_freed();
                     }
                 }
             }
@@ -1522,33 +1385,6 @@ mod tests {
         assert!(!c.fill(b"t", &q("a", "c"), vec![row("a", "1")], None, t), "log overflowed");
     }
 
-    /// A scan served whole from each-row entries leaves a memo of its rows: the same scan again
-    /// is served from it (the same shared rows), a write inside its range drops it, one outside
-    /// does not, and its bytes are counted and given back.
-    #[test]
-    fn each_row_result_memos_serve_repeats_and_go_with_writes() {
-        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
-        let t = c.fill_ticket(b"t", &q("", ""));
-        assert!(c.fill(b"t", &q("a", "z"), vec![row("b", "1"), row("d", "1"), row("f", "1")], None, t));
-        let filled = c.bytes();
-        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Assembled(r, None)) if r.len() == 2), "walk");
-        assert_eq!(c.bytes(), filled, "no memo for a first walk");
-        let Some(Hit::Rows(first, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("walk again, memo stored") };
-        assert!(c.bytes() > filled, "memo counted");
-        let Some(Hit::Rows(again, None)) = c.lookup(b"t", &q("c", "g"), 100) else { panic!("memo hit") };
-        assert!(Arc::ptr_eq(&first, &again) && again.len() == 2);
-        assert!(matches!(c.lookup(b"t", &q("c", "g"), 1), Some(Hit::Assembled(r, Some(_))) if r.len() == 1), "paged");
-        c.begin_write(b"t", Some(&[b"x".to_vec()]));
-        c.end_write(b"t", Some(&[b"x".to_vec()]));
-        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Rows(r, None)) if Arc::ptr_eq(&r, &first)));
-        c.begin_write(b"t", Some(&[b"d".to_vec()]));
-        c.end_write(b"t", Some(&[b"d".to_vec()]));
-        assert!(c.tables[&b"t"[..]].memos.is_empty(), "write inside drops the memo");
-        assert!(matches!(c.lookup(b"t", &q("c", "g"), 100), Some(Hit::Assembled(r, Some(_))) if r.is_empty()));
-        c.clear_table(b"t");
-        assert_eq!(c.bytes(), 0);
-    }
-
     #[test]
     fn each_row_serves_sub_ranges_and_gets_and_projects() {
         let mut c = Cache::new(Strategy::EachRow, 1 << 20);
@@ -1603,7 +1439,7 @@ mod tests {
 
     /// Adaptive, through the cache, per query shape: Gets are each-row, filter/time-range/
     /// version queries all-row; a scan shape starts each-row (a sliding range inside filled ones
-    /// is a hit, repeats are memo hits), a shape whose scans repeat a few ranges goes all-row
+    /// is a hit, and so is its repeat), a shape whose scans repeat a few ranges goes all-row
     /// after a window while a sliding shape of the same table stays each-row, and a write into
     /// the repeating shape's ranges sends it back; `chosen_*` and `shapes_*` count each.
     #[test]
@@ -1635,7 +1471,10 @@ mod tests {
         scan(&mut c, &full, 0, 100);
         let slide = q(&k(11), &k(59));
         assert!(served(c.lookup(b"t", &slide, 1000)).is_some_and(|(r, n)| n.is_none() && r.len() == 48));
-        assert!(matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Rows(r, None)) if r.len() == 48), "memo hit");
+        assert!(
+            matches!(c.lookup(b"t", &slide, 1000), Some(Hit::Assembled(r, None)) if r.len() == 48),
+            "repeat: a walk"
+        );
         // Shape A (whole rows): four disjoint ranges repeated. Shape B (a column): sliding.
         for i in 0..(ALL_ROW_WINDOWS_MIN + 1) as usize * WINDOW as usize {
             let a = 200 + i % 4 * 100;
@@ -1659,7 +1498,7 @@ mod tests {
         assert!(c.table_stats()[0].1.chosen_all_row > st.chosen_all_row);
     }
 
-    /// Bytes the cache should account for what it holds (entries, runs and their rows, memos).
+    /// Bytes the cache should account for what it holds (entries, runs and their rows).
     fn held_bytes(c: &Cache) -> usize {
         c.tables
             .values()
@@ -1669,13 +1508,12 @@ mod tests {
                         .iter()
                         .map(|(lo, r)| run_bytes(lo, r) + r.rows.iter().map(row_bytes).sum::<usize>())
                         .sum::<usize>()
-                    + st.memos.iter().map(|(k, m)| memo_bytes(k, &m.rows)).sum::<usize>()
             })
             .sum()
     }
 
-    /// A shape switching strategy drops the entries of the kind it left: to all-row, its memos
-    /// and the each-row rows of its recent ranges, but not rows inside a recent range of
+    /// A shape switching strategy drops the entries of the kind it left: to all-row, the
+    /// each-row rows of its recent ranges, but not rows inside a recent range of
     /// another shape still on each-row; to each-row, its all-row entries (another shape's
     /// stay). Bytes stay equal to what is held; the dropped ranges are then misses, refilled.
     #[test]
@@ -1703,7 +1541,6 @@ mod tests {
             if i == n - 1 {
                 let st = &c.tables[&b"t"[..]];
                 assert_eq!(st.cached_rows().count(), 200, "A's four ranges, each-row");
-                assert!(st.memos.keys().any(|m| m.spec.columns.is_empty()), "A's memos");
             }
             scan(&mut c, &q(&k(a_range(i)), &k(a_range(i) + 50)), a_range(i), a_range(i) + 50);
             scan(&mut c, &cols(q(&k(200 + i % 10), &k(240 + i % 10))), 200 + i % 10, 240 + i % 10);
@@ -1713,8 +1550,7 @@ mod tests {
         let st = &c.tables[&b"t"[..]];
         let kept: Vec<String> = st.cached_rows().map(|r| String::from_utf8_lossy(&r.row.row).into_owned()).collect();
         assert_eq!(kept, (200..249).map(k).collect::<Vec<_>>(), "only rows inside B's ranges stay");
-        assert!(!st.memos.keys().any(|m| m.spec.columns.is_empty()), "A's memos dropped");
-        assert_eq!(st.stats.switch_drops, 151 + 4, "{:?}", st.stats);
+        assert_eq!(st.stats.switch_drops, 151, "{:?}", st.stats);
         assert!(st.queries.contains_key(&filtered));
         assert!(covered(&st.complete, k(200).as_bytes(), k(249).as_bytes()));
         assert!(!covered(&st.complete, k(300).as_bytes(), k(301).as_bytes()), "no longer complete");
@@ -1860,8 +1696,7 @@ mod tests {
                 .runs
                 .iter()
                 .map(|(lo, r)| run_bytes(lo, r) + r.rows.iter().map(row_bytes).sum::<usize>())
-                .sum::<usize>()
-                + st.memos.iter().map(|(k, m)| memo_bytes(k, &m.rows)).sum::<usize>();
+                .sum::<usize>();
             assert_eq!(c.bytes(), held, "seed {seed}");
             for run in st.runs.values() {
                 assert_eq!(
@@ -1967,38 +1802,6 @@ mod tests {
         assert!(st.cached_rows().filter(|r| r.row.row.starts_with(b"b")).count() < 20, "unused rows evicted first");
     }
 
-    /// Rows served only through a result memo keep their place as well: the memo's hits count
-    /// as hits on its rows (else the hand evicted them as unused, which dropped the memos too).
-    #[test]
-    fn memo_hits_keep_their_rows_over_unused_ones() {
-        let mut c = Cache::new(Strategy::EachRow, 1 << 20);
-        for p in ["a", "b"] {
-            let t = c.fill_ticket(b"t", &q("", ""));
-            let rows: Vec<_> = (0..20).map(|i| row(&format!("{p}{i:02}"), "v")).collect();
-            assert!(c.fill(b"t", &q(p, &format!("{p}~")), rows, None, t));
-            // The walks that make the memo (at the second).
-            assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Assembled(..))));
-            assert!(matches!(c.lookup(b"t", &q(p, &format!("{p}~")), 100), Some(Hit::Rows(..))));
-        }
-        // The hand has passed since: every row's bit is clear.
-        for run in c.tables.get_mut(&b"t"[..]).unwrap().runs.values_mut() {
-            run.referenced = 0;
-        }
-        for _ in 0..3 {
-            assert!(matches!(c.lookup(b"t", &q("a", "a~"), 100), Some(Hit::Rows(..))), "memo hit");
-        }
-        // A quarter to go (the rows share one run, whose slots stay while a row is left).
-        c.memory_bytes_max = c.bytes() * 3 / 4;
-        c.evict();
-        let st = &c.tables[&b"t"[..]];
-        assert_eq!(
-            st.cached_rows().filter(|r| r.row.row.starts_with(b"a")).count(),
-            20,
-            "rows hit through the memo kept"
-        );
-        assert!(st.cached_rows().filter(|r| r.row.row.starts_with(b"b")).count() < 20, "unused rows evicted first");
-    }
-
     /// What a walk must answer, from every cached row (no run structure): the rows of
     /// [start, end) up to `rows_max`, and where to continue.
     type Keys = (Vec<Vec<u8>>, Option<Vec<u8>>);
@@ -2078,7 +1881,7 @@ mod tests {
                     }
                     let rows_max = rng.below(300);
                     let want = walk_reference(&c.tables[&b"t"[..]], &qq, rows_max);
-                    // A continuation: never a memo, always the walk.
+                    // A continuation: always the walk.
                     let got = c.lookup_continuation(b"t", &qq, rows_max).map(|h| match h {
                         Hit::Assembled(a, n) => (a, n),
                         Hit::Rows(..) => panic!("a continuation is walked (seed {seed})"),
