@@ -180,11 +180,11 @@ def counts(d):
 
 
 def walk_rounds(thrift, daemons):
-    """WALK=N: the each-row *run walk* (a scan's first hit: no memo of that exact range yet, so
-    its rows are gathered from the runs) against all-row hits. The each-row daemon is warmed
-    with uniformly random 100-row scans until its table is one complete interval; its measured
-    scans start anywhere (`--starts 0`: 20,000 possible starts, memos at most 4,096 per table,
-    so nearly every scan walks), the all-row daemon's at 64 fixed starts (every scan a hit).
+    """WALK=N: the each-row *run walk* (its rows gathered from the runs; before session 14's
+    removal of result memos, a scan's first hit) against all-row hits. The each-row daemon is
+    warmed with uniformly random 100-row scans until its table is one complete interval; its
+    measured scans start anywhere (`--starts 0`: 20,000 possible starts), the all-row daemon's
+    at 64 fixed starts (every scan a hit).
     N rounds alternated all-row, each-row, each-row, all-row at 100 rows, SECS each; then
     both vs scan range (SWEEP rows, 2 s each). Hit ratios are per run (daemon counters)."""
     each, allr = thrift["each-row"], thrift["all-row"]

@@ -40,10 +40,11 @@
 //!    results and no writes. There all-row holds nothing twice and each-row would
 //!    cost its per-row index on top (memory sweep at k = 1: each-row 1.04x all-row's accounted
 //!    bytes, 1.08x its RSS growth), and an all-row hit is one hash lookup (paired runs: all-row
-//!    1.1x each-row's memo hit in session 11, within noise of it in session 12).
+//!    1.1x each-row's memo hit in session 11, within noise of it in session 12; memos were removed
+//!    in session 14).
 //!
 //! **A switch** drops the entries of the kind the shape left (crate::cache
-//! `Cache::drop_after_switch`): to all-row its memos and the each-row rows inside its recent
+//! `Cache::drop_after_switch`): to all-row the each-row rows inside its recent
 //! ranges (not those inside a recent range of another shape still on each-row); to each-row its
 //! all-row entries. The recent ranges are the ones in use: a repeat from the older half of the
 //! list moves to its newest end.

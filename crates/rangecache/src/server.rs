@@ -390,7 +390,7 @@ fn render_metrics(fronts: &[&HbaseService], out: &mut String) {
         ("notices_total", "Write notices from the RegionObserver (writes by any HBase client)", |s| s.notices),
         (
             "switch_drops_total",
-            "Adaptive: entries of the strategy a scan shape left (all-row entries, or each-row rows and memos), dropped at the switch",
+            "Adaptive: entries of the strategy a scan shape left (all-row entries, or each-row rows), dropped at the switch",
             |s| s.switch_drops,
         ),
     ];

@@ -4,7 +4,7 @@
 //! of a column, scanners are global ids, an unknown scanner id is IllegalArgument, and every HBase
 //! failure is an IOError. Scanner batching splits whole rows into chunks of `batchSize` cells.
 
-use crate::cache::{next_key, Cache, Hit, QueryKey, Rows};
+use crate::cache::{next_key, Answer, Cache, QueryKey};
 use crate::gen::hbase1::{
     AlreadyExists, BatchMutation, ColumnDescriptor, HbaseSyncHandler, IOError, IllegalArgument, Mutation, ScannerID,
     TCell, TIncrement, TRowResult, TScan, Text,
@@ -52,7 +52,7 @@ pub struct FrontStats {
 
 /// A scanner's rows in hand, and where the query continues after them (None = done).
 struct Source {
-    rows: Rows,
+    rows: Answer,
     pos: usize,
     rest: Option<Vec<u8>>,
 }
@@ -316,8 +316,7 @@ impl RangeCache {
             let mut c = self.cache();
             for (i, k) in keys.iter().enumerate() {
                 match c.lookup(table, k, 1) {
-                    Some(Hit::Rows(v, _)) => out[i] = v.first().cloned(),
-                    Some(Hit::Assembled(mut v, _)) => out[i] = v.pop(),
+                    Some(h) => out[i] = h.into_parts().0.get(0).cloned(),
                     None => missing.push(i),
                 }
             }
@@ -393,10 +392,9 @@ impl RangeCache {
                 c.lookup_continuation(table, &at, page_rows)
             }
         };
-        match hit {
-            Some(Hit::Rows(rows, rest)) => return Ok(Source { rows, pos: 0, rest }),
-            Some(Hit::Assembled(rows, rest)) => return Ok(Source { rows: rows.into(), pos: 0, rest }),
-            None => {}
+        if let Some(h) = hit {
+            let (rows, rest) = h.into_parts();
+            return Ok(Source { rows, pos: 0, rest });
         }
         let (ticket, bytes_max) = {
             let mut c = self.cache();
@@ -432,15 +430,15 @@ impl RangeCache {
         }
         // Encoded once here (outside the cache lock), then shared by the answer and the cache.
         let rows: Vec<Arc<CachedRow>> = rows.into_iter().map(|r| Arc::new(CachedRow::new(r))).collect();
-        let answer: Rows = if whole && !key.spec.columns.is_empty() {
+        let answer: Vec<Arc<CachedRow>> = if whole && !key.spec.columns.is_empty() {
             rows.iter().filter_map(|r| served(crate::cache::project(&r.row, &key.spec.columns))).collect()
         } else {
-            rows.iter().cloned().collect()
+            rows.clone()
         };
         if usable && (first || whole) {
             self.cache().fill(table, &at, rows, rest.clone(), ticket);
         }
-        Ok(Source { rows: answer, pos: 0, rest })
+        Ok(Source { rows: Answer::whole(Arc::new(answer)), pos: 0, rest })
     }
 
     fn add_scanner(&self, sc: Scanner) -> Result<ScannerID, SidecarError> {
@@ -474,9 +472,29 @@ impl RangeCache {
         let Some(mut sc) = lock(&self.scanners).remove(&id) else {
             return Err(Declared::Ia(IllegalArgument::new("scanner ID is invalid".to_string())));
         };
-        let mut err = None;
-        let mut sent = 0i64;
-        while sent < n as i64 {
+        let r = Self::send_rows(&mut sc, n.max(0) as usize, out, |sc, start| {
+            self.page(&sc.table, &sc.key, &start, sc.page_rows, false)
+        });
+        sc.last_used = Instant::now();
+        lock(&self.scanners).insert(id, sc);
+        r.map_err(io_ia_declared)
+    }
+
+    /// Sends up to `n` results of `sc` into `out`, reading further pages with `page` (from the
+    /// key to continue at) as the rows in hand run out. The rows in hand are read in place:
+    /// no reference count is taken per row sent (an atomic read-modify-write per row, on rows
+    /// that for a walk are mostly out of the CPU's cache, waits for each row's line in turn:
+    /// docs/benchmarks.md, session 14).
+    fn send_rows(
+        sc: &mut Scanner,
+        n: usize,
+        out: &mut dyn RowSink,
+        mut page: impl FnMut(&Scanner, Vec<u8>) -> Result<Source, SidecarError>,
+    ) -> Result<(), SidecarError> {
+        let mut sent = 0;
+        // Bounded: each page either yields rows or moves `rest` forward, and pages are finite.
+        let mut pages = 0;
+        while sent < n {
             if let Some((r, off)) = sc.partial.take() {
                 let end = (off + sc.batch).min(r.row.cells.len());
                 out.built(to_result(&r.row, &r.row.cells[off..end], sc.sort_columns));
@@ -486,47 +504,37 @@ impl RangeCache {
                 }
                 continue;
             }
-            match self.next_row(&mut sc) {
-                Ok(Some(r)) => {
-                    if sc.batch > 0 && r.row.cells.len() > sc.batch {
-                        sc.partial = Some((r, 0));
-                        continue;
-                    }
-                    if sc.sort_columns {
-                        out.built(to_result(&r.row, &r.row.cells, true));
-                    } else {
-                        out.cached(&r);
-                    }
-                    sent += 1;
+            if sc.source.pos >= sc.source.rows.len() {
+                let Some(start) = sc.source.rest.take() else {
+                    return Ok(());
+                };
+                pages += 1;
+                if pages > 1000 {
+                    return Err(SidecarError::Io { message: "scanner made no progress".into(), can_retry: true });
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    err = Some(e);
+                sc.source = page(sc, start)?;
+                continue;
+            }
+            let mut taken = 0;
+            for r in sc.source.rows.iter().skip(sc.source.pos) {
+                if sent == n {
                     break;
                 }
+                taken += 1;
+                if sc.batch > 0 && r.row.cells.len() > sc.batch {
+                    sc.partial = Some((r.clone(), 0));
+                    break;
+                }
+                if sc.sort_columns {
+                    out.built(to_result(&r.row, &r.row.cells, true));
+                } else {
+                    out.cached(r);
+                }
+                sent += 1;
             }
+            sc.source.pos += taken;
         }
-        sc.last_used = Instant::now();
-        lock(&self.scanners).insert(id, sc);
-        match err {
-            Some(e) => Err(io_ia_declared(e)),
-            None => Ok(()),
-        }
-    }
-
-    fn next_row(&self, sc: &mut Scanner) -> Result<Option<Arc<CachedRow>>, SidecarError> {
-        // Bounded: each refill either yields rows or moves `rest` forward, and pages are finite.
-        for _ in 0..1000 {
-            if let Some(r) = sc.source.rows.get(sc.source.pos) {
-                sc.source.pos += 1;
-                return Ok(Some(r.clone()));
-            }
-            let Some(start) = sc.source.rest.take() else {
-                return Ok(None);
-            };
-            sc.source = self.page(&sc.table, &sc.key, &start, sc.page_rows, false)?;
-        }
-        Err(SidecarError::Io { message: "scanner made no progress".into(), can_retry: true })
+        Ok(())
     }
 
     /// getRow* (rows with data only, columns in map form) into `out`.
