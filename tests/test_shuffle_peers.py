@@ -121,13 +121,20 @@ def test_lookup_brings_the_other_hosts_segments_byte_for_byte(hosts):
         c.close()
 
 
-def test_a_peer_gone_leaves_its_maps_out_at_once(hosts):
-    a, b = hosts
+def one_map_per_host(a, b, app):
+    """Registers `app` (one partition) on both hosts and commits map 0 on A, map 1 on B;
+    returns the two committing connections."""
     ca, cb = Conn(a), Conn(b)
     for c in (ca, cb):
-        assert c.ask("REGISTER app-y 0 1\r\n") == "OK"
-    commit_map(a, ca, "app-y", 0, {0: b"from-a"})
-    commit_map(b, cb, "app-y", 1, {0: b"from-b"})
+        assert c.ask("REGISTER %s 0 1\r\n" % app) == "OK"
+    commit_map(a, ca, app, 0, {0: b"from-a"})
+    commit_map(b, cb, app, 1, {0: b"from-b"})
+    return ca, cb
+
+
+def test_a_peer_gone_leaves_its_maps_out_at_once(hosts):
+    a, b = hosts
+    ca, cb = one_map_per_host(a, b, "app-y")
     ca.close()
     a.stop()
     errors = b.metric("slipstream_shuffle_peer_fetch_errors_total")
@@ -143,11 +150,7 @@ def test_a_peer_gone_leaves_its_maps_out_at_once(hosts):
 
 def test_lookups_reuse_one_connection_to_the_peer_and_reconnect_after_its_restart(hosts):
     a, b = hosts
-    ca, cb = Conn(a), Conn(b)
-    for c in (ca, cb):
-        assert c.ask("REGISTER app-z 0 1\r\n") == "OK"
-    commit_map(a, ca, "app-z", 0, {0: b"from-a"})
-    commit_map(b, cb, "app-z", 1, {0: b"from-b"})
+    ca, cb = one_map_per_host(a, b, "app-z")
     opened = b.metric("slipstream_shuffle_peer_connections_opened_total")
     reader = Conn(b)
     for _ in range(5):

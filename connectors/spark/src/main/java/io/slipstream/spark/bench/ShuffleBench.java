@@ -6,7 +6,9 @@
 // times come from Spark's own stage submission/completion times, each stage's task CPU time
 // (executorCpuTime summed over its tasks), the reduce stage's fetch wait, summed task run time
 // (executorRunTime) and GC time from its task
-// metrics. Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
+// metrics; per executor, the reduce stage's tasks (reduce_executors: executorSpans), and the host
+// CPU while the reduce stage ran: the daemons', the JVMs' and, of the JVMs', their JIT compiler
+// threads' (reduce_daemon_cpu_ms, reduce_jvm_cpu_ms, reduce_jit_cpu_ms). Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
 // every process it started (the executor JVMs) and the process trees in `daemon_pid` (the daemon;
 // on a standalone cluster the daemons and the workers with their executors), so a manager
 // that moves work out of the executors is charged for it. One JSON line per round on stdout.
@@ -160,6 +162,33 @@ public final class ShuffleBench {
         }
     }
 
+    /**
+     * CPU seconds of the JIT compiler threads ("C1/C2 CompilerThread") of `pids`, by "pid/tid":
+     * on a fresh executor JVM they run beside the tasks for the first rounds.
+     */
+    static Map<String, Double> jitCpu(java.util.Set<Long> pids) {
+        Map<String, Double> m = new HashMap<>();
+        for (long pid : pids) {
+            java.io.File[] tasks = new java.io.File("/proc/" + pid + "/task").listFiles();
+            if (tasks == null) {
+                continue;
+            }
+            for (java.io.File t : tasks) {
+                try {
+                    String stat = java.nio.file.Files.readString(t.toPath().resolve("stat"));
+                    String comm = stat.substring(stat.indexOf('(') + 1, stat.lastIndexOf(')'));
+                    if (comm.contains("CompilerThre")) {
+                        String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+                        m.put(pid + "/" + t.getName(), (Long.parseLong(f[11]) + Long.parseLong(f[12])) / 100.0);
+                    }
+                } catch (java.io.IOException | RuntimeException e) {
+                    // the thread ended between listing and reading
+                }
+            }
+        }
+        return m;
+    }
+
     /** CPU ms between two snapshots of the processes whose command is (`daemon`) or is not "slipstream". */
     static long cpuMsOf(Map<Long, Double> a, Map<Long, Double> b, boolean daemon) {
         double s = 0;
@@ -187,6 +216,9 @@ public final class ShuffleBench {
          * Slipstream daemons' and every other counted process's (JVMs). */
         final Map<Integer, long[]> stageCpuMs = new HashMap<>();
         private final Map<Integer, Map<Long, Double>> cpuAtSubmit = new HashMap<>();
+        private final Map<Integer, Map<String, Double>> jitAtSubmit = new HashMap<>();
+        /** Per stage, the JVMs' JIT compiler threads' CPU ms while it ran (part of the JVMs' CPU). */
+        final Map<Integer, Long> jitMs = new HashMap<>();
         private final List<Long> roots;
 
         Stages(List<Long> roots) {
@@ -195,7 +227,9 @@ public final class ShuffleBench {
 
         @Override
         public synchronized void onStageSubmitted(SparkListenerStageSubmitted e) {
-            cpuAtSubmit.put(e.stageInfo().stageId(), hostCpu(roots));
+            Map<Long, Double> cpu = hostCpu(roots);
+            cpuAtSubmit.put(e.stageInfo().stageId(), cpu);
+            jitAtSubmit.put(e.stageInfo().stageId(), jitCpu(cpu.keySet()));
         }
 
         @Override
@@ -217,6 +251,12 @@ public final class ShuffleBench {
                 if (cpu0 != null) {
                     Map<Long, Double> cpu1 = hostCpu(roots);
                     stageCpuMs.put(s.stageId(), new long[] {cpuMsOf(cpu0, cpu1, true), cpuMsOf(cpu0, cpu1, false)});
+                    Map<String, Double> jit0 = jitAtSubmit.remove(s.stageId());
+                    double jit = 0;
+                    for (Map.Entry<String, Double> j : jitCpu(cpu1.keySet()).entrySet()) {
+                        jit += Math.max(0, j.getValue() - (jit0 == null ? 0 : jit0.getOrDefault(j.getKey(), 0.0)));
+                    }
+                    jitMs.put(s.stageId(), Math.round(jit * 1000));
                 }
                 spans.put(s.stageId(), executorSpans(tasks.remove(s.stageId()), (Long) s.submissionTime().get(),
                         (Long) s.completionTime().get()));
@@ -284,6 +324,7 @@ public final class ShuffleBench {
                     stages.gcMs.clear();
                     stages.spans.clear();
                     stages.stageCpuMs.clear();
+                    stages.jitMs.clear();
                 }
                 if (clean) {
                     System.gc();
@@ -305,6 +346,7 @@ public final class ShuffleBench {
                 long reduceGcMs;
                 String reduceSpans;
                 long[] reduceHostCpuMs;
+                long reduceJitMs;
                 synchronized (stages) {
                     // The job's two stages: the shuffle map stage has the lower id.
                     List<Integer> ids = new ArrayList<>(stages.ms.keySet());
@@ -320,15 +362,16 @@ public final class ShuffleBench {
                     reduceSpans = ids.size() == 2 ? stages.spans.getOrDefault(ids.get(1), "") : "";
                     reduceHostCpuMs = ids.size() == 2 ? stages.stageCpuMs.getOrDefault(ids.get(1), new long[] {-1, -1})
                             : new long[] {-1, -1};
+                    reduceJitMs = ids.size() == 2 ? stages.jitMs.getOrDefault(ids.get(1), -1L) : -1L;
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
                         + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\","
                         + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d,"
-                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d,\"reduce_executors\":\"%s\",\"reduce_daemon_cpu_ms\":%d,\"reduce_jvm_cpu_ms\":%d}%n",
+                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d,\"reduce_executors\":\"%s\",\"reduce_daemon_cpu_ms\":%d,\"reduce_jvm_cpu_ms\":%d,\"reduce_jit_cpu_ms\":%d}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
                         mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers), hostCpuS,
-                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs, reduceSpans, reduceHostCpuMs[0], reduceHostCpuMs[1]);
+                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs, reduceSpans, reduceHostCpuMs[0], reduceHostCpuMs[1], reduceJitMs);
             }
             spark.stop();
         }
