@@ -9,7 +9,8 @@ Checks: every byte of every remote segment arrives (seeded random sizes, several
 seed printed), local and remote segments come back in map order, copy blocks are freed at
 RELEASE, both daemons count the bytes; a map committed on both hosts is taken once (the local
 copy); with the peer gone the lookup answers at once with the local maps only and counts a
-fetch error (the reader's FetchFailed then makes Spark recompute). Needs root (namespaces);
+fetch error (the reader's FetchFailed then makes Spark recompute); lookups reuse one kept
+connection to the peer, and a peer restarted under it is reconnected without a fetch error. Needs root (namespaces);
 skipped otherwise. Every wait is bounded; the namespace, veth and daemons go even on failure
 (tests/shufflehosts.py).
 """
@@ -120,13 +121,20 @@ def test_lookup_brings_the_other_hosts_segments_byte_for_byte(hosts):
         c.close()
 
 
-def test_a_peer_gone_leaves_its_maps_out_at_once(hosts):
-    a, b = hosts
+def one_map_per_host(a, b, app):
+    """Registers `app` (one partition) on both hosts and commits map 0 on A, map 1 on B;
+    returns the two committing connections."""
     ca, cb = Conn(a), Conn(b)
     for c in (ca, cb):
-        assert c.ask("REGISTER app-y 0 1\r\n") == "OK"
-    commit_map(a, ca, "app-y", 0, {0: b"from-a"})
-    commit_map(b, cb, "app-y", 1, {0: b"from-b"})
+        assert c.ask("REGISTER %s 0 1\r\n" % app) == "OK"
+    commit_map(a, ca, app, 0, {0: b"from-a"})
+    commit_map(b, cb, app, 1, {0: b"from-b"})
+    return ca, cb
+
+
+def test_a_peer_gone_leaves_its_maps_out_at_once(hosts):
+    a, b = hosts
+    ca, cb = one_map_per_host(a, b, "app-y")
     ca.close()
     a.stop()
     errors = b.metric("slipstream_shuffle_peer_fetch_errors_total")
@@ -136,5 +144,31 @@ def test_a_peer_gone_leaves_its_maps_out_at_once(hosts):
     assert time.monotonic() - t0 < 5
     assert got[0] == "SEGMENTS 1" and got[1].split()[0] == "1", got
     assert b.metric("slipstream_shuffle_peer_fetch_errors_total") == errors + 1
+    reader.close()
+    cb.close()
+
+
+def test_lookups_reuse_one_connection_to_the_peer_and_reconnect_after_its_restart(hosts):
+    a, b = hosts
+    ca, cb = one_map_per_host(a, b, "app-z")
+    opened = b.metric("slipstream_shuffle_peer_connections_opened_total")
+    reader = Conn(b)
+    for _ in range(5):
+        got = reader.lines_to_end(reader.ask("LOOKUP app-z 0 0\r\n"))
+        assert got[0] == "SEGMENTS 2", got
+        assert reader.ask("RELEASE %s\r\n" % got[1].split()[2]) == "OK"  # the copy of A's map
+    # One connection for the five FETCHes, still open on A (beside ca) for the next.
+    assert b.metric("slipstream_shuffle_peer_connections_opened_total") == opened + 1
+    assert a.metric("slipstream_shuffle_connections") == 2
+    # A restarts (its map outputs gone): B's kept connection is dead; the FETCH is asked again
+    # on a new one and A answers that it has nothing, which is not a fetch error.
+    ca.close()
+    a.stop()
+    a.start()
+    errors = b.metric("slipstream_shuffle_peer_fetch_errors_total")
+    got = reader.lines_to_end(reader.ask("LOOKUP app-z 0 0\r\n"))
+    assert got[0] == "SEGMENTS 1" and got[1].split()[0] == "1", got
+    assert b.metric("slipstream_shuffle_peer_fetch_errors_total") == errors
+    assert b.metric("slipstream_shuffle_peer_connections_opened_total") == opened + 2
     reader.close()
     cb.close()

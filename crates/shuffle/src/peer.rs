@@ -8,19 +8,26 @@
 //! with splice(2) from the socket through a pipe into its block file. (Only the bytes that the
 //! header line reader happened to buffer are written with one pwrite.)
 //!
+//! A daemon keeps its connections to a peer open between FETCHes (an answer ends at END, so
+//! the connection is ready for the next) in [`PeerConns`]: a LOOKUP does not connect to every
+//! peer again, nor the peer start a thread for each. A kept connection the peer has closed
+//! (idle timeout, restart) fails at once; that FETCH is asked again once on a new connection.
+//!
 //! Not for: which segments exist (crate::registry), the wire format (crate::proto), or the
 //! choice of peers (the operator lists them; Spark's own scheduler decides where tasks run).
 
 use crate::proto::{self, Record, LINE_BYTES_MAX};
 use crate::registry::Found;
 use crate::ShuffleError;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Most bytes one splice call moves: a pipe's default capacity (16 pages).
@@ -33,11 +40,12 @@ pub struct PeerCounts {
     pub fetch_errors: AtomicU64,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
+    pub connections_opened: AtomicU64,
 }
 
 impl PeerCounts {
     /// (name, kind, help, value) rows for the Prometheus exposition.
-    pub fn rows(&self) -> [(&'static str, &'static str, &'static str, u64); 4] {
+    pub fn rows(&self) -> [(&'static str, &'static str, &'static str, u64); 5] {
         let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("peer_fetches_total", "counter", "FETCH requests this daemon sent to its peers", v(&self.fetches)),
@@ -54,6 +62,12 @@ impl PeerCounts {
                 v(&self.bytes_received),
             ),
             ("peer_bytes_sent_total", "counter", "Segment bytes sent to peers (sendfile)", v(&self.bytes_sent)),
+            (
+                "peer_connections_opened_total",
+                "counter",
+                "TCP connections this daemon opened to its peers (kept open and reused across FETCHes)",
+                v(&self.connections_opened),
+            ),
         ]
     }
 }
@@ -61,6 +75,15 @@ impl PeerCounts {
 /// Sends a FETCH answer for `found` (pinned by the caller until this returns): the header
 /// lines by write, each segment's bytes by sendfile from its block file (`path_of`).
 pub fn send_answer(sock: &mut TcpStream, found: &[Found], path_of: &dyn Fn(u32) -> PathBuf) -> std::io::Result<u64> {
+    // Corked: each record line goes out in one packet with its segment's first bytes, not in
+    // a packet of its own (with TCP_NODELAY it would); uncorking sends the rest at once.
+    set_cork(sock, true)?;
+    let sent = send_corked(sock, found, path_of);
+    set_cork(sock, false)?;
+    sent
+}
+
+fn send_corked(sock: &mut TcpStream, found: &[Found], path_of: &dyn Fn(u32) -> PathBuf) -> std::io::Result<u64> {
     let mut head = String::new();
     proto::data_head(&mut head, found.len());
     sock.write_all(head.as_bytes())?;
@@ -80,6 +103,24 @@ pub fn send_answer(sock: &mut TcpStream, found: &[Found], path_of: &dyn Fn(u32) 
     }
     sock.write_all(proto::END)?;
     Ok(sent)
+}
+
+fn set_cork(sock: &TcpStream, on: bool) -> std::io::Result<()> {
+    let v: libc::c_int = on.into();
+    // SAFETY: the socket is open for the call; `v` is a live c_int of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn sendfile_all(sock: RawFd, file: RawFd, offset: u64, len: usize) -> std::io::Result<()> {
@@ -146,35 +187,88 @@ pub struct FetchLimits {
     pub records_max: usize,
 }
 
+/// Most idle connections kept per peer (about the reduce tasks of this host running at once).
+const IDLE_CONNECTIONS_PER_PEER_MAX: usize = 16;
+
+/// The connections to the peers that no FETCH is using, kept for the next.
+#[derive(Default)]
+pub struct PeerConns {
+    idle: Mutex<HashMap<SocketAddr, Vec<BufReader<TcpStream>>>>,
+}
+
+impl PeerConns {
+    fn take(&self, peer: SocketAddr) -> Option<BufReader<TcpStream>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&peer).and_then(Vec::pop)
+    }
+
+    fn put(&self, peer: SocketAddr, conn: BufReader<TcpStream>) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(peer).or_default();
+        if list.len() < IDLE_CONNECTIONS_PER_PEER_MAX {
+            list.push(conn);
+        }
+    }
+}
+
+fn connect(peer: SocketAddr, limits: &FetchLimits, counts: &PeerCounts) -> std::io::Result<BufReader<TcpStream>> {
+    let sock = TcpStream::connect_timeout(&peer, limits.timeout)?;
+    sock.set_read_timeout(Some(limits.timeout))?;
+    sock.set_write_timeout(Some(limits.timeout))?;
+    sock.set_nodelay(true)?;
+    counts.connections_opened.fetch_add(1, Ordering::Relaxed);
+    Ok(BufReader::new(sock))
+}
+
 /// Asks `peer` for reduce partition `reduce` of (app, shuffle) and stores each segment in a
-/// copy block from `alloc` (id and file), packing segments while they fit.
+/// copy block from `alloc` (id and file), packing segments while they fit. On a kept
+/// connection from `conns` if there is one (asked again once on a new connection if that one
+/// turns out closed); the connection is kept again after a whole answer.
 pub fn fetch(
+    conns: &PeerConns,
+    counts: &PeerCounts,
     peer: SocketAddr,
     limits: &FetchLimits,
     request: (&str, u32, u32),
     alloc: &mut dyn FnMut() -> Result<(u32, PathBuf), ShuffleError>,
 ) -> Fetched {
     let mut out = Fetched { found: Vec::new(), blocks: Vec::new(), result: Ok(0) };
-    out.result = fetch_into(peer, limits, request, alloc, &mut out.found, &mut out.blocks);
-    out
+    let mut kept = conns.take(peer);
+    loop {
+        let reused = kept.is_some();
+        let mut conn = match kept.take().map_or_else(|| connect(peer, limits, counts), Ok) {
+            Ok(c) => c,
+            Err(e) => {
+                out.result = Err(FetchError::Io(e));
+                return out;
+            }
+        };
+        out.result = fetch_into(&mut conn, limits, request, alloc, &mut out.found, &mut out.blocks);
+        match &out.result {
+            Ok(_) => conns.put(peer, conn),
+            // A kept connection the peer closed meanwhile: EOF or a reset, at once (a timeout
+            // is a peer that is there but slow: not asked twice). Blocks allocated by the
+            // failed try are in `out.blocks` for the caller to release.
+            Err(FetchError::Io(e)) if reused && !matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+                out.found.clear();
+                continue;
+            }
+            Err(_) => {}
+        }
+        return out;
+    }
 }
 
 fn fetch_into(
-    peer: SocketAddr,
+    r: &mut BufReader<TcpStream>,
     limits: &FetchLimits,
     (app, shuffle, reduce): (&str, u32, u32),
     alloc: &mut dyn FnMut() -> Result<(u32, PathBuf), ShuffleError>,
     found: &mut Vec<Found>,
     blocks: &mut Vec<u32>,
 ) -> Result<u64, FetchError> {
-    let mut sock = TcpStream::connect_timeout(&peer, limits.timeout)?;
-    sock.set_read_timeout(Some(limits.timeout))?;
-    sock.set_write_timeout(Some(limits.timeout))?;
-    sock.set_nodelay(true)?;
-    sock.write_all(format!("FETCH {app} {shuffle} {reduce}\r\n").as_bytes())?;
-    let mut r = BufReader::new(sock);
+    r.get_mut().write_all(format!("FETCH {app} {shuffle} {reduce}\r\n").as_bytes())?;
     let mut line = Vec::with_capacity(LINE_BYTES_MAX);
-    read_line(&mut r, &mut line)?;
+    read_line(r, &mut line)?;
     let n = proto::parse_data_head(&line).map_err(FetchError::Answer)?;
     if n > limits.records_max {
         return Err(FetchError::Answer(ShuffleError::Limit {
@@ -186,7 +280,7 @@ fn fetch_into(
     let mut block: Option<(u32, File, usize)> = None;
     let mut received = 0u64;
     for _ in 0..n {
-        read_line(&mut r, &mut line)?;
+        read_line(r, &mut line)?;
         let rec = proto::parse_record(&line).map_err(FetchError::Answer)?;
         let len = rec.length as usize;
         if len > limits.block_bytes {
@@ -198,12 +292,12 @@ fn fetch_into(
             block = Some((id, OpenOptions::new().write(true).open(path)?, 0));
         }
         let Some((id, file, used)) = block.as_mut() else { continue };
-        recv_into(&mut r, &pipe, file, *used as u64, len)?;
+        recv_into(r, &pipe, file, *used as u64, len)?;
         found.push(Found { map: rec.map, attempt: rec.attempt, block: *id, offset: *used as u32, length: rec.length });
         *used += len;
         received += len as u64;
     }
-    read_line(&mut r, &mut line)?;
+    read_line(r, &mut line)?;
     if line != proto::END {
         return Err(FetchError::Answer(ShuffleError::Syntax("FETCH answer without END".into())));
     }

@@ -146,6 +146,7 @@ struct Shared {
     peers: Vec<SocketAddr>,
     fetch_limits: peer::FetchLimits,
     peer_counts: peer::PeerCounts,
+    peer_conns: peer::PeerConns,
     /// Per tenant (the registry's order): its buckets, and its waits (count, nanoseconds).
     shapers: Vec<Option<Arc<TenantShaper>>>,
     waits: Vec<(AtomicU64, AtomicU64)>,
@@ -193,6 +194,7 @@ impl ShuffleService {
                 records_max: settings.limits.map_outputs_max,
             },
             peer_counts: peer::PeerCounts::default(),
+            peer_conns: peer::PeerConns::default(),
             waits: tenants.iter().map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
             shapers: tenants.into_iter().map(|t| t.shaper).collect(),
         });
@@ -406,19 +408,24 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
     stream.set_nodelay(true)?;
     let mut w = stream.try_clone()?;
     let mut r = BufReader::new(stream);
+    // Answers not yet written: those of requests the client pipelined (a reduce task's
+    // RELEASEs come in batches, ShuffleClient.release) go out in one write once no whole
+    // request is left in the read buffer, instead of one send each.
     let (mut line, mut out) = (Vec::with_capacity(LINE_BYTES_MAX), String::new());
     loop {
         match read_line(&mut r, &mut line) {
             Ok(true) => {}
-            Ok(false) => return Ok(()),
+            Ok(false) => return w.write_all(out.as_bytes()),
             Err(e) => {
-                let _ = w.write_all(format!("CLIENT_ERROR {e}\r\n").as_bytes());
+                let _ = write!(out, "CLIENT_ERROR {e}\r\n");
+                let _ = w.write_all(out.as_bytes());
                 return Err(e);
             }
         }
-        out.clear();
         let keep = match proto::parse_request(&line) {
             Ok(Request::Fetch { app, shuffle, reduce }) => {
+                w.write_all(out.as_bytes())?;
+                out.clear();
                 let sent = answer_fetch(&mut w, shared, conn, (app, shuffle, reduce));
                 settle_tenants(shared);
                 sent?;
@@ -431,12 +438,19 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
             }
         };
         settle_tenants(shared);
-        w.write_all(out.as_bytes())?;
+        // Held only while a whole next request is already here (never while waiting for input).
+        if !keep || !r.buffer().contains(&b'\n') || out.len() >= ANSWERS_HELD_BYTES_MAX {
+            w.write_all(out.as_bytes())?;
+            out.clear();
+        }
         if !keep {
             return Ok(());
         }
     }
 }
+
+/// Most bytes of answers held for pipelined requests before they are written anyway.
+const ANSWERS_HELD_BYTES_MAX: usize = 64 * 1024;
 
 /// Answers one request into `out`; false when the connection must close.
 fn handle(
@@ -571,7 +585,14 @@ fn lookup_everywhere(
             let id = r.alloc_copy(conn, app)?;
             Ok((id, r.pool().path(id)))
         };
-        let got = peer::fetch(p, &shared.fetch_limits, (app, shuffle, reduce), &mut alloc);
+        let got = peer::fetch(
+            &shared.peer_conns,
+            &shared.peer_counts,
+            p,
+            &shared.fetch_limits,
+            (app, shuffle, reduce),
+            &mut alloc,
+        );
         shared.peer_counts.fetches.fetch_add(1, Ordering::Relaxed);
         let kept: Vec<Found> = match got.result {
             Ok(bytes) => {

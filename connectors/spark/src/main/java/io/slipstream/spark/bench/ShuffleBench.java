@@ -6,7 +6,9 @@
 // times come from Spark's own stage submission/completion times, each stage's task CPU time
 // (executorCpuTime summed over its tasks), the reduce stage's fetch wait, summed task run time
 // (executorRunTime) and GC time from its task
-// metrics. Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
+// metrics; per executor, the reduce stage's tasks (reduce_executors: executorSpans), and the host
+// CPU while the reduce stage ran: the daemons', the JVMs' and, of the JVMs', their JIT compiler
+// threads' (reduce_daemon_cpu_ms, reduce_jvm_cpu_ms, reduce_jit_cpu_ms). Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
 // every process it started (the executor JVMs) and the process trees in `daemon_pid` (the daemon;
 // on a standalone cluster the daemons and the workers with their executors), so a manager
 // that moves work out of the executors is charged for it. One JSON line per round on stdout.
@@ -37,6 +39,8 @@ import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.scheduler.SparkListener;
 import org.apache.spark.scheduler.SparkListenerStageCompleted;
+import org.apache.spark.scheduler.SparkListenerStageSubmitted;
+import org.apache.spark.scheduler.SparkListenerTaskEnd;
 import org.apache.spark.scheduler.StageInfo;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.storage.StorageLevel;
@@ -89,8 +93,9 @@ public final class ShuffleBench {
     static List<Long> roots(String pids) {
         List<Long> out = new ArrayList<>();
         for (String p : pids.split(",")) {
-            if (!p.isBlank() && Long.parseLong(p.trim()) > 0) {
-                out.add(Long.parseLong(p.trim()));
+            long pid = p.isBlank() ? 0 : Long.parseLong(p.trim());
+            if (pid > 0) {
+                out.add(pid);
             }
         }
         return out;
@@ -105,6 +110,96 @@ public final class ShuffleBench {
         return s;
     }
 
+    /** One finished task: where and when it ran (driver clock), its run and deserialize ms. */
+    record Task(String executor, String host, long launchMs, long finishMs, long runMs, long deserializeMs) {}
+
+    /**
+     * The reduce stage's tasks per executor, `executor@host:tasks/span/busy/run/deser` (ms): span
+     * from its first launch to its last finish, busy the summed launch-to-finish of its tasks
+     * (so span - busy is the executor idle between its tasks: launch round trips), run their
+     * executorRunTime, deser their deserialize time. Plus the stage's start (submission to first
+     * launch) and tail (last finish to completion) ms.
+     */
+    static String executorSpans(List<Task> tasks, long submittedMs, long completedMs) {
+        if (tasks == null || tasks.isEmpty()) {
+            return "";
+        }
+        Map<String, List<Task>> by = new java.util.TreeMap<>();
+        for (Task t : tasks) {
+            by.computeIfAbsent(t.executor() + "@" + t.host(), k -> new ArrayList<>()).add(t);
+        }
+        StringBuilder sb = new StringBuilder();
+        long first = Long.MAX_VALUE;
+        long last = 0;
+        for (Map.Entry<String, List<Task>> e : by.entrySet()) {
+            long lo = Long.MAX_VALUE;
+            long hi = 0;
+            long busy = 0;
+            long run = 0;
+            long deser = 0;
+            for (Task t : e.getValue()) {
+                lo = Math.min(lo, t.launchMs());
+                hi = Math.max(hi, t.finishMs());
+                busy += t.finishMs() - t.launchMs();
+                run += t.runMs();
+                deser += t.deserializeMs();
+            }
+            first = Math.min(first, lo);
+            last = Math.max(last, hi);
+            sb.append(e.getKey()).append(':').append(e.getValue().size()).append('/').append(hi - lo).append('/')
+                    .append(busy).append('/').append(run).append('/').append(deser).append(' ');
+        }
+        sb.append("start:").append(first - submittedMs).append(" tail:").append(completedMs - last);
+        return sb.toString();
+    }
+
+    /** The command name of `pid` ("" if it is gone). */
+    static String comm(long pid) {
+        try {
+            return java.nio.file.Files.readString(java.nio.file.Path.of("/proc/" + pid + "/comm")).trim();
+        } catch (java.io.IOException e) {
+            return "";
+        }
+    }
+
+    /**
+     * CPU seconds of the JIT compiler threads ("C1/C2 CompilerThread") of `pids`, by "pid/tid":
+     * on a fresh executor JVM they run beside the tasks for the first rounds.
+     */
+    static Map<String, Double> jitCpu(java.util.Set<Long> pids) {
+        Map<String, Double> m = new HashMap<>();
+        for (long pid : pids) {
+            java.io.File[] tasks = new java.io.File("/proc/" + pid + "/task").listFiles();
+            if (tasks == null) {
+                continue;
+            }
+            for (java.io.File t : tasks) {
+                try {
+                    String stat = java.nio.file.Files.readString(t.toPath().resolve("stat"));
+                    String comm = stat.substring(stat.indexOf('(') + 1, stat.lastIndexOf(')'));
+                    if (comm.contains("CompilerThre")) {
+                        String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+                        m.put(pid + "/" + t.getName(), (Long.parseLong(f[11]) + Long.parseLong(f[12])) / 100.0);
+                    }
+                } catch (java.io.IOException | RuntimeException e) {
+                    // the thread ended between listing and reading
+                }
+            }
+        }
+        return m;
+    }
+
+    /** CPU ms between two snapshots of the processes whose command is (`daemon`) or is not "slipstream". */
+    static long cpuMsOf(Map<Long, Double> a, Map<Long, Double> b, boolean daemon) {
+        double s = 0;
+        for (Map.Entry<Long, Double> e : b.entrySet()) {
+            if (comm(e.getKey()).equals("slipstream") == daemon) {
+                s += Math.max(0, e.getValue() - a.getOrDefault(e.getKey(), 0.0));
+            }
+        }
+        return Math.round(s * 1000);
+    }
+
     /** Stage id -> wall ms and the tasks' summed CPU ms, from Spark's listener bus. */
     static final class Stages extends SparkListener {
         final Map<Integer, Long> ms = new HashMap<>();
@@ -114,12 +209,57 @@ public final class ShuffleBench {
         /** The tasks' summed run time (executorRunTime) and GC time: where wall time that is not CPU went. */
         final Map<Integer, Long> runMs = new HashMap<>();
         final Map<Integer, Long> gcMs = new HashMap<>();
+        /** Per stage, its tasks as they ended: where the stage's wall time went besides task run time. */
+        final Map<Integer, List<Task>> tasks = new HashMap<>();
+        final Map<Integer, String> spans = new HashMap<>();
+        /** Per stage, host CPU ms while it ran (listener-bus time, so edges are approximate): the
+         * Slipstream daemons' and every other counted process's (JVMs). */
+        final Map<Integer, long[]> stageCpuMs = new HashMap<>();
+        private final Map<Integer, Map<Long, Double>> cpuAtSubmit = new HashMap<>();
+        private final Map<Integer, Map<String, Double>> jitAtSubmit = new HashMap<>();
+        /** Per stage, the JVMs' JIT compiler threads' CPU ms while it ran (part of the JVMs' CPU). */
+        final Map<Integer, Long> jitMs = new HashMap<>();
+        private final List<Long> roots;
+
+        Stages(List<Long> roots) {
+            this.roots = roots;
+        }
+
+        @Override
+        public synchronized void onStageSubmitted(SparkListenerStageSubmitted e) {
+            Map<Long, Double> cpu = hostCpu(roots);
+            cpuAtSubmit.put(e.stageInfo().stageId(), cpu);
+            jitAtSubmit.put(e.stageInfo().stageId(), jitCpu(cpu.keySet()));
+        }
+
+        @Override
+        public synchronized void onTaskEnd(SparkListenerTaskEnd e) {
+            if (e.taskInfo() == null || e.taskMetrics() == null) {
+                return;
+            }
+            tasks.computeIfAbsent(e.stageId(), k -> new ArrayList<>()).add(new Task(e.taskInfo().executorId(),
+                    e.taskInfo().host(), e.taskInfo().launchTime(), e.taskInfo().finishTime(),
+                    e.taskMetrics().executorRunTime(), e.taskMetrics().executorDeserializeTime()));
+        }
 
         @Override
         public synchronized void onStageCompleted(SparkListenerStageCompleted e) {
             StageInfo s = e.stageInfo();
             if (s.submissionTime().isDefined() && s.completionTime().isDefined()) {
                 ms.put(s.stageId(), (Long) s.completionTime().get() - (Long) s.submissionTime().get());
+                Map<Long, Double> cpu0 = cpuAtSubmit.remove(s.stageId());
+                if (cpu0 != null) {
+                    Map<Long, Double> cpu1 = hostCpu(roots);
+                    stageCpuMs.put(s.stageId(), new long[] {cpuMsOf(cpu0, cpu1, true), cpuMsOf(cpu0, cpu1, false)});
+                    Map<String, Double> jit0 = jitAtSubmit.remove(s.stageId());
+                    double jit = 0;
+                    for (Map.Entry<String, Double> j : jitCpu(cpu1.keySet()).entrySet()) {
+                        jit += Math.max(0, j.getValue() - (jit0 == null ? 0 : jit0.getOrDefault(j.getKey(), 0.0)));
+                    }
+                    jitMs.put(s.stageId(), Math.round(jit * 1000));
+                }
+                spans.put(s.stageId(), executorSpans(tasks.remove(s.stageId()), (Long) s.submissionTime().get(),
+                        (Long) s.completionTime().get()));
                 // CPU of the stage's task threads: less at the mercy of other load than wall time.
                 cpuMs.put(s.stageId(), s.taskMetrics().executorCpuTime() / 1_000_000);
                 fetchWaitMs.put(s.stageId(), s.taskMetrics().shuffleReadMetrics().fetchWaitTime());
@@ -155,7 +295,7 @@ public final class ShuffleBench {
             }
             SparkSession spark = b.getOrCreate();
             spark.sparkContext().setLogLevel("ERROR");
-            Stages stages = new Stages();
+            Stages stages = new Stages(daemonPid);
             spark.sparkContext().addSparkListener(stages);
             JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
             List<Integer> mapIds = new ArrayList<>();
@@ -182,6 +322,9 @@ public final class ShuffleBench {
                     stages.writeBytes.clear();
                     stages.runMs.clear();
                     stages.gcMs.clear();
+                    stages.spans.clear();
+                    stages.stageCpuMs.clear();
+                    stages.jitMs.clear();
                 }
                 if (clean) {
                     System.gc();
@@ -201,6 +344,9 @@ public final class ShuffleBench {
                 long shuffleWriteBytes;
                 long reduceRunMs;
                 long reduceGcMs;
+                String reduceSpans;
+                long[] reduceHostCpuMs;
+                long reduceJitMs;
                 synchronized (stages) {
                     // The job's two stages: the shuffle map stage has the lower id.
                     List<Integer> ids = new ArrayList<>(stages.ms.keySet());
@@ -213,15 +359,19 @@ public final class ShuffleBench {
                     shuffleWriteBytes = ids.size() == 2 ? stages.writeBytes.get(ids.get(0)) : -1L;
                     reduceRunMs = ids.size() == 2 ? stages.runMs.get(ids.get(1)) : -1L;
                     reduceGcMs = ids.size() == 2 ? stages.gcMs.get(ids.get(1)) : -1L;
+                    reduceSpans = ids.size() == 2 ? stages.spans.getOrDefault(ids.get(1), "") : "";
+                    reduceHostCpuMs = ids.size() == 2 ? stages.stageCpuMs.getOrDefault(ids.get(1), new long[] {-1, -1})
+                            : new long[] {-1, -1};
+                    reduceJitMs = ids.size() == 2 ? stages.jitMs.getOrDefault(ids.get(1), -1L) : -1L;
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
                         + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\","
                         + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d,"
-                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d}%n",
+                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d,\"reduce_executors\":\"%s\",\"reduce_daemon_cpu_ms\":%d,\"reduce_jvm_cpu_ms\":%d,\"reduce_jit_cpu_ms\":%d}%n",
                         manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
                         mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers), hostCpuS,
-                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs);
+                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs, reduceSpans, reduceHostCpuMs[0], reduceHostCpuMs[1], reduceJitMs);
             }
             spark.stop();
         }

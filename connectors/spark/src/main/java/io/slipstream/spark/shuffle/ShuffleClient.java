@@ -35,6 +35,13 @@ final class ShuffleClient implements Closeable {
     private final String endpoint;
     /** RELEASEs sent whose answers are not read yet (release): read before the next answer. */
     private int unanswered;
+    /** Most RELEASEs held in the buffer before they are sent (release). */
+    static final int RELEASES_HELD_MAX = 32;
+    /** Longest the oldest held RELEASE waits for more, looked at by the next release (ns). */
+    static final long RELEASE_HOLD_NS_MAX = 2_000_000;
+    /** RELEASEs in the buffer, not sent yet, and when the first of them was written there. */
+    private int held;
+    private long heldSinceNs;
 
     ShuffleClient(String endpoint, int connectTimeoutMs, int readTimeoutMs) throws IOException {
         this.endpoint = endpoint;
@@ -82,7 +89,7 @@ final class ShuffleClient implements Closeable {
 
     /** Flushes, reads one line; an error line becomes an IOException with the daemon's words. */
     private String call() throws IOException {
-        out.flush();
+        flush();
         skipUnanswered();
         String line = readLine();
         if (line.startsWith("CLIENT_ERROR") || line.startsWith("SERVER_ERROR")) {
@@ -174,15 +181,31 @@ final class ShuffleClient implements Closeable {
     }
 
     /**
-     * RELEASE without waiting for the daemon's answer: sent at once (the block goes as early as
-     * when the answer was awaited), its answer read before the next call's (or dropped with the connection).
-     * A reduce task releases one block per map output it read: waiting for each answer cost a
-     * round trip through the daemon per block in the task thread.
+     * RELEASE without waiting for the daemon's answer, its answer read before the next call's
+     * (or dropped with the connection). A reduce task releases one block per map output it
+     * read, so at 200 maps a task sends hundreds: each sent alone cost a write here and a
+     * wake-up, a read and a write in the daemon. So they are held in the buffer and sent
+     * together once RELEASES_HELD_MAX are held, once the oldest held one is RELEASE_HOLD_NS_MAX
+     * old (looked at here, at the next release), or with the next call; at close the
+     * connection's end drops the pins anyway. A block thus goes a little later than read (a
+     * peer's copy block is freed then; a map output's block is only unpinned).
      */
     void release(int block) throws IOException {
         send("RELEASE " + block);
-        out.flush();
         unanswered++;
+        long now = System.nanoTime();
+        if (held++ == 0) {
+            heldSinceNs = now;
+        }
+        if (held >= RELEASES_HELD_MAX || now - heldSinceNs >= RELEASE_HOLD_NS_MAX) {
+            flush();
+        }
+    }
+
+    /** Sends what the buffer holds (requests and held RELEASEs). */
+    private void flush() throws IOException {
+        out.flush();
+        held = 0;
     }
 
     /** Reads the answers of release; an error there changes nothing (the pin goes at close). */

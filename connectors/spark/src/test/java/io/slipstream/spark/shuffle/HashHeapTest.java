@@ -16,9 +16,8 @@ class HashHeapTest {
 
     @Test
     void popsKeysInTheOrderOfAPriorityQueue() {
-        long seed = Long.getLong("slipstream.seed", System.nanoTime());
-        System.out.println("HashHeapTest seed " + seed);
-        Random r = new Random(seed);
+        TestSeed seed = TestSeed.of("HashHeapTest");
+        Random r = seed.random();
         for (int c = 0; c < CASES; c++) {
             int sources = 1 + r.nextInt(c % 2 == 0 ? 8 : 300);
             int spread = 1 + r.nextInt(c % 3 == 0 ? 4 : 1 << 20);

@@ -62,9 +62,8 @@ class HashMergeCursorTest {
 
     @Test
     void readsEveryRecordInHashOrderWhereverThePartsAreCut() {
-        long seed = Long.getLong("slipstream.seed", System.nanoTime());
-        System.out.println("HashMergeCursorTest seed " + seed);
-        Random r = new Random(seed);
+        TestSeed seed = TestSeed.of("HashMergeCursorTest");
+        Random r = seed.random();
         for (int c = 0; c < CASES; c++) {
             int count = 1 + r.nextInt(60);
             Made m = make(r, count);
