@@ -515,3 +515,119 @@ def test_dump_and_crawler_switches_like_memcached(servers, extra):
         data = crawl_busy_as_ok(bytes(talk(srv, session).data))
         replies.append((data, settings_of(srv)["lru_crawler"]))
     assert replies[0] == replies[1], replies
+
+
+# ------------------------------------------------------------------ memcached's own test suite's needs
+# (memcached 1.6.18's t/*.t run against Slipstream as `memcached-debug`: README, "memcached's own tests")
+
+# -o switches that decide which LRU rows `stats`, `stats items` and `stats settings` list.
+LRU_SWITCHES = [[], ["-o", "no_lru_maintainer"], ["-o", "no_lru_crawler"], ["-o", "no_modern"],
+                ["-o", "no_modern,lru_crawler"], ["-o", "no_lru_crawler,no_lru_maintainer"]]
+LRU_SETTINGS = ["lru_crawler", "lru_maintainer_thread", "maxconns_fast", "slab_reassign", "slab_automove",
+                "lru_segmented"]
+
+
+@need_memcached
+@pytest.mark.parametrize("extra", LRU_SWITCHES, ids=[" ".join(e) or "defaults" for e in LRU_SWITCHES])
+def test_stats_rows_follow_the_lru_switches_like_memcached(servers, extra):
+    got = {}
+    for kind in KINDS:
+        srv = servers(kind, extra=extra)
+        s = srv.connect()
+        try:
+            s.sendall(b"set a 0 0 1\r\nx\r\n")
+            assert mcwire.read_until(s, b"\r\n", max_s=2) == b"STORED\r\n"
+            general = set(mcwire.stat_map(s))
+            items = set(mcwire.stat_map(s, b"items"))
+            settings = mcwire.stat_map(s, b"settings")
+        finally:
+            s.close()
+        got[kind] = (general, items, {k: settings.get(k) for k in LRU_SETTINGS})
+    (g1, i1, s1), (g2, i2, s2) = got["slipstream"], got["memcached"]
+    assert g1 == g2, (sorted(g1 - g2), sorted(g2 - g1))
+    assert i1 == i2, (sorted(i1 - i2), sorted(i2 - i1))
+    assert s1 == s2, (s1, s2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_debugtime_is_an_unknown_command_without_relaxed_privileges(servers, kind):
+    srv = servers(kind)
+    assert talk(srv, b"debugtime 10\r\ndebugtime p\r\n").data == b"ERROR\r\nERROR\r\n"
+
+
+def test_debugtime_moves_the_clock_under_relaxed_privileges(servers):
+    srv = servers("slipstream", extra=["-o", "relaxed_privileges"])
+    s = srv.connect()
+    try:
+        def say(data):
+            s.sendall(data)
+            return mcwire.read_until(s, b"\r\n", max_s=2)
+        assert say(b"set k 0 100 1\r\nx\r\n") == b"STORED\r\n"
+        t0 = int(mcwire.stat_map(s)["time"])
+        assert say(b"debugtime 50\r\n") == b"OK\r\n"
+        assert say(b"get k\r\n").startswith(b"VALUE k 0 1")
+        mcwire.read_until(s, b"END\r\n", max_s=2)
+        assert int(mcwire.stat_map(s)["time"]) >= t0 + 50
+        assert say(b"debugtime 51\r\n") == b"OK\r\n"
+        assert say(b"get k\r\n") == b"END\r\n", "expired 101 s later"
+        assert say(b"debugtime p\r\n") == b"OK\r\n"
+        t1 = int(mcwire.stat_map(s)["time"])
+        time.sleep(1.2)
+        assert int(mcwire.stat_map(s)["time"]) == t1, "paused"
+        assert say(b"debugtime r\r\n") == b"OK\r\n"
+        assert say(b"debugtime soon\r\n") == b"ERROR\r\n"
+    finally:
+        s.close()
+
+
+@need_memcached
+def test_stats_conns_shows_a_connection_waiting_for_data_like_memcached(servers):
+    states = {}
+    for kind in KINDS:
+        srv = servers(kind)
+        waiting = srv.connect()
+        waiting.sendall(b"set foo 0 0 6\r\n")
+        idle = srv.connect()
+        idle.sendall(b"version\r\n")
+        mcwire.read_until(idle, b"\r\n", max_s=2)
+        time.sleep(0.3)
+        s = srv.connect()
+        try:
+            rows = mcwire.stat_map(s, b"conns")
+        finally:
+            s.close()
+            waiting.close()
+            idle.close()
+        states[kind] = sorted(v for k, v in rows.items() if k.endswith(":state"))
+    assert states["slipstream"] == states["memcached"], states
+    assert "conn_nread" in states["slipstream"], states
+
+
+@need_memcached
+def test_stats_slabs_keeps_a_class_after_its_items_are_gone_like_memcached(servers):
+    got = {}
+    for kind in KINDS:
+        srv = servers(kind)
+        s = srv.connect()
+        try:
+            s.sendall(b"set a 0 0 1\r\nx\r\ndelete a\r\n")
+            mcwire.read_until(s, b"DELETED\r\n", max_s=2)
+            rows = mcwire.stat_map(s, b"slabs")
+        finally:
+            s.close()
+        got[kind] = (rows.get("1:used_chunks"), rows.get("active_slabs"))
+    assert got["slipstream"] == got["memcached"] == ("0", "1"), got
+
+
+def test_help_names_every_memcached_flag_it_takes():
+    out = subprocess.run([SLIPSTREAM_BIN, "-h"], capture_output=True, timeout=10).stdout.decode()
+    for flag in ["-p", "-U", "-l", "-t", "-m", "-c", "-I", "-C", "-F", "-A", "-v", "-u", "-s", "-a", "-S", "-Y",
+                 "-Z", "-M", "-R", "-B", "-b", "-D", "-X", "-W", "-d", "-P", "-V", "-o", "--unix-socket",
+                 "--enable-sasl", "--enable-ssl"]:
+        assert re.search(r"(^|[ ,])%s\b" % re.escape(flag), out, re.M), flag
+    # memcached's test suite reads these names to learn what the binary supports; Slipstream
+    # has neither extstore nor the proxy, nor privilege dropping by seccomp.
+    for absent in ["ext_path", "proxy_config", "no_drop_privileges"]:
+        assert absent not in out, absent
+    v = subprocess.run([SLIPSTREAM_BIN, "-V"], capture_output=True, timeout=10).stdout.decode()
+    assert v.startswith("slipstream 1.6.18"), v

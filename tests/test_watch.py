@@ -210,6 +210,36 @@ def test_connevents_like_memcached(servers):
     ], out
 
 
+# How a client's connection ends → the close reason memcached logs: its default is `error`;
+# only end of stream, `quit` (text or binary), idle timeouts and shutdown set another.
+CLOSINGS = [
+    (b"version\r\nquit\r\n", "normal"),
+    (b"\x80\x07" + b"\x00" * 22, "normal"),  # binary QUIT
+    (b"GET / HTTP/1.1\r\n", "error"),
+    (b"\x80\x0a" + b"\x00" * 22 + b"\x81\x0a" + b"\x00" * 22, "error"),  # NOOP, then a bad magic
+]
+
+
+@need_memcached
+@pytest.mark.parametrize("data,reason", CLOSINGS, ids=["quit", "binary quit", "http", "bad magic"])
+def test_close_reasons_like_memcached(servers, data, reason):
+    out = []
+    for kind in KINDS:
+        srv = servers(kind)
+        w = watcher(srv, b"watch connevents\r\n")
+        c = srv.connect()
+        port = c.getsockname()[1]
+        c.sendall(data)
+        # The server closes: read to its end of stream (bounded).
+        mcwire.read_until(c, max_s=3.0)
+        c.close()
+        data_w = mcwire.read_until(w, max_s=3.0, stop=lambda b: b"rport=%d transport=tcp reason" % port in b)
+        w.close()
+        lines = [masked(l) for l in data_w.decode().splitlines() if "rport=%d " % port in l and "conn_close" in l]
+        out.append(lines)
+    assert out[0] == out[1] == ["type=conn_close rip=127.0.0.1 rport=N transport=tcp reason=%s cfd=N" % reason], out
+
+
 # memcached's LRU maintainer may reclaim an expired item before the get meets it: off on both.
 NO_MAINTAINER = ["-o", "no_lru_maintainer"]
 

@@ -26,8 +26,8 @@
 //!   consumed: the data block is then read as a command (typically answering `ERROR`).
 
 use crate::rules::{
-    request_line, safe_strtol, safe_strtoul, safe_strtoull, ItemLimits, Tokens, Words, DATA_BYTES_MAX, KEY_BYTES_MAX,
-    LINE_BYTES_MAX,
+    request_line, safe_strtol, safe_strtoll, safe_strtoul, safe_strtoull, ItemLimits, Tokens, Words, DATA_BYTES_MAX,
+    KEY_BYTES_MAX, LINE_BYTES_MAX,
 };
 use crate::Parsed;
 
@@ -205,6 +205,20 @@ pub enum Request<'a> {
     RefreshCerts {
         noreply: bool,
     },
+    /// memcached-debug's `debugtime N|p|r` (the server answers `ERROR` unless its debug
+    /// commands are on).
+    DebugTime(DebugTime),
+}
+
+/// What `debugtime` asks of the clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DebugTime {
+    /// Move the clock by this many seconds.
+    Shift(i64),
+    Pause,
+    Resume,
+    /// Not a number: memcached-debug answers `ERROR`.
+    Invalid,
 }
 
 /// memcached 1.6.18's log classes (logger.h `LOG_*`), as `watch` names them.
@@ -582,6 +596,14 @@ fn parse_admin<'a>(cmd: &[u8], t: &Tokens<'a>, consumed: usize) -> Parsed<Reques
         b"lru" if n >= 2 => complete(Request::Admin { line: lru_reply(t), noreply: t.last_is_noreply() }, consumed),
         b"watch" => parse_watch(t, consumed),
         b"refresh_certs" => complete(Request::RefreshCerts { noreply: t.last_is_noreply() }, consumed),
+        b"debugtime" if n >= 2 => {
+            let arg = match t.get(1) {
+                b"p" => DebugTime::Pause,
+                b"r" => DebugTime::Resume,
+                a => safe_strtoll(a).map_or(DebugTime::Invalid, DebugTime::Shift),
+            };
+            complete(Request::DebugTime(arg), consumed)
+        }
         b"lru" | b"misbehave" | b"extstore" => bad(TextErrorKind::Error),
         _ => parse_unknown(cmd, t, consumed),
     }

@@ -314,8 +314,11 @@ pub enum Step {
     Consumed(usize),
     /// The front of the input is not a whole request yet; nothing was consumed.
     Incomplete,
-    /// Flush `out`, then close the connection (quit, or input memcached answers by closing).
+    /// Flush `out`, then close the connection: input memcached answers by closing (logged as
+    /// `reason=error` to watchers, as memcached's default close reason is).
     Close,
+    /// `quit` (text or binary): flush `out`, then close (`reason=normal`).
+    Quit,
     /// `shutdown`: flush `out`, then stop the server.
     Shutdown,
 }

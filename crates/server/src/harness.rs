@@ -78,7 +78,7 @@ impl Harness {
             match step {
                 Step::Consumed(n) => start += n,
                 Step::Incomplete => break,
-                Step::Close => {
+                Step::Close | Step::Quit => {
                     self.closed = true;
                     break;
                 }

@@ -81,7 +81,7 @@ fn run(ctx: &mut Ctx<'_>, req: &Request<'_>, out: &mut Vec<u8>, consumed: usize)
         }
         Command::Quit => {
             success(out, h, quiet, 0, &[]);
-            return Step::Close;
+            return Step::Quit;
         }
         Command::Flush { exptime } => flush(ctx, h, exptime, quiet, out),
         Command::Noop => success(out, h, false, 0, &[]),
@@ -716,9 +716,9 @@ mod tests {
         let (out, _) = r.run(&req(opcode::FLUSHQ, b"", b"", b"", 0, 5));
         assert_eq!(out, resp(opcode::FLUSHQ, 0x20, 5, 0, b"", b"", b"Auth failure."));
         let (out, step) = r.run(&req(opcode::QUIT, b"", b"", b"", 0, 6));
-        assert_eq!((out, step), (resp(opcode::QUIT, 0, 6, 0, b"", b"", b""), Step::Close));
+        assert_eq!((out, step), (resp(opcode::QUIT, 0, 6, 0, b"", b"", b""), Step::Quit));
         let (out, step) = r.run(&req(opcode::QUITQ, b"", b"", b"", 0, 7));
-        assert_eq!((out, step), (Vec::new(), Step::Close));
+        assert_eq!((out, step), (Vec::new(), Step::Quit));
     }
 
     #[test]

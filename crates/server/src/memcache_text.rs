@@ -144,7 +144,7 @@ fn run(ctx: &mut Ctx<'_>, request: Request<'_>, consumed: usize, input: &[u8], o
         Request::Arith { incr, key, delta, noreply } => arith(ctx, incr, key, delta, noreply, out),
         Request::Touch { key, exptime, noreply } => touch(ctx, key, exptime, noreply, out),
         Request::Stats(cmd) => stats(ctx, cmd, out),
-        Request::Quit => return Step::Close,
+        Request::Quit => return Step::Quit,
         Request::Shutdown(mode) => return shutdown(ctx, mode, consumed, out),
         Request::Meta => return crate::memcache_meta::execute(ctx, input, out),
         other => admin(ctx, other, out),
@@ -277,6 +277,7 @@ fn admin(ctx: &mut Ctx<'_>, request: Request<'_>, out: &mut Vec<u8>) {
             reply(out, noreply, line);
         }
         Request::RefreshCerts { noreply } => crate::memcache_admin::refresh_certs(ctx, noreply, out),
+        Request::DebugTime(arg) => debug_time(ctx, arg, out),
         // `run` handles every other request itself.
         Request::Get { .. }
         | Request::Store { .. }
@@ -489,6 +490,28 @@ fn stats(ctx: &mut Ctx<'_>, cmd: StatsCmd, out: &mut Vec<u8>) {
         compose_stat(out, &name, &value);
     }
     compose_end(out);
+}
+
+/// memcached-debug's `debugtime N|p|r`: move, stop or restart this store's clock. A release
+/// memcached does not know the command (`ERROR`), nor does Slipstream without
+/// `-o relaxed_privileges`. Refused while the kernel fast path is attached: its copies expire
+/// by the real clock, and a clock moved ahead would let it serve items the store calls expired.
+fn debug_time(ctx: &mut Ctx<'_>, arg: slipstream_proto::text::DebugTime, out: &mut Vec<u8>) {
+    use slipstream_proto::text::DebugTime;
+    if !ctx.settings.tunables.debug_commands {
+        return out.extend_from_slice(b"ERROR\r\n");
+    }
+    if ctx.server.fastpath_attached().is_some() {
+        return out.extend_from_slice(b"CLIENT_ERROR debugtime is off while the kernel fast path is attached\r\n");
+    }
+    let clock = ctx.store.clock();
+    match arg {
+        DebugTime::Shift(s) => clock.debug_shift(s),
+        DebugTime::Pause => clock.debug_pause(true),
+        DebugTime::Resume => clock.debug_pause(false),
+        DebugTime::Invalid => return out.extend_from_slice(b"ERROR\r\n"),
+    }
+    out.extend_from_slice(b"OK\r\n");
 }
 
 #[cfg(test)]

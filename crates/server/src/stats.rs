@@ -190,6 +190,9 @@ pub struct LastCmd(AtomicU64);
 impl LastCmd {
     /// Set when a request was seen (seconds never reach this bit).
     const SEEN: u64 = 1 << 63;
+    /// Set while the connection waits for the rest of a request whose command it has read
+    /// (a storage command's data block, a binary body): memcached's `conn_nread`.
+    const AWAITING_DATA: u64 = 1 << 62;
 
     /// Opened at `now_s`, no request yet.
     pub fn new(now_s: u64) -> LastCmd {
@@ -203,7 +206,21 @@ impl LastCmd {
 
     /// The second of the last request (of the opening while there was none).
     pub fn secs(&self) -> u64 {
-        self.0.load(Ordering::Relaxed) & !Self::SEEN
+        self.0.load(Ordering::Relaxed) & !(Self::SEEN | Self::AWAITING_DATA)
+    }
+
+    /// Whether the connection waits for a request's data (see `AWAITING_DATA`).
+    pub fn awaiting_data(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & Self::AWAITING_DATA != 0
+    }
+
+    /// Record whether the connection's unconsumed input is a request waiting for its data.
+    pub fn set_awaiting_data(&self, waiting: bool) {
+        if waiting {
+            self.0.fetch_or(Self::AWAITING_DATA, Ordering::Relaxed);
+        } else if self.awaiting_data() {
+            self.0.fetch_and(!Self::AWAITING_DATA, Ordering::Relaxed);
+        }
     }
 
     /// Whether any request came.

@@ -85,7 +85,10 @@ fn general(sv: StatsView<'_>) -> Vec<Stat> {
     put(&mut v, "curr_connections", curr_conns);
     let t = server.totals();
     put(&mut v, "total_connections", t.total_connections);
-    put(&mut v, "rejected_connections", t.rejected_connections);
+    // memcached lists it only with its fast connection-limit path (`-o maxconns_fast`).
+    if sv.settings.tunables.maxconns_fast {
+        put(&mut v, "rejected_connections", t.rejected_connections);
+    }
     put(&mut v, "connection_structures", curr_conns);
     zeros(&mut v, &["response_obj_oom", "response_obj_count", "response_obj_bytes", "read_buf_count"]);
     zeros(&mut v, &["read_buf_bytes", "read_buf_bytes_free", "read_buf_oom"]);
@@ -141,7 +144,6 @@ fn general_counters(sv: StatsView<'_>, v: &mut Vec<Stat>) {
 /// internals, item gauges, then the fast path's counters while it is attached.
 fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     let server = sv.server;
-    let st = sv.store.stats();
     put(v, "accepting_conns", 1);
     put(v, "listen_disabled_num", 0);
     put(v, "time_in_listen_disabled_us", 0);
@@ -150,20 +152,30 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     put(v, "hash_power_level", 16);
     put(v, "hash_bytes", 524288);
     put(v, "hash_is_expanding", 0);
-    zeros(
-        v,
-        &[
-            "slab_reassign_rescues",
-            "slab_reassign_chunk_rescues",
-            "slab_reassign_evictions_nomem",
-            "slab_reassign_inline_reclaim",
-            "slab_reassign_busy_items",
-            "slab_reassign_busy_deletes",
-            "slab_reassign_running",
-            "slabs_moved",
-        ],
-    );
+    // memcached lists the slab mover's rows only while it is on.
+    let mover: &[&str] = if sv.settings.tunables.slab_reassign() { SLAB_MOVER_ROWS } else { &[] };
+    zeros(v, mover);
     crawler_and_log_stats(sv, v);
+    general_items(sv, v);
+}
+
+/// `stats` rows of memcached's slab mover (zero here: no slabs to move).
+const SLAB_MOVER_ROWS: &[&str] = &[
+    "slab_reassign_rescues",
+    "slab_reassign_chunk_rescues",
+    "slab_reassign_evictions_nomem",
+    "slab_reassign_inline_reclaim",
+    "slab_reassign_busy_items",
+    "slab_reassign_busy_deletes",
+    "slab_reassign_running",
+    "slabs_moved",
+];
+
+/// The general list's tail after the crawler's rows: TLS, items, evictions, LRU rows, the
+/// fast path's counters.
+fn general_items(sv: StatsView<'_>, v: &mut Vec<Stat>) {
+    let server = sv.server;
+    let st = sv.store.stats();
     if let Some(tls) = sv.settings.tls.as_deref() {
         // memcached's TLS rows, only under -Z (no `ssl_new_sessions`: its session cache option
         // has no effect here).
@@ -177,22 +189,18 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     put(v, "slab_global_page_pool", 0);
     put(v, "expired_unfetched", st.expired_unfetched);
     put(v, "evicted_unfetched", st.evicted_unfetched);
-    put(v, "evicted_active", 0);
+    let maintainer = sv.settings.tunables.lru_maintainer;
+    if maintainer {
+        put(v, "evicted_active", 0);
+    }
     put(v, "evictions", st.evictions);
     put(v, "reclaimed", st.reclaimed);
     put(v, "crawler_reclaimed", st.crawler_reclaimed);
     put(v, "crawler_items_checked", st.crawler_items_checked);
-    zeros(
-        v,
-        &[
-            "lrutail_reflocked",
-            "moves_to_cold",
-            "moves_to_warm",
-            "moves_within_lru",
-            "direct_reclaims",
-            "lru_bumps_dropped",
-        ],
-    );
+    put(v, "lrutail_reflocked", 0);
+    if maintainer {
+        zeros(v, &["moves_to_cold", "moves_to_warm", "moves_within_lru", "direct_reclaims", "lru_bumps_dropped"]);
+    }
     // Slipstream's own, only while the kernel fast path is attached (memcached has no such keys).
     if let Some(fp) = server.fastpath_attached() {
         put(v, "fastpath_hits", fp.hits);
@@ -204,10 +212,17 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
 /// The LRU crawler's and the log stream's rows (see `crawler`, `watch`); Slipstream's
 /// loggers never drop a line before the watchers' buffers (`log_worker_dropped` 0).
 fn crawler_and_log_stats(sv: StatsView<'_>, v: &mut Vec<Stat>) {
+    // memcached lists the crawler's rows only while it is enabled, the maintainer's only with
+    // the maintainer on.
     let c = &crate::crawler::CRAWLER;
-    put(v, "lru_crawler_running", u8::from(c.running()));
-    put(v, "lru_crawler_starts", c.starts());
-    zeros(v, &["lru_maintainer_juggles", "malloc_fails", "log_worker_dropped"]);
+    if sv.settings.tunables.lru_crawler_on() {
+        put(v, "lru_crawler_running", u8::from(c.running()));
+        put(v, "lru_crawler_starts", c.starts());
+    }
+    if sv.settings.tunables.lru_maintainer {
+        put(v, "lru_maintainer_juggles", 0);
+    }
+    zeros(v, &["malloc_fails", "log_worker_dropped"]);
     let l = &sv.settings.logger.stats;
     put(v, "log_worker_written", l.worker_written.load(Ordering::Relaxed));
     put(v, "log_watcher_skipped", l.watcher_skipped.load(Ordering::Relaxed));
@@ -295,8 +310,9 @@ fn settings(sv: StatsView<'_>) -> Vec<Stat> {
         ("flush_enabled", s(yes_no(st.flush_enabled))),
         ("dump_enabled", s(yes_no(tu.dump_enabled))),
         ("hash_algorithm", s("slipstream")),
-        ("lru_maintainer_thread", s("yes")),
-        ("lru_segmented", s("yes")),
+        ("lru_maintainer_thread", s(yes_no(tu.lru_maintainer))),
+        // memcached's maintainer switches turn its segmented LRU on and off with it.
+        ("lru_segmented", s(yes_no(tu.lru_maintainer))),
         ("hot_lru_pct", s("20")),
         ("warm_lru_pct", s("40")),
         ("hot_max_factor", s("0.20")),
@@ -381,14 +397,39 @@ fn items(sv: StatsView<'_>) -> Vec<Stat> {
         ("hits_to_cold", 0),
         ("hits_to_temp", 0),
     ];
-    rows.iter().map(|(name, v)| (Cow::Owned(format!("items:1:{name}")), v.to_string().into_bytes())).collect()
+    // memcached lists the segmented LRU's rows only with its LRU maintainer on.
+    let maintainer = sv.settings.tunables.lru_maintainer;
+    rows.iter()
+        .filter(|(name, _)| maintainer || !SEGMENTED_LRU_ITEM_ROWS.contains(name))
+        .map(|(name, v)| (Cow::Owned(format!("items:1:{name}")), v.to_string().into_bytes()))
+        .collect()
 }
+
+/// The `stats items` rows memcached prints only while its LRU maintainer runs.
+const SEGMENTED_LRU_ITEM_ROWS: &[&str] = &[
+    "number_hot",
+    "number_warm",
+    "number_cold",
+    "age_hot",
+    "age_warm",
+    "evicted_active",
+    "moves_to_cold",
+    "moves_to_warm",
+    "moves_within_lru",
+    "direct_reclaims",
+    "hits_to_hot",
+    "hits_to_warm",
+    "hits_to_cold",
+    "hits_to_temp",
+];
 
 /// `stats slabs`: one class (see `items`), then the totals memcached prints.
 fn slabs(sv: StatsView<'_>) -> Vec<Stat> {
     let s = sv.store.stats();
     let t = sv.server.totals();
-    let active = u64::from(s.curr_items > 0);
+    // memcached lists a class once it has a page, and keeps it after its items are gone
+    // (deleted, expired, reclaimed): here, once any item was stored.
+    let active = u64::from(s.curr_items > 0 || s.total_items > 0);
     let mut v = Vec::new();
     if active == 1 {
         let rows: [(&str, u64); 15] = [
@@ -422,8 +463,9 @@ fn slabs(sv: StatsView<'_>) -> Vec<Stat> {
 /// the UDP socket serving the asking datagram prints the sender, its own address as
 /// `listen_addr` and `conn_parse_cmd`. The asking connection is `conn_parse_cmd`; the others
 /// are idle between requests as far as this thread can tell: `conn_new_cmd` before their first
-/// request, `conn_read` after (memcached parks an idle connection in conn_read), `conn_watch`
-/// once `watch` handed them to the log writer.
+/// request, `conn_read` after (memcached parks an idle connection in conn_read), `conn_nread`
+/// while a request's data block or body is still coming, `conn_watch` once `watch` handed them
+/// to the log writer.
 fn conns(server: &ServerInfo, asking_conn_id: i32, asking_udp_peer: Option<std::net::SocketAddr>) -> Vec<Stat> {
     let now = server.uptime_s();
     let mut entries: Vec<(i32, crate::stats::ConnEntry)> = match server.conns.lock() {
@@ -460,6 +502,7 @@ fn conns(server: &ServerInfo, asking_conn_id: i32, asking_udp_peer: Option<std::
                 match (asking, e.watching, e.last_cmd.seen()) {
                     (true, _, _) => "conn_parse_cmd",
                     (false, true, _) => "conn_watch",
+                    (false, false, true) if e.last_cmd.awaiting_data() => "conn_nread",
                     (false, false, true) => "conn_read",
                     (false, false, false) => "conn_new_cmd",
                 }

@@ -71,6 +71,14 @@ pub struct Tunables {
     /// and the most items one crawl looks at (0 = all); see `crawler`.
     pub lru_crawler_sleep_us: u32,
     pub lru_crawler_tocrawl: u32,
+    /// memcached's LRU maintainer switch (`-o no_lru_maintainer` / `lru_maintainer`). Slipstream
+    /// has no maintainer thread; the switch decides only which segmented-LRU rows `stats` and
+    /// `stats items` list, as memcached's does.
+    pub lru_maintainer: bool,
+    /// memcached-debug's test hooks (`debugtime`), on with `-o relaxed_privileges` (the option
+    /// memcached's own test suite starts its `memcached-debug` with); off, `debugtime` is
+    /// `ERROR` as in a memcached release build.
+    pub debug_commands: bool,
     /// `-o idle_timeout` etc. given as memcached's `-o` names with no effect here: reported
     /// in `stats settings` as given so a comparison with memcached's sees the same values.
     pub maxconns_fast: bool,
@@ -83,6 +91,18 @@ pub struct Tunables {
 }
 
 impl Tunables {
+    /// The `stats settings` value an accepted no-effect option set for `name` (the last one
+    /// given wins, as with memcached's options).
+    pub fn reported(&self, name: &str) -> Option<&str> {
+        self.reported.iter().rev().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// memcached's slab mover switch (`-o slab_reassign` / `no_slab_reassign` / `no_modern`):
+    /// Slipstream has no slabs to move; the switch decides which `stats` rows are listed.
+    pub fn slab_reassign(&self) -> bool {
+        self.reported("slab_reassign") != Some("no")
+    }
+
     pub fn lru_crawler_on(&self) -> bool {
         self.lru_crawler.load(Ordering::Relaxed)
     }
@@ -111,6 +131,8 @@ impl Default for Tunables {
             lru_crawler: Arc::new(AtomicBool::new(true)),
             lru_crawler_sleep_us: 100,
             lru_crawler_tocrawl: 0,
+            lru_maintainer: true,
+            debug_commands: false,
             maxconns_fast: true,
             watcher_logbuf_bytes: crate::watch::WATCHER_BUF_BYTES,
             reported: Vec::new(),

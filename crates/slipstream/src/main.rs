@@ -75,6 +75,27 @@ options (memcached's, with memcached's defaults):
   -u, --user=NAME          as root: become NAME once every port is bound and the kernel fast
                            path attached (no capabilities kept; kernels before 5.9 only: the
                            main thread keeps cap_net_admin permitted to detach XDP at exit)
+  -s, --unix-socket=FILE   unix socket path to listen on (disables network support)
+  -a, --unix-mask=MASK     access mask for the unix socket, in octal (0700)
+  -S, --enable-sasl        binary protocol SASL PLAIN (password file: $MEMCACHED_SASL_PWDB)
+  -Y, --auth-file=FILE     text protocol authentication (`user:password` lines)
+  -Z, --enable-ssl         TLS on the TCP ports (-o ssl_chain_cert=FILE,ssl_key=FILE, ...)
+  -M, --disable-evictions  answer `SERVER_ERROR out of memory` instead of evicting
+  -R, --max-reqs-per-event=N  requests one connection may run per event (20)
+  -B, --protocol=NAME      auto, binary or ascii (auto)
+  -b, --listen-backlog=N   TCP listen backlog (1024)
+  -D CHAR                  key prefix delimiter for `stats detail` (turns detail on)
+  -X, --disable-dumping    refuse `stats cachedump` and `lru_crawler metadump`
+  -W, --disable-watch      refuse `watch`
+  -d, --daemon             run as a daemon;  -P, --pidfile=FILE  its pid file
+  -V, --version            print the version and exit
+  -o, --extended=LIST      memcached's extended options, comma separated: idle_timeout,
+                           read_buf_mem_limit, lru_crawler / no_lru_crawler, lru_crawler_sleep,
+                           lru_crawler_tocrawl, lru_maintainer / no_lru_maintainer,
+                           watcher_logbuf_size, maxconns_fast, ssl_chain_cert, ssl_key,
+                           ssl_ca_cert, ssl_verify_mode, ssl_keyformat, ssl_ciphers,
+                           ssl_min_version, ...; slab, hash table and LRU tuning names (and -f,
+                           -n, -L, -k, -r, -e, -N) are accepted with a notice: no slabs here
 slipstream's own:
   --config=FILE            TOML file for everything (flags given on the command line win)
   --admin=ADDR:PORT        Prometheus metrics at http://ADDR:PORT/metrics (off by default)
@@ -141,7 +162,7 @@ fn run(mut args: Vec<String>) -> Result<(), MainError> {
             print!("{USAGE}");
             return Ok(());
         }
-        Some("--version") | Some("version") => {
+        Some("--version") | Some("version") | Some("-V") => {
             println!("slipstream {}", slipstream_server::VERSION_STRING);
             return Ok(());
         }
@@ -157,6 +178,10 @@ fn run(mut args: Vec<String>) -> Result<(), MainError> {
     }
     if args.iter().any(|a| a == "-h" || a == "--help") {
         print!("{USAGE}");
+        return Ok(());
+    }
+    if args.iter().any(|a| a == "-V" || a == "--version") {
+        println!("slipstream {}", slipstream_server::VERSION_STRING);
         return Ok(());
     }
     let cfg = Config::from_args(&args)?;

@@ -59,8 +59,6 @@ const NO_EFFECT: &[&str] = &[
     "hash_algorithm",
     "lru_crawler_sleep",
     "lru_crawler_tocrawl",
-    "lru_maintainer",
-    "no_lru_maintainer",
     "hot_lru_pct",
     "warm_lru_pct",
     "hot_max_factor",
@@ -73,7 +71,6 @@ const NO_EFFECT: &[&str] = &[
     "no_inline_ascii_resp",
     "inline_ascii_resp",
     "modern",
-    "no_modern",
     "no_chunked_items",
     "drop_privileges",
     "no_drop_privileges",
@@ -143,6 +140,18 @@ fn apply_one(cfg: &mut Targets<'_>, name: &str, value: Option<&str>) -> Result<(
             }
         }
         "lru_crawler_tocrawl" => t.lru_crawler_tocrawl = num(name, value)?,
+        "lru_maintainer" | "no_lru_maintainer" => t.lru_maintainer = name == "lru_maintainer",
+        // memcached's switch back to 1.4-era defaults: no LRU crawler or maintainer, no fast
+        // connection-limit path, no slab mover, one LRU per class.
+        "no_modern" => {
+            t.lru_crawler.store(false, std::sync::atomic::Ordering::Relaxed);
+            t.lru_maintainer = false;
+            t.maxconns_fast = false;
+            for (row, v) in [("slab_reassign", "no"), ("slab_automove", "0"), ("slab_chunk_max", "1048576")] {
+                t.reported.push((row, v.into()));
+            }
+            cfg.notice_no_effect("-o no_modern (slab and hash settings)");
+        }
         "watcher_logbuf_size" => {
             // memcached's unit is kilobytes (an unsigned int of bytes after the multiply).
             let kb: u64 = num(name, value)?;
@@ -152,6 +161,9 @@ fn apply_one(cfg: &mut Targets<'_>, name: &str, value: Option<&str>) -> Result<(
                 .ok_or_else(|| bad(name, "too large (memcached keeps it in 32 bits)"))?;
             t.watcher_logbuf_bytes = bytes as usize;
         }
+        // memcached-debug's test-suite option (running as root); here it also turns on the
+        // debug build's test hooks (`debugtime`) that the suite uses.
+        "relaxed_privileges" => t.debug_commands = true,
         "maxconns_fast" => t.maxconns_fast = true,
         "no_maxconns_fast" => {
             t.maxconns_fast = false;
@@ -184,12 +196,10 @@ fn reported(name: &str, value: Option<&str>) -> Option<(&'static str, String)> {
         "hot_lru_pct" => ("hot_lru_pct", v),
         "warm_lru_pct" => ("warm_lru_pct", v),
         "temporary_ttl" => ("temporary_ttl", v),
-        "no_lru_maintainer" => ("lru_maintainer_thread", "no".into()),
         // memcached's unit is kilobytes.
         "worker_logbuf_size" => {
             ("worker_logbuf_size", v.parse::<u64>().map(|kb| kb.saturating_mul(1024).to_string()).unwrap_or(v))
         }
-        "lru_maintainer" => ("lru_maintainer_thread", "yes".into()),
         _ => return None,
     })
 }

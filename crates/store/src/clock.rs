@@ -1,7 +1,9 @@
 //! Store clock: seconds since the store started ("relative time", as memcached keeps it), plus
 //! the Unix time of the start, so absolute exptimes can be converted.
 //!
-//! Not for: wall-clock formatting or timers. A manual clock lets tests move time without sleeping.
+//! Not for: wall-clock formatting or timers. A manual clock lets tests move time without sleeping;
+//! memcached-debug's `debugtime` (shift, pause, resume) moves any clock, for memcached's own
+//! test suite (the server allows it only under `-o relaxed_privileges`).
 //!
 //! The system clock is read on every store operation, so it is cached like memcached's
 //! `current_time`: a small ticker thread refreshes an atomic at each whole-second boundary
@@ -9,7 +11,7 @@
 //! reference and exits within a second of the last `Clock` clone being dropped. If it cannot
 //! be started, reads fall back to `Instant::elapsed`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,7 +25,14 @@ struct Inner {
     /// Unix seconds when the clock started (memcached's `process_started`).
     started_unix_s: i64,
     kind: Kind,
+    /// `debugtime N`: seconds added to the relative time (memcached-debug's `delta`).
+    shift_s: AtomicI64,
+    /// `debugtime p`: the relative second the clock stands still at; `RUNNING` otherwise.
+    paused_rel_s: AtomicU64,
 }
+
+/// `paused_rel_s` of a clock that is not paused.
+const RUNNING: u64 = u64::MAX;
 
 #[derive(Debug)]
 enum Kind {
@@ -69,14 +78,10 @@ impl Clock {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         // memcached sets process_started two seconds in the past so that relative time 0/1 are
         // never confused with "never" and "expired"; we keep the same offset for identical math.
-        let inner = Arc::new(Inner {
-            started_unix_s: now - REL_START_S as i64,
-            kind: Kind::System {
-                start: Instant::now(),
-                rel_s: AtomicU64::new(REL_START_S),
-                ticking: AtomicBool::new(false),
-            },
-        });
+        let inner = Arc::new(Inner::new(
+            now - REL_START_S as i64,
+            Kind::System { start: Instant::now(), rel_s: AtomicU64::new(REL_START_S), ticking: AtomicBool::new(false) },
+        ));
         let weak = Arc::downgrade(&inner);
         let spawned = std::thread::Builder::new()
             .name("slipstream-clock".into())
@@ -91,12 +96,35 @@ impl Clock {
 
     /// A clock that only moves when `advance` is called; starts at relative second 2.
     pub fn manual(started_unix_s: i64) -> Clock {
-        Clock { inner: Arc::new(Inner { started_unix_s, kind: Kind::Manual(AtomicU64::new(REL_START_S)) }) }
+        Clock { inner: Arc::new(Inner::new(started_unix_s, Kind::Manual(AtomicU64::new(REL_START_S)))) }
     }
 
-    /// Seconds since the start (memcached's `current_time`).
+    /// Seconds since the start (memcached's `current_time`), as `debugtime` moved it.
     #[inline]
     pub fn now_rel_s(&self) -> u32 {
+        let paused = self.inner.paused_rel_s.load(Ordering::Relaxed);
+        if paused != RUNNING {
+            return paused as u32;
+        }
+        let shift = self.inner.shift_s.load(Ordering::Relaxed);
+        (i64::from(self.base_rel_s()) + shift).clamp(0, i64::from(u32::MAX)) as u32
+    }
+
+    /// `debugtime N`: move the clock by `secs` (memcached-debug's test hook).
+    pub fn debug_shift(&self, secs: i64) {
+        self.inner.shift_s.fetch_add(secs, Ordering::Relaxed);
+    }
+
+    /// `debugtime p` / `debugtime r`: stop the clock where it is, or let it run again (from
+    /// the real time plus the shifts, as memcached-debug's clock thread resumes).
+    pub fn debug_pause(&self, pause: bool) {
+        let at = if pause { u64::from(self.now_rel_s()) } else { RUNNING };
+        self.inner.paused_rel_s.store(at, Ordering::Relaxed);
+    }
+
+    /// The relative second of the clock itself, before `debugtime`.
+    #[inline]
+    fn base_rel_s(&self) -> u32 {
         match &self.inner.kind {
             Kind::System { start, rel_s, ticking } => {
                 if ticking.load(Ordering::Relaxed) {
@@ -124,6 +152,9 @@ impl Clock {
     /// expired (what the kernel fast path needs: it may expire a copy early, never late). A
     /// manual clock maps `rel` to the same distance from the current `Instant`.
     pub fn deadline_of_rel_s(&self, rel: u32) -> Option<Instant> {
+        // A shifted clock reaches `rel` `shift` seconds early; an early deadline is allowed.
+        let shift = self.inner.shift_s.load(Ordering::Relaxed);
+        let rel = (i64::from(rel) - shift).clamp(0, i64::from(u32::MAX)) as u32;
         match &self.inner.kind {
             Kind::System { start, .. } => {
                 start.checked_add(Duration::from_secs(u64::from(rel).saturating_sub(REL_START_S)))
@@ -141,6 +172,12 @@ impl Clock {
         if let Kind::Manual(s) = &self.inner.kind {
             s.fetch_add(secs, Ordering::Relaxed);
         }
+    }
+}
+
+impl Inner {
+    fn new(started_unix_s: i64, kind: Kind) -> Inner {
+        Inner { started_unix_s, kind, shift_s: AtomicI64::new(0), paused_rel_s: AtomicU64::new(RUNNING) }
     }
 }
 
@@ -176,6 +213,20 @@ mod tests {
         let now = std::time::Instant::now();
         assert!(c.deadline_of_rel_s(t1).unwrap() <= now);
         assert!(c.deadline_of_rel_s(t1 + 1).unwrap() <= now + std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn debugtime_shifts_pauses_and_resumes() {
+        let c = Clock::manual(1000);
+        c.debug_shift(10);
+        assert_eq!(c.now_rel_s(), 12);
+        c.debug_pause(true);
+        c.advance(5);
+        assert_eq!(c.now_rel_s(), 12, "paused");
+        c.debug_pause(false);
+        assert_eq!(c.now_rel_s(), 17);
+        c.debug_shift(-100);
+        assert_eq!(c.now_rel_s(), 0, "never before the start");
     }
 
     #[test]

@@ -21,5 +21,5 @@ pub use limits::{
     item_bytes, ItemLimits, DATA_BYTES_MAX, ITEM_BYTES_MAX_DEFAULT, ITEM_CAS_BYTES, ITEM_FLAGS_BYTES,
     ITEM_HEADER_BYTES, KEY_BYTES_MAX, LINE_BYTES_MAX, META_OPAQUE_BYTES_MAX, META_TOKENS_MAX, TOKENS_MAX,
 };
-pub use numbers::{decimal_digits, safe_strtol, safe_strtoul, safe_strtoull};
+pub use numbers::{decimal_digits, safe_strtol, safe_strtoll, safe_strtoul, safe_strtoull};
 pub use tokens::{line_end, request_line, Tokens, Words};

@@ -102,6 +102,12 @@ pub fn safe_strtoul(s: &[u8]) -> Option<u32> {
 /// `int32_t`: truncated.
 #[inline]
 pub fn safe_strtol(s: &[u8]) -> Option<i32> {
+    safe_strtoll(s).map(|v| v as i32)
+}
+
+/// memcached `safe_strtoll`: a 64-bit `long long`; out of range is refused.
+#[inline]
+pub fn safe_strtoll(s: &[u8]) -> Option<i64> {
     let c = scan(s)?;
     if c.overflow {
         return None;
@@ -117,7 +123,7 @@ pub fn safe_strtol(s: &[u8]) -> Option<i32> {
         }
         c.magnitude as i64
     };
-    Some(v as i32)
+    Some(v)
 }
 
 /// Decimal digits of `v` in a stack buffer: (buffer, index of the first digit). Every reply

@@ -11,7 +11,7 @@ use crate::exec::{ConnState, Protocol, Settings, Transport};
 use crate::outq;
 use crate::stats::ThreadStats;
 use crate::transport::Stream;
-use crate::watch::Peer;
+use crate::watch::{CloseReason, Peer};
 use std::io::{self, Read};
 use std::sync::Arc;
 
@@ -44,6 +44,9 @@ pub(super) struct Conn {
     /// Waiting for the socket to drain (write interest registered).
     pub blocked_on_write: bool,
     pub close_after_flush: bool,
+    /// Why it closes, for watchers' `conn_close` line: `error` unless a quit, the client's
+    /// end of stream or `shutdown` says otherwise (memcached's default close reason).
+    pub close_reason: CloseReason,
     /// Its round budget ran out with work left; the worker comes back to it after this poll.
     pub needs_revisit: bool,
     /// Key in `ServerInfo::conns` (the socket's fd, as memcached numbers connections).
@@ -120,6 +123,7 @@ impl Conn {
             state,
             blocked_on_write: false,
             close_after_flush: false,
+            close_reason: CloseReason::Error,
             needs_revisit: false,
             fd,
             last_cmd,

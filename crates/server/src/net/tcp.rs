@@ -22,6 +22,7 @@ use crate::outq::SHARE_VALUE_BYTES_MIN;
 use crate::replicated::{self, Delivery, Fail, Outcome, Replica, Route};
 use crate::stats::ThreadStats;
 use crate::tenants::Tenant;
+use crate::watch::CloseReason;
 use mio::{Interest, Registry, Token};
 use slipstream_tenancy::since_start_ns;
 use std::sync::atomic::Ordering;
@@ -97,6 +98,17 @@ pub(super) fn conn_event(
     }
 }
 
+/// Whether input the executor left unconsumed is a request whose command is read and whose
+/// data is not (for `stats conns`' `conn_nread`): a whole text line (only a storage command
+/// leaves one unconsumed) or a whole binary header.
+fn awaits_data(pending: &[u8]) -> bool {
+    match pending.first() {
+        None => false,
+        Some(&0x80) => pending.len() >= 24,
+        Some(_) => pending.contains(&b'\n'),
+    }
+}
+
 /// Rounds of plan → read → execute → charge → flush while the socket may hold more and the
 /// event's round budget lasts. A connection the gate holds back gets `throttle_until_ns`.
 pub(super) fn serve(
@@ -136,6 +148,9 @@ pub(super) fn serve(
         // execute
         let batch =
             if plan.execute { execute_batch(conn, tenant, idx, stats, env, plan.limits) } else { BatchEnd::default() };
+        if plan.execute {
+            conn.last_cmd.set_awaiting_data(awaits_data(&conn.rbuf[conn.rstart..conn.rend]));
+        }
         // charge
         conn.gate.charge(shaper, read.bytes, batch.requests, batch.reply_bytes);
         // flush
@@ -154,7 +169,12 @@ pub(super) fn serve(
             // Its replies are out; what it sent after `watch` is ignored, as memcached does.
             return After::Watch(id);
         }
-        if conn.close_after_flush || read.eof {
+        if conn.close_after_flush {
+            return After::Close;
+        }
+        if read.eof {
+            // The client closed its side: memcached's end-of-stream close.
+            conn.close_reason = CloseReason::Normal;
             return After::Close;
         }
         if yields_now(conn, &batch, stats, env.settings) {
@@ -269,9 +289,15 @@ fn execute_batch(
                 conn.close_after_flush = true;
                 break;
             }
+            Step::Quit => {
+                conn.close_after_flush = true;
+                conn.close_reason = CloseReason::Normal;
+                break;
+            }
             Step::Shutdown => {
                 env.stop.stop();
                 conn.close_after_flush = true;
+                conn.close_reason = CloseReason::Shutdown;
                 break;
             }
         }

@@ -228,7 +228,7 @@ fn execute_payload(
             }
             // memcached answers a UDP `quit` with a bare frame header whose total is 0 (its
             // close of a UDP "connection" flushes an empty message).
-            Step::Close => return (requests, true),
+            Step::Close | Step::Quit => return (requests, true),
             Step::Incomplete => break,
         }
     }

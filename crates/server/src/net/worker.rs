@@ -268,7 +268,15 @@ impl Worker {
     /// Close, queue for a revisit, or put on the throttled list, as serving left the connection.
     fn after_serve(&mut self, i: usize, after: After, revisit: &mut Vec<usize>) {
         match after {
-            After::Close => return self.close(i, CloseReason::Normal),
+            After::Close => {
+                let reason = self
+                    .conns
+                    .slots
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .map_or(CloseReason::Error, |s| s.conn.close_reason);
+                return self.close(i, reason);
+            }
             After::Watch(id) => return self.hand_to_logger(i, id),
             After::Keep => {}
         }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run memcached 1.6.18's own test suite (its t/*.t, Perl) against Slipstream, the binary
+# standing in for the `memcached-debug` the suite starts. Not part of `make test`: the suite
+# is memcached's source, which the project does not vendor; point MEMCACHED_SRC at a checkout
+# of the 1.6.18 tag (git clone -b 1.6.18 https://github.com/memcached/memcached).
+#
+#   MEMCACHED_SRC=/path/to/memcached SLIPSTREAM_BIN=target/release/slipstream \
+#       bash scripts/memcached_suite.sh [t/getset.t ...]
+#
+# Prints one line per test file (passed / failed / skipped counts) and keeps each file's
+# output in $OUT. Every file runs under a 180 s limit; the servers it starts are memcached's
+# harness's own children (killed when the file ends).
+set -u
+src=${MEMCACHED_SRC:?set MEMCACHED_SRC to a memcached 1.6.18 source tree}
+bin=$(realpath "${SLIPSTREAM_BIN:-target/release/slipstream}")
+OUT=${OUT:-/tmp/memcached-suite}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$OUT"
+cp -r "$src/t" "$work/t"
+ln -s "$bin" "$work/memcached-debug"
+# memcached's `timedrun SECONDS CMD...`, as a shell wrapper.
+printf '#!/bin/sh\nt=$1; shift\nexec timeout -s KILL "$t" "$@"\n' > "$work/timedrun"
+chmod +x "$work/timedrun"
+cd "$work" || exit 1
+if [ $# -eq 0 ]; then
+    set -- $(ls t/*.t | grep -v -e proxy -e extstore -e ssl_)
+fi
+for t in "$@"; do
+    log="$OUT/$(basename "$t").out"
+    timeout 180 perl "$t" > "$log" 2>&1
+    rc=$?
+    ok=$(grep -c '^ok' "$log"); bad=$(grep -c '^not ok' "$log"); skip=$(grep -c -i '# skip' "$log")
+    echo "$t rc=$rc ok=$ok not_ok=$bad skip=$skip"
+done
