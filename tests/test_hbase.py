@@ -884,7 +884,15 @@ def test_tenant_request_metrics_count_its_thrift_port_too(hbase):
         kv_reply = _recv_some(k)
         assert kv_reply.startswith(b"VERSION "), kv_reply
         k.close()
-        a1, b1 = counts("a"), counts("b")
+        # The KV path counts a reply's bytes once its write returns, which can be just after the
+        # client has read it: wait (bounded) for the counters to settle.
+        want_out = a0[2] + received + len(kv_reply)
+        deadline = time.monotonic() + 2.0
+        a1 = counts("a")
+        while a1[2] < want_out and time.monotonic() < deadline:
+            time.sleep(0.02)
+            a1 = counts("a")
+        b1 = counts("b")
         print("tenant a before", a0, "after", a1, "; thrift sent", sent, "received", received)
         assert a1[0] - a0[0] == 22 + 1
         assert a1[1] - a0[1] == sent + len(b"version\r\n")
