@@ -16,7 +16,7 @@ Usage: SLIPSTREAM_BIN=target/release/slipstream python3 bench/hbase_load_bench.p
 Knobs (environment): KEYS, CONNS (client connections), CLIENT (raw | crate), DEPTH (operations
 in flight per connection, raw client), SECS (per figure), THRIFT_LOAD (the load
 generator binary), PLOT_OUT (where the PNG goes), ONLY_HITS=1 (skip direct and miss runs),
-PERF=1 (`perf stat` on the daemon: context switches per operation), PAIRED=N (after the table:
+PERF=1 (`perf stat` on the daemon: context switches and IPIs sent per operation), PAIRED=N (after the table:
 N rounds of cached 100-row scans and Gets against the three strategies' daemons alternated
 A B C C B A, SECS each, one line per run plus each strategy's median), WALK=N (only: N rounds of
 the each-row run walk vs all-row hits and both vs scan range, see walk_rounds). Every row also gives the
@@ -69,10 +69,10 @@ CPU_PIDS = {}  # name -> pid, sampled around every measured run ("cpu" in the re
 
 
 def perf_start(pid):
-    """PERF=1: `perf stat` on the daemon for the run (context switches per operation)."""
+    """PERF=1: `perf stat` on the daemon for the run (context switches and IPIs per operation)."""
     if not PERF or pid is None:
         return None
-    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "task-clock,context-switches,cpu-migrations", "-p", str(pid)],
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "task-clock,context-switches,cpu-migrations,ipi:ipi_send_cpu", "-p", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -84,7 +84,7 @@ def perf_end(p):
     got = {}
     for line in err.splitlines():
         f = line.split(",")
-        if len(f) > 2 and f[2] in ("task-clock", "context-switches", "cpu-migrations"):
+        if len(f) > 2 and f[2] in ("task-clock", "context-switches", "cpu-migrations", "ipi:ipi_send_cpu"):
             try:
                 got[f[2]] = float(f[0])
             except ValueError:
@@ -120,6 +120,9 @@ def run(addr, *args, secs=SECS, daemon=None):
     r["cpu_per_op"] = ", ".join("%s %.0f" % (n, v * wall / ops * 1e6) for n, v in per_op)
     if perf:
         r["cpu_per_op"] += "; daemon ctx switches/op %.1f" % (perf.get("context-switches", 0) / ops)
+        # IPIs the daemon sent per op: wake-ups of a client on an idle vCPU, ~5 us each on this
+        # VM (the each-row walk's "slow regime", docs/benchmarks.md session 15).
+        r["cpu_per_op"] += ", IPIs/op %.2f" % (perf.get("ipi:ipi_send_cpu", 0) / ops)
     return r
 
 
@@ -206,14 +209,16 @@ def walk_rounds(thrift, daemons):
             h1, m1 = counts(daemons[s])
             load = float(open("/proc/loadavg").read().split()[0])
             cpu = float(r["cpu_per_op"].split(",")[0].split()[1])
-            out.setdefault(s, []).append((float(r["ops_per_s"]), cpu, load, r["p99_us"], (h1 - h0) / max(1.0, h1 - h0 + m1 - m0)))
+            ipis = re.search(r"IPIs/op ([0-9.]+)", r["cpu_per_op"])
+            out.setdefault(s, []).append((float(r["ops_per_s"]), cpu, load, r["p99_us"], (h1 - h0) / max(1.0, h1 - h0 + m1 - m0),
+                                          ", IPIs/op " + ipis.group(1) if ipis else ""))
     print("walk rounds (all-row 64 fixed starts vs each-row walk from random starts among the first %s rows; "
           "A B B A, %.0f s each): ops/s (daemon CPU us/op, load, p99 us, hit ratio)" % (WALK_KEYS, SECS))
     med = {}
     for s, runs in out.items():
         rates = sorted(r[0] for r in runs)
         med[s] = rates[len(rates) // 2]
-        print("%s: %s; median %.0f/s" % (s, " ".join("%.0f (%.1f, %.1f, %s, %.4f)" % r for r in runs), med[s]))
+        print("%s: %s; median %.0f/s" % (s, " ".join("%.0f (%.1f, %.1f, %s, %.4f%s)" % r for r in runs), med[s]))
     print("each-row walk / all-row hits (medians): %.3f" % (med["each-row"] / max(1.0, med["all-row"])))
     sweep = {}
     for rows in SWEEP:
