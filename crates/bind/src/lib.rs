@@ -487,7 +487,8 @@ mod tests {
                 let path = table.iter().find(|t| t.0 == family).unwrap().1;
                 let listening = |e: &Entry| e.port == port && (kind == Kind::Udp || e.state == TCP_LISTEN);
                 let mut want: Vec<Entry> = read_table(path).unwrap().into_iter().filter(listening).collect();
-                let mut got: Vec<Entry> = diag_table(kind, family, port).unwrap().into_iter().filter(|e| e.port == port).collect();
+                let mut got: Vec<Entry> =
+                    diag_table(kind, family, port).unwrap().into_iter().filter(|e| e.port == port).collect();
                 want.sort_by_key(|e| e.inode);
                 got.sort_by_key(|e| e.inode);
                 assert_eq!(got.len(), 1, "{addr} {kind:?}: {got:?}");

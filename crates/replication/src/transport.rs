@@ -600,7 +600,9 @@ mod tests {
         }
         let mut big = Message { from: 1, to: 2, ..Default::default() };
         big.set_msg_type(MessageType::MsgAppend);
-        big.set_entries(vec![Entry { data: vec![7u8; 48 << 20].into(), index: 1, term: 1, ..Default::default() }].into());
+        big.set_entries(
+            vec![Entry { data: vec![7u8; 48 << 20].into(), index: 1, term: 1, ..Default::default() }].into(),
+        );
         let mut beat = Message { from: 1, to: 2, ..Default::default() };
         beat.set_msg_type(MessageType::MsgHeartbeat);
         let big_bytes = sender.send_sized(7, &big).expect("queued");
