@@ -82,6 +82,8 @@ impl Relay {
     /// `LEADER_HINT_TTL_MS`: the last named leader first, then the members in order); 0 = no
     /// member knows or answers.
     fn leader(&self) -> u64 {
+        // Held while asking: connections arriving meanwhile wait for this answer (at most
+        // LEADER_ASK_TIMEOUT_MS per member) instead of each asking again.
         let mut hint = self.hint.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if hint.1.is_some_and(|at| at.elapsed() < Duration::from_millis(LEADER_HINT_TTL_MS)) {
             return hint.0;
