@@ -579,18 +579,9 @@ mod tests {
         l.local_addr().unwrap()
     }
 
-    /// Group 7 (a tenant catching a follower up) queues a 48 MiB append for node 2, then group
-    /// 8 (another tenant) a heartbeat: the heartbeat must arrive first. With one queue per
-    /// connection (the old transport) it waited behind all 48 MiB.
-    #[test]
-    fn a_groups_big_message_does_not_hold_up_another_groups_small_one() {
+    /// Node 2 (receiving into `deliver`) and node 1 (sending), connected (bounded wait).
+    fn connected_pair(deliver: Deliver) -> (Transport, Transport) {
         let peers: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
-        let arrived = Arc::new(Mutex::new(Vec::new()));
-        let seen = arrived.clone();
-        let deliver: Deliver = Arc::new(move |m: Incoming| {
-            seen.lock().unwrap().push((m.group, m.msg.get_msg_type(), m.frame_bytes));
-            true
-        });
         let receiver = Transport::start(2, peers[&2], &peers, deliver).unwrap();
         let sender = Transport::start(1, peers[&1], &peers, Arc::new(|_| true)).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -598,6 +589,21 @@ mod tests {
             assert!(Instant::now() < deadline, "no connection");
             std::thread::sleep(Duration::from_millis(5));
         }
+        (receiver, sender)
+    }
+
+    /// Group 7 (a tenant catching a follower up) queues a 48 MiB append for node 2, then group
+    /// 8 (another tenant) a heartbeat: the heartbeat must arrive first. With one queue per
+    /// connection (the old transport) it waited behind all 48 MiB.
+    #[test]
+    fn a_groups_big_message_does_not_hold_up_another_groups_small_one() {
+        let arrived = Arc::new(Mutex::new(Vec::new()));
+        let seen = arrived.clone();
+        let deliver: Deliver = Arc::new(move |m: Incoming| {
+            seen.lock().unwrap().push((m.group, m.msg.get_msg_type(), m.frame_bytes));
+            true
+        });
+        let (receiver, sender) = connected_pair(deliver);
         let mut big = Message { from: 1, to: 2, ..Default::default() };
         big.set_msg_type(MessageType::MsgAppend);
         big.set_entries(
@@ -625,7 +631,6 @@ mod tests {
     /// groups' chunks interleave with them.
     #[test]
     fn each_groups_messages_arrive_whole_and_in_order() {
-        let peers: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
         let arrived = Arc::new(Mutex::new(Vec::new()));
         let seen = arrived.clone();
         let deliver: Deliver = Arc::new(move |m: Incoming| {
@@ -634,13 +639,7 @@ mod tests {
             seen.lock().unwrap().push((m.group, e.index, e.data.len()));
             true
         });
-        let receiver = Transport::start(2, peers[&2], &peers, deliver).unwrap();
-        let sender = Transport::start(1, peers[&1], &peers, Arc::new(|_| true)).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !sender.connected(2) {
-            assert!(Instant::now() < deadline, "no connection");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let (receiver, sender) = connected_pair(deliver);
         // Sizes around the chunk size, for three groups in turn.
         let sizes = [10, QUANTUM_BYTES - 40, QUANTUM_BYTES, 3 * QUANTUM_BYTES + 5, 100, 1 << 20];
         let mut sent = 0;
