@@ -136,6 +136,15 @@ def writer(args):
 # ---------------------------------------------------------------- cluster
 
 
+def proc_cpu_ms(pid):
+    """CPU time (user + system, ms) a process has used so far; None if it is gone."""
+    try:
+        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(f[11]) + int(f[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def read_log(path):
     rows = []
     with open(path) as fh:
@@ -231,12 +240,18 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
                 stopped.send_signal(signal.SIGCONT)
             else:
                 c.start(victim)
+            t_open = time.monotonic_ns()  # the restarted daemon's ports answer (process start, replay)
+            cpu_open = proc_cpu_ms(c.procs[victim].pid)
+            c.wait(c.caught_up, ROUND_S_MAX, "round %d: restarted node %d caught up" % (r, victim))
+            t_caught = time.monotonic_ns()  # every node applied the same index (leaders may still move)
             c.wait(c.settled, ROUND_S_MAX, "round %d: restarted node %d caught up" % (r, victim))
             t_end = time.monotonic_ns()
+            cpu_end = proc_cpu_ms(c.procs[victim].pid)
             rounds.append({"round": r, "tenant": victim_t, "killed_node": victim, "new_leader": new_lead,
                            "signal": SIGNAL, "failover_ms": (ack - t_kill) / 1e6, "quiet_ns": [t_quiet, t_kill],
                            "disturbed_ns": [t_kill, t_end], "down_ns": [t_kill, t_restart],
-                           "catchup_ns": [t_restart, t_end], "others": others})
+                           "catchup_ns": [t_restart, t_end], "start_ns": [t_restart, t_open],
+                           "restarted_cpu_ms": [cpu_open, cpu_end], "replay_ns": [t_open, t_caught], "back_ns": [t_caught, t_end], "others": others})
             print("  round %2d: %s node %d (leader of %s) -> new leader %s, first ack after %.0f ms, "
                   "settled after %.1f s" % (r, "stopped" if stopped else "killed", victim, victim_t, new_lead,
                                              (ack - t_kill) / 1e6,
@@ -257,11 +272,14 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
                 w.wait()
         c.stop_all()
     # Latency of the tenants whose leader was not killed: quiet vs disturbed windows.
-    windows = ("quiet", "disturbed", "down", "catchup")
+    # catchup = start (restart to the ports answering) + replay (to every node at the same
+    # applied index) + back (to the preferred leaders back)
+    windows = ("quiet", "disturbed", "down", "catchup", "start", "replay", "back")
     samples = {w: [] for w in windows}
     errors = {w: 0 for w in windows}
     error_kinds = {w: {} for w in windows}  # status (err = a reply other than STORED, timeout, conn) -> count
     offsets = []  # (ms after the kill, latency ms) of the disturbed windows' writes
+    restart_offsets = []  # (ms after the restart, latency ms) of the catch-up windows' writes
     for t in TENANTS:
         rows = read_log(logs[t])
         for rd in rounds:
@@ -275,6 +293,8 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
                             samples[w].append((ans - send) / 1e6)
                             if w == "disturbed":
                                 offsets.append(((send - a) / 1e6, (ans - send) / 1e6))
+                            if w == "catchup":
+                                restart_offsets.append(((send - a) / 1e6, (ans - send) / 1e6))
                         else:
                             errors[w] += 1
                             error_kinds[w][status] = error_kinds[w].get(status, 0) + 1
@@ -288,7 +308,19 @@ def run_timing(timing, kills, rate, client_timeout_ms, quiet_s, wait_ms, root, g
                       for lo, hi in zip(bins, bins[1:])}
     all_by_offset = {"%d-%s ms" % (lo, hi if hi < 10**9 else "end"): sum(1 for o, _ in offsets if lo <= o < hi)
                      for lo, hi in zip(bins, bins[1:])}
+    rbins = [0, 50, 100, 200, 400, 700, 1000, 2000, 10**9]
+    slow_after_restart = {"%d-%s ms" % (lo, hi if hi < 10**9 else "end"):
+                          [sum(1 for o, lat in restart_offsets if lo <= o < hi and lat > q99),
+                           sum(1 for o, _ in restart_offsets if lo <= o < hi)]
+                          for lo, hi in zip(rbins, rbins[1:])}
+    cpu = [rd["restarted_cpu_ms"] for rd in rounds if None not in rd["restarted_cpu_ms"]]
+    restarted_cpu = {"to_ports_open_p50": pct([a for a, _ in cpu], 50), "to_settled_p50": pct([b for _, b in cpu], 50)}
+    phase_ms = {w: pct([(rd[w + "_ns"][1] - rd[w + "_ns"][0]) / 1e6 for rd in rounds], 50)
+                for w in ("down", "start", "replay", "back")}
     return {
+        "slow_after_restart": slow_after_restart,
+        "phase_ms_p50": phase_ms,
+        "restarted_cpu_ms": restarted_cpu,
         "slow_after_kill": {"slower_than_quiet_p99": slow_by_offset, "all": all_by_offset},
         "timing": {"tick_ms": timing[0], "election_ticks": timing[1], "heartbeat_ticks": timing[2]},
         "rounds": rounds,
@@ -394,6 +426,12 @@ def run_all(timings, kills, rate, client_timeout_ms, quiet_s, wait_ms, groups, r
                    q["disturbed"]["errors"], q["disturbed"]["error_kinds"], " ".join(res["load_after"])), flush=True)
             print("  others' writes slower than the quiet p99, by time after the kill: %s (of all: %s)" %
                   (res["slow_after_kill"]["slower_than_quiet_p99"], res["slow_after_kill"]["all"]), flush=True)
+            print("  phases (p50 ms): %s; others' writes [slower than quiet p99, all] by ms after the restart: %s"
+                  % (res["phase_ms_p50"], res["slow_after_restart"]), flush=True)
+            print("  restarted daemon's CPU (ms, p50): %s" % res["restarted_cpu_ms"], flush=True)
+            print("  others' write p99: start %.2f ms (n %d), replay %.2f ms (n %d), back %.2f ms (n %d)" %
+                  (q["start"]["p99"] or 0, q["start"]["n"], q["replay"]["p99"] or 0, q["replay"]["n"],
+                   q["back"]["p99"] or 0, q["back"]["n"]), flush=True)
             print("  others' write p50/p99: node down %.2f/%.2f ms (n %d), restart+catch-up %.2f/%.2f ms (n %d)" %
                   (q["down"]["p50"], q["down"]["p99"], q["down"]["n"], q["catchup"]["p50"], q["catchup"]["p99"],
                    q["catchup"]["n"]), flush=True)

@@ -7,9 +7,12 @@ values) over one connection for SETS requests per path, paths alternated for ROU
 - leader: to the group's leader directly;
 - follower: to a member that follows (it forwards to the leader);
 - relay: to node 4, which holds no replica and relays the connection to node 1 (the leader).
-Prints per path the median over rounds of p50/p99 latency (µs) and sets/s.
+With LEADER=n (2 or 3) leadership is first moved to member n through the admin API (the
+preferred leader stays node 1 in the config): the relay must find the current leader (asked
+of a member) or go to node 1, which forwards every write. Prints per path the median over
+rounds of p50/p99 latency (µs) and sets/s, and the members' forwarded writes.
 
-Env: SETS (2000), ROUNDS (3), SLIPSTREAM_BIN. Not for: throughput under load (replbench.py).
+Env: SETS (2000), ROUNDS (3), LEADER (none), SLIPSTREAM_BIN. Not for: throughput under load (replbench.py).
 """
 
 import os
@@ -64,6 +67,13 @@ def main():
         for n in ts.NODES:
             c.start(n)
         lead = settled_leader(c, 1)
+        move = int(os.environ.get("LEADER", "0"))
+        if move:
+            status, body = c.http(1, "PUT", "/tenants/s3", {"leader": move})
+            if status != 200:
+                raise SystemExit("moving the leader: %d %r" % (status, body))
+            lead = settled_leader(c, move)
+            time.sleep(1.2)  # past the relay's leader-hint lifetime
         follower = next(n for n in ts.PLACED["s3"] if n != lead)
         paths = {"leader": lead, "follower": follower, "relay": 4}
         res = {p: [] for p in paths}
@@ -79,6 +89,8 @@ def main():
             print("%-8s p50 %7.0f us  p99 %7.0f us  %7.0f sets/s  (rounds: %s)" % (
                 p, p50, p99, rate, ", ".join("%.0f/%.0f" % (x[0], x[1]) for x in res[p])))
         print("errors: %d %r" % (len(errors), errors[:3]))
+        print("forwarded writes by member: %s" % {
+            n: c.metric(n, "slipstream_replica_forwarded_total", "s3") for n in ts.PLACED["s3"]})
     finally:
         c.stop_all()
         shutil.rmtree(root, ignore_errors=True)

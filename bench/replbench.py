@@ -137,6 +137,14 @@ class Cluster(replcluster.Daemons):
             time.sleep(0.1)
         raise RuntimeError("timed out waiting for %s" % what)
 
+    def caught_up(self):
+        """Every node up with the same applied index for every replicated tenant."""
+        v = self.view(self.nodes)
+        if len(v) != len(self.nodes):
+            return False
+        return all(len({v[n].get(("slipstream_replica_applied_index", t)) for n in self.nodes}) == 1
+                   for t in self.replicated())
+
     def settled(self):
         """Every node up, leaders on their preferred nodes, the same applied index everywhere."""
         v = self.view(self.nodes)

@@ -18,6 +18,7 @@ is SIGKILLed at teardown, failure or not; every wait is bounded.
 """
 
 import http.client
+import json
 import os
 import random
 import shutil
@@ -41,6 +42,7 @@ RETRY_LINES = (b"SERVER_ERROR no leader for this tenant\r\n",
                b"SERVER_ERROR replication timeout, outcome unknown\r\n",
                b"SERVER_ERROR no node of this tenant's group is reachable\r\n")
 BIN_HDR = struct.Struct(">BBHBBHIIQ")
+TOKEN = "repl-subset-admin-token-0123456789"
 
 
 def host(n):
@@ -61,7 +63,7 @@ class Cluster(replcluster.Daemons):
         for n in NODES:
             lines = [
                 "[server]", 'listen = "%s"' % host(n), "threads = 2", "port = %d" % fresh(),
-                'admin = "%s:%d"' % (host(n), self.admin[n]), "",
+                'admin = "%s:%d"' % (host(n), self.admin[n]), 'admin_token = "%s"' % TOKEN, "",
                 "[cluster]", "node_id = %d" % n, "peers = [%s]" % peers,
                 'data_dir = "%s"' % self.data_dir(n), 'fsync = "batch"', "wait_ms = %d" % WAIT_MS, "",
                 "[[tenant]]", 'name = "s3"', "tcp_port = %d" % port["s3"], "memory_mb = 16", "share = 0.3",
@@ -72,13 +74,20 @@ class Cluster(replcluster.Daemons):
             with open(self.config(n), "w") as f:
                 f.write("\n".join(lines) + "\n")
 
-    def metric(self, n, name, tenant):
-        conn = http.client.HTTPConnection(host(n), self.admin[n], timeout=5)
+    def http(self, n, method, path, body=None):
+        conn = http.client.HTTPConnection(host(n), self.admin[n], timeout=10)
         try:
-            conn.request("GET", "/metrics")
-            body = conn.getresponse().read()
+            hdrs = {"Authorization": "Bearer " + TOKEN}
+            if body is not None:
+                hdrs["Content-Type"] = "application/json"
+            conn.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=hdrs)
+            r = conn.getresponse()
+            return r.status, r.read()
         finally:
             conn.close()
+
+    def metric(self, n, name, tenant):
+        _, body = self.http(n, "GET", "/metrics")
         return tl.metric_value(body.decode(), name, tenant)
 
     def leader(self, tenant, among, within_s=LEADER_S):
@@ -249,3 +258,28 @@ def test_a_bad_placement_stops_the_daemon_with_a_clear_error(tmp_path):
         p = subprocess.run([mcwire.SLIPSTREAM_BIN, "serve", "--config", str(cfg)], capture_output=True, timeout=20)
         assert p.returncode != 0
         assert says in p.stderr.decode(), p.stderr.decode()
+
+
+def test_a_non_member_relays_to_the_current_leader_not_the_preferred_one(cluster):
+    """s3's leadership moves from its preferred node 1 to node 3 (admin API); a non-member's
+    relay asks a member who leads and goes there: its writes reach the leader in one hop,
+    none is forwarded by a follower (before, the relay tried node 1 first, which forwarded
+    every write)."""
+    c = cluster
+    members = PLACED["s3"]
+    c.leader("s3", members)
+    status, body = c.http(1, "PUT", "/tenants/s3", {"leader": 3})
+    assert status == 200, (status, body)
+    assert c.leader("s3", members, within_s=10) == 3
+    time.sleep(1.2)  # past the relay's leader-hint lifetime (LEADER_HINT_TTL_MS)
+    forwarded = {n: c.metric(n, "slipstream_replica_forwarded_total", "s3") for n in members}
+    writes = {n: c.metric(n, "slipstream_replica_writes_total", "s3") for n in members}
+    with c.conn(4, "s3") as s:
+        for i in range(20):
+            assert ask(s, tl.set_cmd(b"lead%d" % i, b"v%d" % i)) == b"STORED\r\n"
+    assert c.leader("s3", members, within_s=1) == 3, "leadership moved during the test"
+    after = {n: c.metric(n, "slipstream_replica_forwarded_total", "s3") for n in members}
+    assert after == forwarded, "writes relayed to a follower and forwarded: %r -> %r" % (forwarded, after)
+    assert c.metric(4, "slipstream_tenant_relayed_to_leader_total", "s3") >= 1
+    print("writes on the members before/after: %r / %r" %
+          (writes, {n: c.metric(n, "slipstream_replica_writes_total", "s3") for n in members}))

@@ -19,9 +19,12 @@
 //! both succeed: whichever looks last sees the other's sockets, since each looks only after its
 //! own are bound and (TCP) listening.
 //!
-//! Sockets are found in `/proc/net/{tcp,tcp6,udp,udp6}` (this network namespace; TCP: listening
-//! sockets only, the others on the port are connections) and matched to this process by inode
-//! against `/proc/self/fd`. Sockets of this process are never a conflict here: which of its own
+//! Sockets are found with the kernel's sock_diag netlink dump (this network namespace; TCP:
+//! listening sockets only, the others on the port are connections; the kernel filters, so only
+//! the listeners are walked), or in `/proc/net/{tcp,tcp6,udp,udp6}` where sock_diag is not
+//! available (a read of those walks every connection of the host: tens of milliseconds of
+//! kernel time per port on a busy host, paid at every daemon start), and matched to this
+//! process by inode against `/proc/self/fd`. Sockets of this process are never a conflict here: which of its own
 //! ports may be shared (none) is the configuration's check, and a tenant removed and added again
 //! on its port may meet its old listeners still closing.
 //!
@@ -62,10 +65,12 @@ impl Kind {
         }
     }
 
-    fn tables(self) -> [&'static str; 2] {
+    /// (address family, its `/proc/net` table) of each family.
+    fn tables(self) -> [(u8, &'static str); 2] {
+        let (v4, v6) = (libc::AF_INET as u8, libc::AF_INET6 as u8);
         match self {
-            Kind::Tcp { .. } => ["/proc/net/tcp", "/proc/net/tcp6"],
-            Kind::Udp => ["/proc/net/udp", "/proc/net/udp6"],
+            Kind::Tcp { .. } => [(v4, "/proc/net/tcp"), (v6, "/proc/net/tcp6")],
+            Kind::Udp => [(v4, "/proc/net/udp"), (v6, "/proc/net/udp6")],
         }
     }
 }
@@ -211,8 +216,14 @@ fn inode_of(s: &Socket) -> io::Result<u64> {
 /// process's.
 fn foreign(kind: Kind, addr: SocketAddr, skip: &[u64]) -> io::Result<Vec<u64>> {
     let mut found = Vec::new();
-    for table in kind.tables() {
-        for e in read_table(table)? {
+    for (family, table) in kind.tables() {
+        // The kernel's socket-diagnostics dump of the port's listeners; the /proc table (the
+        // same sockets, every connection listed too) where sock_diag is not available.
+        let entries = match diag_table(kind, family, addr.port()) {
+            Ok(e) => e,
+            Err(_) => read_table(table)?,
+        };
+        for e in entries {
             let listening = match kind {
                 Kind::Tcp { .. } => e.state == TCP_LISTEN,
                 Kind::Udp => true,
@@ -242,6 +253,119 @@ struct Entry {
     port: u16,
     state: u8,
     inode: u64,
+}
+
+/// Netlink message type of a sock_diag request (`SOCK_DIAG_BY_FAMILY`).
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// Bytes of `struct inet_diag_msg` (family, state, timer, retrans, the 48-byte socket id,
+/// expires, rqueue, wqueue, uid, inode).
+const DIAG_MSG_BYTES: usize = 72;
+/// Netlink messages read from one dump: far beyond any real host's listeners, but bounded.
+const DIAG_MSGS_MAX: usize = 4_000_000;
+
+/// The sockets of `family` on `port` that can receive new traffic (TCP: listening; UDP: all),
+/// from the kernel's sock_diag netlink dump. The kernel filters by state and port: a LISTEN
+/// dump walks only the listening sockets, where a read of `/proc/net/tcp` walks the whole
+/// established hash (every connection of the host, a page at a time): that read cost a
+/// restarting daemon most of its start-up CPU (docs/benchmarks.md, replication session 15).
+fn diag_table(kind: Kind, family: u8, port: u16) -> io::Result<Vec<Entry>> {
+    let (protocol, states) = match kind {
+        Kind::Tcp { .. } => (libc::IPPROTO_TCP as u8, 1u32 << TCP_LISTEN),
+        Kind::Udp => (libc::IPPROTO_UDP as u8, u32::MAX),
+    };
+    // SAFETY: plain socket(2); the fd is owned by `fd` below and closed on every path.
+    let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a new open fd nobody else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    // nlmsghdr (len, type, flags = REQUEST | DUMP, seq, pid) + inet_diag_req_v2 (family,
+    // protocol, ext, pad, states, socket id with the source port in network order).
+    let mut req = Vec::with_capacity(72);
+    req.extend_from_slice(&72u32.to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes());
+    req.extend_from_slice(&0u32.to_ne_bytes());
+    req.extend_from_slice(&[family, protocol, 0, 0]);
+    req.extend_from_slice(&states.to_ne_bytes());
+    req.extend_from_slice(&port.to_be_bytes());
+    req.resize(72, 0);
+    // SAFETY: all-zero is a valid sockaddr_nl (pid 0 = the kernel); the family is set below.
+    let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `req` and `to` are valid for the lengths given; the fd is open.
+    let sent = unsafe {
+        libc::sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            std::ptr::addr_of!(to).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut seen = 0usize;
+    loop {
+        // SAFETY: `buf` is valid for its length; the fd is open.
+        let n = unsafe { libc::recv(std::os::fd::AsRawFd::as_raw_fd(&fd), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut at = 0usize;
+        let n = n as usize;
+        while at + 16 <= n {
+            let word = |o: usize| u32::from_ne_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
+            let len = word(at) as usize;
+            let kind = u16::from_ne_bytes([buf[at + 4], buf[at + 5]]);
+            if len < 16 || at + len > n {
+                return Err(io::Error::other("sock_diag: bad netlink message"));
+            }
+            match kind as i32 {
+                libc::NLMSG_DONE => return Ok(out),
+                libc::NLMSG_ERROR => {
+                    let code = if len >= 20 { word(at + 16) as i32 } else { 0 };
+                    return Err(io::Error::from_raw_os_error(-code));
+                }
+                _ if len >= 16 + DIAG_MSG_BYTES => {
+                    if let Some(e) = parse_diag(&buf[at + 16..at + 16 + DIAG_MSG_BYTES]) {
+                        out.push(e);
+                    }
+                }
+                _ => {}
+            }
+            seen += 1;
+            if seen > DIAG_MSGS_MAX {
+                return Err(io::Error::other("sock_diag: too many sockets"));
+            }
+            at += (len + 3) & !3; // NLMSG_ALIGN
+        }
+        if n == 0 {
+            return Err(io::Error::other("sock_diag: dump ended without NLMSG_DONE"));
+        }
+    }
+}
+
+/// One `struct inet_diag_msg`: family, state, ..., id.sport (network order) at 4, id.src at 8
+/// (the address bytes), inode at 68.
+fn parse_diag(m: &[u8]) -> Option<Entry> {
+    let ip = match i32::from(m[0]) {
+        libc::AF_INET => IpAddr::V4(Ipv4Addr::new(m[8], m[9], m[10], m[11])),
+        libc::AF_INET6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&m[8..24]).ok()?)),
+        _ => return None,
+    };
+    Some(Entry {
+        ip,
+        port: u16::from_be_bytes([m[4], m[5]]),
+        state: m[1],
+        inode: u64::from(u32::from_ne_bytes([m[68], m[69], m[70], m[71]])),
+    })
 }
 
 fn read_table(path: &str) -> io::Result<Vec<Entry>> {
@@ -341,6 +465,36 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// The sock_diag dump names the same listeners of a port as the /proc table (address,
+    /// state, inode), for TCP and UDP, IPv4 and IPv6; a connection on the port is not listed.
+    #[test]
+    fn sock_diag_finds_what_the_proc_table_lists() {
+        let v6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+        let mut cases = vec![("127.0.0.1:0", libc::AF_INET as u8)];
+        if v6 {
+            cases.push(("[::1]:0", libc::AF_INET6 as u8));
+        }
+        for (addr, family) in cases {
+            let l = std::net::TcpListener::bind(addr).unwrap();
+            let at = l.local_addr().unwrap();
+            let _conn = std::net::TcpStream::connect(at).unwrap(); // an established socket too
+            let u = std::net::UdpSocket::bind(addr).unwrap();
+            let uat = u.local_addr().unwrap();
+            let (tcp, udp) = (Kind::Tcp { backlog: 1 }, Kind::Udp);
+            for (kind, port, table) in [(tcp, at.port(), tcp.tables()), (udp, uat.port(), udp.tables())] {
+                let path = table.iter().find(|t| t.0 == family).unwrap().1;
+                let listening = |e: &Entry| e.port == port && (kind == Kind::Udp || e.state == TCP_LISTEN);
+                let mut want: Vec<Entry> = read_table(path).unwrap().into_iter().filter(listening).collect();
+                let mut got: Vec<Entry> =
+                    diag_table(kind, family, port).unwrap().into_iter().filter(|e| e.port == port).collect();
+                want.sort_by_key(|e| e.inode);
+                got.sort_by_key(|e| e.inode);
+                assert_eq!(got.len(), 1, "{addr} {kind:?}: {got:?}");
+                assert_eq!(got, want, "{addr} {kind:?}");
+            }
+        }
     }
 
     #[test]

@@ -378,7 +378,11 @@ impl ReplicationNode {
         let deliver_tx = tx.clone();
         let deliver: Deliver = Arc::new(move |m| deliver_tx.send(Event::Raft(m)).is_ok());
         let transport = Arc::new(Transport::start(cfg.node_id, listen, &cfg.peers, deliver).map_err(NodeError::Io)?);
-        let status = Arc::new(Mutex::new(HashMap::new()));
+        let status: Arc<Mutex<HashMap<u64, GroupStatus>>> = Arc::new(Mutex::new(HashMap::new()));
+        let known = status.clone();
+        transport.answer_leader_queries(Arc::new(move |g| {
+            known.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&g).map_or(0, |st| st.leader_id)
+        }));
         // Proposal ids must not repeat across restarts (an old entry replayed during catch-up
         // must not complete a new caller): start from the clock in nanoseconds, below the node id.
         let nanos =

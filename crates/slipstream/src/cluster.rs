@@ -10,7 +10,7 @@ use crate::config::Config;
 use slipstream_replication::cluster::ClusterSpec;
 use slipstream_replication::{GroupSpec, NodeConfig, ReplicationNode};
 use slipstream_server::admin::MetricsFn;
-use slipstream_server::relay::Relay;
+use slipstream_server::relay::{Member, Relay};
 use slipstream_server::replicated::{ApplyExec, Replica, TenantTraffic};
 use slipstream_server::tenants::TenantTable;
 use std::net::SocketAddr;
@@ -43,11 +43,15 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
         let t =
             tenants.iter().find(|t| t.name == spec.name).ok_or_else(|| format!("tenant {:?} missing", spec.name))?;
         if !placed.contains(&c.node_id) {
-            // Not a member: its port relays to the members, the preferred leader first.
+            // Not a member: its port relays to the members, the current leader first (asked
+            // on their raft ports), else the preferred leader first.
             let mut order = placed.clone();
             order.sort_by_key(|&n| Some(n) != spec.preferred_leader);
-            let targets = order.iter().map(|n| SocketAddr::new(c.peers[n].ip(), spec.tcp_port)).collect();
-            let _ = t.relay.set(Arc::new(Relay::new(targets)));
+            let members = order
+                .iter()
+                .map(|n| Member { node: *n, client: SocketAddr::new(c.peers[n].ip(), spec.tcp_port), raft: c.peers[n] })
+                .collect();
+            let _ = t.relay.set(Arc::new(Relay::new(group_id(&spec.name), members)));
             continue;
         }
         let exec = Arc::new(ApplyExec::new(table.settings.clone(), t.info.clone()));
@@ -134,11 +138,16 @@ const METRICS: [(&str, &str); 15] = [
 type RelayMetric = (&'static str, &'static str, fn(&Relay) -> u64);
 
 /// Relayed tenants (held by other nodes).
-const RELAY_METRICS: [RelayMetric; 3] = [
+const RELAY_METRICS: [RelayMetric; 4] = [
     (
         "slipstream_tenant_relayed_connections_total",
         "counter|Connections on the tenant's port relayed to a node of its group (this node holds no replica)",
         |r| r.relayed.load(Ordering::Relaxed),
+    ),
+    (
+        "slipstream_tenant_relayed_to_leader_total",
+        "counter|Of the relayed connections, those relayed to the node a member named the group's leader",
+        |r| r.to_leader.load(Ordering::Relaxed),
     ),
     (
         "slipstream_tenant_relay_unreachable_total",
