@@ -7,8 +7,9 @@ Not for: the stats names and the deterministic counters of ordinary sessions
 (test_differential.py compares those).
 
 memcached's LRU maintainer thread reclaims expired items in the background at times of its
-own choosing, so the differential sessions here run memcached with `-o no_lru_maintainer`:
-then it reclaims only when an allocation pulls its LRU tail, as Slipstream does on each store.
+own choosing (Slipstream's too, `crates/server/src/maintainer.rs`), so the differential sessions
+here run both with `-o no_lru_maintainer`: then they reclaim only when an allocation pulls its
+LRU tail (memcached) or a store pulls its shard's (Slipstream).
 Each scenario leaves the cache empty, so the LRU tail is the same item on both servers
 (Slipstream's LRUs are per shard, memcached's per slab class).
 """
@@ -38,10 +39,10 @@ def L(*lines):
 def pair():
     started = []
 
-    def make(memcached_extra=(), **kw):
-        m = mcwire.Server("memcached", extra=memcached_extra, **kw).start()
+    def make(extra=(), **kw):
+        m = mcwire.Server("memcached", extra=extra, **kw).start()
         started.append(m)
-        s = mcwire.Server("slipstream", **kw).start()
+        s = mcwire.Server("slipstream", extra=extra, **kw).start()
         started.append(s)
         return m, s
 
@@ -77,7 +78,7 @@ EXPIRED_STEPS = [
 
 
 def test_already_expired_stores_count_like_memcached(pair):
-    ref, cand = pair(memcached_extra=NO_MAINTAINER)
+    ref, cand = pair(extra=NO_MAINTAINER)
     socks = [ref.connect(), cand.connect()]
     try:
         for name, data in EXPIRED_STEPS:

@@ -187,23 +187,29 @@ def test_watch_without_classes_is_fetchers_only(servers):
     ], out
 
 
+def conn_event_lines(srv, use):
+    """Open a client connection next to a `watch connevents` watcher, let `use(conn)` have it
+    (the client closes it afterwards), and return the watcher's lines about this client's
+    port, masked. Both servers may also report the start-up probe's connection: skipped."""
+    w = watcher(srv, b"watch connevents\r\n")
+    c = srv.connect()
+    port = c.getsockname()[1]
+    try:
+        use(c)
+    finally:
+        c.close()
+    data = mcwire.read_until(w, max_s=3.0, stop=lambda b: b"rport=%d transport=tcp reason" % port in b)
+    w.close()
+    return [masked(l) for l in data.decode().splitlines() if "rport=%d " % port in l]
+
+
 @need_memcached
 def test_connevents_like_memcached(servers):
-    out = []
-    for kind in KINDS:
-        srv = servers(kind)
-        w = watcher(srv, b"watch connevents\r\n")
-        c = srv.connect()
-        port = c.getsockname()[1]
+    def use(c):
         c.sendall(b"version\r\n")
         mcwire.read_until(c, b"\r\n", max_s=2.0)
-        c.close()
-        # Both servers may still report the start-up probe's connection: keep this client's.
-        data = mcwire.read_until(w, max_s=3.0, stop=lambda b: b"rport=%d transport=tcp reason" % port in b)
-        w.close()
-        lines = [l for l in data.decode().splitlines() if "rport=%d " % port in l]
-        assert len(lines) == 2, (kind, data)
-        out.append([masked(l) for l in lines])
+
+    out = [conn_event_lines(servers(kind), use) for kind in KINDS]
     assert out[0] == out[1] == [
         "type=conn_new rip=127.0.0.1 rport=N transport=tcp cfd=N",
         "type=conn_close rip=127.0.0.1 rport=N transport=tcp reason=normal cfd=N",
@@ -223,20 +229,11 @@ CLOSINGS = [
 @need_memcached
 @pytest.mark.parametrize("data,reason", CLOSINGS, ids=["quit", "binary quit", "http", "bad magic"])
 def test_close_reasons_like_memcached(servers, data, reason):
-    out = []
-    for kind in KINDS:
-        srv = servers(kind)
-        w = watcher(srv, b"watch connevents\r\n")
-        c = srv.connect()
-        port = c.getsockname()[1]
+    def use(c):
         c.sendall(data)
-        # The server closes: read to its end of stream (bounded).
-        mcwire.read_until(c, max_s=3.0)
-        c.close()
-        data_w = mcwire.read_until(w, max_s=3.0, stop=lambda b: b"rport=%d transport=tcp reason" % port in b)
-        w.close()
-        lines = [masked(l) for l in data_w.decode().splitlines() if "rport=%d " % port in l and "conn_close" in l]
-        out.append(lines)
+        mcwire.read_until(c, max_s=3.0)  # the server closes: read to its end of stream (bounded)
+
+    out = [[l for l in conn_event_lines(servers(kind), use) if "conn_close" in l] for kind in KINDS]
     assert out[0] == out[1] == ["type=conn_close rip=127.0.0.1 rport=N transport=tcp reason=%s cfd=N" % reason], out
 
 
@@ -471,10 +468,12 @@ def test_crawl_frees_expired_items(servers, kind):
     assert st["curr_items"] == "100", st
     assert int(st["lru_crawler_starts"]) > starts
     if kind == "slipstream":
-        # memcached's LRU maintainer may reclaim some first; here only the crawler does.
-        assert st["crawler_reclaimed"] == "300" and st["expired_unfetched"] == "300", st
-        assert int(st["crawler_items_checked"]) >= 400
-        assert items["items:1:crawler_reclaimed"] == "300"
+        # The LRU maintainer (both servers') may free some at the LRU tails first; every
+        # expired item is freed exactly once, by one or the other.
+        assert int(st["crawler_reclaimed"]) + int(st["reclaimed"]) == 300, st
+        assert st["expired_unfetched"] == "300", st
+        assert int(st["crawler_items_checked"]) >= int(st["crawler_reclaimed"]) + 100
+        assert items["items:1:crawler_reclaimed"] == st["crawler_reclaimed"]
     assert int(st["crawler_reclaimed"]) + int(st["reclaimed"]) >= 300 - 1
 
 

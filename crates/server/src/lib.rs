@@ -18,6 +18,7 @@ pub mod dispatch;
 pub mod exec;
 pub mod fastpath;
 pub mod harness;
+pub mod maintainer;
 pub mod memcache_admin;
 pub mod memcache_binary;
 pub mod memcache_meta;

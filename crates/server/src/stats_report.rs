@@ -220,7 +220,7 @@ fn crawler_and_log_stats(sv: StatsView<'_>, v: &mut Vec<Stat>) {
         put(v, "lru_crawler_starts", c.starts());
     }
     if sv.settings.tunables.lru_maintainer {
-        put(v, "lru_maintainer_juggles", 0);
+        put(v, "lru_maintainer_juggles", crate::maintainer::MAINTAINER.juggles());
     }
     zeros(v, &["malloc_fails", "log_worker_dropped"]);
     let l = &sv.settings.logger.stats;

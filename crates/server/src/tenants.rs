@@ -299,6 +299,7 @@ impl TenantTable {
         let shards = StoreConfig::shards_for(memory, d.store.item_bytes_max);
         let store = Arc::new(Store::new(StoreConfig { memory_bytes_max: memory, shards, ..d.store.clone() }));
         crate::watch::log_evictions(&self.settings.logger, &store);
+        crate::maintainer::look_after(&self.settings.tunables, &store);
         let mut info = tenant_info(
             self.started,
             self.threads,

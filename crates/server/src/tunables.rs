@@ -71,9 +71,9 @@ pub struct Tunables {
     /// and the most items one crawl looks at (0 = all); see `crawler`.
     pub lru_crawler_sleep_us: u32,
     pub lru_crawler_tocrawl: u32,
-    /// memcached's LRU maintainer switch (`-o no_lru_maintainer` / `lru_maintainer`). Slipstream
-    /// has no maintainer thread; the switch decides only which segmented-LRU rows `stats` and
-    /// `stats items` list, as memcached's does.
+    /// memcached's LRU maintainer switch (`-o no_lru_maintainer` / `lru_maintainer`): the
+    /// background freeing of expired items at the LRU tails (`maintainer`), and which
+    /// segmented-LRU rows `stats` and `stats items` list, as memcached's does.
     pub lru_maintainer: bool,
     /// memcached-debug's test hooks (`debugtime`), on with `-o relaxed_privileges` (the option
     /// memcached's own test suite starts its `memcached-debug` with); off, `debugtime` is

@@ -124,7 +124,7 @@ pub fn write_port_file(tcp: &[SocketAddr], udp: &[SocketAddr]) {
 pub fn no_effect_notice(flags: &[String]) -> Option<String> {
     (!flags.is_empty()).then(|| {
         format!(
-            "slipstream: note: memcached option(s) {} accepted but have no effect here (Slipstream has no slab allocator, LRU maintainer/crawler thread or hash table to tune)",
+            "slipstream: note: memcached option(s) {} accepted but have no effect here (Slipstream has no slab allocator, segmented LRU or hash table to tune)",
             flags.join(", ")
         )
     })

@@ -1033,7 +1033,7 @@ impl Store {
         let t = self.now();
         // Before the lookup, as memcached allocates (and pulls its LRU tail) before it looks
         // the key up: an expired item at the tail is reclaimed, not met by this store.
-        sh.reclaim_tail(&t, &self.used_bytes.0);
+        let _ = sh.reclaim_tail(&t, &self.used_bytes.0);
         let cas_in = opts.cas.unwrap_or(0);
         let key_bit = if opts.key_binary { KEY_BINARY } else { 0 };
         let cas_mode = mode == SetMode::Cas || (opts.cas.is_some() && matches!(mode, SetMode::Set | SetMode::Replace));
@@ -1344,6 +1344,34 @@ impl Store {
                 return;
             }
         }
+    }
+
+    /// One pass of memcached's LRU maintainer over this store: free the expired and flushed
+    /// items at every shard's LRU tail (stopping at each tail's first live item, at most
+    /// `items_per_shard_max` per shard), counted as `reclaimed` as a store's own tail pull counts
+    /// them. A shard another thread holds is skipped this pass (`try_lock`): the maintainer must
+    /// never make a request wait. Returns the items freed.
+    pub fn reclaim_tails(&self, items_per_shard_max: usize) -> usize {
+        let t = self.now();
+        let used = &self.used_bytes.0;
+        let mut freed = 0;
+        for lock in self.shards.iter() {
+            let mut g = match lock.0.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => continue,
+            };
+            let mut here = 0;
+            while here < items_per_shard_max {
+                let n = g.reclaim_tail(&t, used);
+                here += n;
+                if n == 0 {
+                    break;
+                }
+            }
+            freed += here;
+        }
+        freed
     }
 
     /// How many shards the store has: the outer loop of a step-wise walk (`crawl_step`,

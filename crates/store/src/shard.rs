@@ -420,17 +420,18 @@ impl Shard {
     /// Free the expired or flushed items at the very tail of the LRU, up to
     /// `TAIL_SEARCH_ITEMS`, stopping at the first live one (`reclaimed`): memcached's
     /// lru_pull_tail before each item allocation, which its LRU maintainer also runs in the
-    /// background. Here it runs before each store, on the storing shard only (its lock is held;
-    /// other shards' expired tails wait for their own stores or for an eviction).
-    pub(crate) fn reclaim_tail(&mut self, t: &Now, used: &AtomicUsize) {
-        for _ in 0..TAIL_SEARCH_ITEMS {
+    /// background. Here it runs before each store, on the storing shard only (its lock is held),
+    /// and from the server's maintainer thread for every shard (`Store::reclaim_tails`).
+    /// Returns how many items it freed.
+    pub(crate) fn reclaim_tail(&mut self, t: &Now, used: &AtomicUsize) -> usize {
+        for freed in 0..TAIL_SEARCH_ITEMS {
             let i = self.tail;
             if i == NIL {
-                return;
+                return freed;
             }
             let e = &self.entries[i as usize];
             if !(t.is_expired(e) || t.is_flushed(e)) {
-                return;
+                return freed;
             }
             self.counters.reclaimed += 1;
             if e.bits & FETCHED == 0 {
@@ -438,6 +439,7 @@ impl Shard {
             }
             self.remove_dead(i, used);
         }
+        TAIL_SEARCH_ITEMS
     }
 
     /// Free one item from the LRU tail: an expired/flushed one among the last few if any

@@ -175,6 +175,7 @@ impl Server {
     ) -> Result<Server, NetError> {
         let threads = net.threads.max(1);
         crate::watch::log_evictions(&settings.logger, &store);
+        crate::maintainer::look_after(&settings.tunables, &store);
         let backlog = settings.tunables.tcp_backlog;
         let bound = bind_all(net.tcp_addr, net.udp_addr, threads, backlog).map_err(NetError::Bind)?;
         let (tcp_local, udp_local) = (bound.2, bound.3);
