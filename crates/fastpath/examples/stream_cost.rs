@@ -6,10 +6,10 @@
 //! `slipstream send --kind words` writes (words `w<rank>`, one space apart); repeated runs
 //! count the same words into the same window, so every lookup after the first hits, as in a
 //! steady stream over a small vocabulary. The last lines cycle through 256 different Zipf
-//! datagrams, warm and with the caches flushed between datagrams (what live runs see: see
-//! `rotation`). Word-count windows are 1 s and drained as soon as they end, as the daemon does
-//! (a window not drained keeps its words' cache slots, and every later word would be counted in
-//! the hash map instead).
+//! datagrams of 16, 64, 150, 256 and 1 words, warm and with the caches flushed between
+//! datagrams (what live runs see: see `rotation`). Word-count windows are 1 s and drained as
+//! soon as they end, as the daemon does (a window not drained keeps its words' cache slots, and
+//! every later word would be counted in the hash map instead).
 //!
 //! Not for: end-to-end figures (bench/stream_cpu.sh measures those across a veth pair).
 
@@ -46,7 +46,7 @@ fn words(n: usize) -> Vec<u8> {
     v.join(" ").into_bytes()
 }
 
-/// `n` datagrams of 16 Zipf (s = 1) draws over 1,000 words `w<rank>`, as `slipstream send
+/// `n` datagrams of `words_per` Zipf (s = 1) draws over 1,000 words `w<rank>`, as `slipstream send
 /// --kind words` writes them (same shape, own generator: this crate does not depend on send's).
 fn zipf_datagrams(n: usize, words_per: usize, seed: u64) -> Vec<Vec<u8>> {
     let h: Vec<f64> = (1..=1000)
@@ -103,7 +103,7 @@ fn rotation(s: &slipstream_fastpath::stream::StreamKernel, runs: u32, words_per:
         }
         let ns = total as f64 / n.max(1) as f64;
         println!(
-            "  wordcount, 256 Zipf datagrams of {words_per:>2} words in turn{:<6} {:>6.0} ns/datagram {:>6.1} ns/record  ({n} consumed)",
+            "  wordcount, 256 Zipf datagrams of {words_per:>3} words in turn{:<6} {:>6.0} ns/datagram {:>6.1} ns/record  ({n} consumed)",
             if cold { ", cold" } else { ", warm" },
             ns,
             ns / words_per as f64
@@ -171,6 +171,9 @@ fn main() {
             Err(e) => println!("  {name:<48} error: {e}"),
         }
     }
-    rotation(s, runs, 16);
-    rotation(s, runs, 1);
+    // The datagram shapes of the words-per-datagram curve (docs/benchmarks.md, session 15):
+    // 16, 64, 150 and 256 words (256 of these 2-4-byte words are a ~1,000-byte payload).
+    for words_per in [16, 64, 150, 256, 1] {
+        rotation(s, runs, words_per);
+    }
 }
