@@ -87,10 +87,12 @@ spark-bench: build
 	bash bench/spark_bench.sh
 
 # Spark's GroupBy with the built-in sort shuffle (defaults and tuned) vs SlipstreamShuffleManager
-# on local-cluster[2,1,1024], 4M records, 8x8 and 200x200 tasks (bench/shuffle_bench.sh; about
-# 40–60 minutes on the loaded 2-core machine with RUNS=3, estimated from session 12's rounds; most of it
-# the built-in shuffle at 200x200).
-SHUFFLE_BENCH = SKIP_BUILD=1 RECORDS=4000000 SHAPES="8x8 200x200" RUNS=3 bash bench/shuffle_bench.sh
+# on local-cluster[2,1,1024], 4M records, 8x8 and 200x200 tasks (bench/shuffle_bench.sh). Four
+# warm-up rounds per manager and invocation: the executors' JIT compiles for ~4 rounds, and more
+# of sort's stage than Slipstream's (docs/benchmarks.md, session 15). About 70–105 minutes on the
+# loaded 2-core machine (session 12's 40–60 with one warm-up, x1.75); most of it the built-in
+# shuffle at 200x200.
+SHUFFLE_BENCH = SKIP_BUILD=1 RECORDS=4000000 SHAPES="8x8 200x200" WARMUPS=4 RUNS=3 bash bench/shuffle_bench.sh
 shuffle-bench: build
 	$(SHUFFLE_BENCH)
 

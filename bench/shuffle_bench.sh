@@ -34,8 +34,11 @@
 # shuffle.jsonl (pagerank.jsonl), summary.md,
 # uptime.txt (load before/after), executor-logs/.
 # Knobs: RECORDS [1000000], SHAPES ["8x8"; e.g. "8x8 200x200"], VALUE_BYTES [100], RUNS [5, per invocation
-#   and manager: 2 x RUNS measured rounds each], MEMORY_MB [4096], MASTER [local-cluster[2,1,1024]],
-#   SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream], MANAGERS [sort,tuned,slipstream],
+#   and manager: 2 x RUNS measured rounds each], WARMUPS [1: warm-up rounds per invocation and manager,
+#   dropped from the figures; more take the executors' JIT compilation out of the measured rounds], MEMORY_MB [4096], MASTER [local-cluster[2,1,1024]],
+#   SKIP_BUILD [0], SLIPSTREAM_BIN [target/release/slipstream], SPARK_JAR [connectors/spark/target/
+#   slipstream-spark-0.1.0.jar: the jar the executors load the manager from; another build's jar
+#   for an old-vs-new A/B], MANAGERS [sort,tuned,slipstream],
 #   PROFILE [0], TUNED_CONF ["k=v;k=v" replaces the tuned settings], KRYO [1: every manager
 #   serializes with Kryo, so Slipstream aggregates by merging (HashMerge); 0: Java serialization],
 #   CLEAN [0; 1: a driver GC and 3 s pause before each round, so the previous round's shuffle is
@@ -50,7 +53,7 @@ PAGERANK="${PAGERANK:-0}"
 KIND=shuffle; [[ "$PAGERANK" == 1 ]] && KIND=pagerank
 OUT="$(realpath -m "${RESULTS_DIR:-$ROOT/bench/results/$KIND-$(date -u +%Y%m%dT%H%M%SZ)}")"  # absolute: executors run elsewhere
 mkdir -p "$OUT"
-JAR="$ROOT/connectors/spark/target/slipstream-spark-0.1.0.jar"
+JAR="${SPARK_JAR:-$ROOT/connectors/spark/target/slipstream-spark-0.1.0.jar}"
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
     (cd "$ROOT" && cargo build --release -p slipstream)
     (cd "$ROOT/connectors/spark" && mvn -B -ntp -q -DskipTests package)
@@ -111,7 +114,7 @@ for shape in $SHAPES; do
     for order in "$MANAGERS" "$REVERSED"; do
         SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
             io.slipstream.spark.bench.ShuffleBench endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" \
-            reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" master="$MASTER" jar="$JAR" managers="$order" kryo="${KRYO:-1}" clean="${CLEAN:-0}" \
+            reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" warmups="${WARMUPS:-1}" master="$MASTER" jar="$JAR" managers="$order" kryo="${KRYO:-1}" clean="${CLEAN:-0}" \
             daemon_pid="$DAEMON" "${EXTRA[@]}" | grep '^{' | tee -a "$OUT/shuffle.jsonl"
         uptime >> "$OUT/uptime.txt"
         if [[ "$MANAGERS" == "$REVERSED" ]]; then break; fi

@@ -7,7 +7,13 @@ renaming, so the reduce side is picked by its stack: the samples (jdk.ExecutionS
 threads with a frame matching MARK (default "ShuffleReader.read": Slipstream's and Spark's own
 reader, which the reduce task's whole aggregation runs under) are kept, and for each manager
 the script prints the share of samples per top frame (self) and per frame anywhere on the stack
-(inclusive), top N. It also sums jdk.GarbageCollection pause time over the recordings.
+(inclusive; stacks read 64 frames deep — `jfr print` keeps 5 by default, which hid every
+caller below the fifth frame before session 15), top N. It also sums jdk.GarbageCollection
+pause time over the recordings.
+
+With LAST (a fraction, e.g. LAST=0.3 in the environment) only the latest LAST of each
+recording's matching samples by time are kept: the last measured rounds, after WARMUPS warm-up
+rounds, without the interpreted and half-compiled code of the first rounds.
 
 Usage: shuffle_profile.py RESULTS_DIR [MARK] [N=25]
 """
@@ -23,8 +29,8 @@ import sys
 
 
 def samples(path):
-    """(thread name, [frames top first]) per execution sample, from `jfr print --json`."""
-    out = subprocess.run(["jfr", "print", "--json", "--events", "jdk.ExecutionSample", path],
+    """(thread name, [frames top first], start time) per execution sample, from `jfr print --json`."""
+    out = subprocess.run(["jfr", "print", "--json", "--stack-depth", "64", "--events", "jdk.ExecutionSample", path],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     for e in json.loads(out)["recording"]["events"]:
         v = e["values"]
@@ -34,7 +40,7 @@ def samples(path):
             m = f.get("method") or {}
             t = (m.get("type") or {}).get("name", "?")
             frames.append("%s.%s" % (t.replace("/", "."), m.get("name", "?")))
-        yield thread, frames
+        yield thread, frames, str(v.get("startTime", ""))
 
 
 def gc_pause_ms(path):
@@ -60,11 +66,13 @@ def main(out, mark, top=25):
             # `jfr print` wants the .jfr suffix.
             os.rename(files[0], files[0] + ".jfr")
             files = [files[0] + ".jfr"]
+        last = float(os.environ.get("LAST", "1"))
         for f in files:
             gc += gc_pause_ms(f)
-            for thread, frames in samples(f):
-                if not thread.startswith("Executor task launch") or not any(mark in fr for fr in frames):
-                    continue
+            kept = sorted(((t, frames) for thread, frames, t in samples(f)
+                           if thread.startswith("Executor task launch") and any(mark in fr for fr in frames)),
+                          key=lambda x: x[0])
+            for _, frames in kept[len(kept) - int(round(len(kept) * last)):]:
                 n += 1
                 self_c[frames[0]] += 1
                 for fr in set(frames):

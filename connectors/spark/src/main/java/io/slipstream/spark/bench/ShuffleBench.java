@@ -1,14 +1,17 @@
 // ShuffleBench: the measuring side of bench/shuffle_bench.sh. Spark's GroupByTest shape (the
 // one NetSpark measured): `maps` tasks each make records/maps pairs (random int key, a byte[]
 // value), cached and counted first, then groupByKey(reduces).count(). For each shuffle manager in
-// turn (a new SparkSession each: the manager is fixed when a context starts), one warm-up round
-// and `runs` measured rounds; the map (shuffle write) and reduce (shuffle read + group) stage
+// turn (a new SparkSession each: the manager is fixed when a context starts), `warmups` warm-up
+// rounds (default 1; more take the executors' JIT compilation out of the measured rounds, the
+// same number for every manager) and `runs` measured rounds; the map (shuffle write) and reduce (shuffle read + group) stage
 // times come from Spark's own stage submission/completion times, each stage's task CPU time
 // (executorCpuTime summed over its tasks), the reduce stage's fetch wait, summed task run time
 // (executorRunTime) and GC time from its task
 // metrics; per executor, the reduce stage's tasks (reduce_executors: executorSpans), and the host
 // CPU while the reduce stage ran: the daemons', the JVMs' and, of the JVMs', their JIT compiler
-// threads' (reduce_daemon_cpu_ms, reduce_jvm_cpu_ms, reduce_jit_cpu_ms). Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
+// threads' (reduce_daemon_cpu_ms, reduce_jvm_cpu_ms, reduce_jit_cpu_ms), and the 12 thread groups
+// that used the most of it (reduce_threads_cpu_ms: "driver|executor|daemon <thread name>=ms;...").
+// Host CPU per round from /proc (utime + stime): this JVM (driver, master, workers),
 // every process it started (the executor JVMs) and the process trees in `daemon_pid` (the daemon;
 // on a standalone cluster the daemons and the workers with their executors), so a manager
 // that moves work out of the executors is charged for it. One JSON line per round on stdout.
@@ -16,7 +19,7 @@
 // Managers: `sort` (Spark's built-in sort shuffle, its defaults: lz4 on, 32 KiB file buffers,
 // 48 MiB in flight), `tuned` (the built-in shuffle with the settings of TUNED) and `slipstream`.
 //
-// Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3
+// Usage: ShuffleBench endpoint=H:P records=N maps=M reduces=R value_bytes=B runs=3 [warmups=1]
 //   master=local-cluster[2,1,1024] jar=PATH managers=sort,tuned,slipstream daemon_pid=PID[,PID...]
 //   [jfr_dir=DIR: executors record JFR (profile settings) into DIR] [tuned_conf=k=v;k=v]
 //   [kryo=1: every manager serializes with Kryo (Spark's recommended serializer; with it
@@ -163,30 +166,55 @@ public final class ShuffleBench {
     }
 
     /**
-     * CPU seconds of the JIT compiler threads ("C1/C2 CompilerThread") of `pids`, by "pid/tid":
-     * on a fresh executor JVM they run beside the tasks for the first rounds.
+     * CPU seconds of every thread of `pids`, by "pid/tid", each with its group: the process
+     * ("driver" for this JVM, which also runs local-cluster's master and workers; "daemon" for
+     * a process named slipstream; else "executor") and the thread's name with digits as N
+     * ("executor C2 CompilerThreN"), so the CPU of a stage can be told apart by what ran it.
      */
-    static Map<String, Double> jitCpu(java.util.Set<Long> pids) {
-        Map<String, Double> m = new HashMap<>();
+    static Map<String, Map.Entry<String, Double>> threadCpu(java.util.Set<Long> pids) {
+        Map<String, Map.Entry<String, Double>> m = new HashMap<>();
+        long self = ProcessHandle.current().pid();
         for (long pid : pids) {
             java.io.File[] tasks = new java.io.File("/proc/" + pid + "/task").listFiles();
             if (tasks == null) {
                 continue;
             }
+            String proc = pid == self ? "driver" : comm(pid).equals("slipstream") ? "daemon" : "executor";
             for (java.io.File t : tasks) {
                 try {
                     String stat = java.nio.file.Files.readString(t.toPath().resolve("stat"));
                     String comm = stat.substring(stat.indexOf('(') + 1, stat.lastIndexOf(')'));
-                    if (comm.contains("CompilerThre")) {
-                        String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
-                        m.put(pid + "/" + t.getName(), (Long.parseLong(f[11]) + Long.parseLong(f[12])) / 100.0);
-                    }
+                    String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+                    m.put(pid + "/" + t.getName(), Map.entry(proc + " " + comm.replaceAll("[0-9]+", "N"),
+                            (Long.parseLong(f[11]) + Long.parseLong(f[12])) / 100.0));
                 } catch (java.io.IOException | RuntimeException e) {
                     // the thread ended between listing and reading
                 }
             }
         }
         return m;
+    }
+
+    /** CPU ms per thread group between two threadCpu snapshots (a thread that appeared counts from 0). */
+    static Map<String, Long> threadGroupMs(Map<String, Map.Entry<String, Double>> a, Map<String, Map.Entry<String, Double>> b) {
+        Map<String, Double> s = new HashMap<>();
+        for (Map.Entry<String, Map.Entry<String, Double>> e : b.entrySet()) {
+            Map.Entry<String, Double> before = a.get(e.getKey());
+            double d = e.getValue().getValue() - (before == null ? 0 : before.getValue());
+            s.merge(e.getValue().getKey(), Math.max(0, d), Double::sum);
+        }
+        Map<String, Long> ms = new HashMap<>();
+        s.forEach((k, v) -> ms.put(k, Math.round(v * 1000)));
+        return ms;
+    }
+
+    /** The `n` thread groups with the most CPU, "group=ms;..." (most first, 0 ms left out). */
+    static String topGroups(Map<String, Long> ms, int n) {
+        StringBuilder sb = new StringBuilder();
+        ms.entrySet().stream().filter(e -> e.getValue() > 0)
+                .sorted((x, y) -> Long.compare(y.getValue(), x.getValue())).limit(n)
+                .forEach(e -> sb.append(sb.length() == 0 ? "" : ";").append(e.getKey()).append('=').append(e.getValue()));
+        return sb.toString();
     }
 
     /** CPU ms between two snapshots of the processes whose command is (`daemon`) or is not "slipstream". */
@@ -216,9 +244,11 @@ public final class ShuffleBench {
          * Slipstream daemons' and every other counted process's (JVMs). */
         final Map<Integer, long[]> stageCpuMs = new HashMap<>();
         private final Map<Integer, Map<Long, Double>> cpuAtSubmit = new HashMap<>();
-        private final Map<Integer, Map<String, Double>> jitAtSubmit = new HashMap<>();
+        private final Map<Integer, Map<String, Map.Entry<String, Double>>> threadsAtSubmit = new HashMap<>();
         /** Per stage, the JVMs' JIT compiler threads' CPU ms while it ran (part of the JVMs' CPU). */
         final Map<Integer, Long> jitMs = new HashMap<>();
+        /** Per stage, the thread groups (threadCpu) that used the most CPU while it ran, topGroups. */
+        final Map<Integer, String> threadMs = new HashMap<>();
         private final List<Long> roots;
 
         Stages(List<Long> roots) {
@@ -229,7 +259,7 @@ public final class ShuffleBench {
         public synchronized void onStageSubmitted(SparkListenerStageSubmitted e) {
             Map<Long, Double> cpu = hostCpu(roots);
             cpuAtSubmit.put(e.stageInfo().stageId(), cpu);
-            jitAtSubmit.put(e.stageInfo().stageId(), jitCpu(cpu.keySet()));
+            threadsAtSubmit.put(e.stageInfo().stageId(), threadCpu(cpu.keySet()));
         }
 
         @Override
@@ -251,12 +281,11 @@ public final class ShuffleBench {
                 if (cpu0 != null) {
                     Map<Long, Double> cpu1 = hostCpu(roots);
                     stageCpuMs.put(s.stageId(), new long[] {cpuMsOf(cpu0, cpu1, true), cpuMsOf(cpu0, cpu1, false)});
-                    Map<String, Double> jit0 = jitAtSubmit.remove(s.stageId());
-                    double jit = 0;
-                    for (Map.Entry<String, Double> j : jitCpu(cpu1.keySet()).entrySet()) {
-                        jit += Math.max(0, j.getValue() - (jit0 == null ? 0 : jit0.getOrDefault(j.getKey(), 0.0)));
-                    }
-                    jitMs.put(s.stageId(), Math.round(jit * 1000));
+                    Map<String, Map.Entry<String, Double>> threads0 = threadsAtSubmit.remove(s.stageId());
+                    Map<String, Long> groups = threadGroupMs(threads0 == null ? Map.of() : threads0, threadCpu(cpu1.keySet()));
+                    jitMs.put(s.stageId(), groups.entrySet().stream().filter(g -> g.getKey().contains("CompilerThre"))
+                            .mapToLong(Map.Entry::getValue).sum());
+                    threadMs.put(s.stageId(), topGroups(groups, 12));
                 }
                 spans.put(s.stageId(), executorSpans(tasks.remove(s.stageId()), (Long) s.submissionTime().get(),
                         (Long) s.completionTime().get()));
@@ -277,6 +306,7 @@ public final class ShuffleBench {
         int reduces = Integer.parseInt(o.getOrDefault("reduces", "8"));
         int valueBytes = Integer.parseInt(o.getOrDefault("value_bytes", "100"));
         int runs = Integer.parseInt(o.getOrDefault("runs", "3"));
+        int warmups = Integer.parseInt(o.getOrDefault("warmups", "1"));
         String endpoint = o.getOrDefault("endpoint", "127.0.0.1:7300");
         String master = o.getOrDefault("master", "local[2]");
         String jar = o.get("jar");
@@ -314,7 +344,7 @@ public final class ShuffleBench {
                 return out.iterator();
             }).persist(StorageLevel.MEMORY_ONLY());
             long n = pairs.count();
-            for (int round = 0; round <= runs; round++) {
+            for (int round = 0; round < warmups + runs; round++) {
                 synchronized (stages) {
                     stages.ms.clear();
                     stages.cpuMs.clear();
@@ -325,6 +355,7 @@ public final class ShuffleBench {
                     stages.spans.clear();
                     stages.stageCpuMs.clear();
                     stages.jitMs.clear();
+                    stages.threadMs.clear();
                 }
                 if (clean) {
                     System.gc();
@@ -347,6 +378,7 @@ public final class ShuffleBench {
                 String reduceSpans;
                 long[] reduceHostCpuMs;
                 long reduceJitMs;
+                String reduceThreads;
                 synchronized (stages) {
                     // The job's two stages: the shuffle map stage has the lower id.
                     List<Integer> ids = new ArrayList<>(stages.ms.keySet());
@@ -363,15 +395,16 @@ public final class ShuffleBench {
                     reduceHostCpuMs = ids.size() == 2 ? stages.stageCpuMs.getOrDefault(ids.get(1), new long[] {-1, -1})
                             : new long[] {-1, -1};
                     reduceJitMs = ids.size() == 2 ? stages.jitMs.getOrDefault(ids.get(1), -1L) : -1L;
+                    reduceThreads = ids.size() == 2 ? stages.threadMs.getOrDefault(ids.get(1), "") : "";
                 }
                 System.out.printf("{\"manager\":\"%s\",\"round\":%d,\"warmup\":%b,\"records\":%d,\"maps\":%d,\"reduces\":%d,"
                         + "\"value_bytes\":%d,\"groups\":%d,\"map_stage_ms\":%d,\"reduce_stage_ms\":%d,\"job_ms\":%d,"
                         + "\"map_cpu_ms\":%d,\"reduce_cpu_ms\":%d,\"fetch_wait_ms\":%d,\"master\":\"%s\",\"order\":\"%s\","
                         + "\"host_cpu_s\":%.2f,\"shuffle_write_bytes\":%d,\"payload_bytes\":%d,\"reduce_stage_id\":%d,"
-                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d,\"reduce_executors\":\"%s\",\"reduce_daemon_cpu_ms\":%d,\"reduce_jvm_cpu_ms\":%d,\"reduce_jit_cpu_ms\":%d}%n",
-                        manager, round, round == 0, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
+                        + "\"kryo\":%b,\"reduce_run_ms\":%d,\"reduce_gc_ms\":%d,\"reduce_executors\":\"%s\",\"reduce_daemon_cpu_ms\":%d,\"reduce_jvm_cpu_ms\":%d,\"reduce_jit_cpu_ms\":%d,\"reduce_threads_cpu_ms\":\"%s\"}%n",
+                        manager, round, round < warmups, n, maps, reduces, valueBytes, groups, mapMs, reduceMs, endToEndMs,
                         mapCpuMs, reduceCpuMs, fetchWaitMs, master, String.join(",", managers), hostCpuS,
-                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs, reduceSpans, reduceHostCpuMs[0], reduceHostCpuMs[1], reduceJitMs);
+                        shuffleWriteBytes, n * (valueBytes + 4L), lastStage(stages), kryo, reduceRunMs, reduceGcMs, reduceSpans, reduceHostCpuMs[0], reduceHostCpuMs[1], reduceJitMs, reduceThreads);
             }
             spark.stop();
         }

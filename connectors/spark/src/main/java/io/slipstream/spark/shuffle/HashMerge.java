@@ -49,9 +49,9 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     /** Records are (key, combiner) from a map-side combine, not (key, value). */
     private final boolean combined;
     private final LongConsumer recordsRead;
-    /** The sources not read to their end, by their next hash (HashHeap keys name `cursors` slots). */
+    /** The sources not read to their end, by their next hash (LoserTree keys name `cursors` slots). */
     private final Cursor[] cursors;
-    private final HashHeap heap;
+    private final LoserTree tree;
     private final ArrayList<Object> keys = new ArrayList<>();
     private final ArrayList<Object> combiners = new ArrayList<>();
     private Map<Object, Integer> slots;
@@ -66,7 +66,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         this.combined = combined;
         this.recordsRead = recordsRead;
         cursors = new Cursor[sources.size()];
-        heap = new HashHeap(sources.size());
+        tree = new LoserTree(sources.size());
         for (int i = 0; i < cursors.length; i++) {
             Source s = sources.get(i);
             Cursor c = new Cursor(s);
@@ -75,7 +75,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
                 continue;
             }
             cursors[i] = c;
-            heap.add(HashHeap.key(c.hash, i));
+            tree.add(LoserTree.key(c.hash, i));
         }
         stream = ser.deserializeStream(feed);
     }
@@ -107,13 +107,13 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         combiners.clear();
         slots = null;
         emitted = 0;
-        if (heap.isEmpty()) {
+        if (tree.isEmpty()) {
             return;
         }
-        int h = HashHeap.hashOf(heap.top());
+        int h = LoserTree.hashOf(tree.top());
         long read = 0;
-        while (!heap.isEmpty() && HashHeap.hashOf(heap.top()) == h) {
-            int i = HashHeap.sourceOf(heap.top());
+        while (!tree.isEmpty() && LoserTree.hashOf(tree.top()) == h) {
+            int i = LoserTree.sourceOf(tree.top());
             Cursor c = cursors[i];
             do {
                 feed.serve(c);
@@ -124,15 +124,15 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
                 fold(k, v);
             } while (c.advance() && c.hash == h);
             if (c.next < c.count) {
-                heap.replaceTop(HashHeap.key(c.hash, i));
+                tree.replaceTop(LoserTree.key(c.hash, i));
             } else {
-                heap.removeTop();
+                tree.removeTop();
                 cursors[i] = null;
                 c.done.run();
             }
         }
         recordsRead.accept(read);
-        if (heap.isEmpty()) {
+        if (tree.isEmpty()) {
             stream.close();
         }
     }

@@ -127,16 +127,17 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
             }
         });
         Iterator<Product2<K, C>> it;
-        boolean merge = HashOrder.applies(dep, manager.mergeAggregation());
+        SerializerInstance ser = dep.serializer().newInstance();
+        boolean merge = HashOrder.applies(dep, ser, manager.mergeAggregation());
         if (merge) {
             List<HashMerge.Source> sources = new ArrayList<>(groups.size());
             for (Group g : groups) {
                 sources.add(new HashMerge.Source(blocks.open(g), () -> blocks.done(g)));
             }
-            it = new InterruptibleIterator(context, new HashMerge(sources, dep.serializer().newInstance(),
+            it = new InterruptibleIterator(context, new HashMerge(sources, ser,
                     (org.apache.spark.Aggregator) dep.aggregator().get(), dep.mapSideCombine(), metrics::incRecordsRead));
         } else {
-            it = new InterruptibleIterator(context, new Records(blocks, groups, dep.serializer().newInstance()));
+            it = new InterruptibleIterator(context, new Records(blocks, groups, ser));
         }
         if (!merge && dep.aggregator().isDefined()) {
             it = dep.mapSideCombine()

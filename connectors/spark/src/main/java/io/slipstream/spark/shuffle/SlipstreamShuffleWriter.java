@@ -78,7 +78,7 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
         List<int[]> segments = new ArrayList<>();
         PartitionOutput[] outs = new PartitionOutput[parts];
         SerializationStream[] streams = new SerializationStream[parts];
-        boolean ordered = HashOrder.applies(dep, manager.mergeAggregation());
+        boolean ordered = HashOrder.applies(dep, ser, manager.mergeAggregation());
         HashOrder.Builder[] index = ordered ? new HashOrder.Builder[parts] : null;
         try (BlockArena arena = new BlockArena(client, app, shuffle, manager.blockDir(), manager.blockBytes())) {
             // Ordered: one stream for every partition, pointed at the record's partition before
