@@ -78,6 +78,13 @@ impl Relay {
         }
     }
 
+    /// The members with `node` first (if it is one), the rest in placement order.
+    fn members_from(&self, node: u64) -> Vec<&Member> {
+        let mut order: Vec<&Member> = self.members.iter().collect();
+        order.sort_by_key(|m| m.node != node); // stable: the rest keep placement order
+        order
+    }
+
     /// The group's leader as a member last said (asked again once the answer is older than
     /// `LEADER_HINT_TTL_MS`: the last named leader first, then the members in order); 0 = no
     /// member knows or answers.
@@ -89,9 +96,7 @@ impl Relay {
             return hint.0;
         }
         let wait = Duration::from_millis(LEADER_ASK_TIMEOUT_MS);
-        let last = hint.0;
-        let mut asked: Vec<&Member> = self.members.iter().collect();
-        asked.sort_by_key(|m| m.node != last);
+        let asked = self.members_from(hint.0);
         let known = |l: u64| self.members.iter().any(|m| m.node == l);
         let leader = asked
             .iter()
@@ -142,9 +147,10 @@ impl Relay {
     fn connect(&self) -> Option<TcpStream> {
         let wait = Duration::from_millis(RELAY_CONNECT_TIMEOUT_MS);
         let leader = self.leader();
-        let mut order: Vec<&Member> = self.members.iter().collect();
-        order.sort_by_key(|m| m.node != leader); // stable: the rest keep placement order
-        let (m, s) = order.iter().find_map(|m| TcpStream::connect_timeout(&m.client, wait).ok().map(|s| (m, s)))?;
+        let (m, s) = self
+            .members_from(leader)
+            .into_iter()
+            .find_map(|m| TcpStream::connect_timeout(&m.client, wait).ok().map(|s| (m, s)))?;
         if m.node == leader {
             self.to_leader.fetch_add(1, Ordering::Relaxed);
         }

@@ -433,13 +433,19 @@ impl Shard {
             if !(t.is_expired(e) || t.is_flushed(e)) {
                 return freed;
             }
-            self.counters.reclaimed += 1;
-            if e.bits & FETCHED == 0 {
-                self.counters.expired_unfetched += 1;
-            }
-            self.remove_dead(i, used);
+            self.reclaim(i, used);
         }
         TAIL_SEARCH_ITEMS
+    }
+
+    /// Free expired or flushed item `i` met at the LRU tail, counted as memcached's tail pull
+    /// counts it (`reclaimed`; `expired_unfetched` if never fetched).
+    fn reclaim(&mut self, i: u32, used: &AtomicUsize) {
+        self.counters.reclaimed += 1;
+        if self.entries[i as usize].bits & FETCHED == 0 {
+            self.counters.expired_unfetched += 1;
+        }
+        self.remove_dead(i, used);
     }
 
     /// Free one item from the LRU tail: an expired/flushed one among the last few if any
@@ -453,11 +459,7 @@ impl Shard {
             }
             let e = &self.entries[i as usize];
             if t.is_expired(e) || t.is_flushed(e) {
-                self.counters.reclaimed += 1;
-                if e.bits & FETCHED == 0 {
-                    self.counters.expired_unfetched += 1;
-                }
-                self.remove_dead(i, used);
+                self.reclaim(i, used);
                 return true;
             }
             i = e.prev;
