@@ -18,6 +18,7 @@ have settled; the script subtracts the two. Appends one JSON line to out=FILE:
               kernel.bpf_stats_enabled=1 for non-zero run times); with xdp_dev=NS:DEV only the
               program attached there (other XDP programs on the machine are not ours)
   metrics     slipstream_stream_* counters from the daemon's admin /metrics (metrics=HOST:PORT)
+  daemon_threads the same for the daemon (pid named daemon): where its CPU goes per thread
   jvm_threads the JVM's threads (pid named jvm): thread name with digits dropped -> summed
               utime+stime jiffies (where a JVM's CPU goes: JIT, GC, Spark's own threads)
   links       NS:DEV -> {rx_dropped, tx_dropped, rx_packets} of a (namespaced) link (link=NS:DEV):
@@ -176,7 +177,8 @@ def main(argv):
                     if a.get("bpf", "1") != "0" else {}),
             "metrics": metrics(a["metrics"]) if a.get("metrics") else {},
             "links": {l: link_stats(l) for l in links},
-            "jvm_threads": task_groups(pids["jvm"]) if "jvm" in pids else {}}
+            "jvm_threads": task_groups(pids["jvm"]) if "jvm" in pids else {},
+            "daemon_threads": task_groups(pids["daemon"]) if "daemon" in pids else {}}
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     snap["self_cpu_s"] = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime

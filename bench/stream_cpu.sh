@@ -59,7 +59,9 @@
 #   Slipstream setups' trigger interval): 1 s like plain Spark's batches (PLAIN_BATCH_MS
 #   [1000]), so every setup delivers counts per second; WC_TRIGGER [continuous]: the Slipstream word-count query runs in
 #   Spark's continuous mode (one long-running read task, epochs every SLIP_TRIGGER_MS, rows summed
-#   by a ForeachWriter: no micro-batch to plan per second; at-least-once on failure), or micro:
+#   by a ForeachWriter: no micro-batch to plan per second; at-least-once on failure; rows reach
+#   the writer as the daemon sends them, so with WC_WINDOW_MS=1000 counts still arrive every
+#   second whatever SLIP_TRIGGER_MS, which then only sets how often offsets are committed), or micro:
 #   micro-batches with SLIP_SINK [collect]: each batch's rows (per-word counts the daemon made)
 #   collected and summed in the driver; groupby: Spark sums them per word first (a shuffle per
 #   batch); foreach: a ForeachWriter; CP_TRIGGER [micro] (or continuous);

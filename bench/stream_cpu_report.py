@@ -94,6 +94,8 @@ def window(a, b, idle, rx_cpu, gen_s):
     r["xdp_s"] = sum(p["run_time_s"] for p in r["xdp"].values())
     ja, jb = a.get("jvm_threads", {}), b.get("jvm_threads", {})
     r["jvm_threads_s"] = dict(sorted(((k, (jb[k] - ja.get(k, 0)) / HZ) for k in jb), key=lambda kv: -kv[1]))
+    da, db = a.get("daemon_threads", {}), b.get("daemon_threads", {})
+    r["daemon_threads_s"] = dict(sorted(((k, (db[k] - da.get(k, 0)) / HZ) for k in db), key=lambda kv: -kv[1]))
     # The JVM's reaped children minus the generator (its own CPU, from bash's `times`) and the
     # begin-sampler (reaped inside the window; the end-sampler is not reaped yet): processes the
     # JVM started for its own work (Hadoop's shell commands and the like) are host work.
@@ -204,6 +206,9 @@ def main():
         for w in sel:
             progs = ", ".join("%s %.0f ns × %d" % (k, v["ns_per_run"], v["run_cnt"]) for k, v in w["xdp"].items())
             top = ", ".join("%s %.2f" % (k, v) for k, v in list(w["jvm_threads_s"].items())[:6] if v > 0)
+            dtop = ", ".join("%s %.2f" % (k, v) for k, v in list(w.get("daemon_threads_s", {}).items())[:4] if v > 0)
+            if dtop:
+                top += "; daemon threads (CPU-s): " + dtop
             md.append("- %s: NAPI thread slept %d times (%.1f datagrams per wake-up); XDP %s; veth drops %d; socket drops %s; daemon records %s; xdp datagrams / passed %s / %s; "
                       "generator %.2f CPU-s; JVM threads (CPU-s): %s" % (
                 w["setup"], w["napi_wakeups"], w["driver"].get("datagrams", 0) / max(1, w["napi_wakeups"]),

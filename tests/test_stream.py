@@ -32,6 +32,8 @@ HOST = mcwire.HOST
 SUBSCRIBE_SETTLE_S = 0.3
 SEND_TIMEOUT_S = 30.0
 READ_BYTES_MAX = 256 * 1024 * 1024
+# Datagrams of 64 numbers the slow-subscriber test floods with (each number a ~90-byte line).
+FLOOD_DATAGRAMS = 8000
 
 
 # ------------------------------------------------------------------ daemon
@@ -569,6 +571,18 @@ def test_slow_subscriber_does_not_stall_ingest(daemons, subscribers, tmp_path):
                       "--vocabulary", 300, "--seed", seed, "--expect-counts", expect_file)
         fl = finish_send(flood)
         print("flood", fl, "wc", wc)
+        # What overflows the slow subscriber is the flood's volume (its 4 MiB hub buffer plus
+        # the kernel's socket buffers), not its rate: on a loaded machine `send` reached only
+        # 826-2,922 of the 4,000 datagrams/s, too few for a `dropped` line. Flood on in rounds
+        # until the planned 8,000 datagrams (~46 MB of lines) went out: at most 6 more rounds.
+        flooded = fl["datagrams"]
+        for _ in range(6):
+            if flooded >= FLOOD_DATAGRAMS:
+                break
+            more = run_send(d, "flood", "--kind", "numbers", "--records-per-datagram", 64,
+                            "--rate-per-s", 4000, "--duration-s", 2.0, "--seed", seed)
+            flooded += more["datagrams"]
+        print("flood datagrams", flooded)
         expected = json.loads(expect_file.read_text())
         got = wait_counts(reader, "wc", expected, max_s=5)
         assert got == expected, "the reading subscriber lost word counts while another stalled"

@@ -6,8 +6,8 @@
 //! tick (min(window/4, 10 ms), at least 100 µs), so an idle stream still wakes to close windows
 //! and to notice a stop request; under traffic the tick is checked after every batch. An XDP
 //! word-count or change-point stream's thread has nothing to do on time but refresh counters
-//! and drain ended windows, so while quiet its tick backs off (to [`XDP_QUIET_TICK_NS_MAX`])
-//! and a word count's is cut at the next drain. A stop shuts the socket down for reading,
+//! and drain ended windows, so while its socket is quiet (the kernel may be busy counting) its
+//! tick backs off (to [`XDP_QUIET_TICK_NS_MAX`]) and a word count's is cut at the next drain. A stop shuts the socket down for reading,
 //! which wakes the receive whatever the tick.
 //! Kernel drops: `SO_RXQ_OVFL` makes the kernel attach the socket's cumulative drop counter to
 //! every datagram queued after a drop; it is read from the control message of each datagram,
@@ -44,12 +44,12 @@ pub(crate) const WORDS_LINGER: Duration = Duration::from_micros(500);
 /// Shortest and longest idle tick.
 const TICK_NS_MIN: u64 = 100_000;
 const TICK_NS_MAX: u64 = 10_000_000;
-/// Longest tick of an XDP stream's thread while neither its socket nor the kernel's counters
-/// for it move: the kernel counts without waking the thread, so the tick only refreshes the
-/// counters (and, for a word count, is cut short at the next window's drain). The tick doubles
-/// per quiet tick from the stream's own up to this, and falls back at once when a counter
-/// moves, so counters lag traffic by at most this after a quiet spell and by one tick under
-/// traffic. (At 10 ms an idle daemon woke ~60 times per second per stream.)
+/// Longest tick of an XDP stream's thread while its socket is quiet: the kernel counts without
+/// waking the thread, so the tick only refreshes the counters (and, for a word count, is cut
+/// short at the next window's drain). The tick doubles per quiet tick from the stream's own up
+/// to this, and falls back at once when a datagram reaches the socket, so the XDP engine's
+/// counters lag by at most this. (At 10 ms an idle daemon woke ~60 times per second per stream;
+/// a daemon whose datagrams all stay in XDP woke 100 times per second only to read counters.)
 pub(crate) const XDP_QUIET_TICK_NS_MAX: u64 = 100_000_000;
 
 /// The tick for a stream with windows of `window_ns`.
@@ -381,11 +381,14 @@ impl Ingest {
                     if let Kind::WordCount { window_ns, distinct_max } = x.kind {
                         self.wc.flush(x, &self.name, window_ns, distinct_max, t_ns, &mut out);
                     }
-                    let before = k;
                     k = x.kernel.stats(x.slot).unwrap_or_default();
                     if !taken_over && matches!(x.kind, Kind::WordCount { .. } | Kind::ChangePoint { .. }) {
-                        // Back off while quiet; the wait is what the socket's timeout says.
-                        tick_ns = xdp_next_tick_ns(base_ns, tick_ns, since_tick == 0 && k == before);
+                        // Back off while the socket is quiet; the wait is what the socket's
+                        // timeout says. The kernel's counters moving is no work for this
+                        // thread (the kernel counts, and a word count's ended windows are
+                        // drained on time by `wc_wait_ns`): waking every 10 ms under XDP
+                        // traffic only to read them was most of the daemon's CPU there.
+                        tick_ns = xdp_next_tick_ns(base_ns, tick_ns, since_tick == 0);
                         let wait = match x.kind {
                             Kind::WordCount { window_ns, .. } => wc_wait_ns(tick_ns, window_ns, t_ns),
                             _ => tick_ns,
