@@ -18,6 +18,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$OUT"
 cp -r "$src/t" "$work/t"
+# line-lengths.t checks the protocol document beside t/.
+[ -d "$src/doc" ] && cp -r "$src/doc" "$work/doc"
 ln -s "$bin" "$work/memcached-debug"
 # memcached's `timedrun SECONDS CMD...`, as a shell wrapper.
 printf '#!/bin/sh\nt=$1; shift\nexec timeout -s KILL "$t" "$@"\n' > "$work/timedrun"

@@ -558,6 +558,8 @@ fn drop_privileges(
 
 /// No KV port (`-p 0`): the other services only — streams and their results port, `[hbase]`,
 /// `[shuffle]` — with the admin endpoint.
+const NOTHING_TO_SERVE: &str = "slipstream: note: both TCP and UDP are off (-p 0 -U 0) and no [[stream]], [[tenant]], [hbase] or [shuffle] is configured: nothing to serve; running with no listener until SIGINT/SIGTERM, as memcached does";
+
 fn serve_without_kv(
     cfg: Config,
     sigset: libc::sigset_t,
@@ -656,10 +658,9 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     }
     if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() && cfg.security.unix_socket.is_none() {
         if cfg.streams.is_empty() && cfg.hbase.is_none() && cfg.shuffle.is_none() {
-            return Err(MainError::Start(
-                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]], [[tenant]], [hbase] or [shuffle] is configured: nothing to serve"
-                    .into(),
-            ));
+            // memcached runs with no listener here (and writes an empty port file); an existing
+            // command line behaves the same, with the reason said once.
+            eprintln!("{NOTHING_TO_SERVE}");
         }
         return serve_without_kv(cfg, sigset, target, daemon);
     }
