@@ -18,9 +18,27 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$OUT"
 cp -r "$src/t" "$work/t"
+# line-lengths.t checks the protocol document beside t/.
+[ -d "$src/doc" ] && cp -r "$src/doc" "$work/doc"
 ln -s "$bin" "$work/memcached-debug"
-# memcached's `timedrun SECONDS CMD...`, as a shell wrapper.
-printf '#!/bin/sh\nt=$1; shift\nexec timeout -s KILL "$t" "$@"\n' > "$work/timedrun"
+# memcached's `timedrun SECONDS CMD...`: the suite signals this process, so it passes
+# SIGUSR1 (restart.t's graceful stop), HUP, INT and TERM on to the server, and kills the server
+# after SECONDS.
+cat > "$work/timedrun" <<'WRAP'
+#!/bin/bash
+t=$1; shift
+"$@" &
+child=$!
+for s in USR1 HUP INT TERM; do trap "kill -$s $child 2>/dev/null" "$s"; done
+( sleep "$t"; kill -KILL "$child" 2>/dev/null ) &
+watchdog=$!
+while :; do
+    wait "$child"; rc=$?
+    kill -0 "$child" 2>/dev/null || break
+done
+kill "$watchdog" 2>/dev/null
+exit "$rc"
+WRAP
 chmod +x "$work/timedrun"
 cd "$work" || exit 1
 if [ $# -eq 0 ]; then

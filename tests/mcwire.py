@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import time
 
@@ -31,6 +32,12 @@ READ_MAX_S = 2.0
 START_TIMEOUT_S = 10.0
 RECV_CHUNK_BYTES = 65536
 READ_TOTAL_BYTES_MAX = 64 * 1024 * 1024
+
+# memcached's binary protocol header: magic, opcode, key length, extras length, data type,
+# vbucket/status, body length, opaque, cas.
+BIN_HDR = struct.Struct(">BBHBBHIIQ")
+BIN_REQUEST_MAGIC = 0x80
+BIN_SET = 0x01
 
 
 def free_port(kind=socket.SOCK_STREAM):
@@ -386,6 +393,16 @@ def kill_quietly(servers):
             s.stop()
         except Exception:  # teardown must not mask the real failure
             pass
+
+
+def bin_request(opcode, key=b"", extras=b"", value=b"", opaque=0, cas=0):
+    """One binary-protocol request's bytes."""
+    body = extras + key + value
+    return BIN_HDR.pack(BIN_REQUEST_MAGIC, opcode, len(key), len(extras), 0, 0, len(body), opaque, cas) + body
+
+
+def bin_set(key, value, opaque=0, flags=0, exptime=0):
+    return bin_request(BIN_SET, key, struct.pack(">II", flags, exptime), value, opaque)
 
 
 def which(name):

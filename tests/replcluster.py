@@ -5,15 +5,52 @@ subclasses it and writes its own configs (tenants, shaping, fsync differ per fil
 mcwire.HOST), `netns[n]` (run node n inside that network namespace) and `preexec[n]` (run in
 node n's child before it execs: bench/cpugroups.py's joiner puts it in its cgroup).
 
+`running()` and `seeded_rng()` are the test files' fixtures' bodies (one copy, here).
+
 Not for: talking to the daemons (mcwire, tenantlib) or checking what they hold."""
 
+import contextlib
 import os
+import random
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
+import pytest
+
 import mcwire
+
+
+def seeded_rng(test_name):
+    """A Random seeded from REPL_SEED or the clock; the seed is printed to repeat a run."""
+    seed = int(os.environ.get("REPL_SEED", str(time.time_ns() % 1_000_000_007)))
+    print("%s seed %d (REPL_SEED=%d to repeat)" % (test_name, seed, seed))
+    return random.Random(seed)
+
+
+@contextlib.contextmanager
+def running(make_cluster, prefix, nodes, ready=None):
+    """A cluster from `make_cluster(root)` in a fresh temporary root, `nodes` started (and
+    `ready(cluster)` called); every daemon stopped and the root removed however the test
+    ends. Skips when the binary is not built."""
+    if not mcwire.slipstream_available():
+        pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
+    root = tempfile.mkdtemp(prefix=prefix)
+    c = None
+    try:
+        c = make_cluster(root)
+        for n in nodes:
+            c.start(n)
+        if ready is not None:
+            ready(c)
+        yield c
+    finally:
+        if c is not None:
+            c.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class Daemons:

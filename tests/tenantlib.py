@@ -315,6 +315,11 @@ def ask(sock, data, suffix, max_s=10.0):
     return read_until(sock, suffix, max_s=max_s)
 
 
+def gets(sock, key, max_s=10.0):
+    """(value, cas) or None, with `gets` on this connection."""
+    return parse_gets_one(ask(sock, b"gets %s\r\n" % key, b"END\r\n", max_s=max_s))
+
+
 def get_reply(key, value, flags=0):
     return b"VALUE %s %d %d\r\n%s\r\nEND\r\n" % (key, flags, len(value), value)
 

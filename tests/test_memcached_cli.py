@@ -9,6 +9,7 @@ Not for: the protocol commands in general (test_differential.py).
 
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -631,3 +632,64 @@ def test_help_names_every_memcached_flag_it_takes():
         assert absent not in out, absent
     v = subprocess.run([SLIPSTREAM_BIN, "-V"], capture_output=True, timeout=10).stdout.decode()
     assert v.startswith("slipstream 1.6.18"), v
+
+
+def graceful_stop(srv, within_s=20.0):
+    """SIGUSR1 (memcached's graceful stop) and wait, bounded, for the process to exit."""
+    srv.proc.send_signal(signal.SIGUSR1)
+    try:
+        return srv.proc.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+        raise AssertionError("%s did not stop within %.0f s of SIGUSR1" % (srv.kind, within_s))
+
+
+def gets_all(srv, keys):
+    s = srv.connect()
+    try:
+        s.sendall(b"gets " + b" ".join(keys) + b"\r\n")
+        return mcwire.read_until(s, b"END\r\n", max_s=10)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_file_keeps_the_cache_across_a_graceful_restart(servers, kind, tmp_path):
+    """-e PATH: SIGUSR1 stops gracefully and the next start with the same -e has every live
+    item back with its value, flags and CAS (what expired meanwhile is gone); the save is used
+    once; an empty metadata file stops the start. The same scenario on memcached 1.6.18."""
+    path = str(tmp_path / "memory")
+    extra = ("-e", path)
+    a = servers(kind, extra)
+    s = a.connect()
+    try:
+        for i in range(50):
+            value = b"v%d" % i * (i + 1)
+            s.sendall(b"set k%d %d 0 %d\r\n%s\r\n" % (i, i, len(value), value))
+            assert mcwire.read_until(s, b"\r\n", max_s=5) == b"STORED\r\n"
+        s.sendall(b"set short 0 2 1\r\nx\r\nset long 0 100 1\r\ny\r\n")
+        assert mcwire.read_until(s, b"STORED\r\nSTORED\r\n", max_s=5) == b"STORED\r\nSTORED\r\n"
+    finally:
+        s.close()
+    keys = [b"k%d" % i for i in range(50)] + [b"long"]
+    before = gets_all(a, keys)
+    assert before.count(b"VALUE ") == 51
+    assert graceful_stop(a) == 0
+    time.sleep(2.5)  # past `short`'s expiry
+    b = servers(kind, extra)
+    assert gets_all(b, keys) == before
+    assert gets_all(b, [b"short"]) == b"END\r\n"
+    assert settings_of(b)["memory_file"] == path
+    # The save was read once: a start after an ordinary stop is clean.
+    b.proc.terminate()
+    b.proc.wait(timeout=10)
+    c = servers(kind, extra)
+    assert gets_all(c, [b"k1"]) == b"END\r\n"
+    c.proc.terminate()
+    c.proc.wait(timeout=10)
+    with open(path + ".meta", "wb"):
+        pass
+    bad = mcwire.Server(kind, extra=extra)
+    with pytest.raises(RuntimeError):
+        bad.start()
+    mcwire.kill_quietly([bad])

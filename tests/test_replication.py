@@ -15,11 +15,7 @@ this module starts is SIGKILLed at teardown, failure or not; every wait is bound
 """
 
 import os
-import random
-import shutil
 import socket
-import struct
-import tempfile
 import time
 
 import pytest
@@ -35,7 +31,6 @@ WAIT_MS = 1500  # [cluster] wait_ms: the bounded wait before SERVER_ERROR
 LEADER_S = 15.0
 NO_LEADER_LINE = b"SERVER_ERROR no leader for this tenant\r\n"
 TIMEOUT_LINE = b"SERVER_ERROR replication timeout, outcome unknown\r\n"
-BIN_HDR = struct.Struct(">BBHBBHIIQ")
 
 
 class Cluster(replcluster.Daemons):
@@ -88,33 +83,17 @@ class Cluster(replcluster.Daemons):
 
 @pytest.fixture
 def cluster():
-    if not mcwire.slipstream_available():
-        pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
-    root = tempfile.mkdtemp(prefix="slipstream-repl-")
-    c = Cluster(root)
-    try:
-        for n in NODES:
-            c.start(n)
+    with replcluster.running(Cluster, "slipstream-repl-", NODES) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def rng():
-    seed = int(os.environ.get("REPL_SEED", str(time.time_ns() % 1_000_000_007)))
-    print("test_replication seed %d (REPL_SEED=%d to repeat)" % (seed, seed))
-    return random.Random(seed)
+    return replcluster.seeded_rng("test_replication")
 
 
 def ask(sock, data, suffix=b"\r\n", max_s=10.0):
     return tl.ask(sock, data, suffix, max_s=max_s)
-
-
-def gets(sock, key):
-    """(value, cas) or None, with `gets` on this connection."""
-    return tl.parse_gets_one(ask(sock, b"gets %s\r\n" % key, b"END\r\n"))
 
 
 def write_retrying(c, node, tenant, data, suffix=b"\r\n", within_s=LEADER_S):
@@ -134,17 +113,11 @@ def local_store_has(c, n, tenant, expect, within_s=5.0):
     missing = None
     while time.monotonic() < deadline:
         with c.conn(n, tenant) as s:
-            missing = {k: v for k, v in expect.items() if gets(s, k) != v}
+            missing = {k: v for k, v in expect.items() if tl.gets(s, k) != v}
         if not missing:
             return
         time.sleep(0.1)
     raise AssertionError("node %d %s: not applied in %.0fs: %r" % (n, tenant, within_s, list(missing)[:5]))
-
-
-def bin_set(key, value, opaque):
-    extras = struct.pack(">II", 0, 0)
-    body = extras + key + value
-    return BIN_HDR.pack(0x80, 0x01, len(key), len(extras), 0, 0, len(body), opaque, 0) + body
 
 
 def test_writes_through_any_node_reach_every_replica_with_one_cas(cluster, rng):
@@ -164,7 +137,7 @@ def test_writes_through_any_node_reach_every_replica_with_one_cas(cluster, rng):
         assert ask(via_follower, b"set n 0 0 2\r\n40\r\n") == b"STORED\r\n"
         assert ask(via_follower, b"incr n 2\r\n") == b"42\r\n"
         assert ask(via_leader, b"append n 0 0 1\r\n7\r\n") == b"STORED\r\n"
-        value, cas = gets(via_follower, b"n")
+        value, cas = tl.gets(via_follower, b"n")
         assert value == b"427"
         assert ask(via_leader, b"cas n 0 0 1 %d\r\n9\r\n" % (cas + 1000)) == b"EXISTS\r\n"
         assert ask(via_follower, b"cas n 0 0 1 %d\r\n9\r\n" % cas) == b"STORED\r\n"
@@ -180,18 +153,18 @@ def test_writes_through_any_node_reach_every_replica_with_one_cas(cluster, rng):
     # A binary SET through the follower (a connection's first byte picks its protocol):
     # status 0, a CAS, the same on every node below.
     with c.conn(follower, "t0") as s:
-        s.sendall(bin_set(b"b", b"bin", 77))
-        h = BIN_HDR.unpack(tl.read_exact(s, 24))
+        s.sendall(mcwire.bin_set(b"b", b"bin", 77))
+        h = mcwire.BIN_HDR.unpack(tl.read_exact(s, 24))
         assert (h[0], h[1], h[5], h[7]) == (0x81, 0x01, 0, 77), h
         assert h[8] > 0
         expect[b"b"] = b"bin"
     # Every node's store: the same values and CAS. Node 3 reads its local store as it is.
     with c.conn(lead, "t0") as s:
-        want = {k: gets(s, k) for k in expect}
+        want = {k: tl.gets(s, k) for k in expect}
     assert all(want[k][0] == v for k, v in expect.items()), want
     local_store_has(c, 3, "t0", want)
     with c.conn(follower, "t0") as s:
-        assert {k: gets(s, k) for k in expect} == want
+        assert {k: tl.gets(s, k) for k in expect} == want
     # The follower forwarded; the other tenant's group is separate.
     assert c.metric(follower, "slipstream_replica_forwarded_total", "t0") >= 20
     with c.conn(follower, "t1") as s:
@@ -218,18 +191,18 @@ def test_leader_kill_keeps_acknowledged_writes_and_the_node_catches_up(cluster, 
     assert new_lead != lead
     acked[b"after"] = b"kill"
     with c.conn(survivors[0], "t0") as s:
-        want = {k: gets(s, k) for k in acked}
+        want = {k: tl.gets(s, k) for k in acked}
     lost = [k for k, v in acked.items() if want[k] is None or want[k][0] != v]
     assert not lost, "acknowledged writes lost after the leader kill: %r" % lost[:5]
     with c.conn(survivors[1], "t0") as s:
-        assert {k: gets(s, k) for k in acked} == want
+        assert {k: tl.gets(s, k) for k in acked} == want
     # More writes while the killed node is down; then it restarts from its data_dir.
     with c.conn(survivors[1], "t0") as s:
         for i in range(20):
             assert ask(s, tl.set_cmd(b"b%d" % i, b"down%d" % i)) == b"STORED\r\n"
     c.start(lead)
     with c.conn(survivors[0], "t0") as s:
-        want = {k: gets(s, k) for k in list(acked) + [b"b%d" % i for i in range(20)]}
+        want = {k: tl.gets(s, k) for k in list(acked) + [b"b%d" % i for i in range(20)]}
     if lead == 3:
         local_store_has(c, 3, "t0", want, within_s=10.0)
     else:
@@ -238,7 +211,7 @@ def test_leader_kill_keeps_acknowledged_writes_and_the_node_catches_up(cluster, 
         deadline = time.monotonic() + 10.0
         while True:
             with c.conn(lead, "t0") as s:
-                got = {k: gets(s, k) for k in want}
+                got = {k: tl.gets(s, k) for k in want}
             if got == want or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -15,10 +15,7 @@ SIGKILLed at teardown; every wait is bounded.
 """
 
 import os
-import random
-import shutil
 import socket
-import tempfile
 import threading
 import time
 
@@ -110,26 +107,17 @@ class Cluster(replcluster.Daemons):
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not mcwire.slipstream_available():
-        pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
-    root = tempfile.mkdtemp(prefix="slipstream-repldata-")
-    c = Cluster(root)
-    try:
-        for n in NODES:
-            c.start(n)
+    def leaders_in_place(c):
         for name, lead, _, _ in TENANTS:
             c.wait_leader(name, lead)
+
+    with replcluster.running(Cluster, "slipstream-repldata-", NODES, leaders_in_place) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def rng():
-    seed = int(os.environ.get("REPL_SEED", str(time.time_ns() % 1_000_000_007)))
-    print("test_replication_data seed %d (REPL_SEED=%d to repeat)" % (seed, seed))
-    return random.Random(seed)
+    return replcluster.seeded_rng("test_replication_data")
 
 
 def exchange(sock, data, want_bytes, max_s=20.0):
@@ -139,11 +127,6 @@ def exchange(sock, data, want_bytes, max_s=20.0):
     got = tl.read_exact(sock, want_bytes, max_s=max_s)
     sender.join(timeout=max_s)
     return got
-
-
-def gets(sock, key):
-    """(value, cas) or None, with `gets` on this connection."""
-    return tl.parse_gets_one(tl.ask(sock, b"gets %s\r\n" % key, b"END\r\n"))
 
 
 @pytest.mark.parametrize("via", ["leader", "follower"])
@@ -246,7 +229,7 @@ def test_a_full_replicated_tenant_refuses_writes_identically_on_every_replica(cl
     contents = {}
     for n in NODES:
         with c.conn(n, "f0") as s:
-            contents[n] = {k: gets(s, k) for k in written}
+            contents[n] = {k: tl.gets(s, k) for k in written}
             st = tl.stats(c.ports[n]["f0"])
             assert st.get("evictions") == "0", (n, st.get("evictions"))
     present = {n: sum(v is not None for v in contents[n].values()) for n in NODES}

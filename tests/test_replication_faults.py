@@ -25,7 +25,6 @@ import glob
 import http.client
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -273,9 +272,7 @@ def leads_at(c, tenant, node, within_s=LEADER_S):
 
 @pytest.fixture
 def rng():
-    seed = int(os.environ.get("REPL_SEED", str(time.time_ns() % 1_000_000_007)))
-    print("test_replication_faults seed %d (REPL_SEED=%d to repeat)" % (seed, seed))
-    return random.Random(seed)
+    return replcluster.seeded_rng("test_replication_faults")
 
 
 @pytest.fixture

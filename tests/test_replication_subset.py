@@ -20,12 +20,8 @@ is SIGKILLed at teardown, failure or not; every wait is bounded.
 import http.client
 import json
 import os
-import random
-import shutil
 import socket
-import struct
 import subprocess
-import tempfile
 import time
 
 import pytest
@@ -41,7 +37,6 @@ LEADER_S = 15.0
 RETRY_LINES = (b"SERVER_ERROR no leader for this tenant\r\n",
                b"SERVER_ERROR replication timeout, outcome unknown\r\n",
                b"SERVER_ERROR no node of this tenant's group is reachable\r\n")
-BIN_HDR = struct.Struct(">BBHBBHIIQ")
 TOKEN = "repl-subset-admin-token-0123456789"
 
 
@@ -107,30 +102,17 @@ def cluster():
         socket.create_server((host(5), 0)).close()
     except OSError:
         pytest.skip("cannot bind 127.0.0.5")
-    root = tempfile.mkdtemp(prefix="slipstream-subset-")
-    c = Cluster(root)
-    try:
-        for n in NODES:
-            c.start(n)
+    with replcluster.running(Cluster, "slipstream-subset-", NODES) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def rng():
-    seed = int(os.environ.get("REPL_SEED", str(time.time_ns() % 1_000_000_007)))
-    print("test_replication_subset seed %d (REPL_SEED=%d to repeat)" % (seed, seed))
-    return random.Random(seed)
+    return replcluster.seeded_rng("test_replication_subset")
 
 
 def ask(sock, data, suffix=b"\r\n"):
     return tl.ask(sock, data, suffix, max_s=10.0)
-
-
-def gets(sock, key):
-    return tl.parse_gets_one(ask(sock, b"gets %s\r\n" % key, b"END\r\n"))
 
 
 def write_retrying(c, node, tenant, data, within_s=LEADER_S):
@@ -153,17 +135,11 @@ def contents(c, n, tenant, keys, within_s=10.0):
     while True:
         try:
             with c.conn(n, tenant) as s:
-                return {k: gets(s, k) for k in keys}
+                return {k: tl.gets(s, k) for k in keys}
         except (OSError, AssertionError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-def bin_set(key, value, opaque):
-    extras = struct.pack(">II", 0, 0)
-    body = extras + key + value
-    return BIN_HDR.pack(0x80, 0x01, len(key), len(extras), 0, 0, len(body), opaque, 0) + body
 
 
 def test_a_tenant_on_three_of_five_nodes_is_served_by_every_node_and_stored_on_its_three(cluster, rng):
@@ -186,8 +162,8 @@ def test_a_tenant_on_three_of_five_nodes_is_served_by_every_node_and_stored_on_i
             assert r.startswith(b"HD"), r
             acked[b"m%d" % n] = b"hi"
     with c.conn(5, "s3") as s:
-        s.sendall(bin_set(b"bin", b"BIN", 9))
-        h = BIN_HDR.unpack(tl.read_exact(s, 24))
+        s.sendall(mcwire.bin_set(b"bin", b"BIN", 9))
+        h = mcwire.BIN_HDR.unpack(tl.read_exact(s, 24))
         assert (h[0], h[1], h[5], h[7]) == (0x81, 0x01, 0, 9), h
         acked[b"bin"] = b"BIN"
     # Leader SIGKILLed; writes through a non-member continue once a new leader is elected

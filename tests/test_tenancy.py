@@ -28,7 +28,6 @@ UNSHAPED = {"egress_bytes_per_s": BIG, "ingress_bytes_per_s": BIG, "work_conserv
 HOT_VALUE = bytes(range(256)) * 3 + b"x" * 232  # 1000 bytes
 assert len(HOT_VALUE) == 1000
 
-BIN_HDR = struct.Struct(">BBHBBHIIQ")
 
 
 @pytest.fixture
@@ -228,15 +227,10 @@ def test_stats_conns_lists_a_tenants_listeners_like_memcached(daemons):
     assert (("addr", "tcp:127.0.0.1:<port>"), ("state", "conn_listening"), ("secs_since_last_cmd", "<secs>")) in got
 
 
-def bin_request(opcode, key=b"", extras=b"", value=b"", opaque=0):
-    body = extras + key + value
-    return BIN_HDR.pack(0x80, opcode, len(key), len(extras), 0, 0, len(body), opaque, 0) + body
-
-
 def bin_read(sock):
     head = tl.read_exact(sock, 24, max_s=5)
     assert len(head) == 24, "short binary header %r" % head
-    magic, opcode, keylen, extlen, _dt, status, bodylen, opaque, cas = BIN_HDR.unpack(head)
+    magic, opcode, keylen, extlen, _dt, status, bodylen, opaque, cas = mcwire.BIN_HDR.unpack(head)
     assert magic == 0x81
     body = tl.read_exact(sock, bodylen, max_s=5)
     return status, body[extlen + keylen:]
@@ -255,19 +249,19 @@ def test_isolation_meta_and_binary(daemons):
         assert ask(a, set_cmd(b"bk", b"text0"), b"\r\n") == b"STORED\r\n"
     # binary, on fresh connections (the protocol is chosen per connection)
     with d.connect("t1") as b:
-        b.sendall(bin_request(0x00, key=b"bk", opaque=1))  # GET
+        b.sendall(mcwire.bin_request(0x00, key=b"bk", opaque=1))  # GET
         status, _ = bin_read(b)
         assert status == 0x0001, "binary GET on t1 found t0's key (status %d)" % status
-        b.sendall(bin_request(0x01, key=b"bk", extras=struct.pack(">II", 0, 0), value=b"bin1", opaque=2))
+        b.sendall(mcwire.bin_request(0x01, key=b"bk", extras=struct.pack(">II", 0, 0), value=b"bin1", opaque=2))
         status, _ = bin_read(b)
         assert status == 0
-        b.sendall(bin_request(0x00, key=b"bk", opaque=3))
+        b.sendall(mcwire.bin_request(0x00, key=b"bk", opaque=3))
         status, value = bin_read(b)
         assert (status, value) == (0, b"bin1")
     with d.connect("t0") as a:
         assert ask(a, b"get bk\r\n", b"END\r\n") == get_reply(b"bk", b"text0")
     with d.connect("t0") as a:
-        a.sendall(bin_request(0x00, key=b"bk", opaque=4))
+        a.sendall(mcwire.bin_request(0x00, key=b"bk", opaque=4))
         assert bin_read(a) == (0, b"text0")
 
 

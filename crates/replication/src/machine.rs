@@ -21,8 +21,10 @@
 //! (`sweep_if_full`), so every replica refuses the same writes.
 
 use crate::mutation::{DecodeError, Mutation};
-use slipstream_proto::rules::KEY_BYTES_MAX;
-use slipstream_store::{ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemExport, Store, StoreOpts, StoreResult};
+use slipstream_store::{
+    ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemDecodeError, ItemExport, Store, StoreOpts, StoreResult,
+    ITEM_BYTES_MIN,
+};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -268,14 +270,7 @@ impl TenantMachine {
         let mut count = 0u64;
         self.store.export(|i| {
             count += 1;
-            body.push(i.key.len() as u8);
-            body.extend_from_slice(i.key);
-            body.extend_from_slice(&(i.value.len() as u32).to_le_bytes());
-            body.extend_from_slice(i.value);
-            body.extend_from_slice(&i.flags.to_le_bytes());
-            body.extend_from_slice(&i.cas.to_le_bytes());
-            body.extend_from_slice(&i.exptime_unix_s.to_le_bytes());
-            body.push(u8::from(i.stale) | (u8::from(i.key_binary) << 1));
+            i.encode(&mut body);
         });
         let mut out = Vec::with_capacity(body.len() + 33);
         out.push(SNAPSHOT_VERSION);
@@ -351,11 +346,11 @@ struct Snap<'a> {
 }
 
 fn parse_snapshot(data: &[u8]) -> Result<Snap<'_>, DecodeError> {
-    let mut at = 0usize;
-    let mut take = |n: usize| -> Result<&[u8], DecodeError> {
-        let end = at.checked_add(n).filter(|&e| e <= data.len()).ok_or(DecodeError::Truncated)?;
-        let s = &data[at..end];
-        at = end;
+    let at = std::cell::Cell::new(0usize);
+    let take = |n: usize| -> Result<&[u8], DecodeError> {
+        let end = at.get().checked_add(n).filter(|&e| e <= data.len()).ok_or(DecodeError::Truncated)?;
+        let s = &data[at.get()..end];
+        at.set(end);
         Ok(s)
     };
     let u64_of = |b: &[u8]| {
@@ -371,31 +366,15 @@ fn parse_snapshot(data: &[u8]) -> Result<Snap<'_>, DecodeError> {
     let (memory_used, last_sweep_s) =
         if v >= 2 { (Some(u64_of(take(8)?)), u64_of(take(8)?) as i64) } else { (None, 0) };
     let count = u64_of(take(8)?);
-    // Each item takes at least 26 bytes: a count beyond that is corrupt, not an allocation.
-    let mut items = Vec::with_capacity((count as usize).min(data.len() / 26));
+    // A count beyond what the data could hold is corrupt, not an allocation to make.
+    let mut items = Vec::with_capacity((count as usize).min(data.len() / ITEM_BYTES_MIN));
     for _ in 0..count {
-        let kl = take(1)?[0] as usize;
-        if kl > KEY_BYTES_MAX {
-            return Err(DecodeError::KeyTooLong(kl));
-        }
-        let key = take(kl)?;
-        let mut l4 = [0u8; 4];
-        l4.copy_from_slice(take(4)?);
-        let value = take(u32::from_le_bytes(l4) as usize)?;
-        l4.copy_from_slice(take(4)?);
-        let flags = u32::from_le_bytes(l4);
-        let cas = u64_of(take(8)?);
-        let exptime_unix_s = u64_of(take(8)?) as i64;
-        let bits = take(1)?[0];
-        items.push(ItemExport {
-            key,
-            value,
-            flags,
-            cas,
-            exptime_unix_s,
-            stale: bits & 1 != 0,
-            key_binary: bits & 2 != 0,
-        });
+        let (item, used) = ItemExport::decode(&data[at.get()..]).map_err(|e| match e {
+            ItemDecodeError::Truncated => DecodeError::Truncated,
+            ItemDecodeError::KeyTooLong(n) => DecodeError::KeyTooLong(n),
+        })?;
+        at.set(at.get() + used);
+        items.push(item);
     }
     let mut recent = Recent { from_index: u64::MAX, ..Recent::default() };
     if v >= 3 {
@@ -421,8 +400,8 @@ fn parse_snapshot(data: &[u8]) -> Result<Snap<'_>, DecodeError> {
             recent.ring.push_back((id, index, outcome));
         }
     }
-    if at != data.len() {
-        return Err(DecodeError::TrailingBytes(data.len() - at));
+    if at.get() != data.len() {
+        return Err(DecodeError::TrailingBytes(data.len() - at.get()));
     }
     Ok(Snap { cas_last, memory_used, last_sweep_s, items, recent })
 }

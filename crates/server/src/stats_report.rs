@@ -149,8 +149,10 @@ fn general_tail(sv: StatsView<'_>, v: &mut Vec<Stat>) {
     put(v, "time_in_listen_disabled_us", 0);
     put(v, "threads", server.threads);
     put(v, "conn_yields", server.totals().conn_yields);
-    put(v, "hash_power_level", 16);
-    put(v, "hash_bytes", 524288);
+    // `general_counters` called `store.stats()`, which sampled the item count into the peak.
+    let power = sv.settings.tunables.hash_power_level(sv.store.items_peak());
+    put(v, "hash_power_level", power);
+    put(v, "hash_bytes", 8u64 << power);
     put(v, "hash_is_expanding", 0);
     // memcached lists the slab mover's rows only while it is on.
     let mover: &[&str] = if sv.settings.tunables.slab_reassign() { SLAB_MOVER_ROWS } else { &[] };

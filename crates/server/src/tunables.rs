@@ -90,6 +90,10 @@ pub struct Tunables {
     pub reported: Vec<(&'static str, String)>,
 }
 
+/// memcached's hash table: default and largest power of two of its bucket count.
+const HASH_POWER_DEFAULT: u32 = 16;
+const HASH_POWER_MAX: u32 = 32;
+
 impl Tunables {
     /// The `stats settings` value an accepted no-effect option set for `name` (the last one
     /// given wins, as with memcached's options).
@@ -101,6 +105,19 @@ impl Tunables {
     /// Slipstream has no slabs to move; the switch decides which `stats` rows are listed.
     pub fn slab_reassign(&self) -> bool {
         self.reported("slab_reassign") != Some("no")
+    }
+
+    /// memcached's `hash_power_level`: its table starts at `-o hashpower` (default 16) and
+    /// doubles once the items exceed 1.5 per bucket; it never shrinks. Slipstream's per-shard
+    /// indexes grow on their own, so this reports what memcached's table would be after the
+    /// most items the store has held (`Store::items_peak`).
+    pub fn hash_power_level(&self, items_peak: u64) -> u32 {
+        let init = self.reported("hashpower_init").and_then(|v| v.parse::<u32>().ok()).filter(|&p| p > 0);
+        let mut power = init.unwrap_or(HASH_POWER_DEFAULT);
+        while power < HASH_POWER_MAX && items_peak > (1u64 << power) * 3 / 2 {
+            power += 1;
+        }
+        power
     }
 
     pub fn lru_crawler_on(&self) -> bool {
@@ -137,5 +154,22 @@ impl Default for Tunables {
             watcher_logbuf_bytes: crate::watch::WATCHER_BUF_BYTES,
             reported: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_power_grows_past_one_and_a_half_items_per_bucket_as_memcacheds() {
+        let mut t = Tunables::default();
+        assert_eq!(t.hash_power_level(0), 16);
+        assert_eq!(t.hash_power_level(98_304), 16);
+        assert_eq!(t.hash_power_level(98_305), 17);
+        assert_eq!(t.hash_power_level(1 << 17), 17);
+        assert_eq!(t.hash_power_level(u64::MAX), 32);
+        t.reported.push(("hashpower_init", "20".into()));
+        assert_eq!(t.hash_power_level(10), 20);
     }
 }

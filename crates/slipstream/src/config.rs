@@ -9,6 +9,7 @@ use slipstream_stream::config::ResultsConfig;
 use slipstream_stream::StreamConfig;
 use slipstream_tenancy::{ShapingSpec, TenantSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 
 /// memcached's flags that take a value, beyond the common ones listed in `from_args`.
 const MC_VALUE_FLAGS: &[&str] = &[
@@ -146,6 +147,8 @@ pub struct Config {
     pub pid_file: Option<String>,
     /// memcached flags and `-o` options accepted with no effect here (one start-up notice).
     pub no_effect: Vec<String>,
+    /// memcached's `-e`: where SIGUSR1 saves the store and the next start loads it (restart.rs).
+    pub memory_file: Option<PathBuf>,
     /// `[hbase]`: the HBase Thrift front end + range cache (crates/rangecache); None = off.
     pub hbase: Option<slipstream_rangecache::Settings>,
     /// `[shuffle]`: the Spark shuffle service (crates/shuffle); None = off.
@@ -195,6 +198,7 @@ impl Default for Config {
             daemonize: false,
             pid_file: None,
             no_effect: Vec::new(),
+            memory_file: None,
             security: crate::security::SecurityConfig::default(),
         }
     }
@@ -923,7 +927,7 @@ impl Config {
             "r" | "enable-coredumps" => self.notice_no_effect("-r (core file limit)"),
             "e" | "memory-file" => {
                 self.tunables.reported.push(("memory_file", value.to_string()));
-                self.notice_no_effect("-e (restartable memory file)");
+                self.memory_file = Some(PathBuf::from(value));
             }
             "N" | "napi-ids" => self.notice_no_effect("-N (NAPI ids)"),
             _ => return Ok(false),

@@ -11,6 +11,7 @@ mod config;
 mod daemon;
 mod mcopts;
 mod privs;
+mod restart;
 mod security;
 mod send;
 mod tenant_thrift;
@@ -49,7 +50,7 @@ use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
 use slipstream_store::{Store, StoreConfig};
 use slipstream_streamsvc::{ServiceConfig, StreamService};
 use slipstream_tenancy::TenantControl;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -88,6 +89,8 @@ options (memcached's, with memcached's defaults):
   -X, --disable-dumping    refuse `stats cachedump` and `lru_crawler metadump`
   -W, --disable-watch      refuse `watch`
   -d, --daemon             run as a daemon;  -P, --pidfile=FILE  its pid file
+  -e, --memory-file=FILE   restartable cache: SIGUSR1 saves the items to FILE and stops; the
+                           next start with the same -e loads them (once)
   -V, --version            print the version and exit
   -o, --extended=LIST      memcached's extended options, comma separated: idle_timeout,
                            read_buf_mem_limit, lru_crawler / no_lru_crawler, lru_crawler_sleep,
@@ -95,7 +98,7 @@ options (memcached's, with memcached's defaults):
                            watcher_logbuf_size, maxconns_fast, ssl_chain_cert, ssl_key,
                            ssl_ca_cert, ssl_verify_mode, ssl_keyformat, ssl_ciphers,
                            ssl_min_version, ...; slab, hash table and LRU tuning names (and -f,
-                           -n, -L, -k, -r, -e, -N) are accepted with a notice: no slabs here
+                           -n, -L, -k, -r, -N) are accepted with a notice: no slabs here
 slipstream's own:
   --config=FILE            TOML file for everything (flags given on the command line win)
   --admin=ADDR:PORT        Prometheus metrics at http://ADDR:PORT/metrics (off by default)
@@ -318,7 +321,11 @@ fn stop_streams(streams: Option<Arc<StreamService>>) {
 }
 
 /// Stop the server on SIGINT/SIGTERM (blocked everywhere by `block_signals`).
-fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), MainError> {
+/// Stop the server on SIGINT/SIGTERM, or on SIGUSR1 (memcached's graceful stop: the returned
+/// flag is then set, and with `-e` the store is saved once the workers have stopped).
+fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<Arc<AtomicBool>, MainError> {
+    let graceful = Arc::new(AtomicBool::new(false));
+    let flag = graceful.clone();
     std::thread::Builder::new()
         .name("slipstream-signals".into())
         .spawn(move || {
@@ -326,12 +333,15 @@ fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<(), M
             // SAFETY: sigwait reads the sigset we built and writes the signal number into a
             // local; both outlive the call.
             let rc = unsafe { libc::sigwait(&sigset, &mut sig) };
-            if rc == 0 {
+            if rc == 0 && sig == libc::SIGUSR1 {
+                eprintln!("Gracefully stopping");
+                flag.store(true, Ordering::SeqCst);
+            } else if rc == 0 {
                 eprintln!("slipstream: signal {sig}, shutting down");
             }
             stop.stop();
         })
-        .map(|_| ())
+        .map(|_| graceful)
         .map_err(|e| MainError::Start(format!("cannot start signal thread: {e}")))
 }
 
@@ -346,6 +356,9 @@ fn serve_tenants(
 ) -> Result<(), MainError> {
     // -S/-Y/-Z apply to every tenant's TCP port (config.rs refused -s and UDP under auth).
     let sec = SecurityStart::load(&cfg)?;
+    if cfg.memory_file.is_some() {
+        eprintln!("slipstream: note: -e saves and restores the store of a daemon without [[tenant]]s; tenants' stores are not saved");
+    }
     let settings = Arc::new(Settings {
         shutdown_enabled: cfg.shutdown_enabled,
         flush_enabled: cfg.flush_enabled,
@@ -558,6 +571,8 @@ fn drop_privileges(
 
 /// No KV port (`-p 0`): the other services only — streams and their results port, `[hbase]`,
 /// `[shuffle]` — with the admin endpoint.
+const NOTHING_TO_SERVE: &str = "slipstream: note: both TCP and UDP are off (-p 0 -U 0) and no [[stream]], [[tenant]], [hbase] or [shuffle] is configured: nothing to serve; running with no listener until SIGINT/SIGTERM, as memcached does";
+
 fn serve_without_kv(
     cfg: Config,
     sigset: libc::sigset_t,
@@ -610,6 +625,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -656,10 +672,9 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     }
     if cfg.tcp_addr().is_none() && cfg.udp_addr().is_none() && cfg.security.unix_socket.is_none() {
         if cfg.streams.is_empty() && cfg.hbase.is_none() && cfg.shuffle.is_none() {
-            return Err(MainError::Start(
-                "both TCP and UDP are off (-p 0 -U 0) and no [[stream]], [[tenant]], [hbase] or [shuffle] is configured: nothing to serve"
-                    .into(),
-            ));
+            // memcached runs with no listener here (and writes an empty port file); an existing
+            // command line behaves the same, with the reason said once.
+            eprintln!("{NOTHING_TO_SERVE}");
         }
         return serve_without_kv(cfg, sigset, target, daemon);
     }
@@ -672,6 +687,10 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     };
     let store = Arc::new(Store::new(store_cfg));
     store.set_evict_to_free(cfg.evictions_enabled);
+    if let Some(path) = &cfg.memory_file {
+        let loaded = restart::load(path, &store).map_err(MainError::Start)?;
+        eprintln!("{}", restart::describe(&loaded));
+    }
     let sec = SecurityStart::load(&cfg)?;
     let settings = Settings {
         shutdown_enabled: cfg.shutdown_enabled,
@@ -741,7 +760,7 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         },
         None => String::new(),
     };
-    spawn_signal_thread(sigset, server.stop_handle())?;
+    let graceful = spawn_signal_thread(sigset, server.stop_handle())?;
     let (dropped, privs_line) = drop_privileges(&target, kernel.is_some() || xdp_streams(&streams))?;
     // Every -l address's sockets (one slot each).
     let slots = server.table.snapshot();
@@ -776,6 +795,12 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
     started(&cfg, &tcp_all, &udp_all, daemon);
 
     server.join();
+    if let (true, Some(path)) = (graceful.load(Ordering::SeqCst), &cfg.memory_file) {
+        match restart::save(path, &store) {
+            Ok(n) => eprintln!("[restart] {n} items saved to {}", path.display()),
+            Err(e) => eprintln!("[restart] cannot save to {}: {e}", path.display()),
+        }
+    }
     if let Some(d) = &dropped {
         d.for_teardown();
     }

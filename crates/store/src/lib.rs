@@ -67,10 +67,12 @@
 pub mod clock;
 mod hash;
 mod index;
+mod itembytes;
 mod shard;
 
 pub use clock::{with_proposer_now, Clock};
 pub use hash::hash_key;
+pub use itembytes::{ItemDecodeError, ITEM_BYTES_MIN};
 
 use shard::{Counters, Entry, LruBoard, Now, Shard, EMPTY_TAIL, FETCHED, KEY_BINARY, NIL, STALE, TOKEN_SENT};
 use shard::{IN_KERNEL, KERNEL_REFUSED};
@@ -444,6 +446,10 @@ pub struct Store {
     deterministic: AtomicBool,
     /// Charged bytes of expired/flushed items freed since the last [`Store::sweep_dead`].
     dead_freed: Arc<AtomicUsize>,
+    /// The most items seen at once (sampled by `stats` and the maintainer's passes, raised by a
+    /// restart file): memcached's hash table grows with it and never shrinks, and
+    /// `hash_power_level` reports that.
+    items_peak: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -480,6 +486,7 @@ impl Store {
             outofmemory: AtomicU64::new(0),
             deterministic: AtomicBool::new(false),
             dead_freed,
+            items_peak: AtomicU64::new(0),
             config,
             clock,
         }
@@ -1313,7 +1320,18 @@ impl Store {
                 s.oldest_item_age_s = s.oldest_item_age_s.max(now.saturating_sub(a) as u64);
             }
         }
+        self.raise_items_peak(s.curr_items);
         s
+    }
+
+    /// The most items seen at once (a sample: `stats` and the maintainer's passes look).
+    pub fn items_peak(&self) -> u64 {
+        self.items_peak.load(Ordering::Relaxed)
+    }
+
+    /// Raise the peak to at least `items` (a restart file carries the one before the restart).
+    pub fn raise_items_peak(&self, items: u64) {
+        self.items_peak.fetch_max(items, Ordering::Relaxed);
     }
 
     /// Live items (not expired, not flushed), each shard from its most recently used end, at
@@ -1355,12 +1373,15 @@ impl Store {
         let t = self.now();
         let used = &self.used_bytes.0;
         let mut freed = 0;
+        // A lower bound when a shard is skipped; the peak only ever takes a maximum.
+        let mut items = 0;
         for lock in self.shards.iter() {
             let mut g = match lock.0.try_lock() {
                 Ok(g) => g,
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(TryLockError::WouldBlock) => continue,
             };
+            items += g.items;
             let mut here = 0;
             while here < items_per_shard_max {
                 let n = g.reclaim_tail(&t, used);
@@ -1371,6 +1392,7 @@ impl Store {
             }
             freed += here;
         }
+        self.raise_items_peak(items);
         freed
     }
 
@@ -1492,24 +1514,30 @@ impl Store {
     /// Order is unspecified. Reads do not count as fetches.
     pub fn export(&self, mut f: impl FnMut(ItemExport<'_>)) {
         for i in 0..self.shards.len() {
-            let t = self.now();
-            let started = self.clock.started_unix_s();
-            let sh = self.lock(i);
-            for idx in sh.linked() {
-                let e = &sh.entries[idx as usize];
-                if t.is_flushed(e) || t.is_expired(e) {
-                    continue;
-                }
-                f(ItemExport {
-                    key: e.key(),
-                    value: e.value(),
-                    flags: e.flags,
-                    cas: e.cas,
-                    exptime_unix_s: if e.exptime == 0 { 0 } else { started + i64::from(e.exptime) },
-                    stale: e.bits & STALE != 0,
-                    key_binary: e.bits & KEY_BINARY != 0,
-                });
+            self.export_shard(i, &mut f);
+        }
+    }
+
+    /// [`Store::export`] for shard `shard` alone (`0..shard_count()`): a caller writing a file
+    /// takes one shard at a time and writes between them, outside the lock.
+    pub fn export_shard(&self, shard: usize, mut f: impl FnMut(ItemExport<'_>)) {
+        let t = self.now();
+        let started = self.clock.started_unix_s();
+        let sh = self.lock(shard);
+        for idx in sh.linked() {
+            let e = &sh.entries[idx as usize];
+            if t.is_flushed(e) || t.is_expired(e) {
+                continue;
             }
+            f(ItemExport {
+                key: e.key(),
+                value: e.value(),
+                flags: e.flags,
+                cas: e.cas,
+                exptime_unix_s: if e.exptime == 0 { 0 } else { started + i64::from(e.exptime) },
+                stale: e.bits & STALE != 0,
+                key_binary: e.bits & KEY_BINARY != 0,
+            });
         }
     }
 
