@@ -52,7 +52,8 @@ use slipstream_store::Store;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,6 +61,9 @@ use std::time::{Duration, Instant};
 /// Events queued for the node thread before proposals are refused with `Busy` (and incoming
 /// raft messages wait on their connection).
 pub const INBOX_EVENTS_MAX: usize = 65536;
+/// How long a raft message waits between looks at a full inbox (back-pressure on its
+/// connection; the node thread empties up to `EVENTS_PER_TURN_MAX` events a turn).
+const INBOX_FULL_WAIT: Duration = Duration::from_millis(1);
 /// Proposals and reads of one group waiting (for a leader, a commit or an apply) before new
 /// ones get `Busy`.
 pub const PENDING_PROPOSALS_MAX: usize = 65536;
@@ -305,17 +309,36 @@ struct Group {
 /// A running node (see the module doc). Dropping it stops the thread and closes every
 /// connection: to the rest of the cluster it is a crashed node (its data_dir stays).
 pub struct ReplicationNode {
-    tx: SyncSender<Event>,
+    tx: Inbox,
     thread: Option<JoinHandle<()>>,
     transport: Arc<Transport>,
     status: Arc<Mutex<HashMap<u64, GroupStatus>>>,
     stores: HashMap<u64, TenantMachine>,
 }
 
+/// A node whose groups are open and whose stores hold their committed state, not yet
+/// running: no connection, no thread (see [`ReplicationNode::recover`]).
+pub struct Recovered {
+    cfg: NodeConfig,
+    listen: SocketAddr,
+    groups: BTreeMap<u64, Group>,
+    stores: HashMap<u64, TenantMachine>,
+}
+
 impl ReplicationNode {
-    /// Open every group's storage (restoring its store from the snapshot on disk), start the
-    /// transport and the node thread.
+    /// Open every group's storage (restoring its store from the snapshot on disk and the
+    /// committed log after it), start the transport and the node thread.
     pub fn start(cfg: NodeConfig, groups: Vec<GroupSpec>) -> Result<ReplicationNode, NodeError> {
+        ReplicationNode::run(ReplicationNode::recover(cfg, groups)?)
+    }
+
+    /// The CPU-heavy part of a (re)start, and nothing else: open every group's storage (replay
+    /// its log file), restore its store from the snapshot and apply the committed entries
+    /// after it (up to the first membership change, which raft-rs applies in the node's first
+    /// turn, as it would all of them). Starts no thread and opens no socket, so a caller may
+    /// run it on a thread of its own at a lower CPU priority: a restarting node then yields
+    /// the cores to the nodes serving meanwhile (the server does: `slipstream::cluster`).
+    pub fn recover(cfg: NodeConfig, groups: Vec<GroupSpec>) -> Result<Recovered, NodeError> {
         let listen = *cfg.peers.get(&cfg.node_id).ok_or(NodeError::NoAddress(cfg.node_id))?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let mut built = BTreeMap::new();
@@ -326,10 +349,11 @@ impl ReplicationNode {
             let storage = GroupStorage::open(&dir, cfg.fsync, &g.voters).map_err(|e| NodeError::Storage(id, e))?;
             let machine = TenantMachine::with_exec(g.store.clone(), g.exec.clone());
             let snap = storage.latest_snapshot();
-            let applied = snap.get_metadata().index;
-            if applied > 0 {
+            if snap.get_metadata().index > 0 {
                 machine.restore(&snap.data).map_err(|e| NodeError::Snapshot(id, e.to_string()))?;
             }
+            let (applied, preference) = apply_committed_log(&storage, &machine);
+            let preferred_leader = preference.unwrap_or(g.preferred_leader);
             let rc = raft::Config {
                 id: cfg.node_id,
                 election_tick: cfg.election_ticks,
@@ -363,9 +387,9 @@ impl ReplicationNode {
                     elections_won: 0,
                     snapshots_installed: 0,
                     was_leader: false,
-                    preferred_leader: g.preferred_leader,
+                    preferred_leader,
                     ticks_since_transfer_check: 0,
-                    transfer_soon: false,
+                    transfer_soon: preference.is_some(),
                     learned_peers: Vec::new(),
                     compact_soon: false,
                     election_ticks: cfg.election_ticks,
@@ -374,9 +398,15 @@ impl ReplicationNode {
                 },
             );
         }
-        let (tx, rx) = mpsc::sync_channel(INBOX_EVENTS_MAX);
+        Ok(Recovered { cfg, listen, groups: built, stores })
+    }
+
+    /// Start the transport and the node thread of a recovered node.
+    pub fn run(r: Recovered) -> Result<ReplicationNode, NodeError> {
+        let Recovered { cfg, listen, groups: built, stores } = r;
+        let (tx, rx) = Inbox::new();
         let deliver_tx = tx.clone();
-        let deliver: Deliver = Arc::new(move |m| deliver_tx.send(Event::Raft(m)).is_ok());
+        let deliver: Deliver = Arc::new(move |m| deliver_tx.send_waiting(Event::Raft(m)));
         let transport = Arc::new(Transport::start(cfg.node_id, listen, &cfg.peers, deliver).map_err(NodeError::Io)?);
         let status: Arc<Mutex<HashMap<u64, GroupStatus>>> = Arc::new(Mutex::new(HashMap::new()));
         let known = status.clone();
@@ -486,10 +516,100 @@ impl ReplicationNode {
 
 impl Drop for ReplicationNode {
     fn drop(&mut self) {
-        let _ = self.tx.send(Event::Stop);
+        self.tx.send_stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The node thread's inbox: a channel bounded by a count of what is queued, not a
+/// preallocated ring. (`mpsc::sync_channel(INBOX_EVENTS_MAX)` allocated and wrote all 65,536
+/// slots of a raft message's size — ~16 MiB — at every start: about 6 ms of page faults of a
+/// restarting node, on the cores the running nodes serve from, for a queue that holds a few
+/// events in practice. An unbounded channel allocates its blocks as they fill.)
+#[derive(Clone)]
+struct Inbox {
+    tx: Sender<Event>,
+    shared: Arc<InboxShared>,
+}
+
+struct InboxShared {
+    /// Events sent and not yet taken by the node thread.
+    queued: AtomicUsize,
+    /// The node thread is gone: nothing will be taken again.
+    closed: AtomicBool,
+}
+
+/// The node thread's end of the inbox; dropping it closes the inbox.
+struct InboxRx {
+    rx: Receiver<Event>,
+    shared: Arc<InboxShared>,
+}
+
+impl Inbox {
+    fn new() -> (Inbox, InboxRx) {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(InboxShared { queued: AtomicUsize::new(0), closed: AtomicBool::new(false) });
+        (Inbox { tx, shared: shared.clone() }, InboxRx { rx, shared })
+    }
+
+    /// Queue `ev` unless `INBOX_EVENTS_MAX` events wait already (`Full`) or the node thread
+    /// is gone (`Disconnected`).
+    fn try_send(&self, ev: Event) -> Result<(), TrySendError<Event>> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(TrySendError::Disconnected(ev));
+        }
+        if self.shared.queued.fetch_add(1, Ordering::AcqRel) >= INBOX_EVENTS_MAX {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(TrySendError::Full(ev));
+        }
+        self.tx.send(ev).map_err(|e| {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            TrySendError::Disconnected(e.0)
+        })
+    }
+
+    /// Queue `ev`, waiting while the inbox is full (back-pressure on a raft connection);
+    /// false = the node thread is gone.
+    fn send_waiting(&self, mut ev: Event) -> bool {
+        loop {
+            match self.try_send(ev) {
+                Ok(()) => return true,
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(back)) => {
+                    ev = back;
+                    std::thread::sleep(INBOX_FULL_WAIT);
+                }
+            }
+        }
+    }
+
+    /// Tell the node thread to stop, whatever the bound (it must hear it).
+    fn send_stop(&self) {
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        let _ = self.tx.send(Event::Stop);
+    }
+}
+
+impl InboxRx {
+    fn taken(&self, ev: Event) -> Event {
+        self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        ev
+    }
+
+    fn recv_timeout(&self, wait: Duration) -> Result<Event, RecvTimeoutError> {
+        self.rx.recv_timeout(wait).map(|ev| self.taken(ev))
+    }
+
+    fn try_recv(&self) -> Option<Event> {
+        self.rx.try_recv().ok().map(|ev| self.taken(ev))
+    }
+}
+
+impl Drop for InboxRx {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
     }
 }
 
@@ -501,7 +621,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn run(&mut self, rx: Receiver<Event>, tick: Duration) {
+    fn run(&mut self, rx: InboxRx, tick: Duration) {
         let mut next_tick = Instant::now() + tick;
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
@@ -512,7 +632,7 @@ impl Loop {
             };
             let mut handled = 0;
             while let Some(ev) =
-                first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv().ok() } else { None })
+                first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv() } else { None })
             {
                 handled += 1;
                 if !self.handle(ev) {
@@ -795,34 +915,24 @@ fn send_all(t: &Transport, gid: u64, g: &mut Group, msgs: Vec<Message>) {
 fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) -> Result<(), (u64, String)> {
     for e in entries {
         match e.get_entry_type() {
-            EntryType::EntryNormal => {
-                if e.context[..] == *PREFER_CTX {
-                    apply_preference(g, &e.data);
+            EntryType::EntryNormal => match apply_normal(&g.machine, &e) {
+                NormalEntry::Preference(to) => {
+                    g.preferred_leader = to;
+                    g.transfer_soon = true;
                     complete_up_to(g, e.index, None);
-                    continue;
                 }
-                if e.data.is_empty() {
+                NormalEntry::Ignored => complete_up_to(g, e.index, None),
+                NormalEntry::Empty => {
                     complete_up_to(g, e.index, None); // a new leader's empty entry
                     answer_lost_forwards(g, e.term);
-                    continue;
                 }
-                let result = match Mutation::decode(&e.data) {
-                    Ok(m) => Ok(g.machine.apply(e.index, &m)),
-                    Err(_) => Err(ProposeError::Corrupt),
-                };
-                let id = id_of(&e.context);
-                if let Some(id) = id {
-                    let outcome = match &result {
-                        Ok(Applied::Command(o)) => Some(o),
-                        _ => None,
-                    };
-                    g.machine.remember(e.index, id, outcome);
+                NormalEntry::Applied(id, result) => {
+                    if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
+                        g.replies.push((w.done, result.clone()));
+                    }
+                    complete_up_to(g, e.index, id.map(|id| (id, result)));
                 }
-                if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
-                    g.replies.push((w.done, result.clone()));
-                }
-                complete_up_to(g, e.index, id.map(|id| (id, result)));
-            }
+            },
             EntryType::EntryConfChange => {
                 let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
                 learn_peer(g, &cc);
@@ -1236,13 +1346,63 @@ fn propose_admin(g: &mut Group, op: AdminOp) -> Result<(), AdminError> {
     r.map_err(|_| AdminError::Group(ProposeError::NotLeader(Some(leader))))
 }
 
-/// A preferred-leader entry was applied: every replica now prefers that node; the leader
-/// checks every tick until it leads.
-fn apply_preference(g: &mut Group, data: &[u8]) {
-    let Ok(id) = <[u8; 8]>::try_from(data) else { return };
-    let id = u64::from_le_bytes(id);
-    g.preferred_leader = (id != 0).then_some(id);
-    g.transfer_soon = true;
+/// What applying a normal entry did (the one rule for the node thread and for recovery).
+enum NormalEntry {
+    /// A preferred-leader entry: every replica now prefers that node (None: no preference);
+    /// the leader checks every tick until it leads.
+    Preference(Option<u64>),
+    /// A preferred-leader entry whose data is not a node id (not written by this code):
+    /// changes nothing.
+    Ignored,
+    /// A new leader's empty entry.
+    Empty,
+    /// A mutation, applied to the store (its proposal id, if it had one, and its result;
+    /// command results are remembered for `TenantMachine::recall`).
+    Applied(Option<u64>, Result<Applied, ProposeError>),
+}
+
+fn apply_normal(machine: &TenantMachine, e: &Entry) -> NormalEntry {
+    if e.context[..] == *PREFER_CTX {
+        let Ok(id) = <[u8; 8]>::try_from(&e.data[..]).map(u64::from_le_bytes) else { return NormalEntry::Ignored };
+        return NormalEntry::Preference((id != 0).then_some(id));
+    }
+    if e.data.is_empty() {
+        return NormalEntry::Empty;
+    }
+    let result = match Mutation::decode(&e.data) {
+        Ok(m) => Ok(machine.apply(e.index, &m)),
+        Err(_) => Err(ProposeError::Corrupt),
+    };
+    let id = id_of(&e.context);
+    if let Some(id) = id {
+        let outcome = match &result {
+            Ok(Applied::Command(o)) => Some(o),
+            _ => None,
+        };
+        machine.remember(e.index, id, outcome);
+    }
+    NormalEntry::Applied(id, result)
+}
+
+/// At recovery: apply the committed entries after the snapshot to `machine`, up to the first
+/// that is not a normal entry (a membership change needs raft-rs: it and everything after it
+/// are applied in the node's first turn). Returns the index applied up to (raft-rs's
+/// `Config::applied`) and the last preferred leader an applied entry set, if one did. Nobody
+/// waits for these entries yet, so there is no one to answer.
+fn apply_committed_log(storage: &GroupStorage, machine: &TenantMachine) -> (u64, Option<Option<u64>>) {
+    let mut applied = storage.snapshot_index();
+    let mut preference = None;
+    let commit = storage.hard_state().commit;
+    for e in storage.entries_between(applied + 1, commit + 1) {
+        if e.get_entry_type() != EntryType::EntryNormal {
+            break;
+        }
+        if let NormalEntry::Preference(to) = apply_normal(machine, e) {
+            preference = Some(to);
+        }
+        applied = e.index;
+    }
+    (applied, preference)
 }
 
 /// An applied conf change that adds a node carries its raft address: remember it for the
@@ -1254,4 +1414,46 @@ fn learn_peer(g: &mut Group, cc: &ConfChange) {
         g.learned_peers.push((cc.node_id, addr));
     }
     g.compact_soon |= adds;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stop_events(n: usize, tx: &Inbox) -> usize {
+        (0..n).filter(|_| tx.try_send(Event::Stop).is_ok()).count()
+    }
+
+    #[test]
+    fn the_inbox_refuses_past_its_bound_and_takes_again_once_emptied() {
+        let (tx, rx) = Inbox::new();
+        assert_eq!(stop_events(INBOX_EVENTS_MAX + 10, &tx), INBOX_EVENTS_MAX);
+        assert!(matches!(tx.try_send(Event::Stop), Err(TrySendError::Full(_))));
+        // Stop is heard whatever the bound.
+        tx.send_stop();
+        let mut taken = 0;
+        while rx.try_recv().is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, INBOX_EVENTS_MAX + 1);
+        assert_eq!(stop_events(3, &tx), 3);
+        assert!(rx.recv_timeout(Duration::from_millis(10)).is_ok());
+    }
+
+    #[test]
+    fn a_waiting_sender_goes_on_when_the_node_takes_and_gives_up_when_it_is_gone() {
+        let (tx, rx) = Inbox::new();
+        assert_eq!(stop_events(INBOX_EVENTS_MAX, &tx), INBOX_EVENTS_MAX);
+        let waiting = {
+            let tx = tx.clone();
+            std::thread::spawn(move || tx.send_waiting(Event::Stop))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!waiting.is_finished(), "the inbox is full: the sender waits");
+        assert!(rx.try_recv().is_some());
+        assert!(waiting.join().unwrap_or(false), "one event taken: the waiting one is queued");
+        drop(rx);
+        assert!(!tx.send_waiting(Event::Stop), "the node thread is gone");
+        assert!(matches!(tx.try_send(Event::Stop), Err(TrySendError::Disconnected(_))));
+    }
 }
