@@ -316,29 +316,10 @@ pub struct ReplicationNode {
     stores: HashMap<u64, TenantMachine>,
 }
 
-/// A node whose groups are open and whose stores hold their committed state, not yet
-/// running: no connection, no thread (see [`ReplicationNode::recover`]).
-pub struct Recovered {
-    cfg: NodeConfig,
-    listen: SocketAddr,
-    groups: BTreeMap<u64, Group>,
-    stores: HashMap<u64, TenantMachine>,
-}
-
 impl ReplicationNode {
-    /// Open every group's storage (restoring its store from the snapshot on disk and the
-    /// committed log after it), start the transport and the node thread.
+    /// Open every group's storage (restoring its store from the snapshot on disk), start the
+    /// transport and the node thread.
     pub fn start(cfg: NodeConfig, groups: Vec<GroupSpec>) -> Result<ReplicationNode, NodeError> {
-        ReplicationNode::run(ReplicationNode::recover(cfg, groups)?)
-    }
-
-    /// The CPU-heavy part of a (re)start, and nothing else: open every group's storage (replay
-    /// its log file), restore its store from the snapshot and apply the committed entries
-    /// after it (up to the first membership change, which raft-rs applies in the node's first
-    /// turn, as it would all of them). Starts no thread and opens no socket, so a caller may
-    /// run it on a thread of its own at a lower CPU priority: a restarting node then yields
-    /// the cores to the nodes serving meanwhile (the server does: `slipstream::cluster`).
-    pub fn recover(cfg: NodeConfig, groups: Vec<GroupSpec>) -> Result<Recovered, NodeError> {
         let listen = *cfg.peers.get(&cfg.node_id).ok_or(NodeError::NoAddress(cfg.node_id))?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let mut built = BTreeMap::new();
@@ -349,11 +330,10 @@ impl ReplicationNode {
             let storage = GroupStorage::open(&dir, cfg.fsync, &g.voters).map_err(|e| NodeError::Storage(id, e))?;
             let machine = TenantMachine::with_exec(g.store.clone(), g.exec.clone());
             let snap = storage.latest_snapshot();
-            if snap.get_metadata().index > 0 {
+            let applied = snap.get_metadata().index;
+            if applied > 0 {
                 machine.restore(&snap.data).map_err(|e| NodeError::Snapshot(id, e.to_string()))?;
             }
-            let (applied, preference) = apply_committed_log(&storage, &machine);
-            let preferred_leader = preference.unwrap_or(g.preferred_leader);
             let rc = raft::Config {
                 id: cfg.node_id,
                 election_tick: cfg.election_ticks,
@@ -387,9 +367,9 @@ impl ReplicationNode {
                     elections_won: 0,
                     snapshots_installed: 0,
                     was_leader: false,
-                    preferred_leader,
+                    preferred_leader: g.preferred_leader,
                     ticks_since_transfer_check: 0,
-                    transfer_soon: preference.is_some(),
+                    transfer_soon: false,
                     learned_peers: Vec::new(),
                     compact_soon: false,
                     election_ticks: cfg.election_ticks,
@@ -398,12 +378,6 @@ impl ReplicationNode {
                 },
             );
         }
-        Ok(Recovered { cfg, listen, groups: built, stores })
-    }
-
-    /// Start the transport and the node thread of a recovered node.
-    pub fn run(r: Recovered) -> Result<ReplicationNode, NodeError> {
-        let Recovered { cfg, listen, groups: built, stores } = r;
         let (tx, rx) = Inbox::new();
         let deliver_tx = tx.clone();
         let deliver: Deliver = Arc::new(move |m| deliver_tx.send_waiting(Event::Raft(m)));
@@ -915,24 +889,34 @@ fn send_all(t: &Transport, gid: u64, g: &mut Group, msgs: Vec<Message>) {
 fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) -> Result<(), (u64, String)> {
     for e in entries {
         match e.get_entry_type() {
-            EntryType::EntryNormal => match apply_normal(&g.machine, &e) {
-                NormalEntry::Preference(to) => {
-                    g.preferred_leader = to;
-                    g.transfer_soon = true;
+            EntryType::EntryNormal => {
+                if e.context[..] == *PREFER_CTX {
+                    apply_preference(g, &e.data);
                     complete_up_to(g, e.index, None);
+                    continue;
                 }
-                NormalEntry::Ignored => complete_up_to(g, e.index, None),
-                NormalEntry::Empty => {
+                if e.data.is_empty() {
                     complete_up_to(g, e.index, None); // a new leader's empty entry
                     answer_lost_forwards(g, e.term);
+                    continue;
                 }
-                NormalEntry::Applied(id, result) => {
-                    if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
-                        g.replies.push((w.done, result.clone()));
-                    }
-                    complete_up_to(g, e.index, id.map(|id| (id, result)));
+                let result = match Mutation::decode(&e.data) {
+                    Ok(m) => Ok(g.machine.apply(e.index, &m)),
+                    Err(_) => Err(ProposeError::Corrupt),
+                };
+                let id = id_of(&e.context);
+                if let Some(id) = id {
+                    let outcome = match &result {
+                        Ok(Applied::Command(o)) => Some(o),
+                        _ => None,
+                    };
+                    g.machine.remember(e.index, id, outcome);
                 }
-            },
+                if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
+                    g.replies.push((w.done, result.clone()));
+                }
+                complete_up_to(g, e.index, id.map(|id| (id, result)));
+            }
             EntryType::EntryConfChange => {
                 let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
                 learn_peer(g, &cc);
@@ -1346,63 +1330,13 @@ fn propose_admin(g: &mut Group, op: AdminOp) -> Result<(), AdminError> {
     r.map_err(|_| AdminError::Group(ProposeError::NotLeader(Some(leader))))
 }
 
-/// What applying a normal entry did (the one rule for the node thread and for recovery).
-enum NormalEntry {
-    /// A preferred-leader entry: every replica now prefers that node (None: no preference);
-    /// the leader checks every tick until it leads.
-    Preference(Option<u64>),
-    /// A preferred-leader entry whose data is not a node id (not written by this code):
-    /// changes nothing.
-    Ignored,
-    /// A new leader's empty entry.
-    Empty,
-    /// A mutation, applied to the store (its proposal id, if it had one, and its result;
-    /// command results are remembered for `TenantMachine::recall`).
-    Applied(Option<u64>, Result<Applied, ProposeError>),
-}
-
-fn apply_normal(machine: &TenantMachine, e: &Entry) -> NormalEntry {
-    if e.context[..] == *PREFER_CTX {
-        let Ok(id) = <[u8; 8]>::try_from(&e.data[..]).map(u64::from_le_bytes) else { return NormalEntry::Ignored };
-        return NormalEntry::Preference((id != 0).then_some(id));
-    }
-    if e.data.is_empty() {
-        return NormalEntry::Empty;
-    }
-    let result = match Mutation::decode(&e.data) {
-        Ok(m) => Ok(machine.apply(e.index, &m)),
-        Err(_) => Err(ProposeError::Corrupt),
-    };
-    let id = id_of(&e.context);
-    if let Some(id) = id {
-        let outcome = match &result {
-            Ok(Applied::Command(o)) => Some(o),
-            _ => None,
-        };
-        machine.remember(e.index, id, outcome);
-    }
-    NormalEntry::Applied(id, result)
-}
-
-/// At recovery: apply the committed entries after the snapshot to `machine`, up to the first
-/// that is not a normal entry (a membership change needs raft-rs: it and everything after it
-/// are applied in the node's first turn). Returns the index applied up to (raft-rs's
-/// `Config::applied`) and the last preferred leader an applied entry set, if one did. Nobody
-/// waits for these entries yet, so there is no one to answer.
-fn apply_committed_log(storage: &GroupStorage, machine: &TenantMachine) -> (u64, Option<Option<u64>>) {
-    let mut applied = storage.snapshot_index();
-    let mut preference = None;
-    let commit = storage.hard_state().commit;
-    for e in storage.entries_between(applied + 1, commit + 1) {
-        if e.get_entry_type() != EntryType::EntryNormal {
-            break;
-        }
-        if let NormalEntry::Preference(to) = apply_normal(machine, e) {
-            preference = Some(to);
-        }
-        applied = e.index;
-    }
-    (applied, preference)
+/// A preferred-leader entry was applied: every replica now prefers that node; the leader
+/// checks every tick until it leads.
+fn apply_preference(g: &mut Group, data: &[u8]) {
+    let Ok(id) = <[u8; 8]>::try_from(data) else { return };
+    let id = u64::from_le_bytes(id);
+    g.preferred_leader = (id != 0).then_some(id);
+    g.transfer_soon = true;
 }
 
 /// An applied conf change that adds a node carries its raft address: remember it for the

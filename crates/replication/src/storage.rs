@@ -202,16 +202,6 @@ impl GroupStorage {
         self.log_bytes
     }
 
-    /// The entries held with indexes in [lo, hi) (clamped to those held).
-    pub fn entries_between(&self, lo: u64, hi: u64) -> &[Entry] {
-        let first = self.first();
-        let (lo, hi) = (lo.max(first), hi.min(self.last() + 1));
-        if lo >= hi {
-            return &[];
-        }
-        &self.entries[(lo - first) as usize..(hi - first) as usize]
-    }
-
     /// Entries held after the last snapshot.
     pub fn entries_len(&self) -> usize {
         self.entries.len()

@@ -4,19 +4,11 @@
 //! (`slipstream_server::replicated`), then each tenant handed its group before the workers
 //! serve it; a replicated tenant placed on other nodes only gets a `Relay` to them.
 //!
-//! A restarting node's recovery (log replay, the committed entries applied to the stores:
-//! `ReplicationNode::recover`) runs on a thread of its own at nice `RECOVERY_NICE`, then the
-//! node runs at the daemon's priority. On machines shared with other nodes or services (the
-//! benchmarks' three nodes on two cores), the running nodes' request threads then preempt the
-//! recovery at once instead of waiting behind its time slice; on an idle machine it changes
-//! nothing.
-//!
 //! Not for: Raft (slipstream-replication) or the request path (slipstream-server).
 
 use crate::config::Config;
 use slipstream_replication::cluster::ClusterSpec;
-use slipstream_replication::node::Recovered;
-use slipstream_replication::{GroupSpec, NodeConfig, NodeError, ReplicationNode};
+use slipstream_replication::{GroupSpec, NodeConfig, ReplicationNode};
 use slipstream_server::admin::MetricsFn;
 use slipstream_server::relay::{Member, Relay};
 use slipstream_server::replicated::{ApplyExec, Replica, TenantTraffic};
@@ -25,35 +17,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Nice value of the thread that recovers the replicated tenants at start (0 = the daemon's
-/// own, 19 = the lowest). 10: a nice-0 thread that wakes preempts it at once (CFS weights
-/// 1024 vs 110), and on an idle core it still runs flat out.
-const RECOVERY_NICE: i32 = 10;
-
-/// `ReplicationNode::recover` on a thread at `RECOVERY_NICE` (it starts no thread of its own,
-/// so nothing it leaves behind inherits the lower priority).
-fn recover_yielding(nc: NodeConfig, specs: Vec<GroupSpec>) -> Result<Recovered, NodeError> {
-    let t = std::thread::Builder::new()
-        .name("raft-recover".into())
-        .spawn(move || {
-            lower_own_priority(RECOVERY_NICE);
-            ReplicationNode::recover(nc, specs)
-        })
-        .map_err(NodeError::Io)?;
-    t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
-/// Lower the calling thread's CPU priority to nice `nice` (never raise it).
-fn lower_own_priority(nice: i32) {
-    // SAFETY: getpriority/setpriority take no pointers; with PRIO_PROCESS and who = 0 Linux
-    // reads and sets the calling thread's own nice value (threads have their own).
-    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-    if now < nice {
-        // SAFETY: as above. A failure leaves the thread at its priority (harmless).
-        let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    }
-}
 
 /// A tenant's group id on every node: derived from its name (FNV-1a), so the nodes agree
 /// without another key; never 0.
@@ -119,8 +82,7 @@ pub fn start(cfg: &Config, table: &TenantTable) -> Result<Option<Arc<Replication
     nc.election_ticks = c.timing.election_ticks;
     nc.heartbeat_ticks = c.timing.heartbeat_ticks;
     let specs = groups.iter().map(|(_, _, g)| g.clone()).collect();
-    let recovered = recover_yielding(nc, specs).map_err(|e| format!("replication: {e}"))?;
-    let node = Arc::new(ReplicationNode::run(recovered).map_err(|e| format!("replication: {e}"))?);
+    let node = Arc::new(ReplicationNode::start(nc, specs).map_err(|e| format!("replication: {e}"))?);
     let wait = Duration::from_millis(cfg.replica_opts.wait_ms);
     for (t, traffic, g) in groups {
         let r = Replica::new(node.clone(), g.group_id, cfg.replica_opts.local_reads, wait, traffic);
