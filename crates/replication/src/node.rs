@@ -530,6 +530,9 @@ impl Inbox {
 
     /// Queue `ev` unless `INBOX_EVENTS_MAX` events wait already (`Full`) or the node thread
     /// is gone (`Disconnected`).
+    // The refused event goes back whole (as std's `TrySendError`): its `done` must still be
+    // called by the sender.
+    #[allow(clippy::result_large_err)]
     fn try_send(&self, ev: Event) -> Result<(), TrySendError<Event>> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(TrySendError::Disconnected(ev));
