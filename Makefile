@@ -127,6 +127,7 @@ bench: build
 	bash bench/repl_soak.sh
 	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/failover_bench.py
 	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/isolation_bench.py
+	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream BENCH=sets REPEATS=2 PNG=docs/img/repl_spread.png bash bench/repl_emulation_ab.sh
 
 clean:
 	$(CARGO) clean

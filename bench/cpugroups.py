@@ -13,7 +13,9 @@ bench/failover_bench.py and bench/isolation_bench.py (through `Groups`). Layout,
                       starts (load generators, writers) other than the daemons
 
 With node_cpu = None only <name> is made (no quotas): the same shares, so a run with and a run
-without the emulation differ only in the quotas. Daemons join `node<n>` as they start
+without the emulation differ only in the quotas. With node_cpu = "max" the node and clients'
+groups are made without quotas (the same shares): each node's CPU time is counted, nothing
+is limited (the plain runs of bench/repl_emulation_ab.sh, so per-node CPU is known in both). Daemons join `node<n>` as they start
 (`preexec_fn`, or scripts/cluster.sh's CLUSTER_CGROUPS), so a restarted node rejoins its group.
 
 What the emulation is: each node gets at most NODE_CPU cores of CPU time per CFS period (10 ms
@@ -57,7 +59,8 @@ def _read(path):
 
 class Groups:
     def __init__(self, name, nodes, node_cpu=None, client_cpu=None, shares=1024):
-        """node_cpu / client_cpu: cores (float) or None (no quota: groups for the shares only)."""
+        """node_cpu / client_cpu: cores (float) or None (no quota: groups for the shares only);
+        node_cpu "max": a group per node and for the clients, no quotas (counting only)."""
         self.name = name
         self.nodes = list(nodes)
         self.node_cpu = node_cpu
@@ -82,10 +85,11 @@ class Groups:
             _write(os.path.join(top, "cpu.shares"), self.shares)
             for d in nodes.values():
                 _write(os.path.join(d, "cpu.cfs_period_us"), PERIOD_US)
-                _write(os.path.join(d, "cpu.cfs_quota_us"), int(self.node_cpu * PERIOD_US))
+                if not self.counting_only():
+                    _write(os.path.join(d, "cpu.cfs_quota_us"), int(self.node_cpu * PERIOD_US))
             if clients != top:
                 _write(os.path.join(clients, "cpu.cfs_period_us"), PERIOD_US)
-                if self.client_cpu is not None:
+                if self.client_cpu is not None and not self.counting_only():
                     _write(os.path.join(clients, "cpu.cfs_quota_us"), int(self.client_cpu * PERIOD_US))
             for d in (top, clients) if clients != top else (top,):
                 if os.path.exists(os.path.join(d, "cpu.rt_runtime_us")):
@@ -97,6 +101,9 @@ class Groups:
             self.remove()
             raise
         return self
+
+    def counting_only(self):
+        return self.node_cpu == "max"
 
     def node_procs(self, n):
         """cgroup.procs files node n's daemon joins (none without the emulation)."""
@@ -140,6 +147,9 @@ class Groups:
     def describe(self):
         if self.node_cpu is None:
             return "no emulation (bench processes in one cpu group, cpu.shares %d)" % self.shares
+        if self.counting_only():
+            return ("no emulation (each daemon and the clients in their own cpu group without a quota, "
+                    "for counting; cpu.shares %d over the groups)" % self.shares)
         return ("emulated machines: each node's daemon in its own cpu cgroup with %.2f cores (CFS quota %d us / "
                 "%d us), clients %s, cpu.shares %d over the groups" %
                 (self.node_cpu, int(self.node_cpu * PERIOD_US), PERIOD_US,
@@ -173,7 +183,8 @@ class Groups:
 
 
 def from_env(name, nodes):
-    """The benches' settings: NODE_CPU (cores per node; unset or empty = no emulation), CLIENT_CPU
+    """The benches' settings: NODE_CPU (cores per node; "max" = a group per node without a quota,
+    for counting; unset or empty = no emulation), CLIENT_CPU
     (cores for the clients, default 0.5: 3 x 0.5 + 0.5 = the two cores; 0.3 throttled the load
     generators' bursts and set the figures), CPU_SHARES (default 1024). None when neither NODE_CPU nor CPU_SHARES is set."""
     node_cpu = os.environ.get("NODE_CPU", "")
@@ -181,15 +192,21 @@ def from_env(name, nodes):
     if not node_cpu and not shares:
         return None
     client = os.environ.get("CLIENT_CPU", "0.5")
-    return Groups(name, nodes, float(node_cpu) if node_cpu else None, float(client) if client else None,
-                  int(shares or 1024))
+    return Groups(name, nodes, _cores(node_cpu), float(client) if client else None, int(shares or 1024))
+
+
+def _cores(s):
+    """NODE_CPU's spelling: cores, "max" (counting only) or empty (no groups per node)."""
+    if not s:
+        return None
+    return "max" if s == "max" else float(s)
 
 
 def main(argv):
     cmd = argv[1] if len(argv) > 1 else ""
     if cmd == "setup" and len(argv) == 7:
         name, nodes, node_cpu, client_cpu, shares = argv[2:]
-        g = Groups(name, range(1, int(nodes) + 1), float(node_cpu) if node_cpu else None,
+        g = Groups(name, range(1, int(nodes) + 1), _cores(node_cpu),
                    float(client_cpu) if client_cpu else None, int(shares)).setup()
         # Line 1: the parent dirs scripts/cluster.sh puts node n under (<dir>/node<n>); empty
         # without the emulation. Line 2: the files the script writes its own pid to.

@@ -13,7 +13,9 @@
 #              OUT_DIR/isolation-<kind>-<n>.{out,json,png}
 # Env: BENCH, SIZES ("16 64 1024"), REPEATS (3 for sets, 2 otherwise), NODE_CPU (0.5),
 # CLIENT_CPU (0.5), CPU_SHARES (65536), DURATION_S (5 for sets, 8 for isolation), FSYNC
-# (batch), OUT_DIR (bench/results/repl-emulation-<date>), SLIPSTREAM_BIN.
+# (batch), OUT_DIR (bench/results/repl-emulation-<date>), PNG (sets: the ratio plot, default
+# OUT_DIR/spread.png), SLIPSTREAM_BIN, PLAIN_NODE_CPU (max:
+# the plain runs' daemons in per-node groups without quotas; empty = one group for all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-sets}
@@ -21,7 +23,9 @@ SIZES=${SIZES:-16 64 1024}
 OUT_DIR=${OUT_DIR:-bench/results/repl-emulation-$(date -u +%Y%m%dT%H%MZ)}
 export CLIENT_CPU=${CLIENT_CPU:-0.5} CPU_SHARES=${CPU_SHARES:-65536}
 mkdir -p "$OUT_DIR"
-kinds=("${NODE_CPU:-0.5}" "")
+# Plain runs put each daemon in its own cpu group without a quota (NODE_CPU=max: counted,
+# not limited), so both kinds report per-node CPU seconds.
+kinds=("${NODE_CPU:-0.5}" "${PLAIN_NODE_CPU-max}")
 i=0
 case $BENCH in
     sets)
@@ -36,12 +40,12 @@ case $BENCH in
                 done
             done
         done
-        python3 bench/repl_emulation_table.py "$OUT_DIR"/*.jsonl
+        PNG=${PNG:-$OUT_DIR/spread.png} python3 bench/repl_emulation_table.py "$OUT_DIR"/*.jsonl
         ;;
     failover | isolation)
         for r in $(seq 1 "${REPEATS:-2}"); do
             for emu in "${kinds[@]}"; do
-                kind=${emu:+emulated}; kind=${kind:-plain}
+                kind=plain; [ -z "$emu" ] || [ "$emu" = max ] || kind=emulated
                 base=$OUT_DIR/$BENCH-$kind-$r
                 echo "$BENCH repeat $r $kind $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
                 if [ "$BENCH" = failover ]; then

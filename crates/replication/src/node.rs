@@ -52,7 +52,8 @@ use slipstream_store::Store;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,6 +61,9 @@ use std::time::{Duration, Instant};
 /// Events queued for the node thread before proposals are refused with `Busy` (and incoming
 /// raft messages wait on their connection).
 pub const INBOX_EVENTS_MAX: usize = 65536;
+/// How long a raft message waits between looks at a full inbox (back-pressure on its
+/// connection; the node thread empties up to `EVENTS_PER_TURN_MAX` events a turn).
+const INBOX_FULL_WAIT: Duration = Duration::from_millis(1);
 /// Proposals and reads of one group waiting (for a leader, a commit or an apply) before new
 /// ones get `Busy`.
 pub const PENDING_PROPOSALS_MAX: usize = 65536;
@@ -305,7 +309,7 @@ struct Group {
 /// A running node (see the module doc). Dropping it stops the thread and closes every
 /// connection: to the rest of the cluster it is a crashed node (its data_dir stays).
 pub struct ReplicationNode {
-    tx: SyncSender<Event>,
+    tx: Inbox,
     thread: Option<JoinHandle<()>>,
     transport: Arc<Transport>,
     status: Arc<Mutex<HashMap<u64, GroupStatus>>>,
@@ -374,9 +378,9 @@ impl ReplicationNode {
                 },
             );
         }
-        let (tx, rx) = mpsc::sync_channel(INBOX_EVENTS_MAX);
+        let (tx, rx) = Inbox::new();
         let deliver_tx = tx.clone();
-        let deliver: Deliver = Arc::new(move |m| deliver_tx.send(Event::Raft(m)).is_ok());
+        let deliver: Deliver = Arc::new(move |m| deliver_tx.send_waiting(Event::Raft(m)));
         let transport = Arc::new(Transport::start(cfg.node_id, listen, &cfg.peers, deliver).map_err(NodeError::Io)?);
         let status: Arc<Mutex<HashMap<u64, GroupStatus>>> = Arc::new(Mutex::new(HashMap::new()));
         let known = status.clone();
@@ -486,10 +490,103 @@ impl ReplicationNode {
 
 impl Drop for ReplicationNode {
     fn drop(&mut self) {
-        let _ = self.tx.send(Event::Stop);
+        self.tx.send_stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The node thread's inbox: a channel bounded by a count of what is queued, not a
+/// preallocated ring. (`mpsc::sync_channel(INBOX_EVENTS_MAX)` allocated and wrote all 65,536
+/// slots of a raft message's size — ~16 MiB — at every start: about 6 ms of page faults of a
+/// restarting node, on the cores the running nodes serve from, for a queue that holds a few
+/// events in practice. An unbounded channel allocates its blocks as they fill.)
+#[derive(Clone)]
+struct Inbox {
+    tx: Sender<Event>,
+    shared: Arc<InboxShared>,
+}
+
+struct InboxShared {
+    /// Events sent and not yet taken by the node thread.
+    queued: AtomicUsize,
+    /// The node thread is gone: nothing will be taken again.
+    closed: AtomicBool,
+}
+
+/// The node thread's end of the inbox; dropping it closes the inbox.
+struct InboxRx {
+    rx: Receiver<Event>,
+    shared: Arc<InboxShared>,
+}
+
+impl Inbox {
+    fn new() -> (Inbox, InboxRx) {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(InboxShared { queued: AtomicUsize::new(0), closed: AtomicBool::new(false) });
+        (Inbox { tx, shared: shared.clone() }, InboxRx { rx, shared })
+    }
+
+    /// Queue `ev` unless `INBOX_EVENTS_MAX` events wait already (`Full`) or the node thread
+    /// is gone (`Disconnected`).
+    // The refused event goes back whole (as std's `TrySendError`): its `done` must still be
+    // called by the sender.
+    #[allow(clippy::result_large_err)]
+    fn try_send(&self, ev: Event) -> Result<(), TrySendError<Event>> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(TrySendError::Disconnected(ev));
+        }
+        if self.shared.queued.fetch_add(1, Ordering::AcqRel) >= INBOX_EVENTS_MAX {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(TrySendError::Full(ev));
+        }
+        self.tx.send(ev).map_err(|e| {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            TrySendError::Disconnected(e.0)
+        })
+    }
+
+    /// Queue `ev`, waiting while the inbox is full (back-pressure on a raft connection);
+    /// false = the node thread is gone.
+    fn send_waiting(&self, mut ev: Event) -> bool {
+        loop {
+            match self.try_send(ev) {
+                Ok(()) => return true,
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(back)) => {
+                    ev = back;
+                    std::thread::sleep(INBOX_FULL_WAIT);
+                }
+            }
+        }
+    }
+
+    /// Tell the node thread to stop, whatever the bound (it must hear it).
+    fn send_stop(&self) {
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        let _ = self.tx.send(Event::Stop);
+    }
+}
+
+impl InboxRx {
+    fn taken(&self, ev: Event) -> Event {
+        self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        ev
+    }
+
+    fn recv_timeout(&self, wait: Duration) -> Result<Event, RecvTimeoutError> {
+        self.rx.recv_timeout(wait).map(|ev| self.taken(ev))
+    }
+
+    fn try_recv(&self) -> Option<Event> {
+        self.rx.try_recv().ok().map(|ev| self.taken(ev))
+    }
+}
+
+impl Drop for InboxRx {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
     }
 }
 
@@ -501,7 +598,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn run(&mut self, rx: Receiver<Event>, tick: Duration) {
+    fn run(&mut self, rx: InboxRx, tick: Duration) {
         let mut next_tick = Instant::now() + tick;
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
@@ -512,7 +609,7 @@ impl Loop {
             };
             let mut handled = 0;
             while let Some(ev) =
-                first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv().ok() } else { None })
+                first.take().or_else(|| if handled < EVENTS_PER_TURN_MAX { rx.try_recv() } else { None })
             {
                 handled += 1;
                 if !self.handle(ev) {
@@ -1254,4 +1351,46 @@ fn learn_peer(g: &mut Group, cc: &ConfChange) {
         g.learned_peers.push((cc.node_id, addr));
     }
     g.compact_soon |= adds;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stop_events(n: usize, tx: &Inbox) -> usize {
+        (0..n).filter(|_| tx.try_send(Event::Stop).is_ok()).count()
+    }
+
+    #[test]
+    fn the_inbox_refuses_past_its_bound_and_takes_again_once_emptied() {
+        let (tx, rx) = Inbox::new();
+        assert_eq!(stop_events(INBOX_EVENTS_MAX + 10, &tx), INBOX_EVENTS_MAX);
+        assert!(matches!(tx.try_send(Event::Stop), Err(TrySendError::Full(_))));
+        // Stop is heard whatever the bound.
+        tx.send_stop();
+        let mut taken = 0;
+        while rx.try_recv().is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, INBOX_EVENTS_MAX + 1);
+        assert_eq!(stop_events(3, &tx), 3);
+        assert!(rx.recv_timeout(Duration::from_millis(10)).is_ok());
+    }
+
+    #[test]
+    fn a_waiting_sender_goes_on_when_the_node_takes_and_gives_up_when_it_is_gone() {
+        let (tx, rx) = Inbox::new();
+        assert_eq!(stop_events(INBOX_EVENTS_MAX, &tx), INBOX_EVENTS_MAX);
+        let waiting = {
+            let tx = tx.clone();
+            std::thread::spawn(move || tx.send_waiting(Event::Stop))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!waiting.is_finished(), "the inbox is full: the sender waits");
+        assert!(rx.try_recv().is_some());
+        assert!(waiting.join().unwrap_or(false), "one event taken: the waiting one is queued");
+        drop(rx);
+        assert!(!tx.send_waiting(Event::Stop), "the node thread is gone");
+        assert!(matches!(tx.try_send(Event::Stop), Err(TrySendError::Disconnected(_))));
+    }
 }
