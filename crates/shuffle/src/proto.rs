@@ -9,7 +9,9 @@
 //! COMMIT <app> <shuffle> <map> <attempt> <n>
 //!   then n lines: <partition> <block> <offset> <length>
 //!                                         -> COMMITTED <winning attempt> <n>, n segment lines, END
-//! LOOKUP <app> <shuffle> <reduce>         -> SEGMENTS <n>, n lines <map> <attempt> <block> <offset> <length>, END
+//! LOOKUP <app> <shuffle> <reduce>         -> SEGMENTS <n>, n lines <map> <attempt> <block> <offset> <length> <file>, END
+//!                                            (<file>: the block's file id, crate::pool; a reader
+//!                                            keeps a block mapped while it is the same)
 //! RELEASE <block>                         -> OK
 //! LOST <app> <shuffle> <map> <attempt>    -> OK
 //! UNREGISTER <app> <shuffle>              -> OK
@@ -210,7 +212,7 @@ pub fn committed(out: &mut String, attempt: u64, segments: &[Segment]) {
 pub fn segments(out: &mut String, found: &[Found]) {
     let _ = write!(out, "SEGMENTS {}\r\n", found.len());
     for f in found {
-        let _ = write!(out, "{} {} {} {} {}\r\n", f.map, f.attempt, f.block, f.offset, f.length);
+        let _ = write!(out, "{} {} {} {} {} {}\r\n", f.map, f.attempt, f.block, f.offset, f.length, f.file);
     }
     out.push_str("END\r\n");
 }
@@ -284,6 +286,9 @@ mod tests {
         out.clear();
         segments(&mut out, &[]);
         assert_eq!(out, "SEGMENTS 0\r\nEND\r\n");
+        out.clear();
+        segments(&mut out, &[Found { map: 4, attempt: 1 << 33, block: 5, offset: 6, length: 7, file: 1 << 60 }]);
+        assert_eq!(out, "SEGMENTS 1\r\n4 8589934592 5 6 7 1152921504606846976\r\nEND\r\n");
         out.clear();
         error(&mut out, &ShuffleError::PoolFull { blocks_max: 1, block_bytes: 2 });
         assert!(out.starts_with("SERVER_ERROR shuffle pool full"));

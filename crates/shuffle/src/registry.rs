@@ -28,7 +28,8 @@ pub struct Segment {
     pub length: u32,
 }
 
-/// One segment as a reducer sees it: whose map output it is.
+/// One segment as a reducer sees it: whose map output it is, and the file id of its block's
+/// file (crate::pool; 0 when not known).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Found {
     pub map: u32,
@@ -36,6 +37,7 @@ pub struct Found {
     pub block: u32,
     pub offset: u32,
     pub length: u32,
+    pub file: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -413,6 +415,7 @@ impl Registry {
     pub fn lookup(&mut self, conn: u64, app: &str, shuffle: u32, reduce: u32) -> Result<Vec<Found>, ShuffleError> {
         let key = (app.to_string(), shuffle);
         let sh = self.shuffles.get(&key).ok_or(ShuffleError::UnknownShuffle)?;
+        let pool = &self.pool;
         if reduce >= sh.partitions {
             return Err(ShuffleError::BadSegment(format!("partition {reduce} of {}", sh.partitions)));
         }
@@ -426,6 +429,7 @@ impl Registry {
                     block: s.block,
                     offset: s.offset,
                     length: s.length,
+                    file: pool.file_id(s.block),
                 })
             })
             .collect();
@@ -607,7 +611,10 @@ mod tests {
         assert_eq!(r.pool().in_use(), 1);
         assert_eq!(r.counts.commits_lost_race, 1);
         let found = r.lookup(3, "app-1", 0, 3).unwrap();
-        assert_eq!(found, vec![Found { map: 7, attempt: 100, block: a, offset: 10, length: 5 }]);
+        assert_eq!(
+            found,
+            vec![Found { map: 7, attempt: 100, block: a, offset: 10, length: 5, file: r.pool().file_id(a) }]
+        );
         assert!(r.lookup(3, "app-1", 0, 1).unwrap().is_empty());
     }
 

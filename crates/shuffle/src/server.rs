@@ -608,6 +608,10 @@ fn lookup_everywhere(
         };
         let used: HashSet<u32> = kept.iter().map(|f| f.block).collect();
         let mut r = shared.registry();
+        let mut kept = kept;
+        for f in &mut kept {
+            f.file = r.pool().file_id(f.block);
+        }
         r.count_out(app, kept.iter().map(|f| u64::from(f.length)).sum());
         for b in got.blocks.iter().filter(|b| !used.contains(b)) {
             let _ = r.release(conn, *b);

@@ -20,8 +20,12 @@ final class ShuffleClient implements Closeable {
     /** Longest answer line read (a segment line is five numbers). */
     private static final int LINE_BYTES_MAX = 4096;
 
-    /** One segment: map output `map` (attempt `attempt`) of a partition, in block `block`. */
-    record Segment(int partition, int map, long attempt, int block, int offset, int length) {}
+    /**
+     * One segment: map output `map` (attempt `attempt`) of a partition, in block `block`, whose
+     * file the daemon identifies as `file` (LOOKUP's answer; 0 when it names none: COMMIT's
+     * answer, or an older daemon).
+     */
+    record Segment(int partition, int map, long attempt, int block, int offset, int length, long file) {}
 
     /** COMMIT's answer: the winning attempt and its segments. */
     record Committed(long attempt, List<Segment> segments) {}
@@ -149,13 +153,17 @@ final class ShuffleClient implements Closeable {
         for (int i = 0; i < n; i++) {
             String[] w = readLine().split(" ");
             out.add(new Segment(Integer.parseInt(w[0]), map, won, Integer.parseInt(w[1]), Integer.parseInt(w[2]),
-                    Integer.parseInt(w[3])));
+                    Integer.parseInt(w[3]), 0));
         }
         expectEnd();
         return new Committed(won, out);
     }
 
-    /** The committed segments of reduce partition `reduce`, in map order (pins their blocks). */
+    /**
+     * The committed segments of reduce partition `reduce`, in map order (pins their blocks). A
+     * segment line is `<map> <attempt> <block> <offset> <length> [<file>]`: a daemon before the
+     * file identity sends five words (file 0).
+     */
     List<Segment> lookup(String app, int shuffle, int reduce) throws IOException {
         send("LOOKUP " + app + " " + shuffle + " " + reduce);
         String head = call();
@@ -167,7 +175,7 @@ final class ShuffleClient implements Closeable {
         for (int i = 0; i < n; i++) {
             String[] w = readLine().split(" ");
             out.add(new Segment(reduce, Integer.parseInt(w[0]), Long.parseLong(w[1]), Integer.parseInt(w[2]),
-                    Integer.parseInt(w[3]), Integer.parseInt(w[4])));
+                    Integer.parseInt(w[3]), Integer.parseInt(w[4]), w.length > 5 ? Long.parseLong(w[5]) : 0));
         }
         expectEnd();
         return out;
