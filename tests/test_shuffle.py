@@ -121,7 +121,9 @@ def test_commit_lookup_first_attempt_wins(daemon):
     assert r.until_end(r.ask("LOOKUP app-1 0 0\r\n")) == ["SEGMENTS 0", "END"]
     with open(path, "rb") as f:
         assert f.read(17) == b"hello-partition-2"
-    assert r.ask("RELEASE %d\r\n" % blk) == "OK"
+    # Several blocks per RELEASE: one not pinned is named, the pinned one is released all the same.
+    assert r.ask("RELEASE 424242 %d\r\n" % blk).startswith("CLIENT_ERROR unknown block 424242")
+    assert r.ask("RELEASE %d\r\n" % blk).startswith("CLIENT_ERROR"), "released by the line before"
     m = daemon.metrics()
     assert "# HELP slipstream_shuffle_blocks_in_use " in m
     assert "slipstream_shuffle_blocks_in_use 1\n" in m  # the loser's block went back

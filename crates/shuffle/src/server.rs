@@ -518,7 +518,19 @@ fn handle(
         }
         // Answered by `serve` (it streams).
         Request::Fetch { .. } => {}
-        Request::Release { block } => done(out, shared.registry().release(conn, block)),
+        Request::Release { blocks } => {
+            // One lock for the line's blocks; the first error is the answer, the rest still go.
+            let mut r = shared.registry();
+            let mut res = Ok(());
+            for &b in &blocks {
+                let this = r.release(conn, b);
+                if res.is_ok() {
+                    res = this;
+                }
+            }
+            drop(r);
+            done(out, res)
+        }
         Request::Lost { app, shuffle, map, attempt } => done(out, shared.registry().lost(app, shuffle, map, attempt)),
         Request::Unregister { app, shuffle } => {
             shared.registry().unregister(app, shuffle);

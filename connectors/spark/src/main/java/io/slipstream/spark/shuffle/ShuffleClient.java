@@ -37,13 +37,17 @@ final class ShuffleClient implements Closeable {
     private final InputStream in;
     private final OutputStream out;
     private final String endpoint;
-    /** RELEASEs sent whose answers are not read yet (release): read before the next answer. */
+    /** RELEASE lines sent whose answers are not read yet (release): read before the next answer. */
     private int unanswered;
-    /** Most RELEASEs held in the buffer before they are sent (release). */
-    static final int RELEASES_HELD_MAX = 32;
+    /**
+     * Most blocks held before they are sent (release), all in one RELEASE line: 20 ids of up to
+     * 10 digits and the command fit the daemon's 256-byte request line.
+     */
+    static final int RELEASES_HELD_MAX = 20;
     /** Longest the oldest held RELEASE waits for more, looked at by the next release (ns). */
     static final long RELEASE_HOLD_NS_MAX = 2_000_000;
-    /** RELEASEs in the buffer, not sent yet, and when the first of them was written there. */
+    /** Blocks to release, not sent yet, and when the first of them was held. */
+    private final int[] heldBlocks = new int[RELEASES_HELD_MAX];
     private int held;
     private long heldSinceNs;
 
@@ -69,7 +73,13 @@ final class ShuffleClient implements Closeable {
         }
     }
 
+    /** Writes a request line into the buffer, after the held blocks' RELEASE (answers come in request order). */
     private void send(String line) throws IOException {
+        sendHeld();
+        write(line);
+    }
+
+    private void write(String line) throws IOException {
         out.write(line.getBytes(StandardCharsets.US_ASCII));
         out.write('\r');
         out.write('\n');
@@ -190,30 +200,43 @@ final class ShuffleClient implements Closeable {
 
     /**
      * RELEASE without waiting for the daemon's answer, its answer read before the next call's
-     * (or dropped with the connection). A reduce task releases one block per map output it
-     * read, so at 200 maps a task sends hundreds: each sent alone cost a write here and a
-     * wake-up, a read and a write in the daemon. So they are held in the buffer and sent
-     * together once RELEASES_HELD_MAX are held, once the oldest held one is RELEASE_HOLD_NS_MAX
-     * old (looked at here, at the next release), or with the next call; at close the
-     * connection's end drops the pins anyway. A block thus goes a little later than read (a
-     * peer's copy block is freed then; a map output's block is only unpinned).
+     * (or dropped with the connection). A reduce task releases one to two blocks per map output
+     * it read, so at 200 maps a task releases hundreds: each sent alone cost a write here and a
+     * wake-up, a read and a write in the daemon, and each line a parse and a registry lock. So
+     * they are held and sent together, in one line, once RELEASES_HELD_MAX are held, once the
+     * oldest held one is RELEASE_HOLD_NS_MAX old (looked at here, at the next release), or with
+     * the next call; at close the connection's end drops the pins anyway. A block thus goes a
+     * little later than read (a peer's copy block is freed then; a map output's block is only
+     * unpinned).
      */
     void release(int block) throws IOException {
-        send("RELEASE " + block);
-        unanswered++;
         long now = System.nanoTime();
-        if (held++ == 0) {
+        if (held == 0) {
             heldSinceNs = now;
         }
+        heldBlocks[held++] = block;
         if (held >= RELEASES_HELD_MAX || now - heldSinceNs >= RELEASE_HOLD_NS_MAX) {
             flush();
         }
     }
 
-    /** Sends what the buffer holds (requests and held RELEASEs). */
+    /** Sends what the buffer holds (requests, and the held blocks' RELEASE line). */
     private void flush() throws IOException {
+        sendHeld();
         out.flush();
-        held = 0;
+    }
+
+    /** Writes the held blocks' RELEASE line into the buffer. */
+    private void sendHeld() throws IOException {
+        if (held > 0) {
+            StringBuilder b = new StringBuilder(8 + 11 * held).append("RELEASE");
+            for (int i = 0; i < held; i++) {
+                b.append(' ').append(heldBlocks[i]);
+            }
+            held = 0;
+            write(b.toString());
+            unanswered++;
+        }
     }
 
     /** Reads the answers of release; an error there changes nothing (the pin goes at close). */
