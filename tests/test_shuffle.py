@@ -113,11 +113,17 @@ def test_commit_lookup_first_attempt_wins(daemon):
     c.send("COMMIT app-1 0 4 100 1\r\n2 %d 0 17\r\n" % blk)
     assert c.until_end(c.line()) == ["COMMITTED 100 1", "2 %d 0 17" % blk, "END"]
     r = Conn(daemon.port)
-    assert r.until_end(r.ask("LOOKUP app-1 0 2\r\n")) == ["SEGMENTS 1", "4 100 %d 0 17" % blk, "END"]
+    got = r.until_end(r.ask("LOOKUP app-1 0 2\r\n"))
+    assert got[0] == "SEGMENTS 1" and got[2] == "END", got
+    # <map> <attempt> <block> <offset> <length> <file id>: the file id names the block's file.
+    seg = got[1].split(" ")
+    assert seg[:5] == ["4", "100", str(blk), "0", "17"] and int(seg[5]) > 0, got
     assert r.until_end(r.ask("LOOKUP app-1 0 0\r\n")) == ["SEGMENTS 0", "END"]
     with open(path, "rb") as f:
         assert f.read(17) == b"hello-partition-2"
-    assert r.ask("RELEASE %d\r\n" % blk) == "OK"
+    # Several blocks per RELEASE: one not pinned is named, the pinned one is released all the same.
+    assert r.ask("RELEASE 424242 %d\r\n" % blk).startswith("CLIENT_ERROR unknown block 424242")
+    assert r.ask("RELEASE %d\r\n" % blk).startswith("CLIENT_ERROR"), "released by the line before"
     m = daemon.metrics()
     assert "# HELP slipstream_shuffle_blocks_in_use " in m
     assert "slipstream_shuffle_blocks_in_use 1\n" in m  # the loser's block went back

@@ -94,29 +94,29 @@ def test_lookup_brings_the_other_hosts_segments_byte_for_byte(hosts):
     rows = [tuple(int(x) for x in line.split()) for line in got[1:-1]]
     assert [r[0] for r in rows] == list(range(6)), "map order"
     remote = 0
-    for m, attempt, block, offset, length in rows:
+    for m, attempt, block, offset, length, file_id in rows:
         assert attempt == 1 and b.block_bytes(block, offset, length) == want[(m, 2)], "map %d" % m
+        assert file_id > 0, "copies and local blocks alike name their file"
         remote += length if m < 4 else 0
     assert b.metric("slipstream_shuffle_peer_bytes_received_total") == remote
     assert a.metric("slipstream_shuffle_peer_bytes_sent_total") - sent_before == remote
     copies = {r[2] for r in rows if r[0] < 4}
     assert b.metric("slipstream_shuffle_blocks_in_use") == in_use_b + len(copies)
-    for blk in copies:
-        assert reader.ask("RELEASE %d\r\n" % blk) == "OK"
+    assert reader.ask("RELEASE %s\r\n" % " ".join(str(blk) for blk in copies)) == "OK"  # all in one line
     assert b.metric("slipstream_shuffle_blocks_in_use") == in_use_b, "copy blocks freed at RELEASE"
     # The other way: A's reducer gets B's maps 4 and 5.
     ra = Conn(a)
     got = ra.lines_to_end(ra.ask("LOOKUP %s 0 0\r\n" % app))
     rows = [tuple(int(x) for x in line.split()) for line in got[1:-1]]
     assert [r[0] for r in rows] == list(range(6))
-    for m, _, block, offset, length in rows:
+    for m, _, block, offset, length, _ in rows:
         assert a.block_bytes(block, offset, length) == want[(m, 0)], "map %d" % m
     # A map committed on both hosts (a speculative copy) is listed once: the local one.
     commit_map(b, cb, app, 0, {1: b"speculative"})
     got = reader.lines_to_end(reader.ask("LOOKUP %s 0 1\r\n" % app))
     rows = [tuple(int(x) for x in line.split()) for line in got[1:-1]]
     assert [r[0] for r in rows] == list(range(6))
-    assert b.block_bytes(*rows[0][2:]) == b"speculative"
+    assert b.block_bytes(*rows[0][2:5]) == b"speculative"
     for c in (ca, cb, reader, ra):
         c.close()
 

@@ -293,7 +293,15 @@ fn fetch_into(
         }
         let Some((id, file, used)) = block.as_mut() else { continue };
         recv_into(r, &pipe, file, *used as u64, len)?;
-        found.push(Found { map: rec.map, attempt: rec.attempt, block: *id, offset: *used as u32, length: rec.length });
+        // The file id is the receiving daemon's to add (its pool's; crate::server).
+        found.push(Found {
+            map: rec.map,
+            attempt: rec.attempt,
+            block: *id,
+            offset: *used as u32,
+            length: rec.length,
+            file: 0,
+        });
         *used += len;
         received += len as u64;
     }

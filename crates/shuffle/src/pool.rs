@@ -2,7 +2,9 @@
 //! shared memory the JVM maps), at most `blocks_max` of them. A freed block's file is kept for
 //! reuse (its pages are already faulted in) up to `free_keep` files; beyond that it is deleted
 //! so an idle daemon gives memory back. The directory is locked (flock) so two daemons never
-//! share one.
+//! share one. Each file created gets a file id, never given to another file (LOOKUP names it, so
+//! a reader that keeps a block mapped across tasks knows whether the id's file is still the one
+//! it mapped without a stat per block).
 //!
 //! Not for: who owns a block (crate::registry).
 
@@ -29,6 +31,12 @@ pub struct BlockPool {
     unused: Vec<u32>,
     next_id: u32,
     in_use: usize,
+    /// The file id of each block id's current file (0: no file made yet).
+    file_ids: Vec<u64>,
+    /// The next file id: the wall clock in ns when the pool opened, then one up per file made.
+    /// A daemon started later begins above every id an earlier one gave (it cannot have made
+    /// more than one file per ns of its life), so ids are not reused across restarts either.
+    next_file_id: u64,
     /// Held for the pool's life: the directory's lock.
     _lock: File,
 }
@@ -62,6 +70,11 @@ impl BlockPool {
             unused: Vec::new(),
             next_id: 0,
             in_use: 0,
+            file_ids: Vec::new(),
+            next_file_id: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2))
+                .max(1),
             _lock: lock,
         })
     }
@@ -104,8 +117,19 @@ impl BlockPool {
             self.unused.push(id);
             return Err(ShuffleError::Io(format!("{}: {e}", self.path(id).display())));
         }
+        let slot = id as usize;
+        if self.file_ids.len() <= slot {
+            self.file_ids.resize(slot + 1, 0);
+        }
+        self.file_ids[slot] = self.next_file_id;
+        self.next_file_id = self.next_file_id.wrapping_add(1).max(1);
         self.in_use += 1;
         Ok(id)
+    }
+
+    /// The file id of block `id`'s current file (0 for an id with no file made yet).
+    pub fn file_id(&self, id: u32) -> u64 {
+        self.file_ids.get(id as usize).copied().unwrap_or(0)
     }
 
     /// Gives block `id` back: kept for reuse, or deleted past `free_keep`.
@@ -145,5 +169,48 @@ impl Drop for BlockPool {
         for id in 0..self.next_id {
             let _ = std::fs::remove_file(self.path(id));
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn inode(pool: &BlockPool, id: u32) -> u64 {
+        std::fs::metadata(pool.path(id)).unwrap().ino()
+    }
+
+    #[test]
+    fn a_file_id_names_one_file_kept_across_reuse_and_new_after_a_delete() {
+        let dir = std::env::temp_dir().join(format!("slipstream-pool-test-{}", std::process::id()));
+        let mut pool = BlockPool::open(&dir, 4096, 4, 1).unwrap();
+        assert_eq!(pool.file_id(0), 0);
+        let a = pool.alloc().unwrap();
+        let b = pool.alloc().unwrap();
+        let (fa, fb) = (pool.file_id(a), pool.file_id(b));
+        assert!(fa != 0 && fb != 0 && fa != fb);
+        // Freed and kept (free_keep 1): the same file comes back, under the same file id.
+        let ino_a = inode(&pool, a);
+        pool.free(a);
+        assert_eq!(pool.alloc().unwrap(), a);
+        assert_eq!((pool.file_id(a), inode(&pool, a)), (fa, ino_a));
+        // Past free_keep the file is deleted; the id's next file has a new file id.
+        pool.free(a);
+        pool.free(b);
+        assert!(!pool.path(b).exists());
+        assert_eq!(pool.alloc().unwrap(), a);
+        assert_eq!(pool.alloc().unwrap(), b);
+        assert_eq!(pool.file_id(a), fa);
+        let fb2 = pool.file_id(b);
+        assert!(fb2 != fb && fb2 != fa && fb2 != 0);
+        // A later daemon on the same directory starts above every file id this one gave.
+        drop(pool);
+        let mut again = BlockPool::open(&dir, 4096, 4, 1).unwrap();
+        let c = again.alloc().unwrap();
+        assert!(again.file_id(c) > fb2);
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

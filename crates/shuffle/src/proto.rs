@@ -9,8 +9,11 @@
 //! COMMIT <app> <shuffle> <map> <attempt> <n>
 //!   then n lines: <partition> <block> <offset> <length>
 //!                                         -> COMMITTED <winning attempt> <n>, n segment lines, END
-//! LOOKUP <app> <shuffle> <reduce>         -> SEGMENTS <n>, n lines <map> <attempt> <block> <offset> <length>, END
-//! RELEASE <block>                         -> OK
+//! LOOKUP <app> <shuffle> <reduce>         -> SEGMENTS <n>, n lines <map> <attempt> <block> <offset> <length> <file>, END
+//!                                            (<file>: the block's file id, crate::pool; a reader
+//!                                            keeps a block mapped while it is the same)
+//! RELEASE <block> [<block> ...]           -> OK  (CLIENT_ERROR names the first block not pinned;
+//!                                            the others are released all the same)
 //! LOST <app> <shuffle> <map> <attempt>    -> OK
 //! UNREGISTER <app> <shuffle>              -> OK
 //! UNREGISTER_APP <app>                    -> OK
@@ -42,7 +45,7 @@ pub enum Request<'a> {
     Alloc { app: &'a str, shuffle: u32 },
     Commit { app: &'a str, shuffle: u32, map: u32, attempt: u64, segments: usize },
     Lookup { app: &'a str, shuffle: u32, reduce: u32 },
-    Release { block: u32 },
+    Release { blocks: Vec<u32> },
     Lost { app: &'a str, shuffle: u32, map: u32, attempt: u64 },
     Unregister { app: &'a str, shuffle: u32 },
     UnregisterApp { app: &'a str },
@@ -112,8 +115,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
             Ok(Request::Fetch { app: w[1], shuffle: num(w[2], "shuffle")?, reduce: num(w[3], "partition")? })
         }
         "RELEASE" => {
-            arity(2)?;
-            Ok(Request::Release { block: num(w[1], "block")? })
+            if w.len() < 2 {
+                arity(2)?;
+            }
+            Ok(Request::Release { blocks: w[1..].iter().map(|b| num(b, "block")).collect::<Result<_, _>>()? })
         }
         "LOST" => {
             arity(5)?;
@@ -210,7 +215,7 @@ pub fn committed(out: &mut String, attempt: u64, segments: &[Segment]) {
 pub fn segments(out: &mut String, found: &[Found]) {
     let _ = write!(out, "SEGMENTS {}\r\n", found.len());
     for f in found {
-        let _ = write!(out, "{} {} {} {} {}\r\n", f.map, f.attempt, f.block, f.offset, f.length);
+        let _ = write!(out, "{} {} {} {} {} {}\r\n", f.map, f.attempt, f.block, f.offset, f.length, f.file);
     }
     out.push_str("END\r\n");
 }
@@ -246,6 +251,13 @@ mod tests {
         assert_eq!(parse_request(b"LOOKUP a 1 2\n").unwrap(), Request::Lookup { app: "a", shuffle: 1, reduce: 2 });
         assert_eq!(parse_segment(b"1 2 3 4\r\n").unwrap(), Segment { partition: 1, block: 2, offset: 3, length: 4 });
         assert_eq!(parse_request(b"FETCH a 1 2\r\n").unwrap(), Request::Fetch { app: "a", shuffle: 1, reduce: 2 });
+        assert_eq!(parse_request(b"RELEASE 7\r\n").unwrap(), Request::Release { blocks: vec![7] });
+        assert_eq!(
+            parse_request(b"RELEASE 7 0 4294967295\r\n").unwrap(),
+            Request::Release { blocks: vec![7, 0, u32::MAX] }
+        );
+        assert!(parse_request(b"RELEASE\r\n").is_err());
+        assert!(parse_request(b"RELEASE 1 x\r\n").is_err());
     }
 
     #[test]
@@ -284,6 +296,9 @@ mod tests {
         out.clear();
         segments(&mut out, &[]);
         assert_eq!(out, "SEGMENTS 0\r\nEND\r\n");
+        out.clear();
+        segments(&mut out, &[Found { map: 4, attempt: 1 << 33, block: 5, offset: 6, length: 7, file: 1 << 60 }]);
+        assert_eq!(out, "SEGMENTS 1\r\n4 8589934592 5 6 7 1152921504606846976\r\nEND\r\n");
         out.clear();
         error(&mut out, &ShuffleError::PoolFull { blocks_max: 1, block_bytes: 2 });
         assert!(out.starts_with("SERVER_ERROR shuffle pool full"));

@@ -518,7 +518,19 @@ fn handle(
         }
         // Answered by `serve` (it streams).
         Request::Fetch { .. } => {}
-        Request::Release { block } => done(out, shared.registry().release(conn, block)),
+        Request::Release { blocks } => {
+            // One lock for the line's blocks; the first error is the answer, the rest still go.
+            let mut r = shared.registry();
+            let mut res = Ok(());
+            for &b in &blocks {
+                let this = r.release(conn, b);
+                if res.is_ok() {
+                    res = this;
+                }
+            }
+            drop(r);
+            done(out, res)
+        }
         Request::Lost { app, shuffle, map, attempt } => done(out, shared.registry().lost(app, shuffle, map, attempt)),
         Request::Unregister { app, shuffle } => {
             shared.registry().unregister(app, shuffle);
@@ -608,6 +620,10 @@ fn lookup_everywhere(
         };
         let used: HashSet<u32> = kept.iter().map(|f| f.block).collect();
         let mut r = shared.registry();
+        let mut kept = kept;
+        for f in &mut kept {
+            f.file = r.pool().file_id(f.block);
+        }
         r.count_out(app, kept.iter().map(|f| u64::from(f.length)).sum());
         for b in got.blocks.iter().filter(|b| !used.contains(b)) {
             let _ = r.release(conn, *b);

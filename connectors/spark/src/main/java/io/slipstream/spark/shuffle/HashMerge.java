@@ -12,13 +12,24 @@
 // borrows one Kryo instance where a stream per source would build one per map output (each task
 // deserializes its own serializer, whose Kryo pool starts empty). The feed never hands out more
 // than the record being read, so the deserializer cannot read ahead into another source; a
-// record it reads only part of is an error, not a silent misread.
+// record it reads only part of is an error, not a silent misread. With Spark's own Kryo
+// serializer instance the merge skips the stream (KryoRecords): the same Kryo, Input class and
+// calls, over a copy of the one record's bytes.
+//
+// Before the merge each source's bytes are loaded once in address order (Cursor.warm): the merge
+// reads them in hash order, random within each source, and the pool blocks were written long
+// before (by another process, out of the caches): without the warm-up nearly every record read
+// began with a memory miss.
 //
 // A source is done (its blocks may go, the `done` callback) when its last record is read.
 // Not for: the index format (HashOrder), mapping or releasing blocks (SlipstreamShuffleReader),
 // ordering by key (Spark's ExternalSorter runs after this when the shuffle has a key ordering).
 package io.slipstream.spark.shuffle;
 
+import com.esotericsoftware.kryo.Kryo;
+import com.esotericsoftware.kryo.KryoException;
+import com.esotericsoftware.kryo.io.Input;
+import com.esotericsoftware.kryo.io.UnsafeInput;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
@@ -30,6 +41,7 @@ import java.util.Objects;
 import java.util.function.LongConsumer;
 import org.apache.spark.Aggregator;
 import org.apache.spark.serializer.DeserializationStream;
+import org.apache.spark.serializer.KryoSerializerInstance;
 import org.apache.spark.serializer.SerializerInstance;
 import scala.Product2;
 import scala.Tuple2;
@@ -57,7 +69,14 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     private Map<Object, Integer> slots;
     private int emitted;
     private final Feed feed = new Feed();
+    /** Spark's stream over `feed`; null when `kryo` reads. */
     private final DeserializationStream stream;
+    private final KryoRecords kryo;
+    /** The record read last (readRecord). */
+    private Object key;
+    private Object value;
+    /** The sum of the bytes the cursors' warm-up loaded (a field, so the loads are not optimized away). */
+    long warmed;
 
     /** `recordsRead` is told how many records each hash's run read (Spark's records-read metric). */
     HashMerge(List<Source> sources, SerializerInstance ser, Aggregator<Object, Object, Object> agg, boolean combined,
@@ -77,7 +96,15 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             cursors[i] = c;
             tree.add(LoserTree.key(c.hash, i));
         }
-        stream = ser.deserializeStream(feed);
+        long w = 0;
+        for (Cursor c : cursors) {
+            if (c != null) {
+                w += c.warm();
+            }
+        }
+        warmed = w;
+        kryo = KryoRecords.of(ser);
+        stream = kryo == null ? ser.deserializeStream(feed) : null;
     }
 
     @Override
@@ -116,12 +143,9 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             int i = LoserTree.sourceOf(tree.top());
             Cursor c = cursors[i];
             do {
-                feed.serve(c);
-                Object k = stream.readKey(ANY);
-                Object v = stream.readValue(ANY);
-                feed.check();
+                readRecord(c);
                 read++;
-                fold(k, v);
+                fold(key, value);
             } while (c.advance() && c.hash == h);
             if (c.next < c.count) {
                 tree.replaceTop(LoserTree.key(c.hash, i));
@@ -133,8 +157,26 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
         }
         recordsRead.accept(read);
         if (tree.isEmpty()) {
-            stream.close();
+            if (kryo != null) {
+                kryo.close();
+            } else {
+                stream.close();
+            }
         }
+    }
+
+    /** Reads `c`'s entry `next` into key and value. */
+    private void readRecord(Cursor c) {
+        if (kryo != null) {
+            kryo.read(c);
+            key = kryo.key;
+            value = kryo.value;
+            return;
+        }
+        feed.serve(c);
+        key = stream.readKey(ANY);
+        value = stream.readValue(ANY);
+        feed.check();
     }
 
     private void fold(Object k, Object v) {
@@ -180,6 +222,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
      * over `starts` is the fallback only.
      */
     static final class Cursor {
+        static final int CACHE_LINE_BYTES = 64;
         private final ByteBuffer[] parts;
         private final long[] starts;
         private final long length;
@@ -233,6 +276,22 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             if (count > 0) {
                 hash = indexInt(0);
             }
+        }
+
+        /**
+         * Loads one byte of every cache line of the source's bytes, in address order: the merge
+         * then reads them in hash order (random within the source) from the cache instead of
+         * taking a memory miss per record. Returns their sum (for the caller to keep).
+         */
+        long warm() {
+            long sum = 0;
+            for (ByteBuffer p : parts) {
+                int end = p.limit();
+                for (int at = p.position(); at < end; at += CACHE_LINE_BYTES) {
+                    sum += p.get(at);
+                }
+            }
+            return sum;
         }
 
         /** Moves to the next entry; false at the end. */
@@ -338,6 +397,92 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             int n = (int) Math.min(len, partEnd - at);
             partBuf.get(partPos + (int) (at - partStart), dst, off, n);
             return n;
+        }
+    }
+
+    /**
+     * Reads records with the task's Kryo directly, for Spark's KryoSerializerInstance exactly:
+     * what its KryoDeserializationStream does per record (readClassAndObject for the key, then
+     * for the value, with a Kryo borrowed from the instance, through Kryo's Input, or UnsafeInput
+     * when the instance was made with spark.kryo.unsafe), but over a copy of the one record's
+     * bytes (Input.setBuffer) instead of an InputStream that Input refills per record through
+     * Feed (Input.fill was 13% of a 200x200 reduce task, session 15). A record must be read to
+     * exactly its end, as with Feed.
+     */
+    static final class KryoRecords {
+        /** KryoSerializerInstance's useUnsafe (private: read once by reflection; null if it cannot be). */
+        private static final java.lang.reflect.Field USE_UNSAFE = useUnsafeField();
+        private final KryoSerializerInstance instance;
+        private Kryo kryo;
+        private final Input input;
+        private byte[] bytes = new byte[256];
+        Object key;
+        Object value;
+
+        private KryoRecords(KryoSerializerInstance instance, boolean unsafe) {
+            this.instance = instance;
+            this.kryo = instance.borrowKryo();
+            this.input = unsafe ? new UnsafeInput() : new Input();
+        }
+
+        /** For `ser` if it is Spark's KryoSerializerInstance itself (not a subclass), else null. */
+        static KryoRecords of(SerializerInstance ser) {
+            if (ser.getClass() != KryoSerializerInstance.class || USE_UNSAFE == null) {
+                return null;
+            }
+            try {
+                return new KryoRecords((KryoSerializerInstance) ser, USE_UNSAFE.getBoolean(ser));
+            } catch (IllegalAccessException e) {
+                return null;
+            }
+        }
+
+        private static java.lang.reflect.Field useUnsafeField() {
+            try {
+                java.lang.reflect.Field f = KryoSerializerInstance.class.getDeclaredField("useUnsafe");
+                if (f.getType() != boolean.class) {
+                    return null;
+                }
+                f.setAccessible(true);
+                return f;
+            } catch (ReflectiveOperationException | RuntimeException e) {
+                return null;
+            }
+        }
+
+        /** Reads `c`'s entry `next` into key and value. */
+        void read(Cursor c) {
+            long start = c.recordStart();
+            int len = c.recordLength();
+            if (bytes.length < len) {
+                bytes = new byte[Math.max(len, 2 * bytes.length)];
+            }
+            for (int n = 0; n < len; ) {
+                n += c.copy(start + n, bytes, n, len - n);
+            }
+            input.setBuffer(bytes, 0, len);
+            try {
+                key = kryo.readClassAndObject(input);
+                value = kryo.readClassAndObject(input);
+            } catch (KryoException e) {
+                if (String.valueOf(e.getMessage()).contains("Buffer underflow")) {
+                    throw new IllegalStateException("Slipstream shuffle record of " + len + " bytes read past its end: "
+                            + "the order index does not match the serializer's records", e);
+                }
+                throw e;
+            }
+            if (input.position() != len) {
+                throw new IllegalStateException("Slipstream shuffle record read " + (len - input.position())
+                        + " bytes short of its end: the order index does not match the serializer's records");
+            }
+        }
+
+        /** Gives the Kryo back to the instance (the merge is done). */
+        void close() {
+            if (kryo != null) {
+                instance.releaseKryo(kryo);
+                kryo = null;
+            }
         }
     }
 

@@ -20,8 +20,12 @@ final class ShuffleClient implements Closeable {
     /** Longest answer line read (a segment line is five numbers). */
     private static final int LINE_BYTES_MAX = 4096;
 
-    /** One segment: map output `map` (attempt `attempt`) of a partition, in block `block`. */
-    record Segment(int partition, int map, long attempt, int block, int offset, int length) {}
+    /**
+     * One segment: map output `map` (attempt `attempt`) of a partition, in block `block`, whose
+     * file the daemon identifies as `file` (LOOKUP's answer; 0 when it names none: COMMIT's
+     * answer, or an older daemon).
+     */
+    record Segment(int partition, int map, long attempt, int block, int offset, int length, long file) {}
 
     /** COMMIT's answer: the winning attempt and its segments. */
     record Committed(long attempt, List<Segment> segments) {}
@@ -33,13 +37,17 @@ final class ShuffleClient implements Closeable {
     private final InputStream in;
     private final OutputStream out;
     private final String endpoint;
-    /** RELEASEs sent whose answers are not read yet (release): read before the next answer. */
+    /** RELEASE lines sent whose answers are not read yet (release): read before the next answer. */
     private int unanswered;
-    /** Most RELEASEs held in the buffer before they are sent (release). */
-    static final int RELEASES_HELD_MAX = 32;
+    /**
+     * Most blocks held before they are sent (release), all in one RELEASE line: 20 ids of up to
+     * 10 digits and the command fit the daemon's 256-byte request line.
+     */
+    static final int RELEASES_HELD_MAX = 20;
     /** Longest the oldest held RELEASE waits for more, looked at by the next release (ns). */
     static final long RELEASE_HOLD_NS_MAX = 2_000_000;
-    /** RELEASEs in the buffer, not sent yet, and when the first of them was written there. */
+    /** Blocks to release, not sent yet, and when the first of them was held. */
+    private final int[] heldBlocks = new int[RELEASES_HELD_MAX];
     private int held;
     private long heldSinceNs;
 
@@ -65,7 +73,13 @@ final class ShuffleClient implements Closeable {
         }
     }
 
+    /** Writes a request line into the buffer, after the held blocks' RELEASE (answers come in request order). */
     private void send(String line) throws IOException {
+        sendHeld();
+        write(line);
+    }
+
+    private void write(String line) throws IOException {
         out.write(line.getBytes(StandardCharsets.US_ASCII));
         out.write('\r');
         out.write('\n');
@@ -149,13 +163,17 @@ final class ShuffleClient implements Closeable {
         for (int i = 0; i < n; i++) {
             String[] w = readLine().split(" ");
             out.add(new Segment(Integer.parseInt(w[0]), map, won, Integer.parseInt(w[1]), Integer.parseInt(w[2]),
-                    Integer.parseInt(w[3])));
+                    Integer.parseInt(w[3]), 0));
         }
         expectEnd();
         return new Committed(won, out);
     }
 
-    /** The committed segments of reduce partition `reduce`, in map order (pins their blocks). */
+    /**
+     * The committed segments of reduce partition `reduce`, in map order (pins their blocks). A
+     * segment line is `<map> <attempt> <block> <offset> <length> [<file>]`: a daemon before the
+     * file identity sends five words (file 0).
+     */
     List<Segment> lookup(String app, int shuffle, int reduce) throws IOException {
         send("LOOKUP " + app + " " + shuffle + " " + reduce);
         String head = call();
@@ -167,7 +185,7 @@ final class ShuffleClient implements Closeable {
         for (int i = 0; i < n; i++) {
             String[] w = readLine().split(" ");
             out.add(new Segment(reduce, Integer.parseInt(w[0]), Long.parseLong(w[1]), Integer.parseInt(w[2]),
-                    Integer.parseInt(w[3]), Integer.parseInt(w[4])));
+                    Integer.parseInt(w[3]), Integer.parseInt(w[4]), w.length > 5 ? Long.parseLong(w[5]) : 0));
         }
         expectEnd();
         return out;
@@ -182,30 +200,43 @@ final class ShuffleClient implements Closeable {
 
     /**
      * RELEASE without waiting for the daemon's answer, its answer read before the next call's
-     * (or dropped with the connection). A reduce task releases one block per map output it
-     * read, so at 200 maps a task sends hundreds: each sent alone cost a write here and a
-     * wake-up, a read and a write in the daemon. So they are held in the buffer and sent
-     * together once RELEASES_HELD_MAX are held, once the oldest held one is RELEASE_HOLD_NS_MAX
-     * old (looked at here, at the next release), or with the next call; at close the
-     * connection's end drops the pins anyway. A block thus goes a little later than read (a
-     * peer's copy block is freed then; a map output's block is only unpinned).
+     * (or dropped with the connection). A reduce task releases one to two blocks per map output
+     * it read, so at 200 maps a task releases hundreds: each sent alone cost a write here and a
+     * wake-up, a read and a write in the daemon, and each line a parse and a registry lock. So
+     * they are held and sent together, in one line, once RELEASES_HELD_MAX are held, once the
+     * oldest held one is RELEASE_HOLD_NS_MAX old (looked at here, at the next release), or with
+     * the next call; at close the connection's end drops the pins anyway. A block thus goes a
+     * little later than read (a peer's copy block is freed then; a map output's block is only
+     * unpinned).
      */
     void release(int block) throws IOException {
-        send("RELEASE " + block);
-        unanswered++;
         long now = System.nanoTime();
-        if (held++ == 0) {
+        if (held == 0) {
             heldSinceNs = now;
         }
+        heldBlocks[held++] = block;
         if (held >= RELEASES_HELD_MAX || now - heldSinceNs >= RELEASE_HOLD_NS_MAX) {
             flush();
         }
     }
 
-    /** Sends what the buffer holds (requests and held RELEASEs). */
+    /** Sends what the buffer holds (requests, and the held blocks' RELEASE line). */
     private void flush() throws IOException {
+        sendHeld();
         out.flush();
-        held = 0;
+    }
+
+    /** Writes the held blocks' RELEASE line into the buffer. */
+    private void sendHeld() throws IOException {
+        if (held > 0) {
+            StringBuilder b = new StringBuilder(8 + 11 * held).append("RELEASE");
+            for (int i = 0; i < held; i++) {
+                b.append(' ').append(heldBlocks[i]);
+            }
+            held = 0;
+            write(b.toString());
+            unanswered++;
+        }
     }
 
     /** Reads the answers of release; an error there changes nothing (the pin goes at close). */

@@ -1,7 +1,8 @@
 // HashMergeCursorTest: HashMerge's Cursor and Feed over a source split into parts at random
 // places (empty parts too), so both the one-part fast paths (index in one part, record in the
 // part used last) and the fallbacks (index across parts, a record across parts, a record behind
-// the part used last) are read back byte for byte. No Spark: the bytes are made here in
+// the part used last) are read back byte for byte, with and without the merge's warm-up pass
+// first (it must not move the parts). No Spark: the bytes are made here in
 // HashOrder's format. Randomized: prints its seed (rerun with -Dslipstream.seed=N).
 package io.slipstream.spark.shuffle;
 
@@ -71,6 +72,9 @@ class HashMergeCursorTest {
             boolean[] done = new boolean[1];
             HashMerge.Cursor cur = new HashMerge.Cursor(new HashMerge.Source(split(r, m.bytes(), cuts), () -> done[0] = true));
             assertEquals(count, cur.count, "seed " + seed + " case " + c);
+            if (r.nextBoolean()) {
+                cur.warm(); // the merge's warm-up reads the parts without moving them
+            }
             // Expected order: hash ascending, then write order (HashOrder's stable sort).
             Integer[] order = new Integer[count];
             for (int i = 0; i < count; i++) {

@@ -1,10 +1,12 @@
 // LoserTreeTest: HashMerge's loser tree against java.util.PriorityQueue on random keys (few
 // distinct hashes, negative ones too, so ties on the hash are ordered by source number), under
-// the merge's own use: add every source (a tree may have room for more), then replaceTop with a
-// later hash or removeTop until empty. Randomized: prints its seed (rerun with -Dslipstream.seed=N).
+// the merge's own use: add the sources (a tree may have room for more, some numbers skipped),
+// then replaceTop with a later hash or removeTop until empty; adding a source twice, or one
+// past the capacity, or after the first top, is refused. Randomized: prints its seed (rerun with -Dslipstream.seed=N).
 package io.slipstream.spark.shuffle;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.PriorityQueue;
@@ -21,10 +23,15 @@ class LoserTreeTest {
         for (int c = 0; c < CASES; c++) {
             int sources = 1 + r.nextInt(c % 2 == 0 ? 8 : 300);
             int spread = 1 + r.nextInt(c % 3 == 0 ? 4 : 1 << 20);
-            // Some trees have room for more sources than are added (HashMerge skips empty ones).
+            // Some trees have room for more sources than are added, and some source numbers are
+            // never added (HashMerge skips empty sources: leaf i is source i).
             LoserTree tree = new LoserTree(sources + (c % 5 == 0 ? r.nextInt(3) : 0));
             PriorityQueue<Long> ref = new PriorityQueue<>();
+            boolean skip = c % 4 == 1;
             for (int s = 0; s < sources; s++) {
+                if (skip && r.nextInt(3) == 0) {
+                    continue;
+                }
                 long k = LoserTree.key(r.nextInt(spread) - spread / 2, s);
                 tree.add(k);
                 ref.add(k);
@@ -50,6 +57,20 @@ class LoserTreeTest {
             }
             assertTrue(tree.isEmpty(), "seed " + seed + " case " + c);
         }
+    }
+
+    @Test
+    void addsOutsideTheContractAreRefused() {
+        LoserTree tree = new LoserTree(3);
+        tree.add(LoserTree.key(5, 1));
+        assertThrows(IllegalStateException.class, () -> tree.add(LoserTree.key(6, 1)));
+        assertThrows(IllegalStateException.class, () -> tree.add(LoserTree.key(6, 3)));
+        tree.add(LoserTree.key(-2, 2));
+        assertEquals(LoserTree.key(-2, 2), tree.top());
+        assertThrows(IllegalStateException.class, () -> tree.add(LoserTree.key(9, 0)));
+        tree.removeTop();
+        assertEquals(LoserTree.key(5, 1), tree.top());
+        assertEquals(1, tree.size());
     }
 
     @Test

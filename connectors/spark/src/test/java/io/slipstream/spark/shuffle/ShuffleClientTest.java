@@ -1,9 +1,10 @@
 // ShuffleClientTest: the control connection against a real daemon (ShuffleDaemon). RELEASE is
-// not awaited and is held to be sent in batches (ShuffleClient.release): the tests check that the
-// released pins are gone while the connection is still open (an unregistered shuffle's blocks
-// are freed, not held by the reader) once the held RELEASEs went (with the next call, or at
-// RELEASES_HELD_MAX held), not before, and that the answers left unread, an error among them, do
-// not shift the next call's answer (the daemon writes pipelined answers together).
+// not awaited and its blocks are held to be sent in one line (ShuffleClient.release): the tests
+// check that the released pins are gone while the connection is still open (an unregistered
+// shuffle's blocks are freed, not held by the reader) once the held blocks went (with the next
+// call, or at RELEASES_HELD_MAX held), not before, and that the answers left unread, an error
+// among them, do not shift the next call's answer (the daemon writes pipelined answers together),
+// nor keep the other blocks of an erring line pinned.
 package io.slipstream.spark.shuffle;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -76,7 +77,7 @@ class ShuffleClientTest {
                 Thread.sleep(100);
             }
             assertEquals(0, inUse, "a full batch of RELEASEs was not sent");
-            reader.hello(null); // and the 32 answers are read before this call's own
+            reader.hello(null); // and the line's error answer is read before this call's own
         }
     }
 }
