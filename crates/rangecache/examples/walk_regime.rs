@@ -4,7 +4,8 @@
 //! connection threads fill the daemon's cache), then `--threads` threads walk random 100-row
 //! ranges (the bench's `--starts 0`) under the cache's mutex and copy each answer's encodings into
 //! a reply buffer outside it, for `--secs`; prints ns of CPU per walk. `--all-row` times all-row
-//! hits on 64 fixed ranges instead. Not a test and not the benchmark (bench/hbase_walk_regimes.py
+//! hits on 64 fixed ranges instead. The copy is the reply's (session 16): a walk's slice of a
+//! run's buffer in one copy, an all-row entry's rows one by one. Not a test and not the benchmark (bench/hbase_walk_regimes.py
 //! is): a probe for what sets the per-start regime.
 use slipstream_rangecache::cache::{Cache, QueryKey, Strategy};
 use slipstream_rangecache::reply::CachedRow;
@@ -128,7 +129,16 @@ fn main() {
                             match hit {
                                 Some(h) => {
                                     let (a, _) = h.into_parts();
-                                    if prefetch {
+                                    // As the reply does (send_rows): a run slice's rows in
+                                    // one copy, other rows one by one.
+                                    let mut pos = 0;
+                                    while let Some((bytes, k)) = a.encoded_at(pos, a.len() - pos) {
+                                        buf.extend_from_slice(bytes);
+                                        pos += k;
+                                    }
+                                    if pos > 0 {
+                                        // Done: the walk's rows were in runs' buffers.
+                                    } else if prefetch {
                                         let mut ahead = a.iter().skip(PREFETCH_ROWS);
                                         for row in a.iter() {
                                             if let Some(r) = ahead.next() {
