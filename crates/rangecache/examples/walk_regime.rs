@@ -7,7 +7,7 @@
 //! hits on 64 fixed ranges instead. The copy is the reply's (session 16): a walk's slice of a
 //! run's buffer in one copy, an all-row entry's rows one by one. Not a test and not the benchmark (bench/hbase_walk_regimes.py
 //! is): a probe for what sets the per-start regime.
-use slipstream_rangecache::cache::{Cache, QueryKey, Strategy};
+use slipstream_rangecache::cache::{Answer, Cache, QueryKey, Strategy};
 use slipstream_rangecache::reply::CachedRow;
 use slipstream_rangecache::sidecar::codec::{Cell, ReadSpec, Row};
 use std::sync::{Arc, Mutex};
@@ -40,6 +40,26 @@ fn rows(start: usize, n: usize, keys: usize) -> Vec<Arc<CachedRow>> {
             Arc::new(CachedRow::new(Row { row: key(i), cells }))
         })
         .collect()
+}
+
+/// Copies an answer's encodings into `buf` as the reply does (send_rows): a run slice's rows
+/// in one copy, other rows (an all-row entry's) one by one, prefetched a few ahead if asked.
+fn copy_answer(a: &Answer, buf: &mut Vec<u8>, prefetch: bool) {
+    let mut pos = 0;
+    while let Some((bytes, k)) = a.encoded_at(pos, a.len() - pos) {
+        buf.extend_from_slice(bytes);
+        pos += k;
+    }
+    if pos > 0 {
+        return;
+    }
+    let mut ahead = a.iter().skip(PREFETCH_ROWS);
+    for row in a.iter() {
+        if let Some(r) = ahead.next().filter(|_| prefetch) {
+            r.prefetch();
+        }
+        buf.extend_from_slice(row.encoded());
+    }
 }
 
 fn query(start: usize) -> QueryKey {
@@ -127,31 +147,7 @@ fn main() {
                             let hit = cache.lock().expect("lock").lookup(table, &query(start), 100);
                             buf.clear();
                             match hit {
-                                Some(h) => {
-                                    let (a, _) = h.into_parts();
-                                    // As the reply does (send_rows): a run slice's rows in
-                                    // one copy, other rows one by one.
-                                    let mut pos = 0;
-                                    while let Some((bytes, k)) = a.encoded_at(pos, a.len() - pos) {
-                                        buf.extend_from_slice(bytes);
-                                        pos += k;
-                                    }
-                                    if pos > 0 {
-                                        // Done: the walk's rows were in runs' buffers.
-                                    } else if prefetch {
-                                        let mut ahead = a.iter().skip(PREFETCH_ROWS);
-                                        for row in a.iter() {
-                                            if let Some(r) = ahead.next() {
-                                                r.prefetch();
-                                            }
-                                            buf.extend_from_slice(row.encoded());
-                                        }
-                                    } else {
-                                        for row in a.iter() {
-                                            buf.extend_from_slice(row.encoded());
-                                        }
-                                    }
-                                }
+                                Some(h) => copy_answer(&h.into_parts().0, &mut buf, prefetch),
                                 None => miss += 1,
                             }
                             std::hint::black_box(&buf);

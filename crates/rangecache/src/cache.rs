@@ -519,7 +519,12 @@ fn bits_remove(bits: u128, i: usize) -> u128 {
 
 /// Stores `r` in `st`'s runs, replacing a cached copy of the same row (a new or split run
 /// gets a ring slot at a new tick). Returns the bytes added and the bytes freed.
-fn insert_row(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, tick: &mut u64, r: &CachedRow) -> (usize, usize) {
+fn insert_row(
+    st: &mut TableState,
+    clock: &mut BTreeMap<u64, EntryRef>,
+    tick: &mut u64,
+    r: &CachedRow,
+) -> (usize, usize) {
     let key = r.row.row.as_slice();
     let found = st.runs.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back();
     if let Some((lo, run)) = found {
@@ -560,7 +565,13 @@ fn insert_row(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, tick: &m
 }
 
 /// Adds a run of `rows` (sorted, not empty) with its ring slot; returns its bytes.
-fn new_run(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, tick: &mut u64, rows: RunRows, referenced: u128) -> usize {
+fn new_run(
+    st: &mut TableState,
+    clock: &mut BTreeMap<u64, EntryRef>,
+    tick: &mut u64,
+    rows: RunRows,
+    referenced: u128,
+) -> usize {
     *tick += 1;
     let lo: Arc<[u8]> = Arc::from(rows.key(0));
     let run = Run { rows: Arc::new(rows), referenced, tick: *tick };
@@ -1346,11 +1357,8 @@ fn walk_run(
     let rows = &run.rows;
     let n = rows.len();
     // Runs are never empty; a run whose last row is below the end is taken whole.
-    let (to, at_end) = if n > 0 && !end.is_empty() && rows.key(n - 1) >= end {
-        (rows.lower_bound(end), true)
-    } else {
-        (n, false)
-    };
+    let (to, at_end) =
+        if n > 0 && !end.is_empty() && rows.key(n - 1) >= end { (rows.lower_bound(end), true) } else { (n, false) };
     let to = to.max(from);
     if to - from > *left {
         let cut = from + *left;
@@ -1739,10 +1747,7 @@ mod tests {
             .values()
             .map(|st| {
                 st.queries.values().map(|e| e.bytes).sum::<usize>()
-                    + st.runs
-                        .iter()
-                        .map(|(lo, r)| run_bytes(lo, r))
-                        .sum::<usize>()
+                    + st.runs.iter().map(|(lo, r)| run_bytes(lo, r)).sum::<usize>()
             })
             .sum()
     }
@@ -1932,11 +1937,7 @@ mod tests {
             }
             check_runs(&c);
             let Some(st) = c.tables.get(&b"t"[..]) else { continue };
-            let held: usize = st
-                .runs
-                .iter()
-                .map(|(lo, r)| run_bytes(lo, r))
-                .sum::<usize>();
+            let held: usize = st.runs.iter().map(|(lo, r)| run_bytes(lo, r)).sum::<usize>();
             assert_eq!(c.bytes(), held, "seed {seed}");
             for run in st.runs.values() {
                 assert_eq!(
@@ -2152,7 +2153,11 @@ mod tests {
                             pos += k;
                         }
                         assert_eq!(pos, a.len(), "seed {seed}");
-                        assert_eq!(copied, a.iter().flat_map(|r| r.encoded().to_vec()).collect::<Vec<u8>>(), "seed {seed}");
+                        assert_eq!(
+                            copied,
+                            a.iter().flat_map(|r| r.encoded().to_vec()).collect::<Vec<u8>>(),
+                            "seed {seed}"
+                        );
                         if rng.below(4) == 0 && held.len() < 64 {
                             let k = keys_of(&a);
                             held.push((a, k));
@@ -2337,9 +2342,13 @@ mod tests {
                     assert_eq!(run.find(k), Ok(i));
                 }
                 let probe = rng.bytes(4);
-                assert_eq!(run.lower_bound(&probe), model.range(probe.clone()..).next().map_or(model.len(), |(k, _)| {
-                    model.keys().position(|m| m == k).unwrap_or(model.len())
-                }));
+                assert_eq!(
+                    run.lower_bound(&probe),
+                    model
+                        .range(probe.clone()..)
+                        .next()
+                        .map_or(model.len(), |(k, _)| { model.keys().position(|m| m == k).unwrap_or(model.len()) })
+                );
                 let (a, b) = (rng.below(run.len() + 1), rng.below(run.len() + 1));
                 let (a, b) = (a.min(b), a.max(b));
                 let want: Vec<u8> = model.values().skip(a).take(b - a).flatten().copied().collect();

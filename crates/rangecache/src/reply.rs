@@ -21,8 +21,8 @@ use crate::gen::hbase1::{IOError, IllegalArgument, TCell, TColumn, TRowResult};
 use crate::sidecar::codec::{Cell, Row};
 use std::collections::BTreeMap;
 use thrift::protocol::{
-    TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TMessageIdentifier, TMessageType, TOutputProtocol, TSerializable,
-    TStructIdentifier, TType,
+    TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TMessageIdentifier, TMessageType, TOutputProtocol,
+    TSerializable, TStructIdentifier, TType,
 };
 
 /// Strict binary protocol, version 1, message type Reply (2).

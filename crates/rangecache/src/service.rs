@@ -302,7 +302,12 @@ impl RangeCache {
     /// as a one-row answer (an each-row hit stays in its run's buffer: a Get copies the row's
     /// encoding from there, decoding nothing); None: no such row, or none of the columns asked
     /// for.
-    pub fn read_rows(&self, table: &[u8], rows: &[Vec<u8>], spec: &ReadSpec) -> Result<Vec<Option<Answer>>, SidecarError> {
+    pub fn read_rows(
+        &self,
+        table: &[u8],
+        rows: &[Vec<u8>],
+        spec: &ReadSpec,
+    ) -> Result<Vec<Option<Answer>>, SidecarError> {
         let one = |r: Arc<CachedRow>| Answer::whole(Arc::new(vec![r]));
         if !self.cache_usable(table, spec, &[]) {
             let got = self.side(|s| s.get(table, rows, spec))?;
