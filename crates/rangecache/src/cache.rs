@@ -2277,10 +2277,7 @@ mod tests {
 
     #[test]
     fn run_buffers_match_a_model_under_random_edits() {
-        use crate::reply::tests::{seed, Rng};
-        let seed = seed();
-        println!("seed {seed} (SEED={seed} to repeat)");
-        let mut rng = Rng(seed);
+        let (seed, mut rng) = crate::reply::tests::seeded();
         for case in 0..200 {
             let mut run = RunRows::default();
             let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();

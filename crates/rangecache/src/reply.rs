@@ -312,6 +312,13 @@ pub(crate) mod tests {
         }) | 1
     }
 
+    /// A seeded generator for a randomized test, its seed printed (to repeat a run: SEED=).
+    pub(crate) fn seeded() -> (u64, Rng) {
+        let seed = seed();
+        println!("seed {seed} (SEED={seed} to repeat)");
+        (seed, Rng(seed))
+    }
+
     /// A random row: random key, families, qualifiers (repeated ones = several versions),
     /// timestamps (negative too) and values, empty ones included.
     pub(crate) fn random_row(r: &mut Rng) -> Row {
@@ -445,9 +452,7 @@ pub(crate) mod tests {
 
     #[test]
     fn whole_rows_decode_from_their_encoding() {
-        let seed = seed();
-        println!("seed {seed} (SEED={seed} to repeat)");
-        let mut rng = Rng(seed);
+        let (seed, mut rng) = seeded();
         for case in 0..2000 {
             let mut row = random_row(&mut rng);
             // As each-row holds them: one version per column, HBase's cell order; a family
