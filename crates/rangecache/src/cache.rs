@@ -161,8 +161,9 @@ pub type Rows = Arc<Vec<Arc<CachedRow>>>;
 #[derive(Clone, Debug, Default)]
 pub struct RunRows {
     buf: Vec<u8>,
-    /// `ends[i]`: where row i's encoding ends in `buf` (it starts where row i - 1's ends).
-    ends: Vec<u32>,
+    /// `ends[i]`: where row i's encoding ends in `buf` (it starts where row i - 1's ends);
+    /// `usize`, not `u32`: a run of 128 large rows may pass 4 GiB.
+    ends: Vec<usize>,
 }
 
 impl RunRows {
@@ -178,7 +179,7 @@ impl RunRows {
         if i == 0 {
             0
         } else {
-            self.ends[i - 1] as usize
+            self.ends[i - 1]
         }
     }
 
@@ -187,7 +188,7 @@ impl RunRows {
         if from >= to {
             return &[];
         }
-        &self.buf[self.start_of(from)..self.ends[to - 1] as usize]
+        &self.buf[self.start_of(from)..self.ends[to - 1]]
     }
 
     /// Row i's encoding.
@@ -228,8 +229,8 @@ impl RunRows {
     fn insert(&mut self, i: usize, enc: &[u8]) {
         let at = self.start_of(i);
         self.buf.splice(at..at, enc.iter().copied());
-        let n = enc.len() as u32;
-        self.ends.insert(i, at as u32);
+        let n = enc.len();
+        self.ends.insert(i, at);
         for e in &mut self.ends[i..] {
             *e += n;
         }
@@ -237,10 +238,10 @@ impl RunRows {
 
     /// Takes row i out.
     fn remove(&mut self, i: usize) {
-        let (at, end) = (self.start_of(i), self.ends[i] as usize);
+        let (at, end) = (self.start_of(i), self.ends[i]);
         self.buf.drain(at..end);
         self.ends.remove(i);
-        let n = (end - at) as u32;
+        let n = end - at;
         for e in &mut self.ends[i..] {
             *e -= n;
         }
@@ -259,7 +260,7 @@ impl RunRows {
     fn split_off(&mut self, at: usize) -> RunRows {
         let cut = self.start_of(at);
         let buf = self.buf.split_off(cut);
-        let ends = self.ends.split_off(at).into_iter().map(|e| e - cut as u32).collect();
+        let ends = self.ends.split_off(at).into_iter().map(|e| e - cut).collect();
         self.buf.shrink_to_fit();
         self.ends.shrink_to_fit();
         RunRows { buf, ends }
@@ -288,12 +289,12 @@ impl RunRows {
 
     fn push(&mut self, enc: &[u8]) {
         self.buf.extend_from_slice(enc);
-        self.ends.push(self.buf.len() as u32);
+        self.ends.push(self.buf.len());
     }
 
     /// Bytes held (by capacity).
     fn size_bytes(&self) -> usize {
-        self.buf.capacity() + self.ends.capacity() * std::mem::size_of::<u32>()
+        self.buf.capacity() + self.ends.capacity() * std::mem::size_of::<usize>()
     }
 
     /// Every row's key, in order.
@@ -1883,7 +1884,7 @@ mod tests {
                     assert_eq!(CachedRow::new(r.row.clone()).encoded(), run.rows.encoded(i));
                 }
                 let ends_ok = run.rows.ends.windows(2).all(|w| w[0] < w[1]);
-                assert!(ends_ok && run.rows.ends.last().map(|&e| e as usize) == Some(run.rows.buf.len()));
+                assert!(ends_ok && run.rows.ends.last().copied() == Some(run.rows.buf.len()));
                 assert!(matches!(c.clock.get(&run.tick), Some(EntryRef::Run(id, l)) if *id == st.id && l == lo));
             }
         }
@@ -2350,7 +2351,7 @@ mod tests {
                 let (a, b) = (a.min(b), a.max(b));
                 let want: Vec<u8> = model.values().skip(a).take(b - a).flatten().copied().collect();
                 assert_eq!(run.bytes(a, b), &want[..], "seed {seed} case {case} step {step}");
-                assert_eq!(run.ends.last().map_or(0, |&e| e as usize), run.buf.len());
+                assert_eq!(run.ends.last().map_or(0, |&e| e), run.buf.len());
             }
         }
     }
