@@ -4,9 +4,10 @@
 //! connection threads fill the daemon's cache), then `--threads` threads walk random 100-row
 //! ranges (the bench's `--starts 0`) under the cache's mutex and copy each answer's encodings into
 //! a reply buffer outside it, for `--secs`; prints ns of CPU per walk. `--all-row` times all-row
-//! hits on 64 fixed ranges instead. Not a test and not the benchmark (bench/hbase_walk_regimes.py
+//! hits on 64 fixed ranges instead. The copy is the reply's (session 16): a walk's slice of a
+//! run's buffer in one copy, an all-row entry's rows one by one. Not a test and not the benchmark (bench/hbase_walk_regimes.py
 //! is): a probe for what sets the per-start regime.
-use slipstream_rangecache::cache::{Cache, QueryKey, Strategy};
+use slipstream_rangecache::cache::{Answer, Cache, QueryKey, Strategy};
 use slipstream_rangecache::reply::CachedRow;
 use slipstream_rangecache::sidecar::codec::{Cell, ReadSpec, Row};
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,26 @@ fn rows(start: usize, n: usize, keys: usize) -> Vec<Arc<CachedRow>> {
             Arc::new(CachedRow::new(Row { row: key(i), cells }))
         })
         .collect()
+}
+
+/// Copies an answer's encodings into `buf` as the reply does (send_rows): a run slice's rows
+/// in one copy, other rows (an all-row entry's) one by one, prefetched a few ahead if asked.
+fn copy_answer(a: &Answer, buf: &mut Vec<u8>, prefetch: bool) {
+    let mut pos = 0;
+    while let Some((bytes, k)) = a.encoded_at(pos, a.len() - pos) {
+        buf.extend_from_slice(bytes);
+        pos += k;
+    }
+    if pos > 0 {
+        return;
+    }
+    let mut ahead = a.iter().skip(PREFETCH_ROWS);
+    for row in a.iter() {
+        if let Some(r) = ahead.next().filter(|_| prefetch) {
+            r.prefetch();
+        }
+        buf.extend_from_slice(row.encoded());
+    }
 }
 
 fn query(start: usize) -> QueryKey {
@@ -126,22 +147,7 @@ fn main() {
                             let hit = cache.lock().expect("lock").lookup(table, &query(start), 100);
                             buf.clear();
                             match hit {
-                                Some(h) => {
-                                    let (a, _) = h.into_parts();
-                                    if prefetch {
-                                        let mut ahead = a.iter().skip(PREFETCH_ROWS);
-                                        for row in a.iter() {
-                                            if let Some(r) = ahead.next() {
-                                                r.prefetch();
-                                            }
-                                            buf.extend_from_slice(row.encoded());
-                                        }
-                                    } else {
-                                        for row in a.iter() {
-                                            buf.extend_from_slice(row.encoded());
-                                        }
-                                    }
-                                }
+                                Some(h) => copy_answer(&h.into_parts().0, &mut buf, prefetch),
                                 None => miss += 1,
                             }
                             std::hint::black_box(&buf);

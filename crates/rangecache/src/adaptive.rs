@@ -37,11 +37,13 @@
 //!
 //!    Otherwise **all-row** (switching from each-row once [`ALL_ROW_WINDOWS_MIN`] windows in a
 //!    row say so): the shape's scans repeat the same ranges, apart from one another, with small
-//!    results and no writes. There all-row holds nothing twice and each-row would
-//!    cost its per-row index on top (memory sweep at k = 1: each-row 1.04x all-row's accounted
-//!    bytes, 1.08x its RSS growth), and an all-row hit is one hash lookup (paired runs: all-row
-//!    1.1x each-row's memo hit in session 11, within noise of it in session 12; memos were removed
-//!    in session 14).
+//!    results and no writes. There all-row holds nothing twice, and an all-row hit is one hash
+//!    lookup (paired runs: all-row 1.1x each-row's memo hit in session 11, within noise of it in
+//!    session 12; memos were removed in session 14). Memory argued for all-row here until
+//!    session 15 (each-row 1.04x all-row's accounted bytes at k = 1); since session 16 an
+//!    each-row row is its encoding only (0.40x at k = 1) and a first walk costs what an all-row
+//!    hit costs (docs/benchmarks.md), so this rule now stands on the hit path alone: kept, not
+//!    re-measured.
 //!
 //! **A switch** drops the entries of the kind the shape left (crate::cache
 //! `Cache::drop_after_switch`): to all-row the each-row rows inside its recent

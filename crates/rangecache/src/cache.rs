@@ -8,7 +8,8 @@
 //!   row intervals known to be *complete* (every existing row inside is cached, so a missing row
 //!   is known absent). A scan inside one complete interval is served by a range walk, which
 //!   answers with slices of the runs it crosses ([`Answer`]: a reference count per run, keys
-//!   compared only where the answer begins and ends); a Get is
+//!   compared only where the answer begins and ends, by binary searches over the run's buffer
+//!   of encodings, [`RunRows`]; the reply copies each slice's bytes at once); a Get is
 //!   served from its row (or from an interval that proves the row absent). Every each-row
 //!   scan is a walk: there are no per-scan result memos any more (session 14 measured that
 //!   they cost more than they saved once walks answer slices of runs: without them first
@@ -34,18 +35,20 @@
 //!   both, so a shape may switch at any time; when it does, the entries of the kind it left
 //!   are dropped ([`Cache::drop_after_switch`]) rather than left for CLOCK.
 //!
-//! Rows are held as [`CachedRow`]s, each with its reply encoding (made once when the row was
-//! read), so a hit is answered by copying bytes (crate::reply); the encoding goes with the row.
+//! All-row rows are held as [`CachedRow`]s, each with its reply encoding (made once when the
+//! row was read), so a hit is answered by copying bytes (crate::reply). Each-row rows are held
+//! only as those encodings, back to back in their run's buffer ([`RunRows`]: the key is read
+//! inside the encoding; the cells are decoded again for the cold paths — projections, batches,
+//! sorted columns, cell reads). Either way a row's encoding goes with the row.
 //!
-//! Memory: every entry's bytes (rows and their encodings) count against `memory_bytes_max`:
-//! an all-row entry its rows, its list of pointers to them and its key; an each-row row the
-//! row, and its place in a *run* ([`Run`]: up to `RUN_ROWS_MAX` rows of a table, sorted, one
-//! pointer per row, with one slot in the run map and one in the CLOCK ring per run, not per
-//! row). So at k = 1 each-row holds what all-row holds (a pointer
-//! per row, a slot per run instead of a query entry per range), and for k-fold overlapping
-//! ranges all-row holds k copies of every row where each-row holds one (docs/benchmarks.md,
-//! session 12; a slot per row in a row map and in the ring cost each-row ~75 bytes per row of
-//! RSS more than all-row). Eviction is CLOCK (second chance): entries sit in a ring in fill
+//! Memory: every entry's bytes count against `memory_bytes_max`: an all-row entry its rows
+//! (row and encoding), its list of pointers to them and its key; each-row a *run* ([`Run`]: up
+//! to `RUN_ROWS_MAX` rows of a table, sorted, its buffer of their encodings and their end
+//! offsets, with one slot in the run map and one in the CLOCK ring per run, not per row). So
+//! each-row holds every row once, as its encoding (less than all-row's row + encoding even at
+//! k = 1), and for k-fold overlapping ranges all-row holds k copies of every row where
+//! each-row holds one (docs/benchmarks.md, session 12; a slot per row in a row map and in the
+//! ring cost each-row ~75 bytes per row of RSS more than all-row). Eviction is CLOCK (second chance): entries sit in a ring in fill
 //! order, a hit only sets the entry's reference bit (a row's bit is in its run), and the hand
 //! evicts the first entry whose bit is clear, clearing set bits (moving those entries to the
 //! back) as it passes; at a run it evicts the run's rows whose bits are clear and moves the
@@ -53,7 +56,7 @@
 //! hit was a large part of an each-row hit (two B-tree updates per row
 //! served; docs/benchmarks.md, issue 16). This module does no I/O.
 
-use crate::reply::CachedRow;
+use crate::reply::{encoded_key, CachedRow};
 use crate::sidecar::codec::{ReadSpec, Row};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
@@ -142,43 +145,234 @@ fn rows_bytes(rows: &[Arc<CachedRow>]) -> usize {
     rows.iter().map(|r| ENTRY_OVERHEAD_BYTES + r.size_bytes() + r.row.cells.len() * CELL_OVERHEAD_BYTES).sum()
 }
 
-/// Bytes charged for an each-row row: the row as in an all-row result (its place in its run
-/// is charged with the run: [`run_bytes`]).
-fn row_bytes(r: &Arc<CachedRow>) -> usize {
-    rows_bytes(std::slice::from_ref(r))
-}
-
 /// A list of rows shared between the cache and the answers that hold it: an all-row entry's
-/// result, an each-row run. A hit copies no row and no list, only this pointer. A `Vec`
-/// behind the `Arc` so that a run can change in place (`Arc::make_mut`), copying its list only
-/// while an answer still holds the old one.
+/// result. A hit copies no row and no list, only this pointer.
 pub type Rows = Arc<Vec<Arc<CachedRow>>>;
 
-/// Rows `from..to` of a shared list: part of an [`Answer`].
+/// The rows of an each-row run ([`Run`]) as one buffer: their reply encodings (`TRowResult`s
+/// in map form, crate::reply) back to back, in key order, and where each one ends. The row's
+/// key is read inside its encoding ([`encoded_key`]), so the buffer is all the run holds: a
+/// row is stored once, as its encoding (the `Row` it came from is decoded again only for the
+/// cold paths: projections, batches, sorted columns, Gets' cell reads). Why one buffer: a
+/// walk's answer is then a binary search over one contiguous block for its first and last row
+/// and one copy of the bytes between (an all-row hit copies its rows one by one), where a run
+/// of pointers to rows spread over the heap cost two cache misses per probe of each search and
+/// a pointer chase per row copied (docs/benchmarks.md, issue 16, session 16).
+#[derive(Clone, Debug, Default)]
+pub struct RunRows {
+    buf: Vec<u8>,
+    /// `ends[i]`: where row i's encoding ends in `buf` (it starts where row i - 1's ends);
+    /// `usize`, not `u32`: a run of 128 large rows may pass 4 GiB.
+    ends: Vec<usize>,
+}
+
+impl RunRows {
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn start_of(&self, i: usize) -> usize {
+        if i == 0 {
+            0
+        } else {
+            self.ends[i - 1]
+        }
+    }
+
+    /// The encodings of rows `from..to`, back to back.
+    pub fn bytes(&self, from: usize, to: usize) -> &[u8] {
+        if from >= to {
+            return &[];
+        }
+        &self.buf[self.start_of(from)..self.ends[to - 1]]
+    }
+
+    /// Row i's encoding.
+    pub fn encoded(&self, i: usize) -> &[u8] {
+        self.bytes(i, i + 1)
+    }
+
+    /// Row i's key.
+    pub fn key(&self, i: usize) -> &[u8] {
+        encoded_key(self.encoded(i))
+    }
+
+    /// The first row whose key is not below `key` (binary search over the buffer).
+    fn lower_bound(&self, key: &[u8]) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.key(mid) < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Row i's position, or where it would go.
+    fn find(&self, key: &[u8]) -> Result<usize, usize> {
+        let i = self.lower_bound(key);
+        if i < self.len() && self.key(i) == key {
+            Ok(i)
+        } else {
+            Err(i)
+        }
+    }
+
+    /// Puts `enc` at row i, the rows from i moving up one.
+    fn insert(&mut self, i: usize, enc: &[u8]) {
+        let at = self.start_of(i);
+        self.buf.splice(at..at, enc.iter().copied());
+        let n = enc.len();
+        self.ends.insert(i, at);
+        for e in &mut self.ends[i..] {
+            *e += n;
+        }
+    }
+
+    /// Takes row i out.
+    fn remove(&mut self, i: usize) {
+        let (at, end) = (self.start_of(i), self.ends[i]);
+        self.buf.drain(at..end);
+        self.ends.remove(i);
+        let n = end - at;
+        for e in &mut self.ends[i..] {
+            *e -= n;
+        }
+    }
+
+    /// Row i's encoding becomes `enc`.
+    fn replace(&mut self, i: usize, enc: &[u8]) {
+        if self.encoded(i) == enc {
+            return;
+        }
+        self.remove(i);
+        self.insert(i, enc);
+    }
+
+    /// Rows `at..` as their own buffer; this one keeps `..at`.
+    fn split_off(&mut self, at: usize) -> RunRows {
+        let cut = self.start_of(at);
+        let buf = self.buf.split_off(cut);
+        let ends = self.ends.split_off(at).into_iter().map(|e| e - cut).collect();
+        self.buf.shrink_to_fit();
+        self.ends.shrink_to_fit();
+        RunRows { buf, ends }
+    }
+
+    /// Keeps the rows whose bit in `keep` is set; returns the keys of the others.
+    fn retain(&mut self, keep: u128) -> Vec<Vec<u8>> {
+        let mut gone = Vec::new();
+        let mut kept = RunRows { buf: Vec::with_capacity(self.buf.len()), ends: Vec::with_capacity(self.len()) };
+        for i in 0..self.len() {
+            if keep & (1u128 << i) != 0 {
+                kept.push(self.encoded(i));
+            } else {
+                gone.push(self.key(i).to_vec());
+            }
+        }
+        kept.shrink_to_fit();
+        *self = kept;
+        gone
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.buf.shrink_to_fit();
+        self.ends.shrink_to_fit();
+    }
+
+    fn push(&mut self, enc: &[u8]) {
+        self.buf.extend_from_slice(enc);
+        self.ends.push(self.buf.len());
+    }
+
+    /// Bytes held (by capacity).
+    fn size_bytes(&self) -> usize {
+        self.buf.capacity() + self.ends.capacity() * std::mem::size_of::<usize>()
+    }
+
+    /// Every row's key, in order.
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.key(i))
+    }
+}
+
+/// One row of an [`Answer`]: a cached row (an all-row entry's, a projected copy) or an each-row
+/// row's encoding inside its run's buffer.
+#[derive(Clone, Copy, Debug)]
+pub enum RowRef<'a> {
+    Cached(&'a Arc<CachedRow>),
+    Encoded(&'a [u8]),
+}
+
+impl<'a> RowRef<'a> {
+    pub fn key(&self) -> &'a [u8] {
+        match self {
+            RowRef::Cached(r) => &r.row.row,
+            RowRef::Encoded(e) => encoded_key(e),
+        }
+    }
+
+    /// The row's reply encoding.
+    pub fn encoded(&self) -> &'a [u8] {
+        match self {
+            RowRef::Cached(r) => r.encoded(),
+            RowRef::Encoded(e) => e,
+        }
+    }
+
+    pub fn prefetch(&self) {
+        match self {
+            RowRef::Cached(r) => r.prefetch(),
+            RowRef::Encoded(e) => crate::reply::prefetch_bytes(e),
+        }
+    }
+
+    /// The row as a [`CachedRow`]: shared as it is, or decoded from its encoding (cold paths:
+    /// batches, sorted columns, cell reads). None only for a malformed encoding (never ours).
+    pub fn to_cached(&self) -> Option<Arc<CachedRow>> {
+        match self {
+            RowRef::Cached(r) => Some(Arc::clone(r)),
+            RowRef::Encoded(e) => CachedRow::from_encoded(e).map(Arc::new),
+        }
+    }
+}
+
+/// Rows `from..to` of a shared list or of a run's buffer: part of an [`Answer`].
 #[derive(Clone, Debug)]
-pub struct Slice {
-    rows: Rows,
-    from: usize,
-    to: usize,
+enum Slice {
+    List { rows: Rows, from: usize, to: usize },
+    Run { rows: Arc<RunRows>, from: usize, to: usize },
 }
 
 impl Slice {
-    pub fn whole(rows: Rows) -> Slice {
-        let to = rows.len();
-        Slice { rows, from: 0, to }
+    fn len(&self) -> usize {
+        match self {
+            Slice::List { from, to, .. } | Slice::Run { from, to, .. } => to - from,
+        }
     }
 
-    pub fn rows(&self) -> &[Arc<CachedRow>] {
-        &self.rows[self.from..self.to]
+    fn get(&self, i: usize) -> RowRef<'_> {
+        match self {
+            Slice::List { rows, from, .. } => RowRef::Cached(&rows[from + i]),
+            Slice::Run { rows, from, .. } => RowRef::Encoded(rows.encoded(from + i)),
+        }
     }
 }
 
-/// The rows of an answer, in order: slices of shared lists. An all-row hit is
-/// one slice (held inline: no allocation); an each-row walk is one slice per run it crossed,
-/// so it costs a reference count per run, not per row (per-row pointer copies and key
-/// compares were most of the walk: docs/benchmarks.md, issue 16, session 14). Holding an
-/// answer keeps the lists it slices alive (up to a run's rows each), not only the rows it
-/// returns, until the scanner drains or is closed.
+/// The rows of an answer, in order: slices of shared lists or of runs' buffers. An all-row hit
+/// is one slice (held inline: no allocation); an each-row walk is one slice per run it
+/// crossed, so it costs a reference count per run, not per row (per-row pointer copies and
+/// key compares were most of the walk: docs/benchmarks.md, issue 16, session 14), and a reply
+/// copies each run slice's bytes at once ([`Answer::encoded_at`]). Holding an answer keeps the
+/// lists and buffers it slices alive (up to a run's rows each), not only the rows it returns,
+/// until the scanner drains or is closed.
 #[derive(Clone, Debug, Default)]
 pub struct Answer {
     first: Option<Slice>,
@@ -187,11 +381,12 @@ pub struct Answer {
 
 impl Answer {
     pub fn whole(rows: Rows) -> Answer {
-        Answer { first: Some(Slice::whole(rows)), more: Vec::new() }
+        let to = rows.len();
+        Answer { first: Some(Slice::List { rows, from: 0, to }), more: Vec::new() }
     }
 
     fn push(&mut self, s: Slice) {
-        if s.from == s.to {
+        if s.len() == 0 {
             return;
         }
         if self.first.is_none() {
@@ -206,36 +401,50 @@ impl Answer {
     }
 
     /// Every row, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<CachedRow>> {
-        self.slices().flat_map(Slice::rows)
+    pub fn iter(&self) -> impl Iterator<Item = RowRef<'_>> {
+        self.slices().flat_map(|s| (0..s.len()).map(move |i| s.get(i)))
     }
 
     pub fn len(&self) -> usize {
-        self.slices().map(|s| s.to - s.from).sum()
+        self.slices().map(Slice::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.first.is_none()
     }
 
-    /// Row `i` (a walk over the slices: an answer has a few).
-    pub fn get(&self, mut i: usize) -> Option<&Arc<CachedRow>> {
+    /// The slice holding row `i`, and `i`'s place in it (a walk over the slices: an answer has
+    /// a few).
+    fn slice_of(&self, mut i: usize) -> Option<(&Slice, usize)> {
         for s in self.slices() {
-            let n = s.to - s.from;
-            if i < n {
-                return Some(&s.rows[s.from + i]);
+            if i < s.len() {
+                return Some((s, i));
             }
-            i -= n;
+            i -= s.len();
         }
         None
     }
 
-    /// The rows as one list (shared as it is when the answer is one whole list).
-    pub fn to_rows(&self) -> Rows {
-        match (&self.first, self.more.is_empty()) {
-            (Some(s), true) if s.from == 0 && s.to == s.rows.len() => s.rows.clone(),
-            _ => Arc::new(self.iter().cloned().collect()),
+    /// Row `i`.
+    pub fn get(&self, i: usize) -> Option<RowRef<'_>> {
+        self.slice_of(i).map(|(s, j)| s.get(j))
+    }
+
+    /// When row `i` is in a run's buffer: the encodings of rows `i..` up to `n` of them (and
+    /// up to the end of that run's slice), back to back, and how many rows they are.
+    pub fn encoded_at(&self, i: usize, n: usize) -> Option<(&[u8], usize)> {
+        match self.slice_of(i)? {
+            (Slice::Run { rows, from, to }, j) => {
+                let k = n.min(to - from - j);
+                Some((rows.bytes(from + j, from + j + k), k))
+            }
+            _ => None,
         }
+    }
+
+    /// Every row as a [`CachedRow`] (decoded from runs' buffers: tests and cold paths).
+    pub fn to_cached(&self) -> Vec<Arc<CachedRow>> {
+        self.iter().filter_map(|r| r.to_cached()).collect()
     }
 }
 
@@ -261,44 +470,40 @@ fn state_of<'a>(
 const RUN_ROWS_MAX: usize = 128;
 
 /// A run of each-row rows: up to [`RUN_ROWS_MAX`] cached rows, sorted, every one at or after
-/// the run's `lo` (its key in [`TableState::runs`]) and before the next run's. Rows are held
-/// in runs rather than one index slot per row so that each-row pays about what all-row pays
-/// for its list of rows — one pointer per row — plus one slot per run in the run map and the
-/// CLOCK ring (a B-tree slot and a ring slot per row cost ~75 bytes per row of RSS: docs/
-/// benchmarks.md, issue 16). The CLOCK hand visits a run at a time: it evicts the run's rows
-/// whose reference bit is clear and gives the others their second chance.
+/// the run's `lo` (its key in [`TableState::runs`]) and before the next run's, held as one
+/// buffer of their encodings ([`RunRows`]). Rows are held in runs rather than one index slot
+/// per row so that each-row pays for a row about its bytes — plus one slot per run in the run
+/// map and the CLOCK ring (a B-tree slot and a ring slot per row cost ~75 bytes per row of RSS:
+/// docs/benchmarks.md, issue 16). The CLOCK hand visits a run at a time: it evicts the run's
+/// rows whose reference bit is clear and gives the others their second chance.
 #[derive(Debug)]
 struct Run {
     /// Shared with answers that hold a slice of it; changed through [`Run::rows_mut`].
-    rows: Rows,
-    /// Reference bit of `rows[i]`: bit i (set by a hit, cleared by the passing hand).
+    rows: Arc<RunRows>,
+    /// Reference bit of row i: bit i (set by a hit, cleared by the passing hand).
     referenced: u128,
     /// Position in the CLOCK ring.
     tick: u64,
 }
 
 impl Run {
-    /// The rows to change: the run's own list, copied first if an answer still holds it (the
+    /// The rows to change: the run's own buffer, copied first if an answer still holds it (the
     /// answer keeps the rows it was given; the cache moves on).
-    fn rows_mut(&mut self) -> &mut Vec<Arc<CachedRow>> {
+    fn rows_mut(&mut self) -> &mut RunRows {
         Arc::make_mut(&mut self.rows)
     }
 }
 
-/// The index bytes a run takes: its pointers (by capacity) and their shared list's header,
-/// its `lo` (one shared copy and its count header), its slots in the run map and in the CLOCK
-/// ring (slot sizes, as for every entry here: the free space in B-tree nodes is seen in RSS
-/// only).
+/// The bytes a run takes: its buffer and row ends (by capacity), its `lo` (one shared copy and
+/// its count header), its slots in the run map and in the CLOCK ring (slot sizes, as for every
+/// entry here: the free space in B-tree nodes is seen in RSS only), and the buffer's header.
 fn run_bytes(lo: &[u8], run: &Run) -> usize {
     const SLOTS_BYTES: usize = std::mem::size_of::<Arc<[u8]>>()
         + std::mem::size_of::<Run>()
         + std::mem::size_of::<u64>()
         + std::mem::size_of::<EntryRef>()
         + LIST_HEADER_BYTES;
-    SLOTS_BYTES
-        + 2 * std::mem::size_of::<usize>()
-        + lo.len()
-        + run.rows.capacity() * std::mem::size_of::<Arc<CachedRow>>()
+    SLOTS_BYTES + 2 * std::mem::size_of::<usize>() + lo.len() + run.rows.size_bytes()
 }
 
 /// `bits` with a clear bit inserted at `i` (the bits from `i` up move up one).
@@ -313,36 +518,32 @@ fn bits_remove(bits: u128, i: usize) -> u128 {
     low | ((bits >> i >> 1) << i)
 }
 
-fn row_pos(run: &Run, row: &[u8]) -> Result<usize, usize> {
-    run.rows.binary_search_by(|r| r.row.row.as_slice().cmp(row))
-}
-
 /// Stores `r` in `st`'s runs, replacing a cached copy of the same row (a new or split run
 /// gets a ring slot at a new tick). Returns the bytes added and the bytes freed.
 fn insert_row(
     st: &mut TableState,
     clock: &mut BTreeMap<u64, EntryRef>,
     tick: &mut u64,
-    r: Arc<CachedRow>,
+    r: &CachedRow,
 ) -> (usize, usize) {
     let key = r.row.row.as_slice();
     let found = st.runs.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(key))).next_back();
     if let Some((lo, run)) = found {
         let before = run_bytes(lo, run);
-        match row_pos(run, key) {
+        match run.rows.find(key) {
             Ok(i) => {
-                // Held by an answer, the list is copied (`rows_mut`) with a new capacity:
+                // Held by an answer, the buffer is copied (`rows_mut`) with a new capacity:
                 // charged as it is after, not as it was.
-                let old = std::mem::replace(&mut run.rows_mut()[i], r);
-                run.referenced &= !(1u128 << i);
-                let new = row_bytes(&run.rows[i]);
-                return (new + run_bytes(lo, run), row_bytes(&old) + before);
+                if run.rows.encoded(i) != r.encoded() {
+                    run.rows_mut().replace(i, r.encoded());
+                    run.referenced &= !(1u128 << i);
+                }
+                return (run_bytes(lo, run), before);
             }
             Err(i) if run.rows.len() < RUN_ROWS_MAX => {
-                let added = row_bytes(&r);
-                run.rows_mut().insert(i, r);
+                run.rows_mut().insert(i, r.encoded());
                 run.referenced = bits_insert(run.referenced, i);
-                return (added + run_bytes(lo, run), before);
+                return (run_bytes(lo, run), before);
             }
             Err(i) if i < run.rows.len() => {
                 // Full, and the row goes inside it: split it in halves, then insert.
@@ -359,20 +560,21 @@ fn insert_row(
             Err(_) => {}
         }
     }
-    let added = row_bytes(&r);
-    (added + new_run(st, clock, tick, vec![r], 0), 0)
+    let mut rows = RunRows::default();
+    rows.push(r.encoded());
+    (new_run(st, clock, tick, rows, 0), 0)
 }
 
-/// Adds a run of `rows` (sorted, not empty) with its ring slot; returns its index bytes.
+/// Adds a run of `rows` (sorted, not empty) with its ring slot; returns its bytes.
 fn new_run(
     st: &mut TableState,
     clock: &mut BTreeMap<u64, EntryRef>,
     tick: &mut u64,
-    rows: Vec<Arc<CachedRow>>,
+    rows: RunRows,
     referenced: u128,
 ) -> usize {
     *tick += 1;
-    let lo: Arc<[u8]> = Arc::from(rows[0].row.row.as_slice());
+    let lo: Arc<[u8]> = Arc::from(rows.key(0));
     let run = Run { rows: Arc::new(rows), referenced, tick: *tick };
     let bytes = run_bytes(&lo, &run);
     clock.insert(*tick, EntryRef::Run(st.id, lo.clone()));
@@ -384,21 +586,20 @@ fn new_run(
 /// bytes freed, None if the row was not cached.
 fn remove_row(st: &mut TableState, clock: &mut BTreeMap<u64, EntryRef>, row: &[u8]) -> Option<usize> {
     let (lo, run) = st.runs.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(row))).next_back()?;
-    let i = row_pos(run, row).ok()?;
+    let i = run.rows.find(row).ok()?;
     let before = run_bytes(lo, run);
-    // Held by an answer (a switch drops rows while the walk's answer is out), the list is
-    // copied with a smaller capacity: the run's charge is taken from before and after.
-    let old = run.rows_mut().remove(i);
+    // Held by an answer (a switch drops rows while the walk's answer is out), the buffer is
+    // copied: the run's charge is taken from before and after.
+    run.rows_mut().remove(i);
     run.referenced = bits_remove(run.referenced, i);
-    let mut freed = row_bytes(&old) + before;
     if run.rows.is_empty() {
         let (lo, tick) = (lo.clone(), run.tick);
         clock.remove(&tick);
         st.runs.remove(&lo[..]);
+        Some(before)
     } else {
-        freed -= run_bytes(lo, run);
+        Some(before - run_bytes(lo, run).min(before))
     }
-    Some(freed)
 }
 
 /// The keys of the cached each-row rows in [start, stop) (empty stop = the end of the table).
@@ -407,8 +608,7 @@ fn row_keys_in(runs: &BTreeMap<Arc<[u8]>, Run>, start: &[u8], stop: &[u8]) -> Ve
     let lower = Bound::Included(first.as_deref().unwrap_or(start));
     let upper = if stop.is_empty() { Bound::Unbounded } else { Bound::Excluded(stop) };
     runs.range::<[u8], _>((lower, upper))
-        .flat_map(|(_, run)| run.rows.iter())
-        .map(|r| r.row.row.as_slice())
+        .flat_map(|(_, run)| run.rows.keys())
         .filter(|r| crate::adaptive::inside(r, start, stop))
         .map(<[u8]>::to_vec)
         .collect()
@@ -489,8 +689,11 @@ struct TableState {
 impl TableState {
     /// Every each-row row, in order.
     #[cfg(test)]
-    fn cached_rows(&self) -> impl Iterator<Item = &Arc<CachedRow>> {
-        self.runs.values().flat_map(|r| r.rows.iter())
+    fn cached_rows(&self) -> impl Iterator<Item = Arc<CachedRow>> + '_ {
+        self.runs
+            .values()
+            .flat_map(|r| (0..r.rows.len()).filter_map(|i| CachedRow::from_encoded(r.rows.encoded(i))))
+            .map(Arc::new)
     }
 
     /// Records a write event (beginning or end) of `rows` (None = the whole table) at a new
@@ -837,10 +1040,26 @@ impl Cache {
         self.table(table);
         // Present: made just above.
         let st = self.tables.get_mut(table).expect("table state present");
-        for r in rows.into_iter().filter(|r| !r.row.cells.is_empty()) {
+        for r in rows.iter().filter(|r| !r.row.cells.is_empty()) {
             let (added, freed) = insert_row(st, &mut self.clock, &mut self.tick, r);
             st.bytes = st.bytes + added - freed;
             self.bytes = self.bytes + added - freed;
+        }
+        // The runs grew a row at a time (their buffers by doubling): trimmed to their rows
+        // once, so a run is charged about its rows' bytes, not up to twice that.
+        if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+            let lower = run_lo_of(&st.runs, &first.row.row);
+            let lower = Bound::Included(lower.as_deref().unwrap_or(&first.row.row));
+            let mut trimmed = 0;
+            for (lo, run) in st.runs.range_mut::<[u8], _>((lower, Bound::Included(last.row.row.as_slice()))) {
+                if run.rows.buf.capacity() > run.rows.buf.len() + run.rows.buf.len() / 8 {
+                    let before = run_bytes(lo, run);
+                    run.rows_mut().shrink_to_fit();
+                    trimmed += before.saturating_sub(run_bytes(lo, run));
+                }
+            }
+            st.bytes -= trimmed;
+            self.bytes -= trimmed;
         }
         let st = self.table(table);
         add_interval(&mut st.complete, start.to_vec(), stop.to_vec());
@@ -1030,24 +1249,14 @@ impl Cache {
                     let Some(run) = st.runs.get_mut(&lo[..]) else { continue };
                     let before = run_bytes(&lo, run);
                     let keep = std::mem::take(&mut run.referenced);
-                    let (mut i, mut gone) = (0, Vec::new());
-                    run.rows_mut().retain(|r| {
-                        let kept = keep & (1u128 << i) != 0;
-                        i += 1;
-                        if !kept {
-                            gone.push(r.clone());
-                        }
-                        kept
-                    });
-                    let mut freed: usize = gone.iter().map(row_bytes).sum();
+                    let all = if run.rows.len() >= RUN_ROWS_MAX { u128::MAX } else { (1u128 << run.rows.len()) - 1 };
+                    let gone = if keep & all == all { Vec::new() } else { run.rows_mut().retain(keep) };
+                    let freed;
                     if run.rows.is_empty() {
-                        freed += before;
+                        freed = before;
                         st.runs.remove(&lo[..]);
                     } else {
-                        if run.rows.len() * 4 <= run.rows.capacity() {
-                            run.rows_mut().shrink_to_fit();
-                        }
-                        freed += before - run_bytes(&lo, run);
+                        freed = before.saturating_sub(run_bytes(&lo, run));
                         self.tick += 1;
                         run.tick = self.tick;
                         self.clock.insert(self.tick, EntryRef::Run(t, lo));
@@ -1059,7 +1268,7 @@ impl Cache {
                         // Those rows are no longer cached, so intervals over them are not
                         // complete.
                         for r in &gone {
-                            split_interval(&mut st.complete, &r.row.row);
+                            split_interval(&mut st.complete, r);
                         }
                     }
                 }
@@ -1119,7 +1328,7 @@ fn each_row_lookup(st: &mut TableState, q: &QueryKey, rows_max: usize) -> Option
     // the answer crosses into them.
     let first = st.runs.range_mut::<[u8], _>((Bound::Unbounded, Bound::Included(q.start.as_slice()))).next_back();
     if let Some((_, run)) = first {
-        let from = run.rows.partition_point(|r| r.row.row.as_slice() < q.start.as_slice());
+        let from = run.rows.lower_bound(&q.start);
         if walk_run(run, from, end, &mut left, &mut out, &mut next) {
             return Some((out, next));
         }
@@ -1147,23 +1356,21 @@ fn walk_run(
     next: &mut Option<Vec<u8>>,
 ) -> bool {
     let rows = &run.rows;
-    let below_end = |r: &Arc<CachedRow>| end.is_empty() || r.row.row.as_slice() < end;
+    let n = rows.len();
     // Runs are never empty; a run whose last row is below the end is taken whole.
-    let (to, at_end) = match rows.last() {
-        Some(last) if !below_end(last) => (rows.partition_point(below_end), true),
-        _ => (rows.len(), false),
-    };
+    let (to, at_end) =
+        if n > 0 && !end.is_empty() && rows.key(n - 1) >= end { (rows.lower_bound(end), true) } else { (n, false) };
     let to = to.max(from);
     if to - from > *left {
         let cut = from + *left;
-        *next = Some(rows[cut].row.row.clone());
+        *next = Some(rows.key(cut).to_vec());
         mark(run, from, cut);
-        out.push(Slice { rows: run.rows.clone(), from, to: cut });
+        out.push(Slice::Run { rows: run.rows.clone(), from, to: cut });
         return true;
     }
     *left -= to - from;
     mark(run, from, to);
-    out.push(Slice { rows: run.rows.clone(), from, to });
+    out.push(Slice::Run { rows: run.rows.clone(), from, to });
     at_end
 }
 
@@ -1195,17 +1402,19 @@ fn projected_walk(
     let first = run_lo_of(runs, &q.start);
     let lower = Bound::Included(first.as_deref().unwrap_or(q.start.as_slice()));
     'walk: for (_, run) in runs.range_mut::<[u8], _>((lower, upper)) {
-        let from = run.rows.partition_point(|r| r.row.row.as_slice() < q.start.as_slice());
+        let from = run.rows.lower_bound(&q.start);
         for i in from..run.rows.len() {
-            let k = &run.rows[i];
-            if !end.is_empty() && k.row.row.as_slice() >= end {
+            let k = run.rows.key(i);
+            if !end.is_empty() && k >= end {
                 break 'walk;
             }
             if out.len() >= rows_max {
-                next = Some(k.row.row.clone());
+                next = Some(k.to_vec());
                 break 'walk;
             }
-            let r = project(&k.row, &q.spec.columns);
+            // Our own encoding: it decodes.
+            let Some(whole) = CachedRow::from_encoded(run.rows.encoded(i)) else { continue };
+            let r = project(&whole.row, &q.spec.columns);
             if r.cells.is_empty() {
                 continue;
             }
@@ -1309,7 +1518,7 @@ mod tests {
 
     fn served(h: Option<Hit>) -> Option<Served> {
         let (rows, next) = h?.into_parts();
-        Some((rows.iter().cloned().collect(), next))
+        Some((rows.to_cached(), next))
     }
 
     fn q(start: &str, stop: &str) -> QueryKey {
@@ -1425,7 +1634,10 @@ mod tests {
         let Some((r, None)) = served(c.lookup(b"t", &q("c", "f"), 100)) else { panic!("sub-range not served") };
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].row.row, b"d");
-        assert!(c.tables[&b"t"[..]].cached_rows().any(|d| Arc::ptr_eq(&r[0], d)), "shared with the cache, not copied");
+        let Some(Hit::Assembled(a, None)) = c.lookup(b"t", &q("c", "f"), 100) else { panic!("sub-range not served") };
+        let st = &c.tables[&b"t"[..]];
+        let shared = |e: &[u8]| st.runs.values().any(|run| run.rows.buf.as_ptr_range().contains(&e.as_ptr()));
+        assert!(matches!(a.get(0), Some(RowRef::Encoded(e)) if shared(e)), "the run's bytes, not a copy");
         // A Get of an absent row inside the interval is served as absent.
         let Some(Hit::Assembled(r, None)) = c.lookup(b"t", &q("c", "c\0"), 100) else {
             panic!("absent row not served")
@@ -1536,10 +1748,7 @@ mod tests {
             .values()
             .map(|st| {
                 st.queries.values().map(|e| e.bytes).sum::<usize>()
-                    + st.runs
-                        .iter()
-                        .map(|(lo, r)| run_bytes(lo, r) + r.rows.iter().map(row_bytes).sum::<usize>())
-                        .sum::<usize>()
+                    + st.runs.iter().map(|(lo, r)| run_bytes(lo, r)).sum::<usize>()
             })
             .sum()
     }
@@ -1663,14 +1872,19 @@ mod tests {
             let los: Vec<&Arc<[u8]>> = st.runs.keys().collect();
             for (n, (lo, run)) in st.runs.iter().enumerate() {
                 assert!(!run.rows.is_empty() && run.rows.len() <= RUN_ROWS_MAX);
-                assert!(run.rows[0].row.row.as_slice() >= &lo[..]);
+                assert!(run.rows.key(0) >= &lo[..]);
                 if let Some(next) = los.get(n + 1) {
-                    assert!(run.rows.last().unwrap().row.row.as_slice() < &next[..]);
+                    assert!(run.rows.key(run.rows.len() - 1) < &next[..]);
                 }
-                for r in run.rows.iter() {
-                    assert!(prev.is_none_or(|p| p < r.row.row.as_slice()), "sorted");
-                    prev = Some(&r.row.row);
+                for (i, k) in run.rows.keys().enumerate() {
+                    assert!(prev.is_none_or(|p| p < k), "sorted");
+                    prev = Some(k);
+                    // Every row decodes, and its encoding is the one its row makes.
+                    let r = CachedRow::from_encoded(run.rows.encoded(i)).expect("decodes");
+                    assert_eq!(CachedRow::new(r.row.clone()).encoded(), run.rows.encoded(i));
                 }
+                let ends_ok = run.rows.ends.windows(2).all(|w| w[0] < w[1]);
+                assert!(ends_ok && run.rows.ends.last().copied() == Some(run.rows.buf.len()));
                 assert!(matches!(c.clock.get(&run.tick), Some(EntryRef::Run(id, l)) if *id == st.id && l == lo));
             }
         }
@@ -1724,11 +1938,7 @@ mod tests {
             }
             check_runs(&c);
             let Some(st) = c.tables.get(&b"t"[..]) else { continue };
-            let held: usize = st
-                .runs
-                .iter()
-                .map(|(lo, r)| run_bytes(lo, r) + r.rows.iter().map(row_bytes).sum::<usize>())
-                .sum::<usize>();
+            let held: usize = st.runs.iter().map(|(lo, r)| run_bytes(lo, r)).sum::<usize>();
             assert_eq!(c.bytes(), held, "seed {seed}");
             for run in st.runs.values() {
                 assert_eq!(
@@ -1861,7 +2071,7 @@ mod tests {
     }
 
     fn keys_of(a: &Answer) -> Vec<Vec<u8>> {
-        a.iter().map(|r| r.row.row.clone()).collect()
+        a.iter().map(|r| r.key().to_vec()).collect()
     }
 
     /// Randomized (seed printed; `SEED=` repeats one): a walk of the runs answers exactly the
@@ -1926,14 +2136,29 @@ mod tests {
                         for r in a.iter() {
                             let (_, run) = st
                                 .runs
-                                .range::<[u8], _>((Bound::Unbounded, Bound::Included(&r.row.row[..])))
+                                .range::<[u8], _>((Bound::Unbounded, Bound::Included(r.key())))
                                 .next_back()
                                 .unwrap();
-                            let i = row_pos(run, &r.row.row).unwrap();
-                            assert!(Arc::ptr_eq(&run.rows[i], r), "shared, not copied (seed {seed})");
+                            let i = run.rows.find(r.key()).unwrap();
+                            let shared = matches!(r, RowRef::Encoded(e) if e.as_ptr() == run.rows.encoded(i).as_ptr());
+                            assert!(shared, "shared, not copied (seed {seed})");
                             assert!(run.referenced & (1u128 << i) != 0, "bit set (seed {seed})");
                         }
                         assert_eq!(a.len(), a.iter().count());
+                        // What a reply copies (a run slice at once) is every row's encoding in
+                        // order.
+                        let (mut copied, mut pos) = (Vec::new(), 0);
+                        while let Some((bytes, k)) = a.encoded_at(pos, 1 + rng.below(200)) {
+                            assert!(k > 0, "seed {seed}");
+                            copied.extend_from_slice(bytes);
+                            pos += k;
+                        }
+                        assert_eq!(pos, a.len(), "seed {seed}");
+                        assert_eq!(
+                            copied,
+                            a.iter().flat_map(|r| r.encoded().to_vec()).collect::<Vec<u8>>(),
+                            "seed {seed}"
+                        );
                         if rng.below(4) == 0 && held.len() < 64 {
                             let k = keys_of(&a);
                             held.push((a, k));
@@ -2017,7 +2242,7 @@ mod tests {
                             hits.fetch_add(1, Ordering::Relaxed);
                             std::thread::yield_now(); // writers run while this answer is held
                             let (rows, _) = h.into_parts();
-                            for r in rows.iter() {
+                            for r in rows.to_cached() {
                                 let i: usize = std::str::from_utf8(&r.row.row[1..]).unwrap().parse().unwrap();
                                 let v: u64 = std::str::from_utf8(&r.row.cells[0].value).unwrap().parse().unwrap();
                                 if v < floor[i - a] {
@@ -2042,5 +2267,92 @@ mod tests {
         println!("hits {hits}, stale rows {stale}");
         assert_eq!(stale, 0, "stale rows served (seed {seed})");
         assert!(hits >= 300, "too few hits to mean anything: {hits} (seed {seed})");
+    }
+
+    /// A random whole row as each-row holds it (one version per column).
+    fn random_whole_row(rng: &mut crate::reply::tests::Rng, key: Vec<u8>) -> CachedRow {
+        let mut r = crate::reply::tests::random_row(rng);
+        r.row = key;
+        CachedRow::new(r)
+    }
+
+    #[test]
+    fn run_buffers_match_a_model_under_random_edits() {
+        let (seed, mut rng) = crate::reply::tests::seeded();
+        for case in 0..200 {
+            let mut run = RunRows::default();
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for step in 0..rng.below(300) {
+                let key = rng.bytes(4);
+                match rng.below(6) {
+                    0..=2 => {
+                        let enc = random_whole_row(&mut rng, key.clone()).encoded().to_vec();
+                        match run.find(&key) {
+                            Ok(i) => run.replace(i, &enc),
+                            Err(i) => run.insert(i, &enc),
+                        }
+                        model.insert(key, enc);
+                    }
+                    3 => {
+                        if let Ok(i) = run.find(&key) {
+                            run.remove(i);
+                        }
+                        model.remove(&key);
+                    }
+                    4 if !run.is_empty() => {
+                        let at = rng.below(run.len() + 1);
+                        let right = run.split_off(at);
+                        let left_keys: Vec<Vec<u8>> = run.keys().map(<[u8]>::to_vec).collect();
+                        let right_keys: Vec<Vec<u8>> = right.keys().map(<[u8]>::to_vec).collect();
+                        let want: Vec<Vec<u8>> = model.keys().cloned().collect();
+                        assert_eq!([left_keys, right_keys].concat(), want, "seed {seed} case {case} step {step}");
+                        // Glue the halves back (as if the split never happened).
+                        for i in 0..right.len() {
+                            run.push(right.encoded(i));
+                        }
+                    }
+                    _ => {
+                        let keep = (rng.next() as u128) << 64 | rng.next() as u128;
+                        let n = run.len().min(RUN_ROWS_MAX);
+                        if run.len() <= RUN_ROWS_MAX {
+                            let gone = run.retain(keep);
+                            let mut i = 0;
+                            let mut gone_model = Vec::new();
+                            model.retain(|k, _| {
+                                let kept = keep & (1u128 << i) != 0;
+                                i += 1;
+                                if !kept {
+                                    gone_model.push(k.clone());
+                                }
+                                kept
+                            });
+                            assert_eq!(i, n);
+                            assert_eq!(gone, gone_model, "seed {seed} case {case} step {step}");
+                        }
+                    }
+                }
+                // Same rows, same order, same bytes; every key found where it is; a range's
+                // bytes are its rows' encodings back to back.
+                assert_eq!(run.len(), model.len(), "seed {seed} case {case} step {step}");
+                for (i, (k, e)) in model.iter().enumerate() {
+                    assert_eq!(run.key(i), &k[..], "seed {seed} case {case} step {step}");
+                    assert_eq!(run.encoded(i), &e[..], "seed {seed} case {case} step {step}");
+                    assert_eq!(run.find(k), Ok(i));
+                }
+                let probe = rng.bytes(4);
+                assert_eq!(
+                    run.lower_bound(&probe),
+                    model
+                        .range(probe.clone()..)
+                        .next()
+                        .map_or(model.len(), |(k, _)| { model.keys().position(|m| m == k).unwrap_or(model.len()) })
+                );
+                let (a, b) = (rng.below(run.len() + 1), rng.below(run.len() + 1));
+                let (a, b) = (a.min(b), a.max(b));
+                let want: Vec<u8> = model.values().skip(a).take(b - a).flatten().copied().collect();
+                assert_eq!(run.bytes(a, b), &want[..], "seed {seed} case {case} step {step}");
+                assert_eq!(run.ends.last().map_or(0, |&e| e), run.buf.len());
+            }
+        }
     }
 }

@@ -21,14 +21,15 @@ use crate::gen::hbase1::{IOError, IllegalArgument, TCell, TColumn, TRowResult};
 use crate::sidecar::codec::{Cell, Row};
 use std::collections::BTreeMap;
 use thrift::protocol::{
-    TBinaryOutputProtocol, TFieldIdentifier, TMessageIdentifier, TMessageType, TOutputProtocol, TSerializable,
-    TStructIdentifier, TType,
+    TBinaryInputProtocol, TBinaryOutputProtocol, TFieldIdentifier, TMessageIdentifier, TMessageType, TOutputProtocol,
+    TSerializable, TStructIdentifier, TType,
 };
 
 /// Strict binary protocol, version 1, message type Reply (2).
 const REPLY_HEADER: u32 = 0x8001_0000 | 2;
 /// Type ids of the binary protocol.
 const T_STOP: u8 = 0;
+const T_BINARY: u8 = 11;
 const T_STRUCT: u8 = 12;
 const T_LIST: u8 = 15;
 
@@ -55,24 +56,70 @@ impl CachedRow {
     /// rows' cache misses overlap instead of coming one after another. A hint only.
     #[inline]
     pub fn prefetch(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.encoded.as_ptr() as *const i8;
-            let n = self.encoded.len();
-            let mut off = 0;
-            while off < n {
-                // SAFETY: prefetch is a hint and never faults; the address is inside `encoded`.
-                unsafe { _mm_prefetch(p.add(off), _MM_HINT_T0) };
-                off += 64;
-            }
-        }
+        prefetch_bytes(&self.encoded);
     }
 
     /// Bytes held (row and encoding), for memory accounting.
     pub fn size_bytes(&self) -> usize {
         self.row.size_bytes() + self.encoded.len()
     }
+
+    /// The row back from its reply encoding (an each-row row is kept only as its encoding, in
+    /// its run's buffer: crate::cache). Exact for the rows each-row holds — one version per
+    /// column, cells in HBase's (family, qualifier) order, which the columns map loses and this
+    /// restores (a family holds no `:`, so the name splits at its first). None if `enc` is not
+    /// one `TRowResult` in map form.
+    pub fn from_encoded(enc: &[u8]) -> Option<CachedRow> {
+        let mut p = TBinaryInputProtocol::new(enc, true);
+        let r = TRowResult::read_from_in_protocol(&mut p).ok()?;
+        let mut cells: Vec<Cell> = r
+            .columns?
+            .into_iter()
+            .map(|(name, c)| {
+                let at = name.iter().position(|&b| b == b':').unwrap_or(name.len());
+                Cell {
+                    family: name[..at].to_vec(),
+                    qualifier: name.get(at + 1..).unwrap_or_default().to_vec(),
+                    timestamp: c.timestamp.unwrap_or_default(),
+                    value: c.value.unwrap_or_default(),
+                }
+            })
+            .collect();
+        cells.sort_by(|a, b| (&a.family, &a.qualifier).cmp(&(&b.family, &b.qualifier)));
+        Some(CachedRow { row: Row { row: r.row?, cells }, encoded: enc.into() })
+    }
+}
+
+/// The row key of a `TRowResult` encoding made by [`CachedRow::new`]: the struct starts with
+/// field 1 (`row`, a binary: type byte, field id, length), so the key is read in place, with
+/// no decoding and no copy. Empty if `enc` does not start that way (never for our encodings).
+#[inline]
+pub fn encoded_key(enc: &[u8]) -> &[u8] {
+    match enc {
+        [T_BINARY, 0, 1, a, b, c, d, rest @ ..] => {
+            let n = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+            rest.get(..n).unwrap_or_default()
+        }
+        _ => &[],
+    }
+}
+
+/// Asks the CPU to start loading `bytes` into its cache (a hint only, never faults).
+#[inline]
+pub fn prefetch_bytes(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = bytes.as_ptr() as *const i8;
+        let mut off = 0;
+        while off < bytes.len() {
+            // SAFETY: prefetch is a hint and never faults; the address is inside `bytes`.
+            unsafe { _mm_prefetch(p.add(off), _MM_HINT_T0) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 fn column_name(c: &Cell) -> Vec<u8> {
@@ -121,6 +168,9 @@ pub trait RowSink {
     fn cached(&mut self, r: &CachedRow);
     /// A result made for this answer (a batch of cells, sorted columns).
     fn built(&mut self, r: TRowResult);
+    /// `rows` whole rows in map form, one after another: their encodings as an each-row run
+    /// holds them (crate::cache), copied at once.
+    fn encoded(&mut self, bytes: &[u8], rows: usize);
 }
 
 /// The generated processor's path: plain results.
@@ -130,6 +180,15 @@ impl RowSink for Vec<TRowResult> {
     }
     fn built(&mut self, r: TRowResult) {
         self.push(r);
+    }
+    fn encoded(&mut self, bytes: &[u8], rows: usize) {
+        let mut p = TBinaryInputProtocol::new(bytes, true);
+        for _ in 0..rows {
+            // Our own encodings: they decode.
+            if let Ok(r) = TRowResult::read_from_in_protocol(&mut p) {
+                self.push(r);
+            }
+        }
     }
 }
 
@@ -201,6 +260,10 @@ impl RowSink for ListReply<'_> {
         write_result(self.out, &r);
         self.count += 1;
     }
+    fn encoded(&mut self, bytes: &[u8], rows: usize) {
+        self.out.extend_from_slice(bytes);
+        self.count += rows as u32;
+    }
 }
 
 /// The exceptions list-returning calls declare (getRow* only IOError).
@@ -247,6 +310,13 @@ pub(crate) mod tests {
         std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
         }) | 1
+    }
+
+    /// A seeded generator for a randomized test, its seed printed (to repeat a run: SEED=).
+    pub(crate) fn seeded() -> (u64, Rng) {
+        let seed = seed();
+        println!("seed {seed} (SEED={seed} to repeat)");
+        (seed, Rng(seed))
     }
 
     /// A random row: random key, families, qualifiers (repeated ones = several versions),
@@ -378,5 +448,31 @@ pub(crate) mod tests {
         assert_eq!(t.columns.unwrap()[&b"f:q".to_vec()].value.as_deref(), Some(&b"old"[..]));
         let s = to_result(&r, &r.cells, true);
         assert_eq!(s.sorted_columns.unwrap().len(), 2);
+    }
+
+    #[test]
+    fn whole_rows_decode_from_their_encoding() {
+        let (seed, mut rng) = seeded();
+        for case in 0..2000 {
+            let mut row = random_row(&mut rng);
+            // As each-row holds them: one version per column, HBase's cell order; a family
+            // holds no `:` (HBase refuses such names).
+            for c in &mut row.cells {
+                c.family.retain(|&b| b != b':');
+            }
+            row.cells.sort_by(|a, b| (&a.family, &a.qualifier).cmp(&(&b.family, &b.qualifier)));
+            row.cells.dedup_by(|a, b| (&a.family, &a.qualifier) == (&b.family, &b.qualifier));
+            let r = CachedRow::new(row.clone());
+            assert_eq!(encoded_key(r.encoded()), &row.row[..], "seed {seed} case {case}");
+            let back = CachedRow::from_encoded(r.encoded()).expect("decodes");
+            assert_eq!(back, r, "seed {seed} case {case}");
+            // Several rows' encodings back to back decode one by one into a plain sink.
+            let mut sink: Vec<TRowResult> = Vec::new();
+            let two = [r.encoded(), r.encoded()].concat();
+            sink.encoded(&two, 2);
+            assert_eq!(sink, vec![to_result(&row, &row.cells, false); 2], "seed {seed} case {case}");
+        }
+        assert_eq!(encoded_key(b"\x0c\x00\x01"), b"");
+        assert!(CachedRow::from_encoded(b"\x0b\x00").is_none());
     }
 }

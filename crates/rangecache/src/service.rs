@@ -298,19 +298,22 @@ impl RangeCache {
         })
     }
 
-    /// Reads rows (Get semantics), from the cache where possible; one entry per requested row
-    /// (None: no such row, or none of the columns asked for).
+    /// Reads rows (Get semantics), from the cache where possible; one entry per requested row,
+    /// as a one-row answer (an each-row hit stays in its run's buffer: a Get copies the row's
+    /// encoding from there, decoding nothing); None: no such row, or none of the columns asked
+    /// for.
     pub fn read_rows(
         &self,
         table: &[u8],
         rows: &[Vec<u8>],
         spec: &ReadSpec,
-    ) -> Result<Vec<Option<Arc<CachedRow>>>, SidecarError> {
+    ) -> Result<Vec<Option<Answer>>, SidecarError> {
+        let one = |r: Arc<CachedRow>| Answer::whole(Arc::new(vec![r]));
         if !self.cache_usable(table, spec, &[]) {
             let got = self.side(|s| s.get(table, rows, spec))?;
-            return Ok(got.into_iter().map(served).collect());
+            return Ok(got.into_iter().map(|r| served(r).map(one)).collect());
         }
-        let mut out: Vec<Option<Arc<CachedRow>>> = vec![None; rows.len()];
+        let mut out: Vec<Option<Answer>> = vec![None; rows.len()];
         let mut missing = Vec::new();
         let keys: Vec<QueryKey> = rows
             .iter()
@@ -320,7 +323,7 @@ impl RangeCache {
             let mut c = self.cache();
             for (i, k) in keys.iter().enumerate() {
                 match c.lookup(table, k, 1) {
-                    Some(h) => out[i] = h.into_parts().0.get(0).cloned(),
+                    Some(h) => out[i] = Some(h.into_parts().0).filter(|a| !a.is_empty()),
                     None => missing.push(i),
                 }
             }
@@ -339,9 +342,9 @@ impl RangeCache {
                 };
                 c.fill(table, &keys[i], vec![r.clone()], None, ticket);
                 out[i] = if whole && !spec.columns.is_empty() {
-                    served(crate::cache::project(&r.row, &spec.columns))
+                    served(crate::cache::project(&r.row, &spec.columns)).map(one)
                 } else {
-                    Some(r)
+                    Some(one(r))
                 };
             }
         }
@@ -519,6 +522,16 @@ impl RangeCache {
                 sc.source = page(sc, start)?;
                 continue;
             }
+            // Whole rows in a run's buffer (an each-row walk's), neither batched nor sorted:
+            // their encodings lie back to back, so they go in one copy.
+            if sc.batch == 0 && !sc.sort_columns {
+                if let Some((bytes, k)) = sc.source.rows.encoded_at(sc.source.pos, n - sent) {
+                    out.encoded(bytes, k);
+                    sent += k;
+                    sc.source.pos += k;
+                    continue;
+                }
+            }
             let mut taken = 0;
             // Rows a few ahead are asked for before they are copied, so the cache misses of
             // rows spread over the table (a walk's) overlap instead of queuing one by one.
@@ -531,14 +544,21 @@ impl RangeCache {
                     a.prefetch();
                 }
                 taken += 1;
-                if sc.batch > 0 && r.row.cells.len() > sc.batch {
-                    sc.partial = Some((r.clone(), 0));
+                if sc.batch == 0 && !sc.sort_columns {
+                    out.encoded(r.encoded(), 1);
+                    sent += 1;
+                    continue;
+                }
+                // Batched or sorted: the row's cells (decoded, for a row of a run's buffer).
+                let Some(c) = r.to_cached() else { continue };
+                if sc.batch > 0 && c.row.cells.len() > sc.batch {
+                    sc.partial = Some((c, 0));
                     break;
                 }
                 if sc.sort_columns {
-                    out.built(to_result(&r.row, &r.row.cells, true));
+                    out.built(to_result(&c.row, &c.row.cells, true));
                 } else {
-                    out.cached(r);
+                    out.cached(&c);
                 }
                 sent += 1;
             }
@@ -557,8 +577,10 @@ impl RangeCache {
         out: &mut dyn RowSink,
     ) -> Result<(), Declared> {
         let s = spec(columns, ts, 1);
-        for r in self.read_rows(table, rows, &s).map_err(io_declared)?.iter().flatten() {
-            out.cached(r);
+        for a in self.read_rows(table, rows, &s).map_err(io_declared)?.iter().flatten() {
+            for r in a.iter() {
+                out.encoded(r.encoded(), 1);
+            }
         }
         Ok(())
     }
@@ -579,8 +601,8 @@ impl RangeCache {
         Ok(got
             .iter()
             .flatten()
-            .flat_map(|r| r.row.cells.iter())
-            .map(|c| TCell::new(c.value.clone(), c.timestamp))
+            .flat_map(|a| a.to_cached())
+            .flat_map(|r| r.row.cells.iter().map(|c| TCell::new(c.value.clone(), c.timestamp)).collect::<Vec<_>>())
             .collect())
     }
 
