@@ -320,9 +320,9 @@ fn stop_streams(streams: Option<Arc<StreamService>>) {
     }
 }
 
-/// Stop the server on SIGINT/SIGTERM (blocked everywhere by `block_signals`).
-/// Stop the server on SIGINT/SIGTERM, or on SIGUSR1 (memcached's graceful stop: the returned
-/// flag is then set, and with `-e` the store is saved once the workers have stopped).
+/// Stop the server on SIGINT/SIGTERM, or on SIGUSR1 (all blocked everywhere by
+/// `block_signals`); SIGUSR1 is memcached's graceful stop: the returned flag is then set, and
+/// with `-e` the store is saved once the workers have stopped.
 fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<Arc<AtomicBool>, MainError> {
     let graceful = Arc::new(AtomicBool::new(false));
     let flag = graceful.clone();
@@ -569,10 +569,10 @@ fn drop_privileges(
     }
 }
 
-/// No KV port (`-p 0`): the other services only — streams and their results port, `[hbase]`,
-/// `[shuffle]` — with the admin endpoint.
 const NOTHING_TO_SERVE: &str = "slipstream: note: both TCP and UDP are off (-p 0 -U 0) and no [[stream]], [[tenant]], [hbase] or [shuffle] is configured: nothing to serve; running with no listener until SIGINT/SIGTERM, as memcached does";
 
+/// No KV port (`-p 0`): the other services only — streams and their results port, `[hbase]`,
+/// `[shuffle]` — with the admin endpoint.
 fn serve_without_kv(
     cfg: Config,
     sigset: libc::sigset_t,

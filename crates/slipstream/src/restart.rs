@@ -76,40 +76,44 @@ pub fn load(path: &Path, store: &Store) -> Result<Loaded, String> {
         Err(e) => return Ok(Loaded::Invalid(format!("{}: {e}", path.display()))),
     };
     let _ = fs::remove_file(path);
-    match check(&meta, &data) {
-        Ok(()) => Ok(import(&meta, &data[DATA_MAGIC.len()..], store)),
+    match decode_all(&meta, &data) {
+        Ok(items) => Ok(import(&meta, &items, store)),
         Err(why) => Ok(Loaded::Invalid(why)),
     }
 }
 
-fn check(meta: &Meta, data: &[u8]) -> Result<(), String> {
+/// Every item of the data file, decoded whole before the store is touched (borrowing `data`).
+fn decode_all<'a>(meta: &Meta, data: &'a [u8]) -> Result<Vec<ItemExport<'a>>, String> {
     if data.len() as u64 != meta.data_bytes || !data.starts_with(DATA_MAGIC) {
         return Err(format!("data file of {} bytes, the metadata says {}", data.len(), meta.data_bytes));
     }
     let mut at = DATA_MAGIC.len();
+    // parse_meta bounded `items` by what `data_bytes` can hold.
+    let mut items = Vec::with_capacity(meta.items as usize);
     for n in 0..meta.items {
         match ItemExport::decode(&data[at..]) {
-            Ok((_, used)) => at += used,
+            Ok((item, used)) => {
+                at += used;
+                items.push(item);
+            }
             Err(e) => return Err(format!("item {n} of {}: {e:?}", meta.items)),
         }
     }
     if at != data.len() {
         return Err(format!("{} bytes after the {} items", data.len() - at, meta.items));
     }
-    Ok(())
+    Ok(items)
 }
 
 /// Store the checked items; skip those expired by now (the daemon was stopped meanwhile).
-fn import(meta: &Meta, mut items: &[u8], store: &Store) -> Loaded {
+fn import(meta: &Meta, items: &[ItemExport<'_>], store: &Store) -> Loaded {
     let now = store.clock().now_unix_s();
     let mut loaded = 0;
-    for _ in 0..meta.items {
-        let Ok((item, used)) = ItemExport::decode(items) else { break };
-        items = &items[used..];
+    for item in items {
         if item.exptime_unix_s != 0 && item.exptime_unix_s <= now {
             continue;
         }
-        if matches!(store.import(&item), StoreResult::Stored(_)) {
+        if matches!(store.import(item), StoreResult::Stored(_)) {
             loaded += 1;
         }
     }
