@@ -85,8 +85,9 @@ class TenantDaemon(daemonlib.ConfigDaemon):
     file_prefix = "slipstream-tenancy-"
 
     def __init__(self, tenants, shaping=None, admin=True, token=ADMIN_TOKEN, threads=2,
-                 plain_port=False, server_extra=None):
+                 plain_port=False, server_extra=None, args=None):
         super().__init__()
+        self.args = list(args or [])  # command-line flags before --config (e.g. memcached's -M)
         self.tenant_args = [dict(t) for t in tenants]
         self.shaping = shaping
         self.admin_enabled = admin
@@ -100,6 +101,9 @@ class TenantDaemon(daemonlib.ConfigDaemon):
         self.server_port = None
 
     # ---- start / stop (daemonlib.ConfigDaemon starts it)
+
+    def _serve_args(self):
+        return self.args
 
     def _pick_ports(self):
         self.ports, self.udp_ports = {}, {}

@@ -368,6 +368,32 @@ def test_memory_limit_per_tenant(daemons):
     assert views["t1"]["items"] == len(items1)
 
 
+def test_disable_evictions_applies_to_every_tenant(daemons):
+    """memcached's -M with [[tenant]]s: every tenant's store (also one added at run time) refuses
+    with memcached's line when full instead of evicting, and says `evictions off`."""
+    d = daemons([{"name": "t0", "share": 0.5, "memory_mb": 1}], shaping=UNSHAPED, args=["-M"])
+    size = 10 * 1024
+    value = b"v" * size
+    refused = None
+    with d.connect("t0", timeout=10) as a:
+        for i in range(2 * MiB // size):  # twice the tenant's memory: bounded
+            line = ask(a, b"set k%d 0 0 %d\r\n%s\r\n" % (i, size, value), b"\r\n")
+            if line != b"STORED\r\n":
+                refused = (i, line)
+                break
+        assert refused is not None, "2 MB into a 1 MB tenant under -M were all STORED"
+        assert refused[1] == b"SERVER_ERROR out of memory storing object\r\n", refused
+        # Nothing was evicted for the refused item: the first one is still there.
+        assert ask(a, b"get k0\r\n", b"END\r\n").startswith(b"VALUE k0 0 %d\r\n" % size)
+        settings = ask(a, b"stats settings\r\n", b"END\r\n")
+    assert b"STAT evictions off\r\n" in settings
+    assert tl.stats(d, "t0")["evictions"] == "0"
+    r = d.http("PUT", "/tenants/t1", {"tcp_port": d.free_port_extra, "share": 0.2, "memory_mb": 1})
+    assert r.status in (200, 201), r
+    with socket.create_connection((tl.HOST, d.free_port_extra), timeout=10) as b:
+        assert b"STAT evictions off\r\n" in ask(b, b"stats settings\r\n", b"END\r\n")
+
+
 # ====================================================================== 3. shaping
 
 

@@ -940,6 +940,18 @@ impl Config {
         slipstream_store::StoreConfig::shards_for(self.memory_mb * 1024 * 1024, self.item_bytes_max)
     }
 
+    /// The store that `-m`, `-I`, `-C` and `-M` describe: the daemon's, and every tenant's
+    /// starting point (a tenant's `memory_mb` replaces the size).
+    pub fn store_config(&self) -> slipstream_store::StoreConfig {
+        slipstream_store::StoreConfig {
+            memory_bytes_max: self.memory_mb.saturating_mul(1024 * 1024),
+            item_bytes_max: self.item_bytes_max,
+            shards: self.store_shards(),
+            cas_enabled: self.cas_enabled,
+            evict_to_free: self.evictions_enabled,
+        }
+    }
+
     /// Largest request a connection may buffer: a whole storage request (line + item) or a
     /// multi-get line of up to 1 MiB of keys.
     pub fn read_buf_bytes_max(&self) -> usize {

@@ -47,7 +47,7 @@ use slipstream_server::net::{NetConfig, Server, StopHandle, WorkerSched};
 use slipstream_server::stats::ServerInfo;
 use slipstream_server::stats_prefix::PrefixStats;
 use slipstream_server::tenants::{KernelAdapter, TenantDefaults, TenantTable};
-use slipstream_store::{Store, StoreConfig};
+use slipstream_store::Store;
 use slipstream_streamsvc::{ServiceConfig, StreamService};
 use slipstream_tenancy::TenantControl;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -345,6 +345,25 @@ fn spawn_signal_thread(sigset: libc::sigset_t, stop: StopHandle) -> Result<Arc<A
         .map_err(|e| MainError::Start(format!("cannot start signal thread: {e}")))
 }
 
+/// The request path's settings from the command line and config: one home for both the
+/// plain daemon and tenant mode (tenant mode has no unix socket: config.rs refuses `-s` there).
+fn server_settings(cfg: &Config, sec: &SecurityStart) -> Settings {
+    Settings {
+        shutdown_enabled: cfg.shutdown_enabled,
+        flush_enabled: cfg.flush_enabled,
+        prefix_delimiter: cfg.prefix_delimiter,
+        detail_enabled: cfg.detail_enabled,
+        conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
+        tunables: cfg.tunables.clone(),
+        auth: sec.auth.clone(),
+        domain_socket: cfg.security.unix_socket.clone(),
+        socket_mode: cfg.security.unix_mode(),
+        logger: Arc::new(slipstream_server::watch::Logger::new(cfg.tunables.watcher_logbuf_bytes)),
+        tls: sec.tls.clone(),
+        ..Settings::default()
+    }
+}
+
 /// Tenant mode: every `[[tenant]]` on its own ports with its own store, shaped by `[shaping]`;
 /// the admin endpoint (if configured) edits tenants at run time.
 #[allow(clippy::too_many_lines)] // the start-up order (bind, attach, drop privileges, announce) is the point
@@ -359,26 +378,10 @@ fn serve_tenants(
     if cfg.memory_file.is_some() {
         eprintln!("slipstream: note: -e saves and restores the store of a daemon without [[tenant]]s; tenants' stores are not saved");
     }
-    let settings = Arc::new(Settings {
-        shutdown_enabled: cfg.shutdown_enabled,
-        flush_enabled: cfg.flush_enabled,
-        prefix_delimiter: cfg.prefix_delimiter,
-        detail_enabled: cfg.detail_enabled,
-        conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
-        tunables: cfg.tunables.clone(),
-        auth: sec.auth.clone(),
-        logger: Arc::new(slipstream_server::watch::Logger::new(cfg.tunables.watcher_logbuf_bytes)),
-        tls: sec.tls.clone(),
-        ..Settings::default()
-    });
+    let settings = Arc::new(server_settings(&cfg, &sec));
     let defaults = TenantDefaults {
         listen: cfg.listen,
-        store: StoreConfig {
-            memory_bytes_max: cfg.memory_mb.saturating_mul(1024 * 1024),
-            item_bytes_max: cfg.item_bytes_max,
-            shards: cfg.store_shards(),
-            cas_enabled: cfg.cas_enabled,
-        },
+        store: cfg.store_config(),
         conn_limit: cfg.conn_limit,
         item_bytes_max: cfg.item_bytes_max,
         listen_interface: cfg.listen_arg.clone(),
@@ -679,33 +682,13 @@ fn serve_inner(cfg: Config, daemon: Option<daemon::Daemon>) -> Result<(), MainEr
         return serve_without_kv(cfg, sigset, target, daemon);
     }
 
-    let store_cfg = StoreConfig {
-        memory_bytes_max: cfg.memory_mb.saturating_mul(1024 * 1024),
-        item_bytes_max: cfg.item_bytes_max,
-        shards: cfg.store_shards(),
-        cas_enabled: cfg.cas_enabled,
-    };
-    let store = Arc::new(Store::new(store_cfg));
-    store.set_evict_to_free(cfg.evictions_enabled);
+    let store = Arc::new(Store::new(cfg.store_config()));
     if let Some(path) = &cfg.memory_file {
         let loaded = restart::load(path, &store).map_err(MainError::Start)?;
         eprintln!("{}", restart::describe(&loaded));
     }
     let sec = SecurityStart::load(&cfg)?;
-    let settings = Settings {
-        shutdown_enabled: cfg.shutdown_enabled,
-        flush_enabled: cfg.flush_enabled,
-        prefix_delimiter: cfg.prefix_delimiter,
-        detail_enabled: cfg.detail_enabled,
-        conn_buf: Arc::new(BufBudget::new(cfg.conn_buf_bytes_max)),
-        tunables: cfg.tunables.clone(),
-        auth: sec.auth.clone(),
-        domain_socket: cfg.security.unix_socket.clone(),
-        socket_mode: cfg.security.unix_mode(),
-        logger: Arc::new(slipstream_server::watch::Logger::new(cfg.tunables.watcher_logbuf_bytes)),
-        tls: sec.tls.clone(),
-        ..Settings::default()
-    };
+    let settings = server_settings(&cfg, &sec);
     // Attach before serving, so the kernel cache starts empty and coherent from the first
     // request; a failure leaves the daemon serving from user space with the reason shown.
     let (kernel, fastpath) = attach_fast_path(&cfg, &store);

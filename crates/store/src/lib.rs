@@ -114,6 +114,9 @@ pub struct StoreConfig {
     pub shards: usize,
     /// memcached `-C` turns CAS off: then every item's CAS is 0 and `gets` returns 0.
     pub cas_enabled: bool,
+    /// memcached `-M` sets it false: a full store then refuses instead of evicting live items
+    /// (see [`Store::set_evict_to_free`], which changes it at run time).
+    pub evict_to_free: bool,
 }
 
 impl StoreConfig {
@@ -134,7 +137,13 @@ impl StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { memory_bytes_max: 64 * 1024 * 1024, item_bytes_max: 1024 * 1024, shards: 64, cas_enabled: true }
+        StoreConfig {
+            memory_bytes_max: 64 * 1024 * 1024,
+            item_bytes_max: 1024 * 1024,
+            shards: 64,
+            cas_enabled: true,
+            evict_to_free: true,
+        }
     }
 }
 
@@ -482,7 +491,7 @@ impl Store {
             }),
             kernel: OnceLock::new(),
             eviction_log: OnceLock::new(),
-            evict_to_free: AtomicBool::new(true),
+            evict_to_free: AtomicBool::new(config.evict_to_free),
             outofmemory: AtomicU64::new(0),
             deterministic: AtomicBool::new(false),
             dead_freed,
