@@ -12,7 +12,8 @@
 # shape of the first figures. The script runs the driver twice, managers in the order
 # sort,slipstream then slipstream,sort, so neither always goes first on a drifting machine.
 # Three managers: Spark's sort shuffle with its defaults (`sort`), the sort shuffle tuned for one
-# host (`tuned`: 1 MiB shuffle file buffers; ShuffleBench.TUNED, the sweep in docs/benchmarks.md) and
+# host (`tuned`: the serialized writer, bypassMergeThreshold=1, and 1 MiB shuffle file buffers;
+# ShuffleBench.TUNED, the sweeps in docs/benchmarks.md) and
 # Slipstream. The invocations alternate the order (sort,tuned,slipstream then the reverse).
 # Figures: map stage (shuffle write), reduce stage (shuffle read + group), fetch wait, job (wall
 # ms), the stages' summed task CPU ms (Spark's executorCpuTime: steadier than wall time on a

@@ -38,6 +38,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.Objects;
+import java.util.function.Consumer;
 import java.util.function.LongConsumer;
 import org.apache.spark.Aggregator;
 import org.apache.spark.serializer.DeserializationStream;
@@ -81,6 +82,16 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     /** `recordsRead` is told how many records each hash's run read (Spark's records-read metric). */
     HashMerge(List<Source> sources, SerializerInstance ser, Aggregator<Object, Object, Object> agg, boolean combined,
             LongConsumer recordsRead) {
+        this(sources, ser, null, KryoRecords.releaseTo(ser), agg, combined, recordsRead);
+    }
+
+    /**
+     * As above; with Spark's KryoSerializerInstance the records are read with `kept` (a Kryo the
+     * thread kept for this serializer, ThreadKryo) or else one borrowed from `ser`, and that Kryo
+     * goes to `giveBack` once every record is read (not when the merge stops early or fails).
+     */
+    HashMerge(List<Source> sources, SerializerInstance ser, Kryo kept, Consumer<Kryo> giveBack,
+            Aggregator<Object, Object, Object> agg, boolean combined, LongConsumer recordsRead) {
         this.agg = agg;
         this.combined = combined;
         this.recordsRead = recordsRead;
@@ -103,8 +114,13 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             }
         }
         warmed = w;
-        kryo = KryoRecords.of(ser);
+        kryo = KryoRecords.of(ser, kept, giveBack);
         stream = kryo == null ? ser.deserializeStream(feed) : null;
+        if (kryo == null) {
+            giveBack.accept(kept);
+        } else if (tree.isEmpty()) {
+            kryo.close();
+        }
     }
 
     @Override
@@ -412,26 +428,48 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
     static final class KryoRecords {
         /** KryoSerializerInstance's useUnsafe (private: read once by reflection; null if it cannot be). */
         private static final java.lang.reflect.Field USE_UNSAFE = useUnsafeField();
-        private final KryoSerializerInstance instance;
+        /** Where the Kryo goes when the merge is done. */
+        private final Consumer<Kryo> giveBack;
         private Kryo kryo;
         private final Input input;
         private byte[] bytes = new byte[256];
         Object key;
         Object value;
 
-        private KryoRecords(KryoSerializerInstance instance, boolean unsafe) {
-            this.instance = instance;
-            this.kryo = instance.borrowKryo();
+        private KryoRecords(Kryo kryo, Consumer<Kryo> giveBack, boolean unsafe) {
+            this.kryo = kryo;
+            this.giveBack = giveBack;
             this.input = unsafe ? new UnsafeInput() : new Input();
         }
 
         /** For `ser` if it is Spark's KryoSerializerInstance itself (not a subclass), else null. */
         static KryoRecords of(SerializerInstance ser) {
+            return of(ser, null, releaseTo(ser));
+        }
+
+        /** Gives a Kryo back to `ser`'s own pool (Spark's releaseKryo); drops it for other serializers. */
+        static Consumer<Kryo> releaseTo(SerializerInstance ser) {
+            if (ser instanceof KryoSerializerInstance k) {
+                return x -> {
+                    if (x != null) {
+                        k.releaseKryo(x);
+                    }
+                };
+            }
+            return x -> {};
+        }
+
+        /**
+         * As above, reading with `kept` if not null, else with a Kryo borrowed from `ser`; the Kryo
+         * goes to `giveBack` at close().
+         */
+        static KryoRecords of(SerializerInstance ser, Kryo kept, Consumer<Kryo> giveBack) {
             if (ser.getClass() != KryoSerializerInstance.class || USE_UNSAFE == null) {
                 return null;
             }
             try {
-                return new KryoRecords((KryoSerializerInstance) ser, USE_UNSAFE.getBoolean(ser));
+                boolean unsafe = USE_UNSAFE.getBoolean(ser);
+                return new KryoRecords(kept != null ? kept : ((KryoSerializerInstance) ser).borrowKryo(), giveBack, unsafe);
             } catch (IllegalAccessException e) {
                 return null;
             }
@@ -477,10 +515,10 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             }
         }
 
-        /** Gives the Kryo back to the instance (the merge is done). */
+        /** Gives the Kryo back (the merge is done); once. */
         void close() {
             if (kryo != null) {
-                instance.releaseKryo(kryo);
+                giveBack.accept(kryo);
                 kryo = null;
             }
         }

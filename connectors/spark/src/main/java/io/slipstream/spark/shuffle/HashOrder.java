@@ -19,6 +19,7 @@
 // merging (HashMerge) or where the bytes go (PartitionOutput).
 package io.slipstream.spark.shuffle;
 
+import com.esotericsoftware.kryo.Kryo;
 import java.nio.ByteBuffer;
 import java.util.Arrays;
 import org.apache.spark.ShuffleDependency;
@@ -42,7 +43,12 @@ final class HashOrder {
      * `ser` is the task's instance of dep's serializer (the one it reads or writes with).
      */
     static boolean applies(ShuffleDependency<?, ?, ?> dep, SerializerInstance ser, boolean enabled) {
-        return enabled && dep.aggregator().isDefined() && relocatable(dep.serializer(), ser);
+        return applies(dep, ser, null, enabled);
+    }
+
+    /** As above; `kept` is a Kryo the thread kept for dep's serializer (ThreadKryo), or null. */
+    static boolean applies(ShuffleDependency<?, ?, ?> dep, SerializerInstance ser, Kryo kept, boolean enabled) {
+        return enabled && dep.aggregator().isDefined() && relocatable(dep.serializer(), ser, kept);
     }
 
     /**
@@ -51,9 +57,17 @@ final class HashOrder {
      * (newInstance().getAutoReset(): a new Kryo, registrations and all) was computed again in
      * every task — 6.7% of a 200x200 reduce task's profile (session 15). For KryoSerializer
      * itself (not a subclass, which may answer otherwise) the same question is put to the
-     * task's own instance, whose Kryo the task builds anyway.
+     * task's own instance, whose Kryo the task builds anyway — or, when the thread kept a Kryo
+     * built for this serializer's settings (`kept`, ThreadKryo), of that Kryo: no Kryo built.
      */
     static boolean relocatable(Serializer serializer, SerializerInstance ser) {
+        return relocatable(serializer, ser, null);
+    }
+
+    static boolean relocatable(Serializer serializer, SerializerInstance ser, Kryo kept) {
+        if (kept != null && serializer.getClass() == KryoSerializer.class) {
+            return ThreadKryo.autoReset(kept);
+        }
         if (serializer.getClass() == KryoSerializer.class && ser instanceof KryoSerializerInstance k) {
             return k.getAutoReset();
         }

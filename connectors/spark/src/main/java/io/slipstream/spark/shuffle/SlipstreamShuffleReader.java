@@ -14,12 +14,14 @@
 // output after the other.
 package io.slipstream.spark.shuffle;
 
+import com.esotericsoftware.kryo.Kryo;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Consumer;
 import org.apache.spark.InterruptibleIterator;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkEnv;
@@ -128,15 +130,21 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
         });
         Iterator<Product2<K, C>> it;
         SerializerInstance ser = dep.serializer().newInstance();
-        boolean merge = HashOrder.applies(dep, ser, manager.mergeAggregation());
+        // The Kryo this executor thread kept from its last merge for the same settings (ThreadKryo):
+        // a task that takes it builds none; the merge gives it (or the one it built) back at its end.
+        ThreadKryo.Key kryoKey = ThreadKryo.key(dep.serializer());
+        Kryo kept = ThreadKryo.take(kryoKey);
+        boolean merge = HashOrder.applies(dep, ser, kept, manager.mergeAggregation());
         if (merge) {
             List<HashMerge.Source> sources = new ArrayList<>(groups.size());
             for (Group g : groups) {
                 sources.add(new HashMerge.Source(blocks.open(g), () -> blocks.done(g)));
             }
-            it = new InterruptibleIterator(context, new HashMerge(sources, ser,
+            Consumer<Kryo> giveBack = kryoKey != null ? k -> ThreadKryo.give(kryoKey, k) : HashMerge.KryoRecords.releaseTo(ser);
+            it = new InterruptibleIterator(context, new HashMerge(sources, ser, kept, giveBack,
                     (org.apache.spark.Aggregator) dep.aggregator().get(), dep.mapSideCombine(), metrics::incRecordsRead));
         } else {
+            ThreadKryo.give(kryoKey, kept);
             it = new InterruptibleIterator(context, new Records(blocks, groups, ser));
         }
         if (!merge && dep.aggregator().isDefined()) {

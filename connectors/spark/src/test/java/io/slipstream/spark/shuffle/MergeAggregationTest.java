@@ -192,4 +192,31 @@ class MergeAggregationTest {
         assertTrue(sortPeakBytes > 0, "the sort shuffle's tasks report peak execution memory: " + sortPeakBytes);
         assertEquals(0, peakBytes(spark, () -> groupJob(spark)), "Slipstream's reduce tasks built no aggregation map");
     }
+
+    /** Reduce tasks per executor thread in kryoKeptAcrossReduceTasks (local mode: the executor is this JVM). */
+    static final java.util.concurrent.ConcurrentHashMap<Long, Integer> TASKS_BY_THREAD = new java.util.concurrent.ConcurrentHashMap<>();
+
+    @Test
+    void kryoKeptAcrossReduceTasksOnOneThread() {
+        JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+        List<Integer> ids = new ArrayList<>();
+        for (int i = 0; i < 20_000; i++) {
+            ids.add(i);
+        }
+        int reduces = 40;
+        TASKS_BY_THREAD.clear();
+        long before = ThreadKryo.taken();
+        long groups = sc.parallelize(ids, 4).mapToPair(i -> new Tuple2<>(i % 5000, i)).groupByKey(reduces)
+                .mapPartitions(it -> {
+                    TASKS_BY_THREAD.merge(Thread.currentThread().getId(), 1, Integer::sum);
+                    return it;
+                }).count();
+        long taken = ThreadKryo.taken() - before;
+        assertEquals(5000, groups);
+        int threads = TASKS_BY_THREAD.size();
+        assertEquals(reduces, TASKS_BY_THREAD.values().stream().mapToInt(Integer::intValue).sum());
+        assertTrue(threads < reduces, "threads ran several reduce tasks each: " + TASKS_BY_THREAD);
+        // Every reduce task after a thread's first took the Kryo its thread kept (built none).
+        assertTrue(taken >= reduces - threads, "kept Kryos taken " + taken + " of " + reduces + " tasks on " + threads + " threads");
+    }
 }
