@@ -68,6 +68,9 @@
 #   RX_DEFER_US [0]: receive moderation on the server veth (gro_flush_timeout, with
 #   napi_defer_hard_irqs = RX_DEFER_IRQS [1]): 0 = off, the NAPI thread is woken per frame burst;
 #   SETUPS ["plain user xdp"]; PARTS ["wc cp"]; GEN_CPU [1]; RX_CPU [0]; SKIP_BUILD [0];
+#   APP_CPUS [unset: every CPU]: pin the daemon and the Spark JVM of every setup to these CPUs
+#   (taskset list), e.g. 1 to keep them off the receive core RX_CPU; RX_SPIN [0]: 1 = a
+#   SCHED_IDLE busy loop on RX_CPU during the runs (diagnostic, see below; not counted);
 #   GEN [socket]: socket = `slipstream send` (its datagrams cross the veth as skbs: the veth's
 #   NAPI thread converts them to xdp_frames for an XDP program and back, work a NIC-fed host
 #   does not do); xdp = the live-frame generator (bench/xdpgen_send.sh, `slipstream-loadgen
@@ -104,6 +107,18 @@ case "$GEN" in socket | xdp) ;; *) echo "GEN must be socket or xdp" >&2; exit 2 
 GEN_CPU="${GEN_CPU:-1}"
 RX_CPU="${RX_CPU:-0}"
 RX_DEFER_US="${RX_DEFER_US:-0}"
+APP_CPUS="${APP_CPUS:-}"
+# The daemon and the Spark JVM of every setup alike (plain Spark's JVM too), pinned to APP_CPUS
+# when set: the placement of a host whose receive core (RX_CPU) is kept for the NIC's receive
+# path, as a user does with IRQ affinity; unset, both run on every CPU as before.
+APP_PIN=()
+[[ -n "$APP_CPUS" ]] && APP_PIN=(taskset -c "$APP_CPUS")
+# Diagnostic only (not a deployment): RX_SPIN=1 keeps a SCHED_IDLE busy loop on RX_CPU after the
+# idle baseline, so that CPU never idles between bursts (it yields to every other task at once).
+# Tells "the receive core's caches go cold because the idle vCPU halts" from "because other
+# work runs there". Its CPU is no setup's and is not counted (the machine column then is).
+RX_SPIN="${RX_SPIN:-0}"
+SPIN_PID=""
 RX_DEFER_IRQS="${RX_DEFER_IRQS:-1}"
 
 if [[ "$(id -u)" != 0 ]]; then
@@ -124,7 +139,7 @@ STATS_BEFORE="$(sysctl -n kernel.bpf_stats_enabled)"
 RCU_BEFORE="$(cat /sys/kernel/rcu_expedited 2>/dev/null || echo "")"
 cleanup() {
     # Only what this script started.
-    for p in "$JAVA_PID" "$DAEMON_PID"; do
+    for p in "$JAVA_PID" "$DAEMON_PID" "$SPIN_PID"; do
         if [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; then
             kill -TERM "$p" 2>/dev/null || true
             for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -206,7 +221,7 @@ pass_prog() { # on|off: the do-nothing XDP program on the server veth
 start_daemon() { # user|xdp
     local xdp=()
     [[ "$1" == xdp ]] && xdp=(--xdp "$VS")
-    ip netns exec "$SRV" "$BIN" serve -p "$KV_PORT" -l "$V4S" --admin "$V4S:$ADM_PORT" \
+    ip netns exec "$SRV" "${APP_PIN[@]}" "$BIN" serve -p "$KV_PORT" -l "$V4S" --admin "$V4S:$ADM_PORT" \
         --config "$TMP/daemon.toml" "${xdp[@]}" >"$RESULTS_DIR/daemon-$1.log" 2>&1 &
     DAEMON_PID=$!
     for _ in $(seq 1 100); do
@@ -233,7 +248,7 @@ run_java() { # SETUP PART MODE ARGS...: the driver in the server namespace, one 
     if [[ -n "$DAEMON_PID" ]]; then metrics="metrics=$V4S:$ADM_PORT"; dpid="daemon=$DAEMON_PID"; fi
     local out="$RESULTS_DIR/samples/$part-$setup.jsonl"
     : >"$out"
-    SKIP_COMPILE=1 SPARK_JAVA_OPTS="-Xmx4g" ip netns exec "$SRV" connectors/spark/bin/run-java.sh \
+    SKIP_COMPILE=1 SPARK_JAVA_OPTS="-Xmx4g" ip netns exec "$SRV" "${APP_PIN[@]}" connectors/spark/bin/run-java.sh \
         io.slipstream.spark.bench.SparkBench "$mode" "$@" bin="$BIN" send_host="$V4S" idle_s="$STEP_S" \
         "send_prefix=ip netns exec $CLI taskset -c $GEN_CPU" setup="$setup" \
         "sample_cmd=${SAMPLER[*]} out=$out $dpid $metrics" "${SEND_CMD[@]}" \
@@ -256,6 +271,10 @@ steer_rx
 "${SAMPLER[@]}" out="$RESULTS_DIR/samples/idle.jsonl" label=idle-begin
 sleep "$IDLE_S"
 "${SAMPLER[@]}" out="$RESULTS_DIR/samples/idle.jsonl" label=idle-end
+if [[ "$RX_SPIN" == 1 ]]; then
+    chrt -i 0 taskset -c "$RX_CPU" bash -c 'while :; do :; done' &
+    SPIN_PID=$!
+fi
 
 for setup in $SETUPS; do
     case "$setup" in
@@ -300,7 +319,7 @@ done
     echo "date: $(date -u +%FT%TZ)"
     echo "machine: $(nproc) cores, $(uname -r), $(java -version 2>&1 | head -1)"
     echo "load before the report: $(cat /proc/loadavg)"
-    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_NUMBER_TEMPLATES=${XDPGEN_NUMBER_TEMPLATES:-128} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU"
+    echo "knobs: GEN=$GEN XDPGEN_TEMPLATES=${XDPGEN_TEMPLATES:-256} XDPGEN_NUMBER_TEMPLATES=${XDPGEN_NUMBER_TEMPLATES:-128} XDPGEN_BURST=${XDPGEN_BURST:-32} WC_TRIGGER=$WC_TRIGGER SLIP_SINK=$SLIP_SINK RX_DEFER_US=$RX_DEFER_US WC_RATE=$WC_RATE WC_WORDS=$WC_WORDS CP_RATE=$CP_RATE CP_VALUES=$CP_VALUES STEP_S=$STEP_S RUNS=$RUNS IDLE_S=$IDLE_S GEN_CPU=$GEN_CPU RX_CPU=$RX_CPU APP_CPUS=${APP_CPUS:-all} RX_SPIN=$RX_SPIN"
     echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
 } >"$RESULTS_DIR/env.txt"
 python3 bench/stream_cpu_report.py "$RESULTS_DIR" "$RX_CPU"
