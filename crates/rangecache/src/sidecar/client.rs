@@ -9,7 +9,10 @@
 //! The **lease**: the cache may serve only while `lease_valid()`, i.e. within `lease` of a request
 //! sent on a subscribed connection that has since been answered (a PING every `lease / 4` keeps it
 //! up when idle). The sidecar holds writes for the same lease after dropping a subscriber, so once
-//! a write is acknowledged either Slipstream has invalidated or its lease has run out.
+//! a write is acknowledged either Slipstream has invalidated or its lease has run out. A sidecar in
+//! front of a real cluster answers SUBSCRIBE with `covered` = false while not every region
+//! server's observer is subscribed: answers on such a connection never extend the lease (the
+//! cache is bypassed), and the sidecar closes it once covered, so the next one subscribes covered.
 
 use super::codec::{
     op, parse_notice, parse_response, status, status_error, Decoder, Encoder, Family, MutateOrder, Notice, NoticeKind,
@@ -61,6 +64,8 @@ struct Conn {
     pending: Mutex<HashMap<u32, SyncSender<Reply>>>,
     next_id: AtomicU32,
     dead: AtomicBool,
+    /// The sidecar answered SUBSCRIBE with `covered` (answers may extend the lease).
+    covered: AtomicBool,
     /// The client's connect-and-loss counter (see `SidecarClient::generation`).
     generation: Arc<AtomicU64>,
     lease: Arc<Lease>,
@@ -218,6 +223,7 @@ impl SidecarClient {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(1),
             dead: AtomicBool::new(false),
+            covered: AtomicBool::new(false),
             generation: self.generation.clone(),
             lease: self.lease.clone(),
             listener: self.listener.clone(),
@@ -231,6 +237,7 @@ impl SidecarClient {
             .spawn(move || reader_loop(c2, read_half))
             .map_err(unavailable)?;
         let lease_ms = self.lease.length.as_millis().clamp(1, 60_000) as i32;
+        let sent_ns = self.lease.now_ns();
         let subscribed = self
             .call_on(&conn, op::SUBSCRIBE, |e| {
                 e.i32(lease_ms);
@@ -238,11 +245,19 @@ impl SidecarClient {
             .and_then(|payload| {
                 let mut d = Decoder::new(&payload);
                 let observer = d.bool()?;
+                let covered = d.bool()?;
                 d.end()?;
-                Ok(observer)
+                Ok((observer, covered))
             });
         match subscribed {
-            Ok(observer) => self.observer.store(observer, Ordering::Relaxed),
+            Ok((observer, covered)) => {
+                self.observer.store(observer, Ordering::Relaxed);
+                conn.covered.store(covered, Ordering::SeqCst);
+                if covered && !conn.dead.load(Ordering::SeqCst) {
+                    // SUBSCRIBE's own answer counts: the subscription is in place by then.
+                    self.lease.extend_from(sent_ns);
+                }
+            }
             Err(e) => {
                 let _ = lock(&conn.writer).shutdown(std::net::Shutdown::Both);
                 conn.fail_all("SUBSCRIBE failed");
@@ -293,9 +308,8 @@ impl SidecarClient {
         }
         match rx.recv_timeout(self.timeout) {
             Ok(Ok((status::OK, payload))) => {
-                // Any answer proves the subscribed connection was alive after `sent_ns`
-                // (SUBSCRIBE's own answer counts: the subscription is in place by then).
-                if !conn.dead.load(Ordering::SeqCst) {
+                // Any answer proves the subscribed connection was alive after `sent_ns`.
+                if conn.covered.load(Ordering::SeqCst) && !conn.dead.load(Ordering::SeqCst) {
                     self.lease.extend_from(sent_ns);
                 }
                 Ok(payload)
@@ -456,14 +470,53 @@ mod tests {
 
     /// Accepts one connection and answers its SUBSCRIBE (no observer).
     fn accept_subscribed(l: &TcpListener) -> TcpStream {
+        accept_subscribed_covered(l, true)
+    }
+
+    /// Accepts one connection and answers its SUBSCRIBE with `covered`.
+    fn accept_subscribed_covered(l: &TcpListener, covered: bool) -> TcpStream {
         let (mut s, _) = l.accept().unwrap();
         let body = read_frame(&mut s);
         assert_eq!(body[4], op::SUBSCRIBE);
         let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
         let mut e = Encoder::new(id, status::OK);
-        e.bool(false);
+        e.bool(false).bool(covered);
         s.write_all(&e.finish().unwrap()).unwrap();
         s
+    }
+
+    /// A sidecar not covering every region server (`covered` = false): its answers never make
+    /// the lease valid; once it closes the connection, the next one subscribes covered.
+    #[test]
+    fn an_uncovered_subscription_never_makes_the_lease_valid() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for covered in [false, true] {
+                let mut s = accept_subscribed_covered(&l, covered);
+                for _ in 0..2 {
+                    let body = read_frame(&mut s); // PING
+                    let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                    s.write_all(&Encoder::new(id, status::OK).finish().unwrap()).unwrap();
+                }
+                // Closing it as the sidecar does when coverage changes.
+            }
+        });
+        let c = SidecarClient::new(addr, Duration::from_secs(5), LEASE);
+        let g0 = c.generation();
+        c.ping().unwrap();
+        c.ping().unwrap();
+        assert!(!c.lease_valid(), "answers on an uncovered connection extend nothing");
+        // The first connection closes; the next call subscribes again, covered.
+        for _ in 0..200 {
+            if c.generation() > g0 + 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(c.generation() > g0 + 1, "the closed connection counts as lost");
+        c.ping().unwrap();
+        assert!(c.lease_valid());
     }
 
     /// A fake sidecar that answers requests out of order proves the id multiplexing.
