@@ -11,8 +11,9 @@
 //! up when idle). The sidecar holds writes for the same lease after dropping a subscriber, so once
 //! a write is acknowledged either Slipstream has invalidated or its lease has run out. A sidecar in
 //! front of a real cluster answers SUBSCRIBE with `covered` = false while not every region
-//! server's observer is subscribed: answers on such a connection never extend the lease (the
-//! cache is bypassed), and the sidecar closes it once covered, so the next one subscribes covered.
+//! server's observer is subscribed, and sends SUSPEND / RESUME notices when that changes: answers
+//! on an uncovered connection never extend the lease (the cache is bypassed), and every change
+//! flushes the cache (the generation moves). The reader thread applies both in stream order.
 
 use super::codec::{
     op, parse_notice, parse_response, status, status_error, Decoder, Encoder, Family, MutateOrder, Notice, NoticeKind,
@@ -27,6 +28,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 type Reply = Result<(u8, Vec<u8>), SidecarError>;
+
+/// SUBSCRIBE is the first request of every connection, so it has the first id.
+const SUBSCRIBE_ID: u32 = 1;
 
 /// How an error starts when the request never reached the sidecar (safe to send again).
 const NOT_SENT: &str = "request not sent";
@@ -117,6 +121,20 @@ fn reader_loop(conn: Arc<Conn>, stream: TcpStream) {
                 Ok(n) => n,
                 Err(e) => break e.to_string(),
             };
+            match notice.kind {
+                NoticeKind::Suspend => {
+                    // Covered false first: a waiter extending the lease re-checks it after.
+                    conn.covered.store(false, Ordering::SeqCst);
+                    conn.lease.end();
+                    conn.generation.fetch_add(1, Ordering::SeqCst);
+                }
+                NoticeKind::Resume => {
+                    // Fills made meanwhile may predate unseen writes: flush before covering.
+                    conn.generation.fetch_add(1, Ordering::SeqCst);
+                    conn.covered.store(true, Ordering::SeqCst);
+                }
+                NoticeKind::Begin | NoticeKind::End => {}
+            }
             if let Some(l) = conn.listener.get() {
                 l(&notice);
             }
@@ -135,6 +153,11 @@ fn reader_loop(conn: Arc<Conn>, stream: TcpStream) {
         }
         if resp.status == status::PROTOCOL && resp.id == 0 {
             break status_error(resp.status, resp.payload).to_string();
+        }
+        if resp.id == SUBSCRIBE_ID && resp.status == status::OK {
+            // SUBSCRIBE's `covered`, applied here in stream order with the SUSPEND / RESUME
+            // notices (a notice after the answer must win over it).
+            conn.covered.store(resp.payload.get(1) == Some(&1), Ordering::SeqCst);
         }
         let waiter = lock(&conn.pending).remove(&resp.id);
         if let Some(tx) = waiter {
@@ -237,7 +260,6 @@ impl SidecarClient {
             .spawn(move || reader_loop(c2, read_half))
             .map_err(unavailable)?;
         let lease_ms = self.lease.length.as_millis().clamp(1, 60_000) as i32;
-        let sent_ns = self.lease.now_ns();
         let subscribed = self
             .call_on(&conn, op::SUBSCRIBE, |e| {
                 e.i32(lease_ms);
@@ -250,13 +272,10 @@ impl SidecarClient {
                 Ok((observer, covered))
             });
         match subscribed {
-            Ok((observer, covered)) => {
+            Ok((observer, _covered)) => {
+                // `covered` was applied by the reader thread (and SUBSCRIBE's own answer
+                // extended the lease if it was set: the subscription is in place by then).
                 self.observer.store(observer, Ordering::Relaxed);
-                conn.covered.store(covered, Ordering::SeqCst);
-                if covered && !conn.dead.load(Ordering::SeqCst) {
-                    // SUBSCRIBE's own answer counts: the subscription is in place by then.
-                    self.lease.extend_from(sent_ns);
-                }
             }
             Err(e) => {
                 let _ = lock(&conn.writer).shutdown(std::net::Shutdown::Both);
@@ -308,9 +327,14 @@ impl SidecarClient {
         }
         match rx.recv_timeout(self.timeout) {
             Ok(Ok((status::OK, payload))) => {
-                // Any answer proves the subscribed connection was alive after `sent_ns`.
+                // Any answer proves the subscribed connection was alive after `sent_ns`; on a
+                // covered connection only. Checked again after: a SUSPEND (covered false, then
+                // the lease ended) between the check and the extension must still end it.
                 if conn.covered.load(Ordering::SeqCst) && !conn.dead.load(Ordering::SeqCst) {
                     self.lease.extend_from(sent_ns);
+                    if !conn.covered.load(Ordering::SeqCst) || conn.dead.load(Ordering::SeqCst) {
+                        self.lease.end();
+                    }
                 }
                 Ok(payload)
             }
@@ -486,37 +510,46 @@ mod tests {
     }
 
     /// A sidecar not covering every region server (`covered` = false): its answers never make
-    /// the lease valid; once it closes the connection, the next one subscribes covered.
+    /// the lease valid; RESUME makes them count again and SUSPEND ends the lease at once, each
+    /// moving the generation (a flush).
     #[test]
     fn an_uncovered_subscription_never_makes_the_lease_valid() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
+        let (step_tx, step_rx) = sync_channel::<()>(0);
         std::thread::spawn(move || {
-            for covered in [false, true] {
-                let mut s = accept_subscribed_covered(&l, covered);
-                for _ in 0..2 {
-                    let body = read_frame(&mut s); // PING
+            let mut s = accept_subscribed_covered(&l, false);
+            let mut answer_pings = |s: &mut TcpStream, n: usize| {
+                for _ in 0..n {
+                    let body = read_frame(s);
                     let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
                     s.write_all(&Encoder::new(id, status::OK).finish().unwrap()).unwrap();
                 }
-                // Closing it as the sidecar does when coverage changes.
+            };
+            answer_pings(&mut s, 2);
+            for kind in [4u8, 3u8] {
+                // RESUME, then SUSPEND, each once the client has seen the previous step.
+                step_rx.recv().unwrap();
+                let mut e = Encoder::new(0, status::NOTICE);
+                e.u8(kind).bytes(b"").bytes_list(&[]);
+                s.write_all(&e.finish().unwrap()).unwrap();
+                answer_pings(&mut s, 1);
             }
+            std::thread::sleep(Duration::from_millis(200));
         });
         let c = SidecarClient::new(addr, Duration::from_secs(5), LEASE);
-        let g0 = c.generation();
         c.ping().unwrap();
         c.ping().unwrap();
         assert!(!c.lease_valid(), "answers on an uncovered connection extend nothing");
-        // The first connection closes; the next call subscribes again, covered.
-        for _ in 0..200 {
-            if c.generation() > g0 + 1 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(c.generation() > g0 + 1, "the closed connection counts as lost");
+        let g = c.generation();
+        step_tx.send(()).unwrap(); // RESUME precedes the next answer on the stream
         c.ping().unwrap();
-        assert!(c.lease_valid());
+        assert!(c.lease_valid(), "covered again");
+        assert_eq!(c.generation(), g + 1, "RESUME flushes");
+        step_tx.send(()).unwrap(); // SUSPEND
+        c.ping().unwrap();
+        assert!(!c.lease_valid(), "SUSPEND ends the lease and the answer after it extends nothing");
+        assert_eq!(c.generation(), g + 2, "SUSPEND flushes");
     }
 
     /// A fake sidecar that answers requests out of order proves the id multiplexing.

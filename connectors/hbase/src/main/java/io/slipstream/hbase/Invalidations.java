@@ -37,6 +37,8 @@ public final class Invalidations {
     /** Closes the connection (the daemon sees it end and flushes its cache). */
     void close();
     int leaseMs();
+    /** Tells the subscriber whether its answers vouch for its cache now ({@code frame}: the notice). */
+    default boolean coverage(boolean covered, byte[] frame) { return send(frame); }
   }
 
   /** A BEGIN in flight: who got it and who has not acknowledged it yet. */
@@ -70,6 +72,15 @@ public final class Invalidations {
     long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ms);
     synchronized (lock) {
       if (until - quarantineUntilNs > 0) quarantineUntilNs = until;
+    }
+  }
+
+  /** SUSPEND or RESUME to every subscriber (a subscriber that cannot be written to is dropped). */
+  void announceCoverage(boolean covered) {
+    byte[] frame = new Wire.Writer(0, Wire.ST_NOTICE).u8(covered ? Wire.NOTICE_RESUME : Wire.NOTICE_SUSPEND)
+        .bytes(new byte[0]).i32(0).finish();
+    for (Subscriber s : subs) {
+      if (!s.coverage(covered, frame)) drop(s, true);
     }
   }
 

@@ -22,7 +22,7 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
  * Entry point. Two modes:
  * <ul>
  *   <li>{@code mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]
- *       [--observer-port P [--observer-hold-ms H]]}: an in-process HBase mini cluster (ZooKeeper +
+ *       [--observer-port P [--observer-hold-ms H]] [--observer false]}: an in-process HBase mini cluster (ZooKeeper +
  *       master + K region servers, default 1, on the local filesystem, with
  *       {@link InvalidationObserver} on every table) and the sidecar in the same JVM, for tests,
  *       examples and {@code make hbase-run}; MS (default 2000) is how long a write waits for
@@ -31,7 +31,8 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
  *       H: {@code slipstream.observer.start.hold.ms}) and the sidecar subscribes to them
  *       ({@link ObserverLinks}), as any other sidecar pointed at this ZooKeeper would. Lines on
  *       standard input: {@code rs-start} starts one more region server, {@code rs-stop} stops the
- *       newest; each answers {@code OK <command> <server name>} on stdout;</li>
+ *       newest; each answers {@code OK <command> <server name>} on stdout. {@code --observer false}
+ *       loads no observer (benchmarks: the write path without it);</li>
  *   <li>{@code sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]}:
  *       the sidecar alone, in front of a real cluster whose region servers run
  *       {@link InvalidationObserver} with {@code slipstream.observer.port} set; MS-max (default
@@ -49,6 +50,7 @@ public final class Main {
     int sidecarPort = 9091, regionServers = 1, leaseMsMax = 2_000;
     String zk = null, dir = null, observerPort = null;
     long observerHoldMs = ObserverHub.START_HOLD_MS_DEFAULT;
+    boolean observer = true;
     for (int i = 1; i < args.length; i++) {
       String a = args[i];
       if (i + 1 >= args.length) usage();
@@ -61,6 +63,7 @@ public final class Main {
         case "--observer-port" -> observerPort = Integer.toString(Integer.parseInt(args[++i]));
         case "--observer-hold-ms" -> observerHoldMs = Long.parseLong(args[++i]);
         case "--lease-ms-max" -> leaseMsMax = Integer.parseInt(args[++i]);
+        case "--observer" -> observer = Boolean.parseBoolean(args[++i]);
         default -> usage();
       }
     }
@@ -69,7 +72,7 @@ public final class Main {
     Configuration conf;
     boolean cluster = mode.equals("sidecar") || observerPort != null;
     if (mode.equals("mini")) {
-      util = startMini(dir, regionServers, observerPort, observerHoldMs);
+      util = startMini(dir, regionServers, observer, observerPort, observerHoldMs);
       conf = util.getConfiguration();
       zk = "127.0.0.1:" + util.getZkCluster().getClientPort();
     } else if (mode.equals("sidecar") && zk != null) {
@@ -162,8 +165,8 @@ public final class Main {
     System.out.flush();
   }
 
-  private static HBaseTestingUtility startMini(String dir, int regionServers, String observerPort,
-      long observerHoldMs) throws Exception {
+  private static HBaseTestingUtility startMini(String dir, int regionServers, boolean observer,
+      String observerPort, long observerHoldMs) throws Exception {
     Configuration conf = HBaseConfiguration.create();
     if (dir != null) {
       File d = new File(dir).getAbsoluteFile();
@@ -177,8 +180,8 @@ public final class Main {
     conf.setInt("hbase.regionserver.handler.count", 8);
     // Every table's regions report writes to Slipstream before they are acknowledged (also
     // writes from other HBase clients): see InvalidationObserver.
-    conf.set("hbase.coprocessor.region.classes", InvalidationObserver.class.getName());
-    if (observerPort != null) {
+    if (observer) conf.set("hbase.coprocessor.region.classes", InvalidationObserver.class.getName());
+    if (observer && observerPort != null) {
       // As on a real cluster: notices over TCP (loopback here), the listener closed with its
       // region server.
       conf.set(ObserverHub.PORT_KEY, observerPort);
@@ -196,7 +199,7 @@ public final class Main {
 
   private static void usage() {
     System.err.println("usage: Main mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]\n"
-        + "                 [--observer-port P [--observer-hold-ms H]]\n"
+        + "                 [--observer-port P [--observer-hold-ms H]] [--observer false]\n"
         + "       Main sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]");
     System.exit(2);
   }

@@ -47,7 +47,8 @@ final class ObserverHub {
    * hbase-site: how long writes wait after the region server's first region opened. A sidecar
    * learns of a new region server from ZooKeeper up to {@link ObserverLinks#LISTING_AGE_MS_MAX}
    * late and its daemons may serve for their lease after that; until then the new server's
-   * writes must not be acknowledged. Must be at least the sidecars' --lease-ms-max plus 1000.
+   * writes must not be acknowledged. Must be above the sidecars' --lease-ms-max plus that age
+   * (2000 + 2000 by default).
    */
   static final String START_HOLD_KEY = "slipstream.observer.start.hold.ms";
   static final long START_HOLD_MS_DEFAULT = 5_000;

@@ -33,8 +33,8 @@ import org.apache.zookeeper.ZooKeeper;
  * their caches only while every listed region server has a live subscription whose lease (kept by
  * PINGs) outlasts a daemon's lease, and the listing is at most {@link #LISTING_AGE_MS_MAX} old.
  * Any change — a region server joining or leaving, a subscription lost or not yet made, ZooKeeper
- * unreachable — moves the epoch and closes every daemon connection (the daemon flushes its cache,
- * as for a lost channel, and bypasses it until a covered subscription).
+ * unreachable — is announced to every daemon (SUSPEND: it flushes its cache, as for a lost
+ * channel, and bypasses it; RESUME: it flushes what it filled meanwhile and uses it again).
  *
  * <p>A region moving between two subscribed region servers needs no flush: coverage is per
  * server, and the destination's observer reports the region's writes like any other.
@@ -44,7 +44,7 @@ final class ObserverLinks implements Sidecar.Gate, AutoCloseable {
   /** How often ZooKeeper is listed (and the links PINGed when due). */
   static final long LIST_EVERY_MS = 100;
   /** A listing older than this (ZooKeeper slow or away) covers nothing. */
-  static final long LISTING_AGE_MS_MAX = 1_000;
+  static final long LISTING_AGE_MS_MAX = 2_000;
   /** Connecting to an observer's listener. */
   private static final int CONNECT_TIMEOUT_MS = 1_000;
   /** SUBSCRIBE's answer (the observer first waits up to 10 s for writes in progress). */
@@ -61,7 +61,6 @@ final class ObserverLinks implements Sidecar.Gate, AutoCloseable {
   private final Map<String, Link> links = new ConcurrentHashMap<>();
   private final ExecutorService relay = Executors.newCachedThreadPool(Sidecar.daemonThreads("observer-relay"));
   private final Object gateLock = new Object();
-  private volatile long epoch;
   private volatile boolean covered;
   private volatile long coveredUntilNs;
   private volatile ZooKeeper zk;
@@ -85,41 +84,37 @@ final class ObserverLinks implements Sidecar.Gate, AutoCloseable {
   }
 
   @Override
-  public long coveredEpoch() {
-    synchronized (gateLock) {
-      return covered && System.nanoTime() - coveredUntilNs < 0 ? epoch : -1;
-    }
-  }
+  public Object lock() { return gateLock; }
 
   @Override
-  public boolean stillCovers(long e) {
-    return e == epoch && covered && System.nanoTime() - coveredUntilNs < 0;
-  }
+  public boolean covered() { return stillCovered(); }
+
+  @Override
+  public boolean stillCovered() { return covered && System.nanoTime() - coveredUntilNs < 0; }
+
+  @Override
+  public void lapse() { setCoverage(false, System.nanoTime()); }
 
   @Override
   public int leaseMsMax() { return leaseMsMax; }
 
   long changes() { return changes.get(); }
 
-  /**
-   * Sets the coverage; a change moves the epoch and then closes every daemon connection (those
-   * covered lose it; those not covered subscribe again, now covered).
-   */
+  /** Sets the coverage; a change is announced to every daemon (under the gate's lock). */
   private void setCoverage(boolean c, long untilNs) {
     boolean changed;
     synchronized (gateLock) {
+      coveredUntilNs = untilNs;
       changed = c != covered;
       if (changed) {
-        epoch++;
         covered = c;
+        hub.announceCoverage(c);
       }
-      coveredUntilNs = untilNs;
     }
     if (changed) {
-      changes.incrementAndGet();
+      long n = changes.incrementAndGet();
       System.err.println("slipstream sidecar: region servers " + (c ? "all subscribed" : "not all subscribed")
-          + " (epoch " + epoch + ", " + links.size() + " links); daemon connections closed");
-      hub.dropAll(false);
+          + " (change " + n + ", " + links.size() + " links)");
     }
   }
 
@@ -129,7 +124,11 @@ final class ObserverLinks implements Sidecar.Gate, AutoCloseable {
       long t0 = System.nanoTime();
       try {
         refresh(t0);
-      } catch (IOException | KeeperException e) {
+      } catch (IOException e) {
+        // Slow (a sync past its deadline) or not reached: nothing is covered meanwhile.
+        System.err.println("slipstream sidecar: listing region servers failed: " + e);
+        setCoverage(false, t0);
+      } catch (KeeperException e) {
         System.err.println("slipstream sidecar: listing region servers failed: " + e);
         setCoverage(false, t0);
         reconnectZk();

@@ -160,14 +160,22 @@ public final class Sidecar implements AutoCloseable {
                     .str("writes in progress did not finish; subscribe again").bool(true).finish());
                 continue;
               }
-              // Read after joining the hub: a coverage change from now on closes this connection.
-              candidate.epoch = gate == null ? 0 : gate.coveredEpoch();
               sub = candidate;
-              out.sub = candidate;
             }
-            boolean covered = sub.epoch >= 0;
-            boolean observer = gate == null ? hub.isObserverLoaded() : covered;
-            send(out, new Wire.Writer(f.id(), Wire.ST_OK).bool(observer).bool(covered).finish());
+            if (gate == null) {
+              sub.covered = true;
+              out.sub = sub;
+              send(out, new Wire.Writer(f.id(), Wire.ST_OK).bool(hub.isObserverLoaded()).bool(true).finish());
+            } else {
+              // Read and answered under the gate's lock, after joining the hub: every later
+              // change reaches this connection as a notice after this answer.
+              synchronized (gate.lock()) {
+                boolean covered = gate.covered();
+                sub.covered = covered;
+                out.sub = sub;
+                send(out, new Wire.Writer(f.id(), Wire.ST_OK).bool(covered).bool(covered).finish());
+              }
+            }
           } catch (Wire.ProtocolException e) {
             send(out, new Wire.Writer(f.id(), Wire.ST_PROTOCOL).str(e.getMessage()).finish());
             return;
@@ -189,14 +197,18 @@ public final class Sidecar implements AutoCloseable {
   /**
    * Whether the subscribers of this sidecar may serve from their caches: in front of a real
    * cluster only while every live region server's observer is subscribed ({@link ObserverLinks}).
-   * A connection is covered from its SUBSCRIBE (answered at epoch {@link #coveredEpoch}) as long
-   * as the epoch stays the same; any change closes every subscribed connection.
+   * SUBSCRIBE answers {@code covered}; every change is announced to every subscriber (SUSPEND /
+   * RESUME notices, {@link Invalidations#announceCoverage}) under {@link #lock}, under which
+   * SUBSCRIBE also reads and answers, so a connection's stream always ends on its current state.
    */
   interface Gate {
-    /** The current epoch if covered now, else -1. */
-    long coveredEpoch();
-    /** Still covered in {@code epoch} (checked before every answer on a covered connection). */
-    boolean stillCovers(long epoch);
+    Object lock();
+    /** Covered now (read under {@link #lock}). */
+    boolean covered();
+    /** Still covered by time too (checked before every answer on a covered connection). */
+    boolean stillCovered();
+    /** Coverage ran out by time: announce SUSPEND (returns once announced). */
+    void lapse();
     /** Longest lease a daemon may ask for (the region servers hold writes on that basis). */
     int leaseMsMax();
   }
@@ -206,8 +218,8 @@ public final class Sidecar implements AutoCloseable {
     private final Socket socket;
     private final OutputStream out;
     private final int leaseMs;
-    /** The gate's epoch at SUBSCRIBE, -1 = not covered (answers never extend its lease). */
-    volatile long epoch = -1;
+    /** Answers vouch for the daemon's cache (see {@link Gate}); written with its notice. */
+    volatile boolean covered;
 
     Sub(Socket socket, OutputStream out, int leaseMs) {
       this.socket = socket;
@@ -245,15 +257,21 @@ public final class Sidecar implements AutoCloseable {
 
     @Override
     public int leaseMs() { return leaseMs; }
+
+    @Override
+    public boolean coverage(boolean c, byte[] frame) {
+      synchronized (out) {
+        covered = c;
+        return send(frame);
+      }
+    }
   }
 
   private void send(Out o, byte[] frame) {
     Sub sub = o.sub;
-    if (gate != null && sub != null && sub.epoch >= 0 && !gate.stillCovers(sub.epoch)) {
-      // An answer would extend the daemon's lease: coverage ended, so the connection ends
-      // instead (the daemon flushes and subscribes again).
-      hub.drop(sub, false);
-      return;
+    if (gate != null && sub != null && sub.covered && !gate.stillCovered()) {
+      // This answer would extend the daemon's lease, but coverage ran out: SUSPEND goes first.
+      gate.lapse();
     }
     synchronized (o.out) {
       try {
