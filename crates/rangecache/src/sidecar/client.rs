@@ -519,7 +519,7 @@ mod tests {
         let (step_tx, step_rx) = sync_channel::<()>(0);
         std::thread::spawn(move || {
             let mut s = accept_subscribed_covered(&l, false);
-            let mut answer_pings = |s: &mut TcpStream, n: usize| {
+            let answer_pings = |s: &mut TcpStream, n: usize| {
                 for _ in 0..n {
                     let body = read_frame(s);
                     let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
