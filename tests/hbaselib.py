@@ -1,19 +1,24 @@
 """HBase for the black-box tests: the in-process mini cluster (connectors/hbase, one JVM with
-ZooKeeper + master + region server + the sidecar), a small client of the sidecar protocol
-(docs/hbase-sidecar-protocol.md) used as the native-client oracle and for direct writes, and a
-Slipstream daemon with an `[hbase]` table in front of it.
+ZooKeeper + master + region servers + the sidecar), a sidecar alone in its own JVM (as in front of
+a real cluster), a small client of the sidecar protocol (docs/hbase-sidecar-protocol.md) used as
+the native-client oracle and for direct writes, a Slipstream daemon with an `[hbase]` table in
+front of it, and the randomized mixed-writers workload the stale-read tests run.
 
-For: starting/stopping those processes (the JVM is always killed at teardown) and reading HBase
-directly. Not for: assertions (tests/test_hbase.py).
+For: starting/stopping those processes (the JVMs are always killed at teardown), reading HBase
+directly, running workloads and reporting what they saw. Not for: assertions
+(tests/test_hbase.py, tests/test_hbase_cluster.py).
 """
 
 import os
+import queue
+import random
 import shutil
 import socket
 import struct
 import subprocess
 import tempfile
 import threading
+import time
 
 import mcwire
 import tenantlib
@@ -30,42 +35,63 @@ def mini_available():
 
 
 class MiniHBase:
-    """`run.sh mini`: prints READY sidecar=PORT zk=... start_ms=... heap_used_mb=... pid=..."""
+    """`run.sh mini`: prints READY sidecar=PORT zk=... start_ms=... heap_used_mb=... pid=...
+    `extra` adds arguments (e.g. `--region-servers 2 --observer-port 0`); `command()` sends one
+    of the mini cluster's stdin commands (`rs-start`, `rs-stop`) and returns its answer line."""
 
-    def __init__(self, sidecar_port=0):
+    mode = "mini"
+    what = "HBase mini cluster"
+
+    def __init__(self, sidecar_port=0, extra=()):
         self.proc = None
         self.dir = None
         self.info = {}
         self.log_path = None
         self.want_port = sidecar_port
+        self.extra = list(extra)
+        self.lines = queue.Queue()
+
+    def _args(self):
+        return ["--sidecar-port", str(self.want_port), "--dir", os.path.join(self.dir, "data")] + self.extra
 
     def start(self):
         self.dir = tempfile.mkdtemp(prefix="slipstream-hbase-")
         self.log_path = os.path.join(self.dir, "jvm.log")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [RUN_SH, "mini", "--sidecar-port", str(self.want_port), "--dir", os.path.join(self.dir, "data")],
+            [RUN_SH, self.mode] + self._args(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
         )
         log.close()
         line = [None]
+        ready = threading.Event()
 
         def reader():
             for raw in self.proc.stdout:
-                if raw.startswith(b"READY "):
+                if raw.startswith(b"READY ") and line[0] is None:
                     line[0] = raw.decode().split()
-                    return
+                    ready.set()
+                else:
+                    self.lines.put(raw.decode("utf-8", "replace").strip())
+            ready.set()
 
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
-        t.join(MINI_START_TIMEOUT_S)
+        threading.Thread(target=reader, daemon=True).start()
+        ready.wait(MINI_START_TIMEOUT_S)
         if line[0] is None:
             tail = self.log_tail()
             self.stop()
-            raise RuntimeError("HBase mini cluster did not start in %.0fs:\n%s" % (MINI_START_TIMEOUT_S, tail))
+            raise RuntimeError("%s did not start in %.0fs:\n%s" % (self.what, MINI_START_TIMEOUT_S, tail))
         self.info = dict(kv.split("=", 1) for kv in line[0][1:])
         self.sidecar_port = int(self.info["sidecar"])
         return self
+
+    def command(self, cmd, timeout_s=120):
+        self.proc.stdin.write(cmd.encode() + b"\n")
+        self.proc.stdin.flush()
+        answer = self.lines.get(timeout=timeout_s)
+        if not answer.startswith("OK "):
+            raise RuntimeError("%s: %s" % (cmd, answer))
+        return answer
 
     def log_tail(self, n=3000):
         try:
@@ -89,6 +115,21 @@ class MiniHBase:
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+
+class SidecarJvm(MiniHBase):
+    """`run.sh sidecar --zk ZK`: the sidecar alone in its own JVM, in front of the cluster whose
+    ZooKeeper is ZK (it finds the region servers' observers there), as on a real cluster."""
+
+    mode = "sidecar"
+    what = "HBase sidecar"
+
+    def __init__(self, zk, extra=()):
+        super().__init__(0, extra)
+        self.zk = zk
+
+    def _args(self):
+        return ["--zk", self.zk, "--port", "0"] + self.extra
 
 
 # --- the sidecar protocol, client side (one request at a time) ---
@@ -217,6 +258,16 @@ class Sidecar:
         return self.call("INCREMENT", _b(table) + _b(row) + _b(column) + struct.pack(">q", amount)).i64()
 
 
+def counter(d, name, table=None):
+    """Sum of daemon `d`'s slipstream_hbase_<name> series (of one table if given)."""
+    total = 0.0
+    for l in d.metrics().splitlines():
+        if l.startswith("slipstream_hbase_%s" % name) and l[len("slipstream_hbase_%s" % name)] in " {":
+            if table is None or ('table="%s"' % table.decode()) in l:
+                total += float(l.split()[-1])
+    return total
+
+
 def as_happybase_row(cells):
     """A sidecar row's cells as happybase's row dict (newest version of each column)."""
     d = {}
@@ -300,3 +351,113 @@ class TenantHbaseDaemon(tenantlib.TenantDaemon):
 
     def _ready_ports(self):
         return super()._ready_ports() + list(self.thrift_ports.values())
+
+
+def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, writes_each=600, columns=(b"cf1",)):
+    """Randomized (seeded) workload behind the stale-read tests: one writer through Slipstream
+    (happybase `table_s`: puts, batches, row deletes), one straight to HBase through the native
+    client (`direct`, a `Sidecar`: puts, multi-row batches, row deletes), and a reader (happybase
+    `table_r`) doing Gets and scans over overlapping ranges of `rows`, for `seconds`. Every write
+    carries timestamp BASE + n for a global op number n, so HBase orders versions by n: after op n
+    on a row is acknowledged, no read begun later may show that row older than n. Returns
+    (stale, counts, reads): stale reads as (row, seen, acknowledged), writes per writer (and
+    writer errors under "errors"), reads done."""
+    rnd = random.Random(seed)
+    srnd, drnd = random.Random(seed + 1), random.Random(seed + 2)
+    base = int(time.time() * 1000)
+    lock = threading.Lock()
+    seq = [0]
+    floor = {r: (-1, True) for r in rows}  # highest acknowledged op per row: (n, was a delete)
+    max_del_issued = {r: -1 for r in rows}
+    stop = threading.Event()
+    stale = []
+    counts = {"slipstream": 0, "direct": 0, "errors": []}
+
+    def next_n():
+        with lock:
+            seq[0] += 1
+            return seq[0]
+
+    def acked(rs, n, is_delete):
+        with lock:
+            for r in rs:
+                if n > floor[r][0]:
+                    floor[r] = (n, is_delete)
+
+    def one_op(rnd_, via_slipstream):
+        n = next_n()
+        ts, val = base + n, b"%08d" % n
+        op = rnd_.random()
+        if op < 0.55:
+            r = rnd_.choice(rows)
+            if via_slipstream:
+                table_s.put(r, {b"cf1:v": val}, timestamp=ts)
+            else:
+                direct.put(name, r, {b"cf1:v": val}, ts=ts)
+            acked([r], n, False)
+        elif op < 0.8:
+            rs = rnd_.sample(rows, 3)
+            if via_slipstream:
+                with table_s.batch(timestamp=ts) as b:
+                    for r in rs:
+                        b.put(r, {b"cf1:v": val})
+            else:
+                direct.mutate_rows(name, {r: {b"cf1:v": val} for r in rs}, ts=ts)
+            acked(rs, n, False)
+        else:
+            r = rnd_.choice(rows)
+            with lock:
+                max_del_issued[r] = max(max_del_issued[r], n)
+            if via_slipstream:
+                table_s.delete(r, timestamp=ts)
+            else:
+                direct.delete_row(name, r, ts=ts)
+            acked([r], n, True)
+
+    def writer(rnd_, via_slipstream, key):
+        try:
+            for _ in range(writes_each):
+                if stop.is_set():
+                    return
+                one_op(rnd_, via_slipstream)
+                counts[key] += 1
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            counts["errors"].append((key, repr(e)))
+
+    threads = [threading.Thread(target=writer, args=(srnd, True, "slipstream")),
+               threading.Thread(target=writer, args=(drnd, False, "direct"))]
+    for th in threads:
+        th.start()
+    reads = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and any(th.is_alive() for th in threads):
+            r = rnd.choice(rows)
+            with lock:
+                before = dict(floor)
+            if rnd.random() < 0.4:
+                got = table_r.row(r, columns=list(columns))
+                seen = {r: int(got[b"cf1:v"])} if got else {}
+                covered = [r]
+            else:
+                i = rows.index(r)
+                lo, hi = max(0, i - rnd.randint(1, 4)), i + rnd.randint(1, 4)
+                stop_row = rows[hi] if hi < len(rows) else None
+                seen = {k: int(d[b"cf1:v"]) for k, d in table_r.scan(row_start=rows[lo], row_stop=stop_row,
+                                                                       columns=list(columns))}
+                covered = rows[lo:hi]
+            with lock:
+                dels = dict(max_del_issued)
+            for k in covered:
+                n, was_delete = before[k]
+                if k in seen:
+                    if seen[k] < n:
+                        stale.append((k, seen[k], before[k]))
+                elif not was_delete and dels[k] <= n:
+                    stale.append((k, None, before[k]))  # absent, yet no delete could explain it
+            reads += 1
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(30)
+    return stale, counts, reads

@@ -403,117 +403,20 @@ def test_direct_writes_of_every_kind_are_seen_at_once(daemon, oracle):
 
 
 def test_mixed_direct_and_slipstream_writes_are_never_stale(daemon, hbase, oracle):
-    """Randomized (seed printed): one writer through Slipstream (puts, batches, row deletes), one
-    writing straight to HBase through the native client (puts, multi-row batches, row deletes),
-    and a reader doing Gets and scans over overlapping ranges through Slipstream. Every write
-    carries timestamp BASE + n for a global op number n, so HBase orders versions by n: after op
-    n on a row is acknowledged, no read begun later may show that row older than n."""
+    """Randomized (seed printed): hbaselib.mixed_writers (a writer through Slipstream, one
+    straight to HBase through the native client, a reader of Gets and overlapping scans through
+    Slipstream): no read begun after a write was acknowledged shows the row older than it."""
     seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
     print("seed", seed)
-    rnd = random.Random(seed)
-    srnd, drnd = random.Random(seed + 1), random.Random(seed + 2)
     sconn, rconn = connect(daemon), connect(daemon)
     direct = hbaselib.Sidecar(hbase.sidecar_port)
     name = fresh_table(sconn)
-    st, rt = sconn.table(name), rconn.table(name)
+    rt = rconn.table(name)
     rows = [b"k%02d" % i for i in range(12)]
-    base = int(time.time() * 1000)
-    lock = threading.Lock()
-    seq = [0]
-    floor = {r: (-1, True) for r in rows}  # highest acknowledged op per row: (n, was a delete)
-    max_del_issued = {r: -1 for r in rows}
-    stop = threading.Event()
-    errors = []
-    counts = {"slipstream": 0, "direct": 0}
-
-    def next_n():
-        with lock:
-            seq[0] += 1
-            return seq[0]
-
-    def acked(rs, n, is_delete):
-        with lock:
-            for r in rs:
-                if n > floor[r][0]:
-                    floor[r] = (n, is_delete)
-
-    def one_op(rnd_, via_slipstream):
-        n = next_n()
-        ts, val = base + n, b"%08d" % n
-        op = rnd_.random()
-        if op < 0.55:
-            r = rnd_.choice(rows)
-            if via_slipstream:
-                st.put(r, {b"cf1:v": val}, timestamp=ts)
-            else:
-                direct.put(name, r, {b"cf1:v": val}, ts=ts)
-            acked([r], n, False)
-        elif op < 0.8:
-            rs = rnd_.sample(rows, 3)
-            if via_slipstream:
-                with st.batch(timestamp=ts) as b:
-                    for r in rs:
-                        b.put(r, {b"cf1:v": val})
-            else:
-                direct.mutate_rows(name, {r: {b"cf1:v": val} for r in rs}, ts=ts)
-            acked(rs, n, False)
-        else:
-            r = rnd_.choice(rows)
-            with lock:
-                max_del_issued[r] = max(max_del_issued[r], n)
-            if via_slipstream:
-                st.delete(r, timestamp=ts)
-            else:
-                direct.delete_row(name, r, ts=ts)
-            acked([r], n, True)
-
-    def writer(rnd_, via_slipstream, key):
-        try:
-            for _ in range(600):
-                if stop.is_set():
-                    return
-                one_op(rnd_, via_slipstream)
-                counts[key] += 1
-        except Exception as e:  # noqa: BLE001 - reported by the test
-            errors.append(("writer", key, repr(e)))
-
-    threads = [threading.Thread(target=writer, args=(srnd, True, "slipstream")),
-               threading.Thread(target=writer, args=(drnd, False, "direct"))]
-    for th in threads:
-        th.start()
-    reads = 0
-    deadline = time.monotonic() + 6
-    try:
-        while time.monotonic() < deadline and any(th.is_alive() for th in threads):
-            r = rnd.choice(rows)
-            with lock:
-                before = dict(floor)
-            if rnd.random() < 0.4:
-                got = rt.row(r, columns=[b"cf1"])
-                seen = {r: int(got[b"cf1:v"])} if got else {}
-                covered = [r]
-            else:
-                i = rows.index(r)
-                lo, hi = max(0, i - rnd.randint(1, 4)), i + rnd.randint(1, 4)
-                stop_row = rows[hi] if hi < len(rows) else None
-                seen = {k: int(d[b"cf1:v"]) for k, d in rt.scan(row_start=rows[lo], row_stop=stop_row, columns=[b"cf1"])}
-                covered = rows[lo:hi]
-            with lock:
-                dels = dict(max_del_issued)
-            for k in covered:
-                n, was_delete = before[k]
-                if k in seen:
-                    if seen[k] < n:
-                        errors.append((k, seen[k], before[k]))
-                elif not was_delete and dels[k] <= n:
-                    errors.append((k, None, before[k]))  # absent, yet no delete could explain it
-            reads += 1
-    finally:
-        stop.set()
-        for th in threads:
-            th.join(30)
+    stale, counts, reads = hbaselib.mixed_writers(sconn.table(name), rt, direct, name, rows, seed)
     print("reads", reads, "writes", counts)
-    assert not errors, "stale reads (row, seen, acknowledged): %r" % errors[:5]
+    assert not counts["errors"], counts["errors"]
+    assert not stale, "stale reads (row, seen, acknowledged): %r" % stale[:5]
     assert counts["direct"] > 20 and counts["slipstream"] > 20 and reads > 50
     # At rest the cache agrees with HBase.
     assert list(rt.scan()) == oracle_scan_rows(oracle, name)
@@ -668,16 +571,6 @@ def test_adaptive_gives_two_shapes_different_strategies_from_their_statistics(hb
         d.stop()
 
 
-def _counter(d, name, table=None):
-    """Sum of slipstream_hbase_<name> series (of one table if given)."""
-    total = 0.0
-    for l in d.metrics().splitlines():
-        if l.startswith("slipstream_hbase_%s" % name) and l[len("slipstream_hbase_%s" % name)] in " {":
-            if table is None or ('table="%s"' % table.decode()) in l:
-                total += float(l.split()[-1])
-    return total
-
-
 @pytest.mark.parametrize("writer", ["slipstream", "direct"])
 def test_each_row_rows_are_refilled_after_a_write(hbase, oracle, writer):
     """each-row: a write takes its rows out of the cached interval — through Slipstream, or by
@@ -693,9 +586,9 @@ def test_each_row_rows_are_refilled_after_a_write(hbase, oracle, writer):
             return list(t.scan(row_start=b"r0000", row_stop=b"r0050"))
 
         assert len(scan()) == 50
-        misses = _counter(d, "misses_total", name)
-        assert len(scan()) == 50 and _counter(d, "misses_total", name) == misses, "second scan is a hit"
-        fills = _counter(d, "fills_total", name)
+        misses = hbaselib.counter(d, "misses_total", name)
+        assert len(scan()) == 50 and hbaselib.counter(d, "misses_total", name) == misses, "second scan is a hit"
+        fills = hbaselib.counter(d, "fills_total", name)
         written = {b"r0010": {b"cf1:a": b"new10"}, b"r0020": {b"cf1:a": b"new20"}}
         if writer == "slipstream":
             with t.batch() as b:
@@ -704,16 +597,16 @@ def test_each_row_rows_are_refilled_after_a_write(hbase, oracle, writer):
         else:
             oracle.mutate_rows(name, written)
         deadline = time.time() + 10
-        while _counter(d, "refills_total") < 2 and time.time() < deadline:
+        while hbaselib.counter(d, "refills_total") < 2 and time.time() < deadline:
             time.sleep(0.05)
-        assert _counter(d, "refills_total") >= 2, "the written rows were re-read"
-        while _counter(d, "fills_total", name) < fills + 2 and time.time() < deadline:
+        assert hbaselib.counter(d, "refills_total") >= 2, "the written rows were re-read"
+        while hbaselib.counter(d, "fills_total", name) < fills + 2 and time.time() < deadline:
             time.sleep(0.05)
-        misses = _counter(d, "misses_total", name)
+        misses = hbaselib.counter(d, "misses_total", name)
         rows = dict(scan())
         assert {r: rows[r] for r in written} == written
         assert rows == dict(oracle_scan_rows(oracle, name, b"r0000", b"r0050"))
-        assert _counter(d, "misses_total", name) == misses, "scan over the written rows is a hit"
+        assert hbaselib.counter(d, "misses_total", name) == misses, "scan over the written rows is a hit"
         conn.delete_table(name, disable=True)
         conn.close()
     finally:

@@ -172,6 +172,8 @@ impl RangeCache {
                             None
                         }
                         NoticeKind::End => c.notice_end(n.id),
+                        // The client moved the generation: `cache()` flushed already.
+                        NoticeKind::Suspend | NoticeKind::Resume => None,
                     }
                 };
                 // A write by another client (or through another tenant's port) is refilled as

@@ -9,7 +9,11 @@
 //! The **lease**: the cache may serve only while `lease_valid()`, i.e. within `lease` of a request
 //! sent on a subscribed connection that has since been answered (a PING every `lease / 4` keeps it
 //! up when idle). The sidecar holds writes for the same lease after dropping a subscriber, so once
-//! a write is acknowledged either Slipstream has invalidated or its lease has run out.
+//! a write is acknowledged either Slipstream has invalidated or its lease has run out. A sidecar in
+//! front of a real cluster answers SUBSCRIBE with `covered` = false while not every region
+//! server's observer is subscribed, and sends SUSPEND / RESUME notices when that changes: answers
+//! on an uncovered connection never extend the lease (the cache is bypassed), and every change
+//! flushes the cache (the generation moves). The reader thread applies both in stream order.
 
 use super::codec::{
     op, parse_notice, parse_response, status, status_error, Decoder, Encoder, Family, MutateOrder, Notice, NoticeKind,
@@ -24,6 +28,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 type Reply = Result<(u8, Vec<u8>), SidecarError>;
+
+/// SUBSCRIBE is the first request of every connection, so it has the first id.
+const SUBSCRIBE_ID: u32 = 1;
 
 /// How an error starts when the request never reached the sidecar (safe to send again).
 const NOT_SENT: &str = "request not sent";
@@ -61,6 +68,8 @@ struct Conn {
     pending: Mutex<HashMap<u32, SyncSender<Reply>>>,
     next_id: AtomicU32,
     dead: AtomicBool,
+    /// The sidecar answered SUBSCRIBE with `covered` (answers may extend the lease).
+    covered: AtomicBool,
     /// The client's connect-and-loss counter (see `SidecarClient::generation`).
     generation: Arc<AtomicU64>,
     lease: Arc<Lease>,
@@ -112,6 +121,20 @@ fn reader_loop(conn: Arc<Conn>, stream: TcpStream) {
                 Ok(n) => n,
                 Err(e) => break e.to_string(),
             };
+            match notice.kind {
+                NoticeKind::Suspend => {
+                    // Covered false first: a waiter extending the lease re-checks it after.
+                    conn.covered.store(false, Ordering::SeqCst);
+                    conn.lease.end();
+                    conn.generation.fetch_add(1, Ordering::SeqCst);
+                }
+                NoticeKind::Resume => {
+                    // Fills made meanwhile may predate unseen writes: flush before covering.
+                    conn.generation.fetch_add(1, Ordering::SeqCst);
+                    conn.covered.store(true, Ordering::SeqCst);
+                }
+                NoticeKind::Begin | NoticeKind::End => {}
+            }
             if let Some(l) = conn.listener.get() {
                 l(&notice);
             }
@@ -130,6 +153,11 @@ fn reader_loop(conn: Arc<Conn>, stream: TcpStream) {
         }
         if resp.status == status::PROTOCOL && resp.id == 0 {
             break status_error(resp.status, resp.payload).to_string();
+        }
+        if resp.id == SUBSCRIBE_ID && resp.status == status::OK {
+            // SUBSCRIBE's `covered`, applied here in stream order with the SUSPEND / RESUME
+            // notices (a notice after the answer must win over it).
+            conn.covered.store(resp.payload.get(1) == Some(&1), Ordering::SeqCst);
         }
         let waiter = lock(&conn.pending).remove(&resp.id);
         if let Some(tx) = waiter {
@@ -218,6 +246,7 @@ impl SidecarClient {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(1),
             dead: AtomicBool::new(false),
+            covered: AtomicBool::new(false),
             generation: self.generation.clone(),
             lease: self.lease.clone(),
             listener: self.listener.clone(),
@@ -238,11 +267,16 @@ impl SidecarClient {
             .and_then(|payload| {
                 let mut d = Decoder::new(&payload);
                 let observer = d.bool()?;
+                let covered = d.bool()?;
                 d.end()?;
-                Ok(observer)
+                Ok((observer, covered))
             });
         match subscribed {
-            Ok(observer) => self.observer.store(observer, Ordering::Relaxed),
+            Ok((observer, _covered)) => {
+                // `covered` was applied by the reader thread (and SUBSCRIBE's own answer
+                // extended the lease if it was set: the subscription is in place by then).
+                self.observer.store(observer, Ordering::Relaxed);
+            }
             Err(e) => {
                 let _ = lock(&conn.writer).shutdown(std::net::Shutdown::Both);
                 conn.fail_all("SUBSCRIBE failed");
@@ -293,10 +327,14 @@ impl SidecarClient {
         }
         match rx.recv_timeout(self.timeout) {
             Ok(Ok((status::OK, payload))) => {
-                // Any answer proves the subscribed connection was alive after `sent_ns`
-                // (SUBSCRIBE's own answer counts: the subscription is in place by then).
-                if !conn.dead.load(Ordering::SeqCst) {
+                // Any answer proves the subscribed connection was alive after `sent_ns`; on a
+                // covered connection only. Checked again after: a SUSPEND (covered false, then
+                // the lease ended) between the check and the extension must still end it.
+                if conn.covered.load(Ordering::SeqCst) && !conn.dead.load(Ordering::SeqCst) {
                     self.lease.extend_from(sent_ns);
+                    if !conn.covered.load(Ordering::SeqCst) || conn.dead.load(Ordering::SeqCst) {
+                        self.lease.end();
+                    }
                 }
                 Ok(payload)
             }
@@ -456,14 +494,62 @@ mod tests {
 
     /// Accepts one connection and answers its SUBSCRIBE (no observer).
     fn accept_subscribed(l: &TcpListener) -> TcpStream {
+        accept_subscribed_covered(l, true)
+    }
+
+    /// Accepts one connection and answers its SUBSCRIBE with `covered`.
+    fn accept_subscribed_covered(l: &TcpListener, covered: bool) -> TcpStream {
         let (mut s, _) = l.accept().unwrap();
         let body = read_frame(&mut s);
         assert_eq!(body[4], op::SUBSCRIBE);
         let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
         let mut e = Encoder::new(id, status::OK);
-        e.bool(false);
+        e.bool(false).bool(covered);
         s.write_all(&e.finish().unwrap()).unwrap();
         s
+    }
+
+    /// A sidecar not covering every region server (`covered` = false): its answers never make
+    /// the lease valid; RESUME makes them count again and SUSPEND ends the lease at once, each
+    /// moving the generation (a flush).
+    #[test]
+    fn an_uncovered_subscription_never_makes_the_lease_valid() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (step_tx, step_rx) = sync_channel::<()>(0);
+        std::thread::spawn(move || {
+            let mut s = accept_subscribed_covered(&l, false);
+            let answer_pings = |s: &mut TcpStream, n: usize| {
+                for _ in 0..n {
+                    let body = read_frame(s);
+                    let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                    s.write_all(&Encoder::new(id, status::OK).finish().unwrap()).unwrap();
+                }
+            };
+            answer_pings(&mut s, 2);
+            for kind in [4u8, 3u8] {
+                // RESUME, then SUSPEND, each once the client has seen the previous step.
+                step_rx.recv().unwrap();
+                let mut e = Encoder::new(0, status::NOTICE);
+                e.u8(kind).bytes(b"").bytes_list(&[]);
+                s.write_all(&e.finish().unwrap()).unwrap();
+                answer_pings(&mut s, 1);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let c = SidecarClient::new(addr, Duration::from_secs(5), LEASE);
+        c.ping().unwrap();
+        c.ping().unwrap();
+        assert!(!c.lease_valid(), "answers on an uncovered connection extend nothing");
+        let g = c.generation();
+        step_tx.send(()).unwrap(); // RESUME precedes the next answer on the stream
+        c.ping().unwrap();
+        assert!(c.lease_valid(), "covered again");
+        assert_eq!(c.generation(), g + 1, "RESUME flushes");
+        step_tx.send(()).unwrap(); // SUSPEND
+        c.ping().unwrap();
+        assert!(!c.lease_valid(), "SUSPEND ends the lease and the answer after it extends nothing");
+        assert_eq!(c.generation(), g + 2, "SUSPEND flushes");
     }
 
     /// A fake sidecar that answers requests out of order proves the id multiplexing.

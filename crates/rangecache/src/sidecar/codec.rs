@@ -52,6 +52,12 @@ pub enum NoticeKind {
     Begin,
     /// The write announced by the BEGIN with this id is visible (or failed).
     End,
+    /// Not every region server's observer is subscribed any more (a sidecar in front of a real
+    /// cluster): flush, stop serving from the cache; answers no longer extend the lease.
+    Suspend,
+    /// Every region server's observer is subscribed again: flush what was filled meanwhile,
+    /// then answers extend the lease again.
+    Resume,
 }
 
 /// An invalidation notice from the RegionObserver, relayed by the sidecar.
@@ -69,6 +75,8 @@ pub fn parse_notice(id: u32, payload: &[u8]) -> Result<Notice, SidecarError> {
     let kind = match d.u8()? {
         1 => NoticeKind::Begin,
         2 => NoticeKind::End,
+        3 => NoticeKind::Suspend,
+        4 => NoticeKind::Resume,
         k => return Err(SidecarError::Protocol(format!("unknown notice kind {k}"))),
     };
     let table = d.bytes()?;

@@ -11,9 +11,12 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 
 /**
- * The hub between {@link InvalidationObserver} (in the region server, before a write is applied)
- * and the Slipstream daemons subscribed through the sidecar (same JVM: the mini cluster runs the
- * region server inside the sidecar's process). A write's BEGIN notice is sent to every subscriber
+ * A hub between writes about to be applied and the subscribers that must invalidate first. Two
+ * kinds: {@link #HUB}, the sidecar's hub, to which the Slipstream daemons subscribe (in the mini
+ * cluster's default mode the {@link InvalidationObserver} of every region server in the same JVM
+ * reports straight to it; in front of a real cluster {@link ObserverLinks} relays every region
+ * server's notices into it); and one per region server ({@link ObserverHub}), to which the
+ * sidecars subscribe over TCP. A write's BEGIN notice is sent to every subscriber
  * and the write waits for every ACK (Slipstream has invalidated the rows by then); END follows once
  * the write is visible. A subscriber that does not ACK within {@link #ackTimeoutMs} is dropped
  * (its connection closed) and every write then waits out its lease, after which that daemon serves
@@ -34,6 +37,8 @@ public final class Invalidations {
     /** Closes the connection (the daemon sees it end and flushes its cache). */
     void close();
     int leaseMs();
+    /** Tells the subscriber whether its answers vouch for its cache now ({@code frame}: the notice). */
+    default boolean coverage(boolean covered, byte[] frame) { return send(frame); }
   }
 
   /** A BEGIN in flight: who got it and who has not acknowledged it yet. */
@@ -61,6 +66,28 @@ public final class Invalidations {
 
   /** Called by each observer instance as its region opens. */
   void observerLoaded() { observerLoaded = true; }
+
+  /** Writes wait at least {@code ms} from now (a region server's start: see {@link ObserverHub}). */
+  void hold(long ms) {
+    long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ms);
+    synchronized (lock) {
+      if (until - quarantineUntilNs > 0) quarantineUntilNs = until;
+    }
+  }
+
+  /** SUSPEND or RESUME to every subscriber (a subscriber that cannot be written to is dropped). */
+  void announceCoverage(boolean covered) {
+    byte[] frame = new Wire.Writer(0, Wire.ST_NOTICE).u8(covered ? Wire.NOTICE_RESUME : Wire.NOTICE_SUSPEND)
+        .bytes(new byte[0]).i32(0).finish();
+    for (Subscriber s : subs) {
+      if (!s.coverage(covered, frame)) drop(s, true);
+    }
+  }
+
+  /** Drops every subscriber (their connections close; see {@link #drop}). */
+  void dropAll(boolean holdWrites) {
+    for (Subscriber s : subs) drop(s, holdWrites);
+  }
 
   boolean isObserverLoaded() { return observerLoaded; }
 

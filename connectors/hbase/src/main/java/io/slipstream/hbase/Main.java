@@ -2,10 +2,18 @@ package io.slipstream.hbase;
 
 import java.io.File;
 import java.lang.management.ManagementFactory;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hbase.HBaseConfiguration;
 import org.apache.hadoop.hbase.HBaseTestingUtility;
+import org.apache.hadoop.hbase.HConstants;
+import org.apache.hadoop.hbase.MiniHBaseCluster;
+import org.apache.hadoop.hbase.ServerName;
+import org.apache.hadoop.hbase.util.JVMClusterUtil;
+import org.apache.hadoop.hbase.zookeeper.ZKConfig;
 import org.apache.hadoop.hbase.StartMiniClusterOption;
 import org.apache.hadoop.hbase.client.Connection;
 import org.apache.hadoop.hbase.client.ConnectionFactory;
@@ -13,12 +21,22 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
 /**
  * Entry point. Two modes:
  * <ul>
- *   <li>{@code mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS]}: an in-process HBase
- *       mini cluster (ZooKeeper + master + one region server on the local filesystem, with
+ *   <li>{@code mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]
+ *       [--observer-port P [--observer-hold-ms H]] [--observer false]}: an in-process HBase mini cluster (ZooKeeper +
+ *       master + K region servers, default 1, on the local filesystem, with
  *       {@link InvalidationObserver} on every table) and the sidecar in the same JVM, for tests,
  *       examples and {@code make hbase-run}; MS (default 2000) is how long a write waits for
- *       Slipstream's invalidation ACK;</li>
- *   <li>{@code sidecar --zk host:port [--port N]}: the sidecar alone, in front of a real cluster.</li>
+ *       Slipstream's invalidation ACK. With {@code --observer-port} the observers report over
+ *       TCP as on a real cluster ({@link ObserverHub}, listeners on 127.0.0.1, P = 0: any port;
+ *       H: {@code slipstream.observer.start.hold.ms}) and the sidecar subscribes to them
+ *       ({@link ObserverLinks}), as any other sidecar pointed at this ZooKeeper would. Lines on
+ *       standard input: {@code rs-start} starts one more region server, {@code rs-stop} stops the
+ *       newest; each answers {@code OK <command> <server name>} on stdout. {@code --observer false}
+ *       loads no observer (benchmarks: the write path without it);</li>
+ *   <li>{@code sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]}:
+ *       the sidecar alone, in front of a real cluster whose region servers run
+ *       {@link InvalidationObserver} with {@code slipstream.observer.port} set; MS-max (default
+ *       2000) is the longest lease a daemon may ask for.</li>
  * </ul>
  * When ready it prints one line on stdout: {@code READY sidecar=PORT zk=HOST:PORT start_ms=T
  * heap_used_mb=M}. It runs until its standard input closes or it gets SIGTERM.
@@ -29,8 +47,10 @@ public final class Main {
   public static void main(String[] args) throws Exception {
     if (args.length == 0) usage();
     String mode = args[0];
-    int sidecarPort = 9091;
-    String zk = null, dir = null;
+    int sidecarPort = 9091, regionServers = 1, leaseMsMax = 2_000;
+    String zk = null, dir = null, observerPort = null;
+    long observerHoldMs = ObserverHub.START_HOLD_MS_DEFAULT;
+    boolean observer = true;
     for (int i = 1; i < args.length; i++) {
       String a = args[i];
       if (i + 1 >= args.length) usage();
@@ -39,14 +59,20 @@ public final class Main {
         case "--zk" -> zk = args[++i];
         case "--dir" -> dir = args[++i];
         case "--notify-timeout-ms" -> Invalidations.HUB.setAckTimeoutMs(Integer.parseInt(args[++i]));
+        case "--region-servers" -> regionServers = Integer.parseInt(args[++i]);
+        case "--observer-port" -> observerPort = Integer.toString(Integer.parseInt(args[++i]));
+        case "--observer-hold-ms" -> observerHoldMs = Long.parseLong(args[++i]);
+        case "--lease-ms-max" -> leaseMsMax = Integer.parseInt(args[++i]);
+        case "--observer" -> observer = Boolean.parseBoolean(args[++i]);
         default -> usage();
       }
     }
     long t0 = System.nanoTime();
     HBaseTestingUtility util = null;
     Configuration conf;
+    boolean cluster = mode.equals("sidecar") || observerPort != null;
     if (mode.equals("mini")) {
-      util = startMini(dir);
+      util = startMini(dir, regionServers, observer, observerPort, observerHoldMs);
       conf = util.getConfiguration();
       zk = "127.0.0.1:" + util.getZkCluster().getClientPort();
     } else if (mode.equals("sidecar") && zk != null) {
@@ -63,7 +89,19 @@ public final class Main {
     conf.setInt("hbase.client.operation.timeout", 10_000);
     conf.setInt("hbase.rpc.timeout", 5_000);
     Connection conn = ConnectionFactory.createConnection(conf);
-    Sidecar sidecar = new Sidecar(conn, sidecarPort);
+    ObserverLinks links = null;
+    Sidecar sidecar;
+    if (cluster) {
+      if (leaseMsMax < 1 || leaseMsMax > Invalidations.LEASE_MS_MAX / 2) usage();
+      links = new ObserverLinks(ZKConfig.getZKQuorumServersString(conf),
+          conf.get(HConstants.ZOOKEEPER_ZNODE_PARENT, HConstants.DEFAULT_ZOOKEEPER_ZNODE_PARENT),
+          Invalidations.HUB, leaseMsMax);
+      links.start();
+      sidecar = new Sidecar(conn, Invalidations.HUB, links, false,
+          new InetSocketAddress(InetAddress.getLoopbackAddress(), sidecarPort));
+    } else {
+      sidecar = new Sidecar(conn, sidecarPort);
+    }
     sidecar.start();
     long startMs = (System.nanoTime() - t0) / 1_000_000;
     Runtime rt = Runtime.getRuntime();
@@ -75,8 +113,10 @@ public final class Main {
 
     CountDownLatch done = new CountDownLatch(1);
     final HBaseTestingUtility u = util;
+    final ObserverLinks l = links;
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
       try {
+        if (l != null) l.close();
         sidecar.close();
         conn.close();
         if (u != null) u.shutdownMiniCluster();
@@ -85,10 +125,13 @@ public final class Main {
       }
       done.countDown();
     }));
-    // Stdin closing (the parent went away) ends the process too.
+    // Stdin closing (the parent went away) ends the process too; its lines are commands.
     Thread stdin = new Thread(() -> {
       try {
-        while (System.in.read() >= 0) { /* discard */ }
+        java.io.BufferedReader r = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
+        for (String line = r.readLine(); line != null; line = r.readLine()) {
+          if (u != null) command(u, line.trim());
+        }
       } catch (java.io.IOException e) { /* closed */ }
       System.exit(0);
     }, "stdin-watch");
@@ -97,7 +140,33 @@ public final class Main {
     done.await();
   }
 
-  private static HBaseTestingUtility startMini(String dir) throws Exception {
+  /** A test's command on standard input (see the class comment). */
+  private static void command(HBaseTestingUtility u, String cmd) {
+    MiniHBaseCluster c = u.getMiniHBaseCluster();
+    String answer;
+    try {
+      if (cmd.equals("rs-start")) {
+        JVMClusterUtil.RegionServerThread t = c.startRegionServer();
+        t.waitForServerOnline();
+        answer = "OK rs-start " + t.getRegionServer().getServerName();
+      } else if (cmd.equals("rs-stop")) {
+        List<JVMClusterUtil.RegionServerThread> live = c.getLiveRegionServerThreads();
+        ServerName sn = live.get(live.size() - 1).getRegionServer().getServerName();
+        c.stopRegionServer(sn);
+        c.waitForRegionServerToStop(sn, 60_000);
+        answer = "OK rs-stop " + sn;
+      } else {
+        answer = "ERROR unknown command " + cmd;
+      }
+    } catch (Exception e) {
+      answer = "ERROR " + cmd + " " + e;
+    }
+    System.out.println(answer);
+    System.out.flush();
+  }
+
+  private static HBaseTestingUtility startMini(String dir, int regionServers, boolean observer,
+      String observerPort, long observerHoldMs) throws Exception {
     Configuration conf = HBaseConfiguration.create();
     if (dir != null) {
       File d = new File(dir).getAbsoluteFile();
@@ -111,17 +180,27 @@ public final class Main {
     conf.setInt("hbase.regionserver.handler.count", 8);
     // Every table's regions report writes to Slipstream before they are acknowledged (also
     // writes from other HBase clients): see InvalidationObserver.
-    conf.set("hbase.coprocessor.region.classes", InvalidationObserver.class.getName());
+    if (observer) conf.set("hbase.coprocessor.region.classes", InvalidationObserver.class.getName());
+    if (observer && observerPort != null) {
+      // As on a real cluster: notices over TCP (loopback here), the listener closed with its
+      // region server.
+      conf.set(ObserverHub.PORT_KEY, observerPort);
+      conf.set(ObserverHub.BIND_KEY, "127.0.0.1");
+      conf.set(ObserverHub.HOST_KEY, "127.0.0.1");
+      conf.setLong(ObserverHub.START_HOLD_KEY, observerHoldMs);
+      conf.set("hbase.coprocessor.regionserver.classes", InvalidationObserver.class.getName());
+    }
     HBaseTestingUtility util = new HBaseTestingUtility(conf);
     util.startMiniZKCluster();
     util.startMiniHBaseCluster(StartMiniClusterOption.builder()
-        .numMasters(1).numRegionServers(1).numDataNodes(0).build());
+        .numMasters(1).numRegionServers(regionServers).numDataNodes(0).build());
     return util;
   }
 
   private static void usage() {
-    System.err.println("usage: Main mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS]\n"
-        + "       Main sidecar --zk host:port [--port N]");
+    System.err.println("usage: Main mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]\n"
+        + "                 [--observer-port P [--observer-hold-ms H]] [--observer false]\n"
+        + "       Main sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]");
     System.exit(2);
   }
 

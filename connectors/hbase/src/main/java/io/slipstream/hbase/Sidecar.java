@@ -41,6 +41,9 @@ import org.apache.hadoop.hbase.regionserver.BloomType;
  * docs/hbase-sidecar-protocol.md to HBase through one shared native client {@link Connection}.
  * Requests run on a bounded pool and are answered as they finish (multiplexed by request id).
  * Column and timestamp semantics mirror HBase's own Thrift1 server (ThriftHBaseServiceHandler).
+ *
+ * <p>The same server without an HBase connection is a region server's observer listener
+ * ({@link ObserverHub}): it answers only PING, SUBSCRIBE and NOTICE_ACK, for the sidecars.
  */
 public final class Sidecar implements AutoCloseable {
   /** Requests served at once; more wait in the pool's queue. */
@@ -49,15 +52,33 @@ public final class Sidecar implements AutoCloseable {
   private static final long SUBSCRIBE_WAIT_MS = 10_000;
 
   private final Connection hbase;
+  private final Invalidations hub;
+  private final Gate gate;
+  /** The peer's end of a subscribed connection holds writes for its lease (see {@link #serve}). */
+  private final boolean holdOnClose;
   private final ServerSocket listener;
   private final ExecutorService pool = Executors.newFixedThreadPool(WORKERS, daemonThreads("sidecar-worker"));
   private volatile boolean closed;
 
+  /** The sidecar of the mini cluster's default mode: loopback, the JVM's hub, always covered. */
   public Sidecar(Connection hbase, int port) throws IOException {
+    this(hbase, Invalidations.HUB, null, false, new InetSocketAddress(InetAddress.getLoopbackAddress(), port));
+  }
+
+  /**
+   * {@code hbase} null = a region server's observer listener. {@code gate} null = always covered.
+   * {@code holdOnClose}: a subscriber whose connection ends holds writes for its lease (a sidecar
+   * going away may leave daemons serving until their own leases run out).
+   */
+  Sidecar(Connection hbase, Invalidations hub, Gate gate, boolean holdOnClose, InetSocketAddress bind)
+      throws IOException {
     this.hbase = hbase;
+    this.hub = hub;
+    this.gate = gate;
+    this.holdOnClose = holdOnClose;
     this.listener = new ServerSocket();
     listener.setReuseAddress(true);
-    listener.bind(new InetSocketAddress(InetAddress.getLoopbackAddress(), port));
+    listener.bind(bind);
   }
 
   public int port() { return listener.getLocalPort(); }
@@ -83,19 +104,29 @@ public final class Sidecar implements AutoCloseable {
     }
   }
 
+  /** One connection's writer side: answers are written under the stream's lock. */
+  private final class Out {
+    final OutputStream out;
+    final AtomicInteger inFlight = new AtomicInteger();
+    /** Set once the connection has subscribed. */
+    volatile Sub sub;
+
+    Out(OutputStream out) { this.out = out; }
+  }
+
   /** One connection: read frames, run each on the pool, write answers under the stream's lock. */
   private void serve(Socket s) {
     Sub sub = null;
     try (s) {
       DataInputStream in = Wire.data(new java.io.BufferedInputStream(s.getInputStream(), 1 << 16));
-      OutputStream out = new BufferedOutputStream(s.getOutputStream(), 1 << 16);
-      AtomicInteger inFlight = new AtomicInteger();
+      Out out = new Out(new BufferedOutputStream(s.getOutputStream(), 1 << 16));
+      AtomicInteger inFlight = out.inFlight;
       while (true) {
         Wire.Frame f;
         try {
           f = Wire.readFrame(in);
         } catch (Wire.ProtocolException e) {
-          send(out, new Wire.Writer(0, Wire.ST_PROTOCOL).str(e.getMessage()).finish(), inFlight);
+          send(out, new Wire.Writer(0, Wire.ST_PROTOCOL).str(e.getMessage()).finish());
           return;
         }
         if (f == null) return;
@@ -103,12 +134,12 @@ public final class Sidecar implements AutoCloseable {
         // write in the region server may be waiting for exactly this ACK, and PINGs keep the
         // daemon's lease (its permission to serve from its cache) alive.
         if (f.code() == Wire.OP_NOTICE_ACK) {
-          if (sub != null) Invalidations.HUB.ack(sub, f.id());
+          if (sub != null) hub.ack(sub, f.id());
           continue;
         }
         inFlight.incrementAndGet();
         if (f.code() == Wire.OP_PING) {
-          send(out, answer(f), inFlight);
+          send(out, answer(f));
         } else if (f.code() == Wire.OP_SUBSCRIBE) {
           Wire.Reader r = new Wire.Reader(f.payload());
           try {
@@ -117,31 +148,69 @@ public final class Sidecar implements AutoCloseable {
             if (leaseMs < 1 || leaseMs > Invalidations.LEASE_MS_MAX) {
               throw new Wire.ProtocolException("lease_ms out of range: " + leaseMs);
             }
+            if (gate != null && leaseMs > gate.leaseMsMax()) {
+              send(out, new Wire.Writer(f.id(), Wire.ST_IO_ERROR).str("lease_ms " + leaseMs
+                  + " is above this sidecar's --lease-ms-max " + gate.leaseMsMax()).bool(false).finish());
+              continue;
+            }
             if (sub == null) {
-              Sub candidate = new Sub(s, out, leaseMs);
-              if (!Invalidations.HUB.subscribe(candidate, SUBSCRIBE_WAIT_MS)) {
+              Sub candidate = new Sub(s, out.out, leaseMs);
+              if (!hub.subscribe(candidate, SUBSCRIBE_WAIT_MS)) {
                 send(out, new Wire.Writer(f.id(), Wire.ST_IO_ERROR)
-                    .str("writes in progress did not finish; subscribe again").bool(true).finish(), inFlight);
+                    .str("writes in progress did not finish; subscribe again").bool(true).finish());
                 continue;
               }
               sub = candidate;
             }
-            send(out, new Wire.Writer(f.id(), Wire.ST_OK)
-                .bool(Invalidations.HUB.isObserverLoaded()).finish(), inFlight);
+            if (gate == null) {
+              sub.covered = true;
+              out.sub = sub;
+              send(out, new Wire.Writer(f.id(), Wire.ST_OK).bool(hub.isObserverLoaded()).bool(true).finish());
+            } else {
+              // Read and answered under the gate's lock, after joining the hub: every later
+              // change reaches this connection as a notice after this answer.
+              synchronized (gate.lock()) {
+                boolean covered = gate.covered();
+                sub.covered = covered;
+                out.sub = sub;
+                send(out, new Wire.Writer(f.id(), Wire.ST_OK).bool(covered).bool(covered).finish());
+              }
+            }
           } catch (Wire.ProtocolException e) {
-            send(out, new Wire.Writer(f.id(), Wire.ST_PROTOCOL).str(e.getMessage()).finish(), inFlight);
+            send(out, new Wire.Writer(f.id(), Wire.ST_PROTOCOL).str(e.getMessage()).finish());
             return;
           }
         } else {
-          pool.execute(() -> send(out, answer(f), inFlight));
+          pool.execute(() -> send(out, answer(f)));
         }
       }
     } catch (IOException e) {
       // The peer went away; nothing to answer.
     } finally {
-      // The daemon closed the connection (or it broke after the hub closed it).
-      if (sub != null) Invalidations.HUB.drop(sub, false);
+      // The daemon closed the connection (or it broke after the hub closed it). A sidecar
+      // subscribed to a region server's observer may leave daemons serving behind it
+      // (holdOnClose); a daemon ends its own lease before it closes.
+      if (sub != null) hub.drop(sub, holdOnClose);
     }
+  }
+
+  /**
+   * Whether the subscribers of this sidecar may serve from their caches: in front of a real
+   * cluster only while every live region server's observer is subscribed ({@link ObserverLinks}).
+   * SUBSCRIBE answers {@code covered}; every change is announced to every subscriber (SUSPEND /
+   * RESUME notices, {@link Invalidations#announceCoverage}) under {@link #lock}, under which
+   * SUBSCRIBE also reads and answers, so a connection's stream always ends on its current state.
+   */
+  interface Gate {
+    Object lock();
+    /** Covered now (read under {@link #lock}). */
+    boolean covered();
+    /** Still covered by time too (checked before every answer on a covered connection). */
+    boolean stillCovered();
+    /** Coverage ran out by time: announce SUSPEND (returns once announced). */
+    void lapse();
+    /** Longest lease a daemon may ask for (the region servers hold writes on that basis). */
+    int leaseMsMax();
   }
 
   /** A subscribed Slipstream connection: notices are written under the stream's lock. */
@@ -149,6 +218,8 @@ public final class Sidecar implements AutoCloseable {
     private final Socket socket;
     private final OutputStream out;
     private final int leaseMs;
+    /** Answers vouch for the daemon's cache (see {@link Gate}); written with its notice. */
+    volatile boolean covered;
 
     Sub(Socket socket, OutputStream out, int leaseMs) {
       this.socket = socket;
@@ -186,14 +257,27 @@ public final class Sidecar implements AutoCloseable {
 
     @Override
     public int leaseMs() { return leaseMs; }
+
+    @Override
+    public boolean coverage(boolean c, byte[] frame) {
+      synchronized (out) {
+        covered = c;
+        return send(frame);
+      }
+    }
   }
 
-  private static void send(OutputStream out, byte[] frame, AtomicInteger inFlight) {
-    synchronized (out) {
+  private void send(Out o, byte[] frame) {
+    Sub sub = o.sub;
+    if (gate != null && sub != null && sub.covered && !gate.stillCovered()) {
+      // This answer would extend the daemon's lease, but coverage ran out: SUSPEND goes first.
+      gate.lapse();
+    }
+    synchronized (o.out) {
       try {
-        out.write(frame);
+        o.out.write(frame);
         // Flush when nothing else is about to be written, so pipelined answers share writes.
-        if (inFlight.decrementAndGet() <= 0) out.flush();
+        if (o.inFlight.decrementAndGet() <= 0) o.out.flush();
       } catch (IOException e) {
         // Connection gone; the reader side ends the connection.
       }
@@ -232,6 +316,9 @@ public final class Sidecar implements AutoCloseable {
   }
 
   private void dispatch(int op, Wire.Reader r, Wire.Writer w) throws IOException, Wire.ProtocolException {
+    if (hbase == null && op != Wire.OP_PING) {
+      throw new Wire.ProtocolException("a region server's observer answers only PING, SUBSCRIBE and NOTICE_ACK");
+    }
     switch (op) {
       case Wire.OP_PING -> r.end();
       case Wire.OP_LIST_TABLES -> {

@@ -29,6 +29,8 @@ public final class Wire {
   /** Sidecar-initiated invalidation notice (not an answer; the id is the notice's own). */
   public static final int ST_NOTICE = 0x10;
   public static final int NOTICE_BEGIN = 1, NOTICE_END = 2;
+  /** Coverage changed (a sidecar in front of a real cluster; docs/hbase-sidecar-protocol.md). */
+  public static final int NOTICE_SUSPEND = 3, NOTICE_RESUME = 4;
 
   /** A frame that breaks the spec; the connection is closed after answering it. */
   public static final class ProtocolException extends Exception {

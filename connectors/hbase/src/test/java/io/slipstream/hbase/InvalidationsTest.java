@@ -14,7 +14,7 @@ import org.junit.jupiter.api.Test;
 
 /** The invalidation hub without HBase: ACK waits, timeouts with the lease hold, subscribe waits. */
 class InvalidationsTest {
-  static final class FakeSub implements Invalidations.Subscriber {
+  static class FakeSub implements Invalidations.Subscriber {
     final List<byte[]> frames = new CopyOnWriteArrayList<>();
     volatile boolean closed;
     public boolean send(byte[] frame) { frames.add(frame); return true; }
@@ -84,5 +84,39 @@ class InvalidationsTest {
     hub.end(n);
     assertTrue(done.get(2, TimeUnit.SECONDS));
     assertTrue(s.frames.isEmpty(), "no END for a BEGIN it never got");
+  }
+
+  /** A region server's first region: its writes wait out the start hold (ObserverHub). */
+  @Test
+  void aStartHoldDelaysWrites() throws Exception {
+    Invalidations hub = new Invalidations();
+    hub.hold(300);
+    long t0 = System.nanoTime();
+    hub.end(hub.begin("t".getBytes(StandardCharsets.UTF_8), rows("a")));
+    long ms = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t0);
+    assertTrue(ms >= 280, "held, was " + ms);
+  }
+
+  /** SUSPEND / RESUME reach every subscriber as notices; one that cannot be written is dropped. */
+  @Test
+  void coverageIsAnnouncedToEverySubscriber() throws Exception {
+    Invalidations hub = new Invalidations();
+    FakeSub a = new FakeSub();
+    FakeSub broken = new FakeSub() {
+      @Override
+      public boolean send(byte[] frame) { return false; }
+    };
+    assertTrue(hub.subscribe(a, 1000));
+    assertTrue(hub.subscribe(broken, 1000));
+    hub.announceCoverage(false);
+    hub.announceCoverage(true);
+    assertEquals(2, a.frames.size());
+    for (int i = 0; i < 2; i++) {
+      ByteBuffer f = ByteBuffer.wrap(a.frames.get(i));
+      assertEquals(Wire.ST_NOTICE, f.get(8) & 0xff);
+      assertEquals(i == 0 ? Wire.NOTICE_SUSPEND : Wire.NOTICE_RESUME, f.get(9) & 0xff);
+    }
+    assertTrue(broken.closed, "dropped");
+    assertFalse(a.closed);
   }
 }
