@@ -46,13 +46,7 @@ impl Harness {
 
     /// Small store with a manual clock: what most tests want.
     pub fn small() -> Harness {
-        let cfg = StoreConfig {
-            memory_bytes_max: 8 << 20,
-            item_bytes_max: 1 << 20,
-            shards: 4,
-            cas_enabled: true,
-            ..StoreConfig::default()
-        };
+        let cfg = StoreConfig { memory_bytes_max: 8 << 20, shards: 4, ..StoreConfig::default() };
         Harness::new(cfg, Clock::manual(1_700_000_000))
     }
 

@@ -465,13 +465,7 @@ mod tests {
 
     impl Rig {
         fn new() -> Rig {
-            let cfg = StoreConfig {
-                memory_bytes_max: 8 << 20,
-                item_bytes_max: 1 << 20,
-                shards: 4,
-                cas_enabled: true,
-                ..StoreConfig::default()
-            };
+            let cfg = StoreConfig { memory_bytes_max: 8 << 20, shards: 4, ..StoreConfig::default() };
             let store = Arc::new(Store::with_clock(cfg, Clock::manual(1_700_000_000)));
             let stats = Arc::new(ThreadStats::default());
             let server = ServerInfo { pid: 42, tcp_port: 11211, ..ServerInfo::detached(vec![stats.clone()], 1 << 20) };

@@ -568,13 +568,7 @@ mod tests {
     #[test]
     fn multiget_reply_is_bounded_with_memcacheds_oom_line() {
         use slipstream_store::{Clock, StoreConfig};
-        let cfg = StoreConfig {
-            memory_bytes_max: 64 << 20,
-            item_bytes_max: 1 << 20,
-            shards: 4,
-            cas_enabled: true,
-            ..StoreConfig::default()
-        };
+        let cfg = StoreConfig { memory_bytes_max: 64 << 20, shards: 4, ..StoreConfig::default() };
         let mut h = Harness::new(cfg, Clock::manual(1_700_000_000));
         let value = vec![b'v'; 1_000_000];
         let mut set = b"set big 0 0 1000000\r\n".to_vec();

@@ -540,13 +540,7 @@ mod tests {
     use std::sync::Arc;
 
     fn rig() -> (Store, ServerInfo, Settings) {
-        let cfg = StoreConfig {
-            memory_bytes_max: 8 << 20,
-            item_bytes_max: 1 << 20,
-            shards: 4,
-            cas_enabled: true,
-            ..StoreConfig::default()
-        };
+        let cfg = StoreConfig { memory_bytes_max: 8 << 20, shards: 4, ..StoreConfig::default() };
         let store = Store::with_clock(cfg, Clock::manual(1_700_000_000));
         (store, ServerInfo::detached(vec![Arc::new(ThreadStats::default())], 1 << 20), Settings::default())
     }

@@ -210,13 +210,7 @@ mod tests {
     const START_UNIX_S: i64 = 1_700_000_000;
 
     fn store_at(started_unix_s: i64) -> Store {
-        let c = StoreConfig {
-            memory_bytes_max: 8 << 20,
-            item_bytes_max: 1 << 20,
-            shards: 4,
-            cas_enabled: true,
-            ..StoreConfig::default()
-        };
+        let c = StoreConfig { memory_bytes_max: 8 << 20, shards: 4, ..StoreConfig::default() };
         Store::with_clock(c, Clock::manual(started_unix_s))
     }
 
