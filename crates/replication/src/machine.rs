@@ -20,7 +20,7 @@
 //! fullness counts expired items freed at local moments until a sweep at an entry's time
 //! (`sweep_if_full`), so every replica refuses the same writes.
 
-use crate::mutation::{DecodeError, Mutation};
+use crate::mutation::{CommandRef, DecodeError, Mutation};
 use slipstream_store::{
     ArithOpts, ArithResult, DeleteOpts, DeleteResult, ItemDecodeError, ItemExport, Store, StoreOpts, StoreResult,
     ITEM_BYTES_MIN,
@@ -155,12 +155,12 @@ impl TenantMachine {
 
     /// Keep the result of the entry applied at `index` that carried proposal `id` (the oldest
     /// kept one goes past [`RECENT_RESULTS_MAX`]).
-    pub fn remember(&self, index: u64, id: u64, outcome: Option<&CommandOutcome>) {
+    pub fn remember(&self, index: u64, id: u64, outcome: Option<CommandOutcome>) {
         let mut r = self.recent();
         if r.from_index == u64::MAX {
             r.from_index = index;
         }
-        r.ring.push_back((id, index, outcome.cloned()));
+        r.ring.push_back((id, index, outcome));
         if r.ring.len() > RECENT_RESULTS_MAX {
             if let Some((_, i, _)) = r.ring.pop_front() {
                 r.from_index = r.from_index.max(i + 1);
@@ -245,16 +245,31 @@ impl TenantMachine {
                 s.flush_all(*delay);
                 Applied::FlushAll
             }
-            Mutation::Command { protocol, now_unix_s, request } => Applied::Command(match &self.exec {
-                Some(x) if s.deterministic_memory() => {
-                    self.sweep_if_full(*now_unix_s);
-                    x.execute(&self.store, *protocol, *now_unix_s, request)
+            Mutation::Command { protocol, now_unix_s, request } => {
+                Applied::Command(self.run_command(CommandRef { protocol: *protocol, now_unix_s: *now_unix_s, request }))
+            }
+        }
+    }
+
+    /// Apply the command entry at `index` (what [`TenantMachine::apply`] does with a
+    /// [`Mutation::Command`], from the entry's bytes without copying the request).
+    pub fn apply_command(&self, index: u64, c: CommandRef<'_>) -> CommandOutcome {
+        let s = &*self.store;
+        s.set_cas_last(s.cas_last().max(index.saturating_sub(1)));
+        self.run_command(c)
+    }
+
+    fn run_command(&self, c: CommandRef<'_>) -> CommandOutcome {
+        match &self.exec {
+            Some(x) => {
+                if self.store.deterministic_memory() {
+                    self.sweep_if_full(c.now_unix_s);
                 }
-                Some(x) => x.execute(&self.store, *protocol, *now_unix_s, request),
-                // Every replica of a serving node has an executor; a bare machine (tests,
-                // tools) answers the same on every replica.
-                None => CommandOutcome { reply: b"SERVER_ERROR no executor\r\n".to_vec(), swallow_bytes: 0 },
-            }),
+                x.execute(&self.store, c.protocol, c.now_unix_s, c.request)
+            }
+            // Every replica of a serving node has an executor; a bare machine (tests,
+            // tools) answers the same on every replica.
+            None => CommandOutcome { reply: b"SERVER_ERROR no executor\r\n".to_vec(), swallow_bytes: 0 },
         }
     }
 
@@ -519,7 +534,7 @@ mod tests {
     fn snapshots_carry_the_results_of_recent_proposals() {
         let a = machine(1_700_000_000);
         let out = |r: &str| CommandOutcome { reply: r.as_bytes().to_vec(), swallow_bytes: 3 };
-        a.remember(4, 77, Some(&out("STORED\r\n")));
+        a.remember(4, 77, Some(out("STORED\r\n")));
         a.remember(6, 78, None);
         let b = machine(1_700_000_000);
         assert_eq!(b.recall(77), Recalled::NotSince { from_index: 1 });

@@ -226,6 +226,25 @@ impl Mutation {
         b
     }
 
+    /// Decode an entry, a command entry's request borrowed from `buf` (no copy: every
+    /// replica applies every entry, and a restarted one re-applies its committed log).
+    pub fn decode_entry(buf: &[u8]) -> Result<Decoded<'_>, DecodeError> {
+        if buf.get(1) != Some(&OP_COMMAND) {
+            return Mutation::decode(buf).map(Decoded::Other);
+        }
+        let mut r = Reader { buf, at: 0 };
+        let v = r.u8()?;
+        if v != VERSION {
+            return Err(DecodeError::UnknownVersion(v));
+        }
+        r.u8()?;
+        let c = command_body(&mut r)?;
+        if r.at != buf.len() {
+            return Err(DecodeError::TrailingBytes(buf.len() - r.at));
+        }
+        Ok(Decoded::Command(c))
+    }
+
     pub fn decode(buf: &[u8]) -> Result<Mutation, DecodeError> {
         let mut r = Reader { buf, at: 0 };
         let v = r.u8()?;
@@ -280,13 +299,8 @@ impl Mutation {
             }
             OP_FLUSH_ALL => Mutation::FlushAll { delay: r.i64()? },
             OP_COMMAND => {
-                let protocol = r.u8()?;
-                let now_unix_s = r.i64()?;
-                let len = r.u32()? as usize;
-                if len > VALUE_BYTES_MAX {
-                    return Err(DecodeError::ValueTooLong(len));
-                }
-                Mutation::Command { protocol, now_unix_s, request: r.bytes(len)?.to_vec() }
+                let c = command_body(&mut r)?;
+                Mutation::Command { protocol: c.protocol, now_unix_s: c.now_unix_s, request: c.request.to_vec() }
             }
             op => return Err(DecodeError::UnknownOp(op)),
         };
@@ -317,6 +331,33 @@ fn put_key(b: &mut Vec<u8>, key: &[u8]) {
     let k = &key[..key.len().min(u8::MAX as usize)];
     b.push(k.len() as u8);
     b.extend_from_slice(k);
+}
+
+/// An entry as [`Mutation::decode_entry`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    /// [`Mutation::Command`]'s fields, the request borrowed.
+    Command(CommandRef<'a>),
+    Other(Mutation),
+}
+
+/// A command entry's fields (see [`Decoded::Command`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommandRef<'a> {
+    pub protocol: u8,
+    pub now_unix_s: i64,
+    pub request: &'a [u8],
+}
+
+/// The fields of a command entry after its op byte (one reader for both decodes).
+fn command_body<'a>(r: &mut Reader<'a>) -> Result<CommandRef<'a>, DecodeError> {
+    let protocol = r.u8()?;
+    let now_unix_s = r.i64()?;
+    let len = r.u32()? as usize;
+    if len > VALUE_BYTES_MAX {
+        return Err(DecodeError::ValueTooLong(len));
+    }
+    Ok(CommandRef { protocol, now_unix_s, request: r.bytes(len)? })
 }
 
 struct Reader<'a> {
@@ -416,6 +457,32 @@ mod tests {
     fn every_op_round_trips() {
         for m in samples() {
             assert_eq!(Mutation::decode(&m.encode()).as_ref(), Ok(&m));
+        }
+    }
+
+    /// `decode_entry` reads what `decode` reads (a command's request borrowed), and refuses
+    /// what it refuses: every cut and every padded entry of every kind.
+    #[test]
+    fn decode_entry_agrees_with_decode() {
+        for m in samples() {
+            let b = m.encode();
+            let got = match Mutation::decode_entry(&b).unwrap() {
+                Decoded::Command(c) => {
+                    assert!(std::ptr::eq(c.request.as_ptr_range().end, b.as_ptr_range().end), "{m:?} copied");
+                    Mutation::Command { protocol: c.protocol, now_unix_s: c.now_unix_s, request: c.request.to_vec() }
+                }
+                Decoded::Other(o) => {
+                    assert!(!matches!(o, Mutation::Command { .. }), "{m:?}");
+                    o
+                }
+            };
+            assert_eq!(got, m);
+            for n in 0..b.len() {
+                assert!(Mutation::decode_entry(&b[..n]).is_err(), "{m:?} cut at {n}");
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            assert_eq!(Mutation::decode_entry(&longer).err(), Mutation::decode(&longer).err(), "{m:?} padded");
         }
     }
 

@@ -15,9 +15,10 @@
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
 //! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
 //! whose log is at least twice the snapshot's size (so a snapshot's cost stays proportional to
-//! the bytes written) and at least `compact_log_bytes_min` (so a small store under a high
-//! write rate is not copied every few thousand writes), is compacted: its store's contents become the new snapshot (what a
-//! lagging follower gets). Every frame a group sends or receives is told to its
+//! the bytes written) and at least `compact_log_bytes_min` or a `compact_interval_ms` past its
+//! last compaction (so a small store under a high write rate is not copied every few thousand
+//! writes, and a restarted node re-applies at most about an interval of writes), is
+//! compacted: its store's contents become the new snapshot (what a lagging follower gets). Every frame a group sends or receives is told to its
 //! [`GroupTraffic`] (the server charges its tenant's buckets).
 //!
 //! Completions: a proposal carries an id in its entry's context. On the leader the index Raft
@@ -42,7 +43,7 @@
 
 use crate::cluster::Timing;
 use crate::machine::{Applied, CommandOutcome, Recalled, TenantMachine};
-use crate::mutation::Mutation;
+use crate::mutation::{Decoded, Mutation};
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
 use crate::transport::{Deliver, Incoming, Transport};
 use protobuf::Message as PbMessage;
@@ -91,7 +92,15 @@ pub struct NodeConfig {
     /// to take but taken very often under a high write rate: each one copies the whole
     /// store, rewrites the file and syncs it; the log is held in memory up to about this).
     pub compact_log_bytes_min: u64,
+    /// ... unless the group's last compaction (or the node's start) is this long ago: the
+    /// committed log since the snapshot is what a restarted node re-applies before it serves
+    /// (on the cores its neighbours serve from), so it is kept to about this much time of
+    /// writes (and `log_entries_max`, and twice the snapshot) rather than the byte floor.
+    pub compact_interval_ms: u64,
 }
+
+/// Default of [`NodeConfig::compact_interval_ms`].
+pub const COMPACT_INTERVAL_MS_DEFAULT: u64 = 1000;
 
 /// Default of [`NodeConfig::compact_log_bytes_min`].
 pub const COMPACT_LOG_BYTES_MIN_DEFAULT: u64 = 8 << 20;
@@ -109,6 +118,7 @@ impl NodeConfig {
             heartbeat_ticks: Timing::default().heartbeat_ticks,
             log_entries_max: 10_000,
             compact_log_bytes_min: COMPACT_LOG_BYTES_MIN_DEFAULT,
+            compact_interval_ms: COMPACT_INTERVAL_MS_DEFAULT,
         }
     }
 }
@@ -282,6 +292,9 @@ struct Group {
     replies: Vec<(Reply, Result<Applied, ProposeError>)>,
     log_entries_max: u64,
     compact_log_bytes_min: u64,
+    compact_interval: Duration,
+    /// When this group last compacted (its node's start before the first).
+    compacted_at: Instant,
     elections_won: u64,
     snapshots_installed: u64,
     was_leader: bool,
@@ -364,6 +377,8 @@ impl ReplicationNode {
                     replies: Vec::new(),
                     log_entries_max: cfg.log_entries_max.max(1),
                     compact_log_bytes_min: cfg.compact_log_bytes_min,
+                    compact_interval: Duration::from_millis(cfg.compact_interval_ms),
+                    compacted_at: Instant::now(),
                     elections_won: 0,
                     snapshots_installed: 0,
                     was_leader: false,
@@ -903,14 +918,28 @@ fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) ->
                     answer_lost_forwards(g, e.term);
                     continue;
                 }
-                let result = match Mutation::decode(&e.data) {
-                    Ok(m) => Ok(g.machine.apply(e.index, &m)),
+                let result = match Mutation::decode_entry(&e.data) {
+                    Ok(Decoded::Command(c)) => Ok(Applied::Command(g.machine.apply_command(e.index, c))),
+                    Ok(Decoded::Other(m)) => Ok(g.machine.apply(e.index, &m)),
                     Err(_) => Err(ProposeError::Corrupt),
                 };
                 let id = id_of(&e.context);
                 if let Some(id) = id {
+                    // Nobody waits here for most entries (every follower's, and a restarted
+                    // node's re-applied log): the result moves into the kept results, no copy.
+                    let waited = g.forwarded.contains_key(&id)
+                        || g.pending.first_key_value().is_some_and(|(&i, w)| i == e.index && w.id == id);
+                    if !waited {
+                        let outcome = match result {
+                            Ok(Applied::Command(o)) => Some(o),
+                            _ => None,
+                        };
+                        g.machine.remember(e.index, id, outcome);
+                        complete_up_to(g, e.index, None);
+                        continue;
+                    }
                     let outcome = match &result {
-                        Ok(Applied::Command(o)) => Some(o),
+                        Ok(Applied::Command(o)) => Some(o.clone()),
                         _ => None,
                     };
                     g.machine.remember(e.index, id, outcome);
@@ -1217,15 +1246,22 @@ fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     }
     // A snapshot costs the store's size: take one only once the entries since the last one
     // are at least as large as it (the log is then at most about twice the store), so the
-    // copying stays proportional to the bytes written, whatever the store's size. A voter
-    // just added (`compact_soon`) needs one at once, whatever its size.
+    // copying stays proportional to the bytes written, whatever the store's size; below the
+    // byte floor, at most one per `compact_interval` (a small store under a high write rate
+    // is not copied every few thousand writes, and a restart re-applies at most about an
+    // interval of writes). A voter just added (`compact_soon`) needs one at once, whatever
+    // its size.
     if !g.compact_soon {
         let snap_bytes = store.latest_snapshot().data.len() as u64;
-        if store.log_bytes() < snap_bytes.saturating_mul(2).max(g.compact_log_bytes_min) {
+        let log_bytes = store.log_bytes();
+        if log_bytes < snap_bytes.saturating_mul(2)
+            || log_bytes < g.compact_log_bytes_min && g.compacted_at.elapsed() < g.compact_interval
+        {
             return Ok(());
         }
     }
     g.compact_soon = false;
+    g.compacted_at = Instant::now();
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
     let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
     let m = snap.mut_metadata();

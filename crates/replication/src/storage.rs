@@ -16,8 +16,9 @@
 //!
 //! Memory: the entries after the last snapshot and the snapshot itself are also held in memory
 //! (the node compacts after `log_entries_max` entries once the log is twice the snapshot and
-//! at least `compact_log_bytes_min`: the log stays within about the larger of the store's
-//! size and that floor, plus `log_entries_max` entries). After a restart they are slices of
+//! at least `compact_log_bytes_min` or `compact_interval_ms` past the last compaction: the log
+//! stays within about the larger of the store's size and that floor, plus `log_entries_max`
+//! entries). After a restart they are slices of
 //! the file, read whole at open (no copy per record); that buffer is freed once compaction
 //! has dropped everything replayed from it.
 

@@ -72,6 +72,8 @@ struct Cluster {
     election_ticks: usize,
     /// NodeConfig::compact_log_bytes_min of nodes started from now on.
     compact_log_bytes_min: u64,
+    /// NodeConfig::compact_interval_ms of nodes started from now on.
+    compact_interval_ms: u64,
     /// Group → the nodes holding it (its voters); a node starts only the groups it holds.
     placement: BTreeMap<u64, Vec<u64>>,
 }
@@ -121,6 +123,7 @@ impl Cluster {
             meters: BTreeMap::new(),
             election_ticks,
             compact_log_bytes_min: 0, // the tests' small logs must compact too
+            compact_interval_ms: slipstream_replication::node::COMPACT_INTERVAL_MS_DEFAULT,
             placement,
         };
         for &id in node_ids {
@@ -137,6 +140,7 @@ impl Cluster {
         cfg.heartbeat_ticks = 2;
         cfg.log_entries_max = self.log_entries_max;
         cfg.compact_log_bytes_min = self.compact_log_bytes_min;
+        cfg.compact_interval_ms = self.compact_interval_ms;
         let groups: Vec<GroupSpec> = self
             .placement
             .iter()
@@ -677,9 +681,10 @@ fn a_dead_leaders_connection_drop_starts_the_election_at_once() {
     assert!(matches!(r, Some(Ok(Applied::Store(StoreResult::Stored(_))))), "{r:?}");
 }
 
-/// A log shorter than `compact_log_bytes_min` is not compacted, however many entries it has
-/// past `log_entries_max` (a small store under a high write rate is not copied every few
-/// thousand writes); the failover test above shows that with 0 it is.
+/// A log shorter than `compact_log_bytes_min` is not compacted within `compact_interval_ms` of
+/// the last compaction, however many entries it has past `log_entries_max` (a small store
+/// under a high write rate is not copied every few thousand writes); the failover test above
+/// shows that with 0 it is, the next test that it is once the interval has passed.
 #[test]
 fn a_log_below_its_byte_floor_is_not_compacted() {
     let mut c = Cluster::new("bytefloor", FsyncMode::Never, 40);
@@ -687,6 +692,7 @@ fn a_log_below_its_byte_floor_is_not_compacted() {
         c.kill(n);
     }
     c.compact_log_bytes_min = 1 << 30;
+    c.compact_interval_ms = 3_600_000;
     for n in NODES {
         c.start(n);
     }
@@ -700,6 +706,44 @@ fn a_log_below_its_byte_floor_is_not_compacted() {
         let st = c.nodes[n].status(1).unwrap();
         assert_eq!(st.snapshot_index, snap_before[i], "node {n} compacted a log of {} bytes", st.log_bytes);
     }
+}
+
+/// Below the byte floor a log is still compacted once `compact_interval_ms` has passed since
+/// the last compaction, so what a restarted node re-applies stays about an interval of
+/// writes; the restarted node comes back with the same contents.
+#[test]
+fn a_log_below_its_byte_floor_is_compacted_once_its_interval_has_passed() {
+    let mut c = Cluster::new("interval", FsyncMode::Never, 40);
+    for n in NODES {
+        c.kill(n);
+    }
+    c.compact_log_bytes_min = 1 << 30;
+    c.compact_interval_ms = 200;
+    for n in NODES {
+        c.start(n);
+    }
+    for i in 0..100 {
+        c.write(1, &set(&format!("a{i}"), "v"), Duration::from_secs(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..100 {
+        c.write(1, &set(&format!("b{i}"), "v"), Duration::from_secs(10));
+    }
+    let applied = c.wait_converged(1, Duration::from_secs(10));
+    for n in NODES {
+        let st = c.nodes[&n].status(1).unwrap();
+        assert!(st.snapshot_index >= 100, "node {n}: no compaction below the floor: {st:?}");
+        assert!(
+            applied - st.snapshot_index <= 120,
+            "node {n}: {} entries after the snapshot",
+            applied - st.snapshot_index
+        );
+    }
+    let h = c.hashes(1)[0];
+    c.kill(3);
+    c.start(3);
+    c.wait_converged(1, Duration::from_secs(10));
+    assert_eq!(c.hashes(1), vec![h; 3]);
 }
 
 /// Proposals that reach the node thread together are proposed together (one raft-rs
