@@ -26,6 +26,8 @@
 /* ss_tenants   BPF_MAP_TYPE_ARRAY, BPF_F_MMAPABLE, SS_TENANTS_MAX entries, value ss_tenant   */
 /* ss_tstats    BPF_MAP_TYPE_PERCPU_ARRAY, SS_TENANTS_MAX entries, value ss_tenant_stats      */
 /* ss_scratch   BPF_MAP_TYPE_PERCPU_ARRAY, 1 entry, value ss_scratch (program-private)        */
+/* ss_readers   BPF_MAP_TYPE_ARRAY, BPF_F_MMAPABLE, SS_READER_CPUS_MAX entries (index = CPU),
+ *              value ss_reader                                                                */
 
 /* ---- limits ---- */
 /* memcached's KEY_MAX_LENGTH. */
@@ -46,6 +48,9 @@
 #define SS_ENTRIES_DEFAULT 16384
 /* Most tenants (slots 0..SS_TENANTS_MAX-1) the fast path serves, each on its own UDP port. */
 #define SS_TENANTS_MAX 64
+/* CPUs whose item readers ss_readers tracks (index = CPU id); a program running on a CPU at or
+ * past it answers nothing from ss_items (passes). */
+#define SS_READER_CPUS_MAX 1024
 /* Entries of ss_ports: one per UDP port number. An array indexed by port (256 KiB) rather than
  * a hash keyed by it: every UDP packet on the interface pays this lookup, and an array lookup is
  * a bounds check and an add (the JIT inlines it), a hash lookup hashes and walks a bucket. */
@@ -162,6 +167,22 @@ struct ss_tenant {
 	__u64 pad0;
 };                          /* 64 bytes: one cache line per tenant */
 
+/*
+ * Readers of ss_items on one CPU, for user space's grace period. Since Linux 6.1 an element
+ * freed from a BPF_F_NO_PREALLOC hash (a delete, or the old element of an update) can be reused
+ * at once by the next insert, while a program that looked it up earlier is still copying it: it
+ * would send another key's item, or a mix of two. So the program counts itself in `active`
+ * (an atomic add, a full barrier, before its first lookup; an atomic subtract after its last
+ * read of an item), and user space, after freeing elements and before its next insert, waits
+ * until it has seen `active` at 0 on every CPU (crates/fastpath, `ReuseGate`): every program
+ * that could still hold a freed element has finished, later ones cannot find it. A counter, not
+ * a flag: a program interrupted on its CPU by another one (nested runs) keeps it above 0.
+ */
+struct ss_reader {
+	__u64 active;           /* programs on this CPU between their first lookup and last read */
+	__u64 pad[7];
+};                          /* 64 bytes: one cache line per CPU */
+
 /* Per-tenant per-CPU counters (cumulative; user space sums the CPUs). */
 struct ss_tenant_stats {
 	__u64 hits;             /* answered by XDP_TX */
@@ -195,6 +216,7 @@ _Static_assert(sizeof(struct ss_config) == 16, "ss_config: 16 bytes");
 _Static_assert(sizeof(struct ss_tenant) == 64, "ss_tenant: one cache line");
 _Static_assert(__builtin_offsetof(struct ss_tenant, allow_in_bytes) % 8 == 0, "ss_tenant: atomics aligned");
 _Static_assert(sizeof(struct ss_tenant_stats) == 32, "ss_tenant_stats: 32 bytes");
+_Static_assert(sizeof(struct ss_reader) == 64, "ss_reader: one cache line per CPU");
 _Static_assert(SS_KEY_WORDS_MAX * 8 >= SS_KEY_BYTES_MAX, "the hash reads every key byte");
 _Static_assert((SS_REQUEST_BYTES_MAX & (SS_REQUEST_BYTES_MAX - 1)) == 0, "request bound is a power of two (masking)");
 _Static_assert(SS_PIECE_BYTES_MAX >= SS_REPLY_PAYLOAD_BYTES_MAX + 32, "a cacheable gets form plus the meta prefix fit");

@@ -42,8 +42,9 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	/* No preallocation: memory grows with use, and elements are RCU-freed, so a reader sees
-	 * an old or a new element whole, never a torn one. */
+	/* No preallocation: memory grows with use. A freed element may be reused at once by the
+	 * next insert (Linux >= 6.1), so readers count themselves in ss_readers and user space
+	 * waits for them before it inserts again (see struct ss_reader). */
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, SS_ENTRIES_DEFAULT);
 	__type(key, struct ss_key);
@@ -93,6 +94,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct ss_scratch);
 } ss_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	/* User space maps it to read every CPU's readers during its grace period. */
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, SS_READER_CPUS_MAX);
+	__type(key, __u32);
+	__type(value, struct ss_reader);
+} ss_readers SEC(".maps");
 
 #include "xdp_stream.h"
 #include "kv_tenant.h"
@@ -194,8 +204,20 @@ static __noinline int ss_kv_packet(struct xdp_md *ctx, __u32 l4_off, __u32 udp_l
 	struct kv_req r = {};
 	if (ss_kv_parse(s, (void *)(udp + 1), data_end, n, &r))
 		goto miss;
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct ss_reader *rd = bpf_map_lookup_elem(&ss_readers, &cpu);
+	if (!rd)
+		goto miss;
+	/* The fetching forms are full barriers on every JIT (x86 lock xadd, arm64 ldaddal): the
+	 * count is visible before the lookups, and the reads are done before it drops. */
+	if (__sync_fetch_and_add(&rd->active, 1) > SS_READER_CPUS_MAX) {
+		__sync_fetch_and_sub(&rd->active, 1); /* never expected: runs do not nest this deep */
+		goto miss;
+	}
 	__u64 psum = 0;
 	__u32 pos = ss_kv_items(s, &r, slot, epoch, &psum);
+	if (__sync_fetch_and_sub(&rd->active, 1) == 0)
+		goto miss; /* unreachable: our own add is still counted */
 	if (pos == 0)
 		goto miss;
 	ss_kv_udp_header(s, pos, sport, dport, r.request_id, asum, psum);

@@ -44,6 +44,8 @@ pub const MAP_PORTS: &str = "ss_ports";
 pub const MAP_TENANTS: &str = "ss_tenants";
 /// Per-CPU array of [`TenantStats`], one per slot.
 pub const MAP_TENANT_STATS: &str = "ss_tstats";
+/// Mmapable array of [`Reader`], one per CPU (index = CPU id).
+pub const MAP_READERS: &str = "ss_readers";
 /// The XDP program's name in the object.
 pub const PROG_XDP: &str = "slipstream_xdp";
 /// The do-nothing XDP program's name (tests attach it to the client veth).
@@ -72,6 +74,8 @@ pub const REQUEST_BYTES_MAX: usize = header::SS_REQUEST_BYTES_MAX as usize;
 pub const ENTRIES_DEFAULT: u32 = header::SS_ENTRIES_DEFAULT as u32;
 /// Most tenant slots (0..TENANTS_MAX).
 pub const TENANTS_MAX: u32 = header::SS_TENANTS_MAX as u32;
+/// CPUs whose item readers `ss_readers` tracks (a program on a CPU past it answers nothing).
+pub const READER_CPUS_MAX: u32 = header::SS_READER_CPUS_MAX as u32;
 /// Entries of the ports map (one per port number).
 pub const PORTS: u32 = header::SS_PORTS as u32;
 
@@ -173,6 +177,15 @@ pub struct Tenant {
     pub pad0: AtomicU64,
 }
 
+/// `struct ss_reader`, through the mmapped map: how many programs on this CPU may hold an
+/// item they looked up (see the C header and `ReuseGate`).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Reader {
+    pub active: AtomicU64,
+    pub pad: [AtomicU64; 7],
+}
+
 /// `struct ss_tenant_stats` (one CPU's copy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -196,6 +209,8 @@ mirror!(
     [active, shaped, epoch, allow_in_bytes, allow_out_bytes, spent_requests, spent_in_bytes, spent_out_bytes, pad0]
 );
 mirror!(TenantStats, ss_tenant_stats, [hits, misses, throttled, pad0]);
+mirror!(Reader, ss_reader, [active, pad]);
+const _: () = assert!(std::mem::align_of::<Reader>() == 8);
 const _: () = assert!(std::mem::align_of::<Tenant>() == 8);
 const _: () = assert!(KEY_WORDS_MAX * 8 >= KEY_BYTES_MAX);
 

@@ -65,9 +65,12 @@
 //! colliding key replaces the other key's entry and an invalidate deletes whatever sits at the
 //! hash; both can only turn hits into misses, so the coherence rules above hold unchanged.
 //!
-//! Memory: the items map is a `BPF_F_NO_PREALLOC` hash (memory grows with use; elements are
-//! RCU-freed, so XDP reads a whole old or whole new element, never a torn one), at most
-//! `entries_max` items of 1464 bytes of value each. Items whose `gets` reply would not fit one
+//! Memory: the items map is a `BPF_F_NO_PREALLOC` hash (memory grows with use), at most
+//! `entries_max` items of 1464 bytes of value each. Whole elements: since Linux 6.1 a freed
+//! element is reused by the next insert without an RCU grace period, so every delete and insert
+//! goes through a grace period of our own ([`reuse_gate`]: the program counts itself per CPU
+//! while it may hold an item; an insert after a free waits until every CPU's count was seen at
+//! 0), and XDP copies one item whole, never a reused or half-rewritten element. Items whose `gets` reply would not fit one
 //! datagram are not cached. When the map is full, new fills are skipped. The map is shared by all
 //! tenants (no per-tenant entry quota in the kernel; the per-tenant memory limits are the
 //! stores').
@@ -95,9 +98,11 @@ pub mod fixtures;
 #[cfg(feature = "traffic-gen")]
 pub mod gen;
 pub mod item;
+mod mapped;
 #[cfg(feature = "test-oracle")]
 pub mod model;
 mod netlink;
+pub mod reuse_gate;
 pub mod stream;
 mod sys;
 
@@ -129,6 +134,10 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+
+use mapped::MappedArray;
+use reuse_gate::ReuseGate;
+pub use reuse_gate::{GateCounters, GRACE_WAIT_NS_MAX};
 
 /// The compiled XDP object, built by build.rs from `bpf/xdp_fastpath.c`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_fastpath.o"));
@@ -218,6 +227,9 @@ pub enum Filled {
     NotCacheable(NotCacheable),
     /// The map is at `entries_max`; the item is served by user space.
     MapFull,
+    /// Programs still held items freed before it and did not finish within
+    /// `GRACE_WAIT_NS_MAX` (see `reuse_gate`); the item is served by user space.
+    Deferred,
 }
 
 /// Counter totals over all CPUs.
@@ -231,6 +243,10 @@ pub struct FastPathCounters {
     pub fastpath_throttled: u64,
     /// `invalidate` calls for cacheable keys plus `flush_all` calls.
     pub fastpath_invalidations: u64,
+    /// Inserts that first waited for readers of freed elements ([`reuse_gate`]).
+    pub fastpath_fill_graces: u64,
+    /// Fills skipped because such readers did not finish in time.
+    pub fastpath_fills_deferred: u64,
 }
 
 /// Current CLOCK_MONOTONIC in ns, absolute (the kernel's epoch: the clock `bpf_ktime_get_ns`
@@ -299,7 +315,9 @@ pub struct Kernel {
     prog_fd: RawFd,
     /// The mmapped `ss_tenants` map (a mapping holds its own reference to the map, so the
     /// drop order of this and `ebpf` does not matter).
-    tenants: TenantTable,
+    tenants: MappedArray<abi::Tenant>,
+    /// Orders frees and inserts of `ss_items` around the readers' grace period.
+    gate: ReuseGate,
     /// slot → UDP port of the tenants added (the lock orders add/remove, never a fill).
     ports: Mutex<[Option<u16>; abi::TENANTS_MAX as usize]>,
     /// Global flush epoch (mirrored into `ss_config`).
@@ -310,57 +328,6 @@ pub struct Kernel {
     cpus: usize,
     /// The stream engine's maps of this program (see [`stream`]).
     streams: std::sync::Arc<stream::StreamKernel>,
-}
-
-/// The `ss_tenants` array map, mapped into this process. Every field is read and written with
-/// atomic operations, by us and by the program on any CPU.
-struct TenantTable {
-    base: std::ptr::NonNull<abi::Tenant>,
-    len_bytes: usize,
-}
-
-// SAFETY: the mapping is process-wide shared memory that lives until Drop, and it is only ever
-// accessed through the atomic fields of `abi::Tenant`, which are Sync.
-unsafe impl Send for TenantTable {}
-// SAFETY: as above.
-unsafe impl Sync for TenantTable {}
-
-impl TenantTable {
-    fn map(fd: RawFd) -> Result<TenantTable, FastPathError> {
-        let len_bytes = abi::TENANTS_MAX as usize * std::mem::size_of::<abi::Tenant>();
-        // SAFETY: mmap with a null hint creates a new mapping and touches no existing memory;
-        // fd is the live ss_tenants map (BPF_F_MMAPABLE), whose value area is at least
-        // TENANTS_MAX * 64 bytes and page aligned; failure is reported as MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(FastPathError::Map { op: "mmap tenants", error: io::Error::last_os_error() });
-        }
-        let base = std::ptr::NonNull::new(p.cast::<abi::Tenant>())
-            .ok_or_else(|| FastPathError::Map { op: "mmap tenants", error: io::Error::other("null mapping") })?;
-        Ok(TenantTable { base, len_bytes })
-    }
-
-    fn get(&self, slot: u32) -> Option<&abi::Tenant> {
-        if slot >= abi::TENANTS_MAX {
-            return None;
-        }
-        // SAFETY: slot < TENANTS_MAX, so the element lies inside the mapping (TENANTS_MAX
-        // elements of 64 bytes, the kernel's array stride for a 64-byte value); the mapping is
-        // page aligned so the element is 8-byte aligned (Tenant's alignment); the kernel
-        // zero-fills it, and all-zero is a valid Tenant (atomics); the reference lives no
-        // longer than &self, and the mapping lives until self is dropped.
-        Some(unsafe { &*self.base.as_ptr().add(slot as usize) })
-    }
-}
-
-impl Drop for TenantTable {
-    fn drop(&mut self) {
-        // SAFETY: base/len_bytes are exactly what mmap returned and were given; no reference
-        // into the mapping outlives self (get borrows self).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
-    }
 }
 
 /// Per-tenant counters over all CPUs (cumulative since load).
@@ -425,7 +392,10 @@ impl Kernel {
         let counters_fd = map_fd(&ebpf, abi::MAP_COUNTERS)?;
         let ports_fd = map_fd(&ebpf, abi::MAP_PORTS)?;
         let tstats_fd = map_fd(&ebpf, abi::MAP_TENANT_STATS)?;
-        let tenants = TenantTable::map(map_fd(&ebpf, abi::MAP_TENANTS)?)?;
+        let tenants = MappedArray::map(map_fd(&ebpf, abi::MAP_TENANTS)?, abi::TENANTS_MAX as usize, "mmap tenants")?;
+        let readers =
+            MappedArray::map(map_fd(&ebpf, abi::MAP_READERS)?, abi::READER_CPUS_MAX as usize, "mmap readers")?;
+        let gate = ReuseGate::new(readers, cpus);
         let streams = std::sync::Arc::new(stream::StreamKernel::new(&mut ebpf, ports_fd, prog_fd, cpus)?);
         let k = Kernel {
             streams,
@@ -437,6 +407,7 @@ impl Kernel {
             tstats_fd,
             prog_fd,
             tenants,
+            gate,
             ports: Mutex::new([None; abi::TENANTS_MAX as usize]),
             epoch: AtomicU64::new(1),
             disabled: AtomicBool::new(false),
@@ -461,7 +432,7 @@ impl Kernel {
     }
 
     fn tenant(&self, slot: u32) -> Result<&abi::Tenant, FastPathError> {
-        self.tenants.get(slot).ok_or_else(|| slot_error(slot))
+        self.tenants.get(slot as usize).ok_or_else(|| slot_error(slot))
     }
 
     fn write_port(&self, port: u16, slot_plus1: u32) -> Result<(), FastPathError> {
@@ -538,7 +509,7 @@ impl Kernel {
 
     /// The flush epoch values filled now for `slot` carry (global + the slot's own, wrapping).
     pub fn epoch_of(&self, slot: u32) -> u64 {
-        let own = self.tenants.get(slot).map_or(0, |t| t.epoch.load(Ordering::SeqCst));
+        let own = self.tenants.get(slot as usize).map_or(0, |t| t.epoch.load(Ordering::SeqCst));
         self.epoch.load(Ordering::SeqCst).wrapping_add(own)
     }
 
@@ -566,7 +537,6 @@ impl Kernel {
         value: &[u8],
         expiry_ns: u64,
     ) -> Result<Filled, FastPathError> {
-        use abi::Plain;
         if slot >= abi::TENANTS_MAX {
             return Err(slot_error(slot));
         }
@@ -577,12 +547,26 @@ impl Kernel {
             Err(why) => return Ok(Filled::NotCacheable(why)),
         };
         let Some(k) = abi::Key::for_tenant(key, slot) else { return Ok(Filled::NotCacheable(NotCacheable::Key)) };
-        match sys::map_update(self.items_fd, k.as_bytes(), item.as_bytes(), sys::BPF_ANY) {
-            Ok(()) => Ok(Filled::Cached),
-            Err(e) if e.raw_os_error() == Some(libc::E2BIG) || e.raw_os_error() == Some(libc::ENOMEM) => {
+        self.insert_item(&k, &item)
+    }
+
+    /// Put `item` under map key `k`, through the reuse gate: inserted as new when the key is
+    /// absent (the usual case: the server fills only what the kernel does not hold), else
+    /// replacing the element there (which frees the old one).
+    fn insert_item(&self, k: &abi::Key, item: &abi::Item) -> Result<Filled, FastPathError> {
+        use abi::Plain;
+        let update = |flags| sys::map_update(self.items_fd, k.as_bytes(), item.as_bytes(), flags);
+        let done = self.gate.insert(|| match update(sys::BPF_NOEXIST) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (update(sys::BPF_ANY), true),
+            r => (r, false),
+        });
+        match done {
+            None => Ok(Filled::Deferred),
+            Some(Ok(())) => Ok(Filled::Cached),
+            Some(Err(e)) if e.raw_os_error() == Some(libc::E2BIG) || e.raw_os_error() == Some(libc::ENOMEM) => {
                 Ok(Filled::MapFull)
             }
-            Err(error) => Err(FastPathError::Map { op: "fill", error }),
+            Some(Err(error)) => Err(FastPathError::Map { op: "fill", error }),
         }
     }
 
@@ -590,16 +574,25 @@ impl Kernel {
     /// hash collision between the two would (the program must then miss on a get of `under`).
     #[doc(hidden)]
     pub fn fill_colliding(&self, under: &[u8], key: &[u8], value: &[u8]) -> Result<Filled, FastPathError> {
-        use abi::Plain;
         let epoch = self.epoch_of(0);
         let item = match item::compose(key, 0, 1, value, 0, epoch) {
             Ok(it) => it,
             Err(why) => return Ok(Filled::NotCacheable(why)),
         };
         let Some(k) = abi::Key::new(under) else { return Ok(Filled::NotCacheable(NotCacheable::Key)) };
-        sys::map_update(self.items_fd, k.as_bytes(), item.as_bytes(), sys::BPF_ANY)
-            .map(|()| Filled::Cached)
-            .map_err(|error| FastPathError::Map { op: "fill", error })
+        self.insert_item(&k, &item)
+    }
+
+    /// Tests only: pretend a program on `cpu` holds an item it looked up (`hold`), or let it go,
+    /// to check that inserts wait for it (see `reuse_gate`).
+    #[doc(hidden)]
+    pub fn simulate_reader(&self, cpu: usize, hold: bool) {
+        self.gate.simulate_reader(cpu, hold);
+    }
+
+    /// How often inserts waited for readers, and gave up.
+    pub fn gate_counters(&self) -> GateCounters {
+        self.gate.counters()
     }
 
     /// Drop slot 0's kernel copy of `key`: see [`Kernel::invalidate_slot`].
@@ -618,7 +611,8 @@ impl Kernel {
         // Keys that can never be cached need no delete.
         let Some(k) = abi::Key::for_tenant(key, slot) else { return Ok(()) };
         self.invalidations.fetch_add(1, Ordering::Relaxed);
-        sys::map_delete(self.items_fd, k.as_bytes())
+        self.gate
+            .free(|| sys::map_delete(self.items_fd, k.as_bytes()))
             .map(|_| ())
             .map_err(|error| FastPathError::Map { op: "invalidate", error })
     }
@@ -676,7 +670,8 @@ impl Kernel {
                 let found = sys::map_lookup(self.items_fd, &cur, &mut value)
                     .map_err(|error| FastPathError::Map { op: "flush lookup", error })?;
                 if found && word(&value, 8) != self.epoch_of(slot) {
-                    sys::map_delete(self.items_fd, &cur)
+                    self.gate
+                        .free(|| sys::map_delete(self.items_fd, &cur))
                         .map_err(|error| FastPathError::Map { op: "flush delete", error })?;
                 }
             }
@@ -700,7 +695,7 @@ impl Kernel {
     /// since the last call. Each counter is swapped with 0, so an answer the program counts
     /// concurrently lands in this call or the next, never in neither.
     pub fn take_spent(&self, slot: u32) -> (u64, u64, u64) {
-        match self.tenants.get(slot) {
+        match self.tenants.get(slot as usize) {
             Some(t) => (
                 t.spent_requests.swap(0, Ordering::AcqRel),
                 t.spent_in_bytes.swap(0, Ordering::AcqRel),
@@ -713,7 +708,7 @@ impl Kernel {
     /// What XDP may spend for the shaped tenant in `slot` from now on (replaces the previous
     /// allowance, whatever was left of it). Out-of-range slots are ignored.
     pub fn set_allowance(&self, slot: u32, ingress_bytes: u64, egress_bytes: u64) {
-        if let Some(t) = self.tenants.get(slot) {
+        if let Some(t) = self.tenants.get(slot as usize) {
             let clamp = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
             t.allow_in_bytes.store(clamp(ingress_bytes), Ordering::Release);
             t.allow_out_bytes.store(clamp(egress_bytes), Ordering::Release);
@@ -724,7 +719,7 @@ impl Kernel {
     /// concurrent overdraw the header describes.
     pub fn allowance(&self, slot: u32) -> (i64, i64) {
         self.tenants
-            .get(slot)
+            .get(slot as usize)
             .map_or((0, 0), |t| (t.allow_in_bytes.load(Ordering::Acquire), t.allow_out_bytes.load(Ordering::Acquire)))
     }
 
@@ -763,6 +758,8 @@ impl Kernel {
             fastpath_misses: read(abi::COUNTER_MISSES)?,
             fastpath_throttled: read(abi::COUNTER_THROTTLED)?,
             fastpath_invalidations: self.invalidations.load(Ordering::Relaxed),
+            fastpath_fill_graces: self.gate.counters().graces,
+            fastpath_fills_deferred: self.gate.counters().skipped,
         })
     }
 

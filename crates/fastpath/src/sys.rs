@@ -16,6 +16,8 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 
 /// `BPF_ANY`: create or replace.
 pub const BPF_ANY: u64 = 0;
+/// `BPF_NOEXIST`: create only (EEXIST if the key is there).
+pub const BPF_NOEXIST: u64 = 1;
 
 /// The map-element member of `union bpf_attr`.
 #[repr(C)]

@@ -149,6 +149,8 @@ impl KernelFastPath {
                 hits: c.fastpath_hits,
                 misses: c.fastpath_misses,
                 invalidations: c.fastpath_invalidations,
+                fill_graces: c.fastpath_fill_graces,
+                fills_deferred: c.fastpath_fills_deferred,
             },
             _ => FastPathTotals::default(),
         }
@@ -190,7 +192,7 @@ impl KernelFastPath {
         match fp.kernel().fill_slot(slot, key, flags, cas, value, expiry_ns) {
             Ok(Filled::Cached) => KernelFill::Cached,
             Ok(Filled::NotCacheable(_)) => KernelFill::NotCacheable,
-            Ok(Filled::MapFull) | Err(_) => KernelFill::Skipped,
+            Ok(Filled::MapFull | Filled::Deferred) | Err(_) => KernelFill::Skipped,
         }
     }
 

@@ -116,6 +116,10 @@ pub struct FastPathTotals {
     pub misses: u64,
     /// Kernel copies dropped (per key) plus kernel flushes.
     pub invalidations: u64,
+    /// Fills that first waited for kernel readers of freed map elements.
+    pub fill_graces: u64,
+    /// Fills skipped because those readers did not finish in time.
+    pub fills_deferred: u64,
 }
 
 /// Where `stats` and /metrics read the fast path counters from: None while it is not attached

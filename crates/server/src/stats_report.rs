@@ -559,7 +559,7 @@ mod tests {
         assert_eq!((n[0].as_str(), n[91].as_str()), ("pid", "lru_bumps_dropped"));
         assert!(!n.iter().any(|x| x.starts_with("fastpath_")));
         server.fastpath = Some(crate::stats::FastPathSource(Arc::new(|| {
-            Some(crate::stats::FastPathTotals { hits: 3, misses: 1, invalidations: 0 })
+            Some(crate::stats::FastPathTotals { hits: 3, misses: 1, ..Default::default() })
         })));
         let n = names(&server);
         assert_eq!(&n[92..], &["fastpath_hits", "fastpath_misses", "fastpath_invalidations"]);

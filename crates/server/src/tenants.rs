@@ -698,6 +698,6 @@ impl KernelTenants for KernelAdapter {
 
     fn totals(&self, slot: u32) -> FastPathTotals {
         let c = self.0.tenant_totals(slot);
-        FastPathTotals { hits: c.hits, misses: c.misses, invalidations: 0 }
+        FastPathTotals { hits: c.hits, misses: c.misses, ..FastPathTotals::default() }
     }
 }

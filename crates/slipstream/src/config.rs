@@ -39,7 +39,8 @@ pub const THREADS_MAX: usize = 256;
 pub const CONN_LIMIT_MAX: usize = 1_000_000;
 pub const ITEM_BYTES_MIN: usize = 1024;
 pub const ITEM_BYTES_MAX: usize = 1024 * 1024 * 1024;
-pub const MEMORY_MB_MAX: usize = 1024 * 1024;
+/// `-m`'s bound: the one a tenant's `memory_mb` has too (one home, in the tenancy spec).
+pub const MEMORY_MB_MAX: usize = slipstream_tenancy::spec::MEMORY_MB_MAX as usize;
 /// Default and largest kernel fast path cache size in items (each up to ~1.7 KiB of kernel
 /// memory, allocated only when filled): 16384 items is at most ~28 MiB.
 pub const XDP_ENTRIES_DEFAULT: u32 = 16384;
@@ -773,7 +774,7 @@ impl Config {
         if self.item_bytes_max < ITEM_BYTES_MIN || self.item_bytes_max > ITEM_BYTES_MAX {
             return Err(bad("--max-item-size", &self.item_bytes_max.to_string(), "must be between 1k and 1g"));
         }
-        if self.item_bytes_max > self.memory_mb * 1024 * 1024 / 2 {
+        if self.item_bytes_max > self.memory_bytes_max() / 2 {
             return Err(bad(
                 "--max-item-size",
                 &self.item_bytes_max.to_string(),
@@ -935,16 +936,22 @@ impl Config {
         Ok(true)
     }
 
+    /// `-m` in bytes: the one conversion of it (validated to 1..=MEMORY_MB_MAX MiB; saturating
+    /// before that).
+    pub fn memory_bytes_max(&self) -> usize {
+        self.memory_mb.saturating_mul(1024 * 1024)
+    }
+
     /// Lock shards for `-m` and `-I` (see `StoreConfig::shards_for`).
     pub fn store_shards(&self) -> usize {
-        slipstream_store::StoreConfig::shards_for(self.memory_mb * 1024 * 1024, self.item_bytes_max)
+        slipstream_store::StoreConfig::shards_for(self.memory_bytes_max(), self.item_bytes_max)
     }
 
     /// The store that `-m`, `-I`, `-C` and `-M` describe: the daemon's, and every tenant's
     /// starting point (a tenant's `memory_mb` replaces the size).
     pub fn store_config(&self) -> slipstream_store::StoreConfig {
         slipstream_store::StoreConfig {
-            memory_bytes_max: self.memory_mb.saturating_mul(1024 * 1024),
+            memory_bytes_max: self.memory_bytes_max(),
             item_bytes_max: self.item_bytes_max,
             shards: self.store_shards(),
             cas_enabled: self.cas_enabled,

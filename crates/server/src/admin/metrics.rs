@@ -166,6 +166,16 @@ pub fn render_metrics(info: &ServerInfo, store: &Store) -> String {
         ("fastpath_hits", "UDP get-like requests the kernel fast path answered", fp.hits),
         ("fastpath_misses", "UDP get-like requests the kernel fast path passed up to user space", fp.misses),
         ("fastpath_invalidations", "Kernel fast path copies dropped (per key) plus kernel flushes", fp.invalidations),
+        (
+            "fastpath_fill_graces",
+            "Kernel fills that first waited until no XDP program could still hold a freed item",
+            fp.fill_graces,
+        ),
+        (
+            "fastpath_fills_deferred",
+            "Kernel fills skipped because such XDP readers did not finish in time",
+            fp.fills_deferred,
+        ),
     ] {
         family(&mut out, &format!("slipstream_{name}_total"), Kind::Counter, help, v);
     }
