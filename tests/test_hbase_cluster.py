@@ -7,10 +7,12 @@ client inside the mini cluster's JVM (its own sidecar, spoken to directly), i.e.
 Slipstream's sidecar never sees.
 
 Checked: the randomized mixed-writers stale-read workload (seed printed) sees 0 stale reads while
-the cache serves hits; a region server joining and leaving during that workload (leaving
-suspends and flushes the cache) still gives no stale read; a frozen sidecar (SIGSTOP) holds a direct write until the
-region server's observer has dropped it and its lease has run out, after which Slipstream serves
-the new value, never the cached old one.
+the cache serves hits; regions split and move between the region servers during that workload
+(mini cluster stdin commands `split`, `move`): 0 stale reads, the cache serves between moves; a
+region server joining and leaving during that workload (leaving suspends and flushes the cache)
+still gives no stale read; a frozen sidecar (SIGSTOP) holds a direct write until the region
+server's observer has dropped it and its lease has run out, after which Slipstream serves the new
+value, never the cached old one.
 
 Needs `make hbase-build`. One mini cluster + sidecar serve the module; both JVMs are killed at
 the end, also on failure.
@@ -89,7 +91,7 @@ def wait_covered(d, t, row):
     raise AssertionError("the cache never served again within %d s" % COVERED_WAIT_S)
 
 
-def run_mixed(d, cluster, seconds, during=None):
+def run_mixed(d, cluster, seconds, during=None, errors_max=0):
     seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
     print("seed", seed)
     sconn, rconn = connect(d), connect(d)
@@ -106,10 +108,10 @@ def run_mixed(d, cluster, seconds, during=None):
         else:
             th = threading.Thread(target=lambda: result.__setitem__(
                 "mixed", hbaselib.mixed_writers(sconn.table(name), rt, direct, name, rows, seed, seconds,
-                                                writes_each=100_000)))
+                                                writes_each=100_000, errors_max=errors_max)))
             th.start()
             try:
-                during()
+                during(name, th)
             finally:
                 th.join(seconds + 60)
         stale, counts, reads = result["mixed"]
@@ -144,7 +146,7 @@ def test_region_servers_joining_and_leaving_flush_and_stay_fresh(daemon, cluster
     listing no longer has it). No stale read throughout, and the cache serves afterwards."""
     mini = cluster[0]
 
-    def during():
+    def during(_name, _writers):
         time.sleep(2)
         for cmd in ("rs-start", "rs-stop"):
             print(mini.command(cmd))
@@ -157,6 +159,45 @@ def test_region_servers_joining_and_leaving_flush_and_stay_fresh(daemon, cluster
     side_log = cluster[1].log_tail(1 << 20)
     assert side_log.count("not all subscribed") >= before + 1, side_log[-2000:]
     assert hits > 0
+
+
+#: How long the region-move workload runs, and the pause between two rounds of moves.
+MOVE_WORKLOAD_S = 24
+MOVE_PAUSE_S = 1.5
+#: Requests failing while their region is in transition (the sidecar's client retries are few so
+#: that a lost HBase gives an IOError within seconds) are tolerated up to this many per thread.
+ERRORS_MAX = 50
+
+
+def test_regions_moving_and_splitting_between_region_servers_stay_fresh(daemon, cluster):
+    """During the randomized workload the table's region is split at the middle row (both
+    daughters open on the parent's region server), then every region of the table moves to the
+    other region server, round after round (HBase's own move: the source closes the region, the
+    destination opens it and loads InvalidationObserver on it before it takes writes, which are
+    then reported by the destination's observer, already subscribed). Writers through Slipstream
+    and the native client keep writing and the reader keeps reading throughout: 0 stale reads,
+    and the cache serves again between moves."""
+    mini = cluster[0]
+    moves = []
+    hits_while_moving = []
+
+    def during(name, writers):
+        time.sleep(2)
+        print(mini.command("split %s k06" % name.decode()))
+        t0 = time.monotonic()
+        while writers.is_alive() and time.monotonic() - t0 < MOVE_WORKLOAD_S - 6:
+            answer = mini.command("move %s" % name.decode())
+            print(answer)
+            moves.append(answer.count("->"))
+            hits_while_moving.append(hbaselib.counter(daemon, "all_row_hits_total", name))
+            time.sleep(MOVE_PAUSE_S)
+
+    counts, hits = run_mixed(daemon, cluster, MOVE_WORKLOAD_S, during, errors_max=ERRORS_MAX)
+    print("move rounds", len(moves), "regions moved", sum(moves), "writer errors", len(counts["errors"]),
+          "read errors", len(counts["read_errors"]), (counts["errors"] + counts["read_errors"])[:3])
+    assert len(moves) >= 2 and min(moves) == 2, "the split table's 2 regions moved, round after round"
+    print("hits after each move round", hits_while_moving)
+    assert hits_while_moving[-1] > hits_while_moving[0], "the cache served between the moves"
 
 
 def test_a_frozen_sidecar_holds_direct_writes_until_its_daemons_stopped_serving(daemon, cluster):

@@ -4,6 +4,7 @@ import java.io.File;
 import java.lang.management.ManagementFactory;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import org.apache.hadoop.conf.Configuration;
@@ -15,7 +16,12 @@ import org.apache.hadoop.hbase.ServerName;
 import org.apache.hadoop.hbase.util.JVMClusterUtil;
 import org.apache.hadoop.hbase.zookeeper.ZKConfig;
 import org.apache.hadoop.hbase.StartMiniClusterOption;
+import org.apache.hadoop.hbase.HRegionLocation;
+import org.apache.hadoop.hbase.TableName;
+import org.apache.hadoop.hbase.client.Admin;
 import org.apache.hadoop.hbase.client.Connection;
+import org.apache.hadoop.hbase.client.RegionLocator;
+import org.apache.hadoop.hbase.util.Bytes;
 import org.apache.hadoop.hbase.client.ConnectionFactory;
 
 /**
@@ -31,7 +37,10 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
  *       H: {@code slipstream.observer.start.hold.ms}) and the sidecar subscribes to them
  *       ({@link ObserverLinks}), as any other sidecar pointed at this ZooKeeper would. Lines on
  *       standard input: {@code rs-start} starts one more region server, {@code rs-stop} stops the
- *       newest; each answers {@code OK <command> <server name>} on stdout. {@code --observer false}
+ *       newest; each answers {@code OK <command> <server name>} on stdout; {@code move <table>}
+ *       moves every region of the table to another region server, {@code split <table> <row>}
+ *       splits the table at a row (both wait until the regions are open, and answer
+ *       {@code OK <command> ...}). {@code --observer false}
  *       loads no observer (benchmarks: the write path without it);</li>
  *   <li>{@code sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]}:
  *       the sidecar alone, in front of a real cluster whose region servers run
@@ -155,6 +164,12 @@ public final class Main {
         c.stopRegionServer(sn);
         c.waitForRegionServerToStop(sn, 60_000);
         answer = "OK rs-stop " + sn;
+      } else if (cmd.startsWith("move ")) {
+        answer = "OK move " + moveRegions(u, TableName.valueOf(cmd.substring(5).trim()));
+      } else if (cmd.startsWith("split ")) {
+        String[] a = cmd.split(" ");
+        if (a.length != 3) throw new IllegalArgumentException("split <table> <row>");
+        answer = "OK split " + split(u, TableName.valueOf(a[1]), Bytes.toBytes(a[2]));
       } else {
         answer = "ERROR unknown command " + cmd;
       }
@@ -164,6 +179,46 @@ public final class Main {
     System.out.println(answer);
     System.out.flush();
   }
+
+  /**
+   * Moves every region of {@code table} to the next live region server (in listing order) and
+   * waits until each is open there; answers {@code region->server} for every move. A region
+   * server never receives a region it already has.
+   */
+  private static String moveRegions(HBaseTestingUtility u, TableName table) throws Exception {
+    List<ServerName> servers = new ArrayList<>();
+    for (JVMClusterUtil.RegionServerThread t : u.getMiniHBaseCluster().getLiveRegionServerThreads()) {
+      servers.add(t.getRegionServer().getServerName());
+    }
+    if (servers.size() < 2) throw new IllegalStateException("needs 2 region servers, has " + servers.size());
+    StringBuilder moved = new StringBuilder();
+    try (RegionLocator loc = u.getConnection().getRegionLocator(table)) {
+      for (HRegionLocation l : loc.getAllRegionLocations()) {
+        int at = Math.max(0, servers.indexOf(l.getServerName()));
+        ServerName to = servers.get((at + 1) % servers.size());
+        u.moveRegionAndWait(l.getRegion(), to);
+        moved.append(' ').append(l.getRegion().getEncodedName()).append("->").append(to);
+      }
+    }
+    return table + moved.toString();
+  }
+
+  /** Splits the region of {@code table} holding {@code row} at {@code row}; answers the region count. */
+  private static String split(HBaseTestingUtility u, TableName table, byte[] row) throws Exception {
+    Admin admin = u.getAdmin();
+    int before = admin.getRegions(table).size();
+    admin.split(table, row);
+    long deadline = System.nanoTime() + SPLIT_WAIT_MS * 1_000_000L;
+    while (admin.getRegions(table).size() <= before) {
+      if (System.nanoTime() > deadline) throw new IllegalStateException("split not done in " + SPLIT_WAIT_MS + " ms");
+      Thread.sleep(100);
+    }
+    u.waitUntilNoRegionsInTransition(SPLIT_WAIT_MS);
+    return table + " regions=" + admin.getRegions(table).size();
+  }
+
+  /** How long {@code split} waits for the daughters to be open. */
+  private static final long SPLIT_WAIT_MS = 60_000;
 
   private static HBaseTestingUtility startMini(String dir, int regionServers, boolean observer,
       String observerPort, long observerHoldMs) throws Exception {
