@@ -22,13 +22,14 @@ import org.apache.hadoop.hbase.client.Admin;
 import org.apache.hadoop.hbase.client.Connection;
 import org.apache.hadoop.hbase.client.RegionLocator;
 import org.apache.hadoop.hbase.util.Bytes;
+import org.apache.hadoop.hbase.util.CommonFSUtils;
 import org.apache.hadoop.hbase.client.ConnectionFactory;
 
 /**
  * Entry point. Two modes:
  * <ul>
  *   <li>{@code mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]
- *       [--observer-port P [--observer-hold-ms H]] [--observer false]}: an in-process HBase mini cluster (ZooKeeper +
+ *       [--observer-port P [--observer-hold-ms H]] [--observer false] [--advertise-host A]}: an in-process HBase mini cluster (ZooKeeper +
  *       master + K region servers, default 1, on the local filesystem, with
  *       {@link InvalidationObserver} on every table) and the sidecar in the same JVM, for tests,
  *       examples and {@code make hbase-run}; MS (default 2000) is how long a write waits for
@@ -42,6 +43,11 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
  *       splits the table at a row (both wait until the regions are open, and answer
  *       {@code OK <command> ...}). {@code --observer false}
  *       loads no observer (benchmarks: the write path without it);</li>
+ *   <li>{@code rs --zk host:port --rootdir R [--waldir W] --advertise-host H --observer-port P}:
+ *       one region server alone in this JVM ({@link RemoteRegionServer}) that joins the mini
+ *       cluster of that ZooKeeper (started with {@code --advertise-host}, whose READY line gives
+ *       R and W), named by and listening on H, its observer over TCP on H:P; prints
+ *       {@code READY sidecar=0 server=NAME pid=N} once it is online;</li>
  *   <li>{@code sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]}:
  *       the sidecar alone, in front of a real cluster whose region servers run
  *       {@link InvalidationObserver} with {@code slipstream.observer.port} set; MS-max (default
@@ -57,7 +63,7 @@ public final class Main {
     if (args.length == 0) usage();
     String mode = args[0];
     int sidecarPort = 9091, regionServers = 1, leaseMsMax = 2_000;
-    String zk = null, dir = null, observerPort = null;
+    String zk = null, dir = null, observerPort = null, advertiseHost = null, rootDir = null, walDir = null;
     long observerHoldMs = ObserverHub.START_HOLD_MS_DEFAULT;
     boolean observer = true;
     for (int i = 1; i < args.length; i++) {
@@ -73,15 +79,23 @@ public final class Main {
         case "--observer-hold-ms" -> observerHoldMs = Long.parseLong(args[++i]);
         case "--lease-ms-max" -> leaseMsMax = Integer.parseInt(args[++i]);
         case "--observer" -> observer = Boolean.parseBoolean(args[++i]);
+        case "--advertise-host" -> advertiseHost = args[++i];
+        case "--rootdir" -> rootDir = args[++i];
+        case "--waldir" -> walDir = args[++i];
         default -> usage();
       }
     }
     long t0 = System.nanoTime();
+    if (mode.equals("rs")) {
+      if (zk == null || rootDir == null || advertiseHost == null || observerPort == null) usage();
+      RemoteRegionServer.run(zk, rootDir, walDir, advertiseHost, observerPort, observerHoldMs, t0);
+      return;
+    }
     HBaseTestingUtility util = null;
     Configuration conf;
     boolean cluster = mode.equals("sidecar") || observerPort != null;
     if (mode.equals("mini")) {
-      util = startMini(dir, regionServers, observer, observerPort, observerHoldMs);
+      util = startMini(dir, regionServers, observer, observerPort, observerHoldMs, advertiseHost);
       conf = util.getConfiguration();
       zk = "127.0.0.1:" + util.getZkCluster().getClientPort();
     } else if (mode.equals("sidecar") && zk != null) {
@@ -116,8 +130,10 @@ public final class Main {
     Runtime rt = Runtime.getRuntime();
     System.gc();
     long heapMb = (rt.totalMemory() - rt.freeMemory()) >> 20;
+    String dirs = util == null ? "" : " rootdir=" + CommonFSUtils.getRootDir(conf)
+        + " waldir=" + CommonFSUtils.getWALRootDir(conf);
     System.out.println("READY sidecar=" + sidecar.port() + " zk=" + zk + " start_ms=" + startMs
-        + " heap_used_mb=" + heapMb + " pid=" + ProcessHandle.current().pid());
+        + " heap_used_mb=" + heapMb + " pid=" + ProcessHandle.current().pid() + dirs);
     System.out.flush();
 
     CountDownLatch done = new CountDownLatch(1);
@@ -186,10 +202,9 @@ public final class Main {
    * server never receives a region it already has.
    */
   private static String moveRegions(HBaseTestingUtility u, TableName table) throws Exception {
-    List<ServerName> servers = new ArrayList<>();
-    for (JVMClusterUtil.RegionServerThread t : u.getMiniHBaseCluster().getLiveRegionServerThreads()) {
-      servers.add(t.getRegionServer().getServerName());
-    }
+    // Every live region server, also those in other JVMs (see RemoteRegionServer).
+    List<ServerName> servers = new ArrayList<>(u.getAdmin().getRegionServers());
+    servers.sort(null);
     if (servers.size() < 2) throw new IllegalStateException("needs 2 region servers, has " + servers.size());
     StringBuilder moved = new StringBuilder();
     try (RegionLocator loc = u.getConnection().getRegionLocator(table)) {
@@ -221,8 +236,16 @@ public final class Main {
   private static final long SPLIT_WAIT_MS = 60_000;
 
   private static HBaseTestingUtility startMini(String dir, int regionServers, boolean observer,
-      String observerPort, long observerHoldMs) throws Exception {
+      String observerPort, long observerHoldMs, String advertiseHost) throws Exception {
     Configuration conf = HBaseConfiguration.create();
+    if (advertiseHost != null) {
+      // Region servers on other hosts (a network namespace in the tests) join this cluster:
+      // ZooKeeper listens on every address, the master and region servers on (and named by)
+      // an address those hosts reach.
+      conf.set("hbase.zookeeper.property.clientPortAddress", "0.0.0.0");
+      conf.set("hbase.master.hostname", advertiseHost);
+      conf.set(RemoteRegionServer.HOSTNAME_KEY, advertiseHost);
+    }
     if (dir != null) {
       File d = new File(dir).getAbsoluteFile();
       d.mkdirs();
@@ -255,6 +278,8 @@ public final class Main {
   private static void usage() {
     System.err.println("usage: Main mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]\n"
         + "                 [--observer-port P [--observer-hold-ms H]] [--observer false]\n"
+        + "                 [--advertise-host A]\n"
+        + "       Main rs --zk host:port --rootdir R [--waldir W] --advertise-host H --observer-port P [--observer-hold-ms H]\n"
         + "       Main sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]");
     System.exit(2);
   }
