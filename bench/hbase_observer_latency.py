@@ -56,7 +56,9 @@ def run(variant):
         if variant == "net":
             side = hbaselib.SidecarJvm(mini.info["zk"]).start()
         if variant != "none":
-            d = hbaselib.HbaseDaemon((side or mini).sidecar_port).start()
+            # A generous call timeout: creating the table on a just-started mini cluster under
+            # load can take longer than the default 5 s.
+            d = hbaselib.HbaseDaemon((side or mini).sidecar_port, timeout_ms=30000).start()
         direct = hbaselib.Sidecar(mini.sidecar_port)
         name = b"lat"
         conn = happybase.Connection(mcwire.HOST, d.thrift_port, timeout=30000) if d else None

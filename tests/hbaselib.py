@@ -42,6 +42,9 @@ class MiniHBase:
     mode = "mini"
     what = "HBase mini cluster"
 
+    #: Prefix of the command line (e.g. `ip netns exec NS` to run the JVM in a network namespace).
+    wrap = ()
+
     def __init__(self, sidecar_port=0, extra=()):
         self.proc = None
         self.dir = None
@@ -59,7 +62,7 @@ class MiniHBase:
         self.log_path = os.path.join(self.dir, "jvm.log")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [RUN_SH, self.mode] + self._args(),
+            list(self.wrap) + [RUN_SH, self.mode] + self._args(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
         )
         log.close()
@@ -130,6 +133,28 @@ class SidecarJvm(MiniHBase):
 
     def _args(self):
         return ["--zk", self.zk, "--port", "0"] + self.extra
+
+
+class RegionServerJvm(MiniHBase):
+    """`run.sh rs`: one region server alone in its own JVM (in network namespace `netns` if
+    given), joining the mini cluster `mini` (started with `--advertise-host`) through ZooKeeper
+    at `zk`; named by and listening on `host`, its observer reporting over TCP on `host`."""
+
+    mode = "rs"
+    what = "HBase region server"
+
+    def __init__(self, mini, zk, host, netns=None):
+        super().__init__(0, ())
+        self.mini, self.zk, self.host = mini, zk, host
+        if netns:
+            self.wrap = ("ip", "netns", "exec", netns)
+
+    def _args(self):
+        args = ["--zk", self.zk, "--rootdir", self.mini.info["rootdir"], "--advertise-host", self.host,
+                "--observer-port", "0"]
+        if "waldir" in self.mini.info:
+            args += ["--waldir", self.mini.info["waldir"]]
+        return args
 
 
 # --- the sidecar protocol, client side (one request at a time) ---
