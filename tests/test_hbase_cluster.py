@@ -12,10 +12,12 @@ the cache serves hits; regions split and move between the region servers during 
 region server joining and leaving during that workload (leaving suspends and flushes the cache)
 still gives no stale read; a frozen sidecar (SIGSTOP) holds a direct write until the region
 server's observer has dropped it and its lease has run out, after which Slipstream serves the new
-value, never the cached old one.
+value, never the cached old one. A second module fixture puts a region server in its own JVM
+inside a network namespace (veth pair) joined to a second mini cluster: the move workload
+between the two "hosts" is never stale either (needs root and iproute2, else skipped).
 
-Needs `make hbase-build`. One mini cluster + sidecar serve the module; both JVMs are killed at
-the end, also on failure.
+Needs `make hbase-build`. One mini cluster + sidecar serve the module; all JVMs are killed and
+the namespace removed at the end, also on failure.
 """
 
 import os
