@@ -104,11 +104,15 @@ pagerank-bench: build
 	$(PAGERANK_BENCH)
 
 # HBase range cache with the Rust load generator (bench/hbase_load_bench.py, about 2 minutes;
-# bench/hbase_zipf_bench.py, Zipf scans with 5% writes over k-fold overlapping ranges, about 5).
+# bench/hbase_zipf_bench.py, Zipf scans with 5% writes over k-fold overlapping ranges, about 5;
+# bench/hbase_observer_latency.py, a native client's Put without/with the observer in-JVM/over TCP,
+# six fresh mini clusters, about 3, each run's Puts bounded to 60 s).
 hbase-bench: build
 	$(CARGO) build --release -p slipstream-rangecache --example thrift_load
 	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/hbase_load_bench.py
 	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream python3 bench/hbase_zipf_bench.py
+	SLIPSTREAM_BIN=$(CURDIR)/target/release/slipstream ORDER=injvm,net,none,none,net,injvm N=2000 WARM=500 \
+	  PUTS_S_MAX=60 OUT=$(CURDIR)/.work/hbase_observer_latency.json python3 bench/hbase_observer_latency.py
 
 bench: build
 	bash bench/kv_bench.sh

@@ -9,8 +9,12 @@ alternated in time, e.g. `none,net,net,none`):
   goes region server -> sidecar -> daemon, the ACKs back, before the Put is acknowledged.
 Each run: WARM Puts, then N Puts (16-byte values, random rows of 1000) by the native client in the
 mini cluster's JVM (its sidecar spoken to directly, one at a time), timed from this process.
-Prints p50/p90/p99/mean per run. Usage: ORDER=none,net,net,none N=3000 python3 bench/hbase_observer_latency.py
+Each run's Puts stop after PUTS_S_MAX seconds (default 60) even if N were not all done (the count
+done is printed). Prints p50/p90/p99/mean per run and the median p50 per variant; OUT=path.json
+also writes them. `make hbase-bench` runs `ORDER=injvm,net,none,none,net,injvm N=2000 WARM=500`
+(about 2-3 minutes). Usage: ORDER=none,net,net,none N=3000 python3 bench/hbase_observer_latency.py
 """
+import json
 import os
 import random
 import sys
@@ -25,6 +29,8 @@ import mcwire  # noqa: E402
 N = int(os.environ.get("N", "3000"))
 WARM = int(os.environ.get("WARM", "500"))
 ORDER = os.environ.get("ORDER", "none,net,net,none").split(",")
+PUTS_S_MAX = float(os.environ.get("PUTS_S_MAX", "60"))
+OUT = os.environ.get("OUT")
 BIN = os.environ.get("SLIPSTREAM_BIN", os.path.join(ROOT, "target", "release", "slipstream"))
 os.environ["SLIPSTREAM_BIN"] = BIN
 
@@ -50,7 +56,9 @@ def run(variant):
         if variant == "net":
             side = hbaselib.SidecarJvm(mini.info["zk"]).start()
         if variant != "none":
-            d = hbaselib.HbaseDaemon((side or mini).sidecar_port).start()
+            # A generous call timeout: creating the table on a just-started mini cluster under
+            # load can take longer than the default 5 s.
+            d = hbaselib.HbaseDaemon((side or mini).sidecar_port, timeout_ms=30000).start()
         direct = hbaselib.Sidecar(mini.sidecar_port)
         name = b"lat"
         conn = happybase.Connection(mcwire.HOST, d.thrift_port, timeout=30000) if d else None
@@ -67,20 +75,28 @@ def run(variant):
             c.close()
         rnd = random.Random(1)
         lat = []
+        deadline = time.monotonic() + PUTS_S_MAX
         for i in range(WARM + N):
+            if time.monotonic() > deadline:
+                break
             row = b"r%04d" % rnd.randrange(1000)
             t0 = time.perf_counter_ns()
             direct.put(name, row, {b"cf1:v": b"%016d" % i})
             if i >= WARM:
                 lat.append(time.perf_counter_ns() - t0)
+        if not lat:
+            raise RuntimeError("no Put measured within PUTS_S_MAX=%s s" % PUTS_S_MAX)
         lat.sort()
         us = [x / 1000 for x in lat]
-        load = os.getloadavg()[0]
+        res = {"variant": variant, "n": len(us), "p50_us": pct(us, 0.5), "p90_us": pct(us, 0.9),
+               "p99_us": pct(us, 0.99), "mean_us": sum(us) / len(us), "load": os.getloadavg()[0],
+               "at": time.strftime("%H:%M:%S", time.gmtime())}
         print("%-6s n=%d p50=%.0f p90=%.0f p99=%.0f mean=%.0f us  load=%.1f" % (
-            variant, N, pct(us, 0.5), pct(us, 0.9), pct(us, 0.99), sum(us) / len(us), load), flush=True)
+            variant, res["n"], res["p50_us"], res["p90_us"], res["p99_us"], res["mean_us"], res["load"]), flush=True)
         direct.close()
         if conn:
             conn.close()
+        return res
     finally:
         if d:
             d.stop()
@@ -91,5 +107,13 @@ def run(variant):
 
 if __name__ == "__main__":
     print("bench: N=%d WARM=%d order=%s, uptime: %s" % (N, WARM, ORDER, os.popen("uptime").read().strip()))
-    for v in ORDER:
-        run(v)
+    runs = [run(v) for v in ORDER]
+    summary = {}
+    for v in dict.fromkeys(ORDER):
+        p50s = sorted(r["p50_us"] for r in runs if r["variant"] == v)
+        summary[v] = p50s[len(p50s) // 2]
+        print("%-6s median p50 over %d runs: %.0f us" % (v, len(p50s), summary[v]))
+    if OUT:
+        os.makedirs(os.path.dirname(os.path.abspath(OUT)), exist_ok=True)
+        with open(OUT, "w") as f:
+            json.dump({"order": ORDER, "n": N, "warm": WARM, "runs": runs, "median_p50_us": summary}, f, indent=1)

@@ -42,6 +42,9 @@ class MiniHBase:
     mode = "mini"
     what = "HBase mini cluster"
 
+    #: Prefix of the command line (e.g. `ip netns exec NS` to run the JVM in a network namespace).
+    wrap = ()
+
     def __init__(self, sidecar_port=0, extra=()):
         self.proc = None
         self.dir = None
@@ -59,7 +62,7 @@ class MiniHBase:
         self.log_path = os.path.join(self.dir, "jvm.log")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [RUN_SH, self.mode] + self._args(),
+            list(self.wrap) + [RUN_SH, self.mode] + self._args(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
         )
         log.close()
@@ -130,6 +133,28 @@ class SidecarJvm(MiniHBase):
 
     def _args(self):
         return ["--zk", self.zk, "--port", "0"] + self.extra
+
+
+class RegionServerJvm(MiniHBase):
+    """`run.sh rs`: one region server alone in its own JVM (in network namespace `netns` if
+    given), joining the mini cluster `mini` (started with `--advertise-host`) through ZooKeeper
+    at `zk`; named by and listening on `host`, its observer reporting over TCP on `host`."""
+
+    mode = "rs"
+    what = "HBase region server"
+
+    def __init__(self, mini, zk, host, netns=None):
+        super().__init__(0, ())
+        self.mini, self.zk, self.host = mini, zk, host
+        if netns:
+            self.wrap = ("ip", "netns", "exec", netns)
+
+    def _args(self):
+        args = ["--zk", self.zk, "--rootdir", self.mini.info["rootdir"], "--advertise-host", self.host,
+                "--observer-port", "0"]
+        if "waldir" in self.mini.info:
+            args += ["--waldir", self.mini.info["waldir"]]
+        return args
 
 
 # --- the sidecar protocol, client side (one request at a time) ---
@@ -353,7 +378,8 @@ class TenantHbaseDaemon(tenantlib.TenantDaemon):
         return super()._ready_ports() + list(self.thrift_ports.values())
 
 
-def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, writes_each=600, columns=(b"cf1",)):
+def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, writes_each=600, columns=(b"cf1",),
+                  errors_max=0):
     """Randomized (seeded) workload behind the stale-read tests: one writer through Slipstream
     (happybase `table_s`: puts, batches, row deletes), one straight to HBase through the native
     client (`direct`, a `Sidecar`: puts, multi-row batches, row deletes), and a reader (happybase
@@ -361,7 +387,10 @@ def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, write
     carries timestamp BASE + n for a global op number n, so HBase orders versions by n: after op n
     on a row is acknowledged, no read begun later may show that row older than n. Returns
     (stale, counts, reads): stale reads as (row, seen, acknowledged), writes per writer (and
-    writer errors under "errors"), reads done."""
+    writer errors under "errors", reader errors under "read_errors"), reads done. A writer or
+    the reader stops at its first error unless `errors_max` allows more each (regions moving: a
+    request may fail and the next succeed); a failed write counts as unacknowledged and a failed
+    read checks nothing, which can only make the check weaker, never wrong."""
     rnd = random.Random(seed)
     srnd, drnd = random.Random(seed + 1), random.Random(seed + 2)
     base = int(time.time() * 1000)
@@ -371,7 +400,7 @@ def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, write
     max_del_issued = {r: -1 for r in rows}
     stop = threading.Event()
     stale = []
-    counts = {"slipstream": 0, "direct": 0, "errors": []}
+    counts = {"slipstream": 0, "direct": 0, "errors": [], "read_errors": []}
 
     def next_n():
         with lock:
@@ -415,14 +444,28 @@ def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, write
             acked([r], n, True)
 
     def writer(rnd_, via_slipstream, key):
-        try:
-            for _ in range(writes_each):
-                if stop.is_set():
-                    return
+        for _ in range(writes_each):
+            if stop.is_set():
+                return
+            try:
                 one_op(rnd_, via_slipstream)
                 counts[key] += 1
-        except Exception as e:  # noqa: BLE001 - reported to the caller
-            counts["errors"].append((key, repr(e)))
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                counts["errors"].append((key, repr(e)))
+                if len(counts["errors"]) > errors_max:
+                    return
+
+    def one_read(r):
+        """A Get or a scan around `r`: (row -> value seen, rows the read covered)."""
+        if rnd.random() < 0.4:
+            got = table_r.row(r, columns=list(columns))
+            return ({r: int(got[b"cf1:v"])} if got else {}), [r]
+        i = rows.index(r)
+        lo, hi = max(0, i - rnd.randint(1, 4)), i + rnd.randint(1, 4)
+        stop_row = rows[hi] if hi < len(rows) else None
+        seen = {k: int(d[b"cf1:v"]) for k, d in table_r.scan(row_start=rows[lo], row_stop=stop_row,
+                                                               columns=list(columns))}
+        return seen, rows[lo:hi]
 
     threads = [threading.Thread(target=writer, args=(srnd, True, "slipstream")),
                threading.Thread(target=writer, args=(drnd, False, "direct"))]
@@ -435,17 +478,13 @@ def mixed_writers(table_s, table_r, direct, name, rows, seed, seconds=6.0, write
             r = rnd.choice(rows)
             with lock:
                 before = dict(floor)
-            if rnd.random() < 0.4:
-                got = table_r.row(r, columns=list(columns))
-                seen = {r: int(got[b"cf1:v"])} if got else {}
-                covered = [r]
-            else:
-                i = rows.index(r)
-                lo, hi = max(0, i - rnd.randint(1, 4)), i + rnd.randint(1, 4)
-                stop_row = rows[hi] if hi < len(rows) else None
-                seen = {k: int(d[b"cf1:v"]) for k, d in table_r.scan(row_start=rows[lo], row_stop=stop_row,
-                                                                       columns=list(columns))}
-                covered = rows[lo:hi]
+            try:
+                seen, covered = one_read(r)
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                counts["read_errors"].append(repr(e))
+                if len(counts["read_errors"]) > errors_max:
+                    raise
+                continue
             with lock:
                 dels = dict(max_del_issued)
             for k in covered:

@@ -7,18 +7,24 @@ client inside the mini cluster's JVM (its own sidecar, spoken to directly), i.e.
 Slipstream's sidecar never sees.
 
 Checked: the randomized mixed-writers stale-read workload (seed printed) sees 0 stale reads while
-the cache serves hits; a region server joining and leaving during that workload (leaving
-suspends and flushes the cache) still gives no stale read; a frozen sidecar (SIGSTOP) holds a direct write until the
-region server's observer has dropped it and its lease has run out, after which Slipstream serves
-the new value, never the cached old one.
+the cache serves hits; regions split and move between the region servers during that workload
+(mini cluster stdin commands `split`, `move`): 0 stale reads, the cache serves between moves; a
+region server joining and leaving during that workload (leaving suspends and flushes the cache)
+still gives no stale read; a frozen sidecar (SIGSTOP) holds a direct write until the region
+server's observer has dropped it and its lease has run out, after which Slipstream serves the new
+value, never the cached old one. A second module fixture puts a region server in its own JVM
+inside a network namespace (veth pair) joined to a second mini cluster: the move workload
+between the two "hosts" is never stale either (needs root and iproute2, else skipped).
 
-Needs `make hbase-build`. One mini cluster + sidecar serve the module; both JVMs are killed at
-the end, also on failure.
+Needs `make hbase-build`. One mini cluster + sidecar serve the module; all JVMs are killed and
+the namespace removed at the end, also on failure.
 """
 
 import os
 import random
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -89,7 +95,7 @@ def wait_covered(d, t, row):
     raise AssertionError("the cache never served again within %d s" % COVERED_WAIT_S)
 
 
-def run_mixed(d, cluster, seconds, during=None):
+def run_mixed(d, cluster, seconds, during=None, errors_max=0):
     seed = int(os.environ.get("HBASE_TEST_SEED", random.randrange(1 << 30)))
     print("seed", seed)
     sconn, rconn = connect(d), connect(d)
@@ -106,10 +112,10 @@ def run_mixed(d, cluster, seconds, during=None):
         else:
             th = threading.Thread(target=lambda: result.__setitem__(
                 "mixed", hbaselib.mixed_writers(sconn.table(name), rt, direct, name, rows, seed, seconds,
-                                                writes_each=100_000)))
+                                                writes_each=100_000, errors_max=errors_max)))
             th.start()
             try:
-                during()
+                during(name, th)
             finally:
                 th.join(seconds + 60)
         stale, counts, reads = result["mixed"]
@@ -144,7 +150,7 @@ def test_region_servers_joining_and_leaving_flush_and_stay_fresh(daemon, cluster
     listing no longer has it). No stale read throughout, and the cache serves afterwards."""
     mini = cluster[0]
 
-    def during():
+    def during(_name, _writers):
         time.sleep(2)
         for cmd in ("rs-start", "rs-stop"):
             print(mini.command(cmd))
@@ -157,6 +163,114 @@ def test_region_servers_joining_and_leaving_flush_and_stay_fresh(daemon, cluster
     side_log = cluster[1].log_tail(1 << 20)
     assert side_log.count("not all subscribed") >= before + 1, side_log[-2000:]
     assert hits > 0
+
+
+#: How long the region-move workload runs, and the pause between two rounds of moves.
+MOVE_WORKLOAD_S = 24
+MOVE_PAUSE_S = 1.5
+#: Requests failing while their region is in transition (the sidecar's client retries are few so
+#: that a lost HBase gives an IOError within seconds) are tolerated up to this many per thread.
+ERRORS_MAX = 50
+
+
+def move_workload(daemon, cluster):
+    """The randomized workload while the table's region is split at its middle row, then every
+    region of the table moves to the next region server, round after round; returns the move
+    answers. Checks 0 stale reads (run_mixed) and that the cache served between the moves."""
+    mini = cluster[0]
+    moves = []
+    hits_while_moving = []
+
+    def during(name, writers):
+        time.sleep(2)
+        print(mini.command("split %s k06" % name.decode()))
+        t0 = time.monotonic()
+        while writers.is_alive() and time.monotonic() - t0 < MOVE_WORKLOAD_S - 6:
+            answer = mini.command("move %s" % name.decode())
+            print(answer)
+            moves.append(answer)
+            hits_while_moving.append(hbaselib.counter(daemon, "all_row_hits_total", name))
+            time.sleep(MOVE_PAUSE_S)
+
+    counts, hits = run_mixed(daemon, cluster, MOVE_WORKLOAD_S, during, errors_max=ERRORS_MAX)
+    moved = [a.count("->") for a in moves]
+    print("move rounds", len(moves), "regions moved", sum(moved), "writer errors", len(counts["errors"]),
+          "read errors", len(counts["read_errors"]), (counts["errors"] + counts["read_errors"])[:3])
+    assert len(moved) >= 2 and min(moved) == 2, "the split table's 2 regions moved, round after round"
+    print("hits after each move round", hits_while_moving)
+    assert hits_while_moving[-1] > hits_while_moving[0], "the cache served between the moves"
+    return moves
+
+
+def test_regions_moving_and_splitting_between_region_servers_stay_fresh(daemon, cluster):
+    """During the randomized workload the table's region is split at the middle row (both
+    daughters open on the parent's region server), then every region of the table moves to the
+    other region server, round after round (HBase's own move: the source closes the region, the
+    destination opens it and loads InvalidationObserver on it before it takes writes, which are
+    then reported by the destination's observer, already subscribed). Writers through Slipstream
+    and the native client keep writing and the reader keeps reading throughout: 0 stale reads,
+    and the cache serves again between moves."""
+    move_workload(daemon, cluster)
+
+
+#: The veth pair's addresses: the mini cluster's side (the host) and the namespace's side.
+NETNS_HOST_IP, NETNS_PEER_IP = "10.216.16.1", "10.216.16.2"
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip"] + list(args), check=check, capture_output=True, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def netns_cluster():
+    """The mini cluster (1 region server, named by and reachable at the veth's host address)
+    plus a second region server in its own JVM inside a network namespace, joined over a veth
+    pair; the sidecar in a third JVM on the host. The observer of the namespace's region server
+    listens on the veth, so its notices cross a real network path (veth, the namespace's own
+    stack). Everything is stopped and the namespace and veth removed, also on failure."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (network namespace)")
+    ns, host_if, peer_if = "ss16-%d" % os.getpid(), "s16a%d" % (os.getpid() % 100000), "s16b%d" % (os.getpid() % 100000)
+    procs = []
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if)
+        _ip("link", "set", peer_if, "netns", ns)
+        _ip("addr", "add", NETNS_HOST_IP + "/24", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("-n", ns, "addr", "add", NETNS_PEER_IP + "/24", "dev", peer_if)
+        _ip("-n", ns, "link", "set", peer_if, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        mini = hbaselib.MiniHBase(extra=["--region-servers", "1", "--observer-port", "0",
+                                         "--advertise-host", NETNS_HOST_IP]).start()
+        procs.append(mini)
+        zk_port = mini.info["zk"].rsplit(":", 1)[1]
+        rs = hbaselib.RegionServerJvm(mini, "%s:%s" % (NETNS_HOST_IP, zk_port), NETNS_PEER_IP, netns=ns).start()
+        procs.append(rs)
+        side = hbaselib.SidecarJvm(mini.info["zk"]).start()
+        procs.append(side)
+        yield mini, side, rs
+    finally:
+        for p in reversed(procs):
+            if isinstance(p, hbaselib.SidecarJvm):
+                print("sidecar log tail:\n" + p.log_tail(1500))
+            p.stop()
+        _ip("link", "del", host_if, check=False)
+        _ip("netns", "del", ns, check=False)
+
+
+def test_regions_moving_to_a_region_server_across_a_network_stay_fresh(netns_cluster):
+    """The move workload between the mini cluster's region server and one in a network
+    namespace (its observer subscribed by the sidecar across the veth): the regions alternate
+    between the two hosts, 0 stale reads, the cache serves between moves."""
+    mini, side, rs = netns_cluster
+    d = hbaselib.HbaseDaemon(side.sidecar_port, timeout_ms=30000).start()
+    try:
+        moves = move_workload(d, (mini, side))
+    finally:
+        d.stop()
+    peer = rs.info["server"].split(",")[0]
+    assert any(peer + "," in a for a in moves), "regions moved to the namespace's region server"
 
 
 def test_a_frozen_sidecar_holds_direct_writes_until_its_daemons_stopped_serving(daemon, cluster):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the HBase connector's JVM (io.slipstream.hbase.Main) with the Java 17 module openings HBase
 # needs. Usage: run.sh mini [--sidecar-port N] [--dir D] | run.sh sidecar --zk host:port [--port N]
+# | run.sh rs --zk host:port --rootdir R --advertise-host H --observer-port P (see Main)
 # Needs `mvn -DskipTests package dependency:build-classpath -Dmdep.outputFile=target/classpath.txt`
 # first (`make hbase-build`). HBASE_HEAP (default 768m) sets -Xmx.
 set -euo pipefail

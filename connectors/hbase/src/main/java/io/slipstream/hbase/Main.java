@@ -4,6 +4,7 @@ import java.io.File;
 import java.lang.management.ManagementFactory;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import org.apache.hadoop.conf.Configuration;
@@ -15,14 +16,20 @@ import org.apache.hadoop.hbase.ServerName;
 import org.apache.hadoop.hbase.util.JVMClusterUtil;
 import org.apache.hadoop.hbase.zookeeper.ZKConfig;
 import org.apache.hadoop.hbase.StartMiniClusterOption;
+import org.apache.hadoop.hbase.HRegionLocation;
+import org.apache.hadoop.hbase.TableName;
+import org.apache.hadoop.hbase.client.Admin;
 import org.apache.hadoop.hbase.client.Connection;
+import org.apache.hadoop.hbase.client.RegionLocator;
+import org.apache.hadoop.hbase.util.Bytes;
+import org.apache.hadoop.hbase.util.CommonFSUtils;
 import org.apache.hadoop.hbase.client.ConnectionFactory;
 
 /**
  * Entry point. Two modes:
  * <ul>
  *   <li>{@code mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]
- *       [--observer-port P [--observer-hold-ms H]] [--observer false]}: an in-process HBase mini cluster (ZooKeeper +
+ *       [--observer-port P [--observer-hold-ms H]] [--observer false] [--advertise-host A]}: an in-process HBase mini cluster (ZooKeeper +
  *       master + K region servers, default 1, on the local filesystem, with
  *       {@link InvalidationObserver} on every table) and the sidecar in the same JVM, for tests,
  *       examples and {@code make hbase-run}; MS (default 2000) is how long a write waits for
@@ -31,8 +38,16 @@ import org.apache.hadoop.hbase.client.ConnectionFactory;
  *       H: {@code slipstream.observer.start.hold.ms}) and the sidecar subscribes to them
  *       ({@link ObserverLinks}), as any other sidecar pointed at this ZooKeeper would. Lines on
  *       standard input: {@code rs-start} starts one more region server, {@code rs-stop} stops the
- *       newest; each answers {@code OK <command> <server name>} on stdout. {@code --observer false}
+ *       newest; each answers {@code OK <command> <server name>} on stdout; {@code move <table>}
+ *       moves every region of the table to another region server, {@code split <table> <row>}
+ *       splits the table at a row (both wait until the regions are open, and answer
+ *       {@code OK <command> ...}). {@code --observer false}
  *       loads no observer (benchmarks: the write path without it);</li>
+ *   <li>{@code rs --zk host:port --rootdir R [--waldir W] --advertise-host H --observer-port P}:
+ *       one region server alone in this JVM ({@link RemoteRegionServer}) that joins the mini
+ *       cluster of that ZooKeeper (started with {@code --advertise-host}, whose READY line gives
+ *       R and W), named by and listening on H, its observer over TCP on H:P; prints
+ *       {@code READY sidecar=0 server=NAME pid=N} once it is online;</li>
  *   <li>{@code sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]}:
  *       the sidecar alone, in front of a real cluster whose region servers run
  *       {@link InvalidationObserver} with {@code slipstream.observer.port} set; MS-max (default
@@ -48,7 +63,7 @@ public final class Main {
     if (args.length == 0) usage();
     String mode = args[0];
     int sidecarPort = 9091, regionServers = 1, leaseMsMax = 2_000;
-    String zk = null, dir = null, observerPort = null;
+    String zk = null, dir = null, observerPort = null, advertiseHost = null, rootDir = null, walDir = null;
     long observerHoldMs = ObserverHub.START_HOLD_MS_DEFAULT;
     boolean observer = true;
     for (int i = 1; i < args.length; i++) {
@@ -64,15 +79,23 @@ public final class Main {
         case "--observer-hold-ms" -> observerHoldMs = Long.parseLong(args[++i]);
         case "--lease-ms-max" -> leaseMsMax = Integer.parseInt(args[++i]);
         case "--observer" -> observer = Boolean.parseBoolean(args[++i]);
+        case "--advertise-host" -> advertiseHost = args[++i];
+        case "--rootdir" -> rootDir = args[++i];
+        case "--waldir" -> walDir = args[++i];
         default -> usage();
       }
     }
     long t0 = System.nanoTime();
+    if (mode.equals("rs")) {
+      if (zk == null || rootDir == null || advertiseHost == null || observerPort == null) usage();
+      RemoteRegionServer.run(zk, rootDir, walDir, advertiseHost, observerPort, observerHoldMs, t0);
+      return;
+    }
     HBaseTestingUtility util = null;
     Configuration conf;
     boolean cluster = mode.equals("sidecar") || observerPort != null;
     if (mode.equals("mini")) {
-      util = startMini(dir, regionServers, observer, observerPort, observerHoldMs);
+      util = startMini(dir, regionServers, observer, observerPort, observerHoldMs, advertiseHost);
       conf = util.getConfiguration();
       zk = "127.0.0.1:" + util.getZkCluster().getClientPort();
     } else if (mode.equals("sidecar") && zk != null) {
@@ -107,8 +130,10 @@ public final class Main {
     Runtime rt = Runtime.getRuntime();
     System.gc();
     long heapMb = (rt.totalMemory() - rt.freeMemory()) >> 20;
+    String dirs = util == null ? "" : " rootdir=" + CommonFSUtils.getRootDir(conf)
+        + " waldir=" + CommonFSUtils.getWALRootDir(conf);
     System.out.println("READY sidecar=" + sidecar.port() + " zk=" + zk + " start_ms=" + startMs
-        + " heap_used_mb=" + heapMb + " pid=" + ProcessHandle.current().pid());
+        + " heap_used_mb=" + heapMb + " pid=" + ProcessHandle.current().pid() + dirs);
     System.out.flush();
 
     CountDownLatch done = new CountDownLatch(1);
@@ -155,6 +180,12 @@ public final class Main {
         c.stopRegionServer(sn);
         c.waitForRegionServerToStop(sn, 60_000);
         answer = "OK rs-stop " + sn;
+      } else if (cmd.startsWith("move ")) {
+        answer = "OK move " + moveRegions(u, TableName.valueOf(cmd.substring(5).trim()));
+      } else if (cmd.startsWith("split ")) {
+        String[] a = cmd.split(" ");
+        if (a.length != 3) throw new IllegalArgumentException("split <table> <row>");
+        answer = "OK split " + split(u, TableName.valueOf(a[1]), Bytes.toBytes(a[2]));
       } else {
         answer = "ERROR unknown command " + cmd;
       }
@@ -165,9 +196,56 @@ public final class Main {
     System.out.flush();
   }
 
+  /**
+   * Moves every region of {@code table} to the next live region server (in listing order) and
+   * waits until each is open there; answers {@code region->server} for every move. A region
+   * server never receives a region it already has.
+   */
+  private static String moveRegions(HBaseTestingUtility u, TableName table) throws Exception {
+    // Every live region server, also those in other JVMs (see RemoteRegionServer).
+    List<ServerName> servers = new ArrayList<>(u.getAdmin().getRegionServers());
+    servers.sort(null);
+    if (servers.size() < 2) throw new IllegalStateException("needs 2 region servers, has " + servers.size());
+    StringBuilder moved = new StringBuilder();
+    try (RegionLocator loc = u.getConnection().getRegionLocator(table)) {
+      for (HRegionLocation l : loc.getAllRegionLocations()) {
+        int at = Math.max(0, servers.indexOf(l.getServerName()));
+        ServerName to = servers.get((at + 1) % servers.size());
+        u.moveRegionAndWait(l.getRegion(), to);
+        moved.append(' ').append(l.getRegion().getEncodedName()).append("->").append(to);
+      }
+    }
+    return table + moved.toString();
+  }
+
+  /** Splits the region of {@code table} holding {@code row} at {@code row}; answers the region count. */
+  private static String split(HBaseTestingUtility u, TableName table, byte[] row) throws Exception {
+    Admin admin = u.getAdmin();
+    int before = admin.getRegions(table).size();
+    admin.split(table, row);
+    long deadline = System.nanoTime() + SPLIT_WAIT_MS * 1_000_000L;
+    while (admin.getRegions(table).size() <= before) {
+      if (System.nanoTime() > deadline) throw new IllegalStateException("split not done in " + SPLIT_WAIT_MS + " ms");
+      Thread.sleep(100);
+    }
+    u.waitUntilNoRegionsInTransition(SPLIT_WAIT_MS);
+    return table + " regions=" + admin.getRegions(table).size();
+  }
+
+  /** How long {@code split} waits for the daughters to be open. */
+  private static final long SPLIT_WAIT_MS = 60_000;
+
   private static HBaseTestingUtility startMini(String dir, int regionServers, boolean observer,
-      String observerPort, long observerHoldMs) throws Exception {
+      String observerPort, long observerHoldMs, String advertiseHost) throws Exception {
     Configuration conf = HBaseConfiguration.create();
+    if (advertiseHost != null) {
+      // Region servers on other hosts (a network namespace in the tests) join this cluster:
+      // ZooKeeper listens on every address, the master and region servers on (and named by)
+      // an address those hosts reach.
+      conf.set("hbase.zookeeper.property.clientPortAddress", "0.0.0.0");
+      conf.set("hbase.master.hostname", advertiseHost);
+      conf.set(RemoteRegionServer.HOSTNAME_KEY, advertiseHost);
+    }
     if (dir != null) {
       File d = new File(dir).getAbsoluteFile();
       d.mkdirs();
@@ -200,6 +278,8 @@ public final class Main {
   private static void usage() {
     System.err.println("usage: Main mini [--sidecar-port N] [--dir D] [--notify-timeout-ms MS] [--region-servers K]\n"
         + "                 [--observer-port P [--observer-hold-ms H]] [--observer false]\n"
+        + "                 [--advertise-host A]\n"
+        + "       Main rs --zk host:port --rootdir R [--waldir W] --advertise-host H --observer-port P [--observer-hold-ms H]\n"
         + "       Main sidecar --zk host:port [--port N] [--lease-ms-max MS] [--notify-timeout-ms MS]");
     System.exit(2);
   }
