@@ -7,7 +7,8 @@ replicated tenant refusing writes with memcached's `SERVER_ERROR out of memory s
 identically on every replica (never evicting), even when one replica's clients met expired
 items the others did not; a tenant's raft traffic charged to its own token buckets (its
 replicated write rate is bounded by its own egress share, another tenant's traffic is not
-counted in it). Nodes 2 and 3 run `reads = "local"`, so a read there shows that node's store.
+counted in it) and paced by them (a heavy tenant's appends wait for its egress bucket, the
+held time in its metrics, with no election and another tenant's write p99 within a bound). Nodes 2 and 3 run `reads = "local"`, so a read there shows that node's store.
 Not for: elections, failover, Raft itself (tests/test_replication.py, crates/replication).
 
 Randomized values are seeded (REPL_SEED or the clock), the seed printed. Every daemon is
