@@ -18,8 +18,27 @@
 //! the bytes written) and at least `compact_log_bytes_min` or a `compact_interval_ms` past its
 //! last compaction (so a small store under a high write rate is not copied every few thousand
 //! writes, and a restarted node re-applies at most about an interval of writes), is
-//! compacted: its store's contents become the new snapshot (what a lagging follower gets). Every frame a group sends or receives is told to its
-//! [`GroupTraffic`] (the server charges its tenant's buckets).
+//! compacted: its store's contents become the new snapshot (what a lagging follower gets).
+//! Every frame a group sends or receives is told to its [`GroupTraffic`] (the server charges
+//! its tenant's buckets).
+//!
+//! Pacing: a group's appends and snapshots (the messages that carry its tenant's data) are
+//! sent only while [`GroupTraffic::send_wait_ns`] says 0 (the server: the tenant's egress
+//! bucket is not in debt, the rule its clients' replies follow); otherwise they wait in the
+//! group, in order, and go once the bucket has refilled (the node thread wakes for it), each
+//! send charged and possibly leaving a debt the next one waits out. So a tenant's replication
+//! leaves the node at its share, not only bills it. Held time is told to
+//! [`GroupTraffic::paced`]. Liveness: heartbeats, votes, pre-votes, leadership transfer and
+//! every response are never held (a few dozen bytes each, still charged), so a follower hears
+//! its leader every heartbeat and never starts an election because its tenant is over its
+//! share, and ReadIndex rounds keep going; held entries only delay commits of that tenant
+//! (its proposals wait, as its clients would at the gate). An empty append goes behind held
+//! ones (per peer order). What is held is bounded by raft-rs's in-flight window
+//! (`max_inflight_msgs` appends per follower, one snapshot), and the messages share their
+//! entries' bytes with the log. A group that loses leadership drops what it held (raft-rs
+//! resends from the followers' answers). Incoming frames and forwarded proposals are charged,
+//! not held: one connection per peer carries every group's frames, and holding one tenant's
+//! would hold the others'.
 //!
 //! Completions: a proposal carries an id in its entry's context. On the leader the index Raft
 //! gives it is remembered: when that index is applied with the same id, the client gets the
@@ -72,6 +91,9 @@ pub const PENDING_PROPOSALS_MAX: usize = 65536;
 pub const PROPOSAL_WAIT_DEFAULT: Duration = Duration::from_secs(10);
 /// Events handled per loop turn before the groups' Readies are processed.
 const EVENTS_PER_TURN_MAX: usize = 4096;
+/// Longest the node thread sleeps while a group has held messages (a bucket whose rate was
+/// set to 0 answers "forever"; an admin change may reopen it).
+const PACING_LOOK: Duration = Duration::from_millis(10);
 
 /// Configuration of one node.
 #[derive(Clone, Debug)]
@@ -141,14 +163,21 @@ pub struct GroupSpec {
     pub traffic: Option<Arc<dyn GroupTraffic>>,
 }
 
-/// Where a group's raft traffic is accounted (its tenant's token buckets: replication takes
-/// the tenant's own share of the node's capacity, no side path around it). Called on the
-/// node thread: keep it to a few atomic operations.
+/// Where a group's raft traffic is accounted and paced (its tenant's token buckets:
+/// replication takes the tenant's own share of the node's capacity, no side path around it).
+/// Called on the node thread: keep it to a few atomic operations.
 pub trait GroupTraffic: Send + Sync {
     /// A frame of `bytes` was queued for a peer.
     fn sent(&self, bytes: u64);
     /// A frame of `bytes` arrived from a peer.
     fn received(&self, bytes: u64);
+    /// 0 when the group's next append or snapshot may be sent now, else how long to wait
+    /// (nanoseconds; the tenant's egress bucket is in debt). Default: never wait.
+    fn send_wait_ns(&self) -> u64 {
+        0
+    }
+    /// The group had appends or snapshots held back for another `ns` nanoseconds.
+    fn paced(&self, _ns: u64) {}
 }
 
 /// Why a node could not start.
@@ -317,6 +346,11 @@ struct Group {
     loss_campaign_ticks: usize,
     /// Elections this node started because the leader's connection dropped.
     loss_campaigns: u64,
+    /// Appends and snapshots waiting for the tenant's egress bucket (see `Pacing` in the
+    /// module doc), in the order raft-rs made them.
+    held: std::collections::VecDeque<Message>,
+    /// Held time is counted up to here (None: nothing held).
+    held_counted_to: Option<Instant>,
 }
 
 /// A running node (see the module doc). Dropping it stops the thread and closes every
@@ -390,6 +424,8 @@ impl ReplicationNode {
                     election_ticks: cfg.election_ticks,
                     loss_campaign_ticks: 0,
                     loss_campaigns: 0,
+                    held: Default::default(),
+                    held_counted_to: None,
                 },
             );
         }
@@ -615,8 +651,10 @@ struct Loop {
 impl Loop {
     fn run(&mut self, rx: InboxRx, tick: Duration) {
         let mut next_tick = Instant::now() + tick;
+        let mut next_release: Option<Instant> = None;
         loop {
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let wake = next_release.map_or(next_tick, |r| r.min(next_tick));
+            let wait = wake.saturating_duration_since(Instant::now());
             let mut first = match rx.recv_timeout(wait) {
                 Ok(ev) => Some(ev),
                 Err(RecvTimeoutError::Timeout) => None,
@@ -661,6 +699,7 @@ impl Loop {
                 self.fail_all_pending();
                 return;
             }
+            next_release = self.release_held();
             self.publish();
             for g in self.groups.values_mut() {
                 for (done, r) in g.replies.drain(..) {
@@ -850,6 +889,22 @@ impl Loop {
         Ok(())
     }
 
+    /// Send what the groups' buckets allow of their held messages; the earliest time a group
+    /// with messages still held should look again.
+    fn release_held(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut next = None;
+        for (&gid, g) in self.groups.iter_mut() {
+            if g.held.is_empty() {
+                continue;
+            }
+            if let Some(at) = release_held(&self.transport, gid, g, now) {
+                next = Some(next.map_or(at, |n: Instant| n.min(at)));
+            }
+        }
+        next
+    }
+
     fn publish(&mut self) {
         let mut st = self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (&gid, g) in self.groups.iter_mut() {
@@ -885,23 +940,76 @@ impl Loop {
     }
 }
 
+/// Send `msgs` of group `gid`, holding back its appends and snapshots while its egress bucket
+/// is in debt (see `Pacing` in the module doc).
 fn send_all(t: &Transport, gid: u64, g: &mut Group, msgs: Vec<Message>) {
     for m in msgs {
-        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
-        let to = m.to;
-        let sent = t.send_sized(gid, &m);
-        if let (Some(bytes), Some(tr)) = (sent, &g.traffic) {
-            tr.sent(bytes);
+        if paced_kind(&m) && (!g.held.is_empty() || must_wait(g)) {
+            if g.held.is_empty() {
+                g.held_counted_to = Some(Instant::now());
+            }
+            g.held.push_back(m);
+            continue;
         }
-        let ok = sent.is_some();
-        if snapshot {
-            // One ordered connection per peer: once queued, the snapshot arrives before any
-            // later append, so the leader may go on probing from it.
-            g.raw.report_snapshot(to, if ok { SnapshotStatus::Finish } else { SnapshotStatus::Failure });
-        } else if !ok {
-            g.raw.report_unreachable(to);
-        }
+        send_one(t, gid, g, m);
     }
+}
+
+/// Whether a message waits for its tenant's egress bucket: appends and snapshots do (they
+/// carry the tenant's data; an empty append goes behind held ones, keeping each peer's
+/// appends in order); heartbeats, votes and every response never do (liveness).
+fn paced_kind(m: &Message) -> bool {
+    matches!(m.get_msg_type(), MessageType::MsgAppend | MessageType::MsgSnapshot)
+}
+
+fn must_wait(g: &Group) -> bool {
+    g.traffic.as_ref().is_some_and(|t| t.send_wait_ns() > 0)
+}
+
+fn send_one(t: &Transport, gid: u64, g: &mut Group, m: Message) {
+    let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+    let to = m.to;
+    let sent = t.send_sized(gid, &m);
+    if let (Some(bytes), Some(tr)) = (sent, &g.traffic) {
+        tr.sent(bytes);
+    }
+    let ok = sent.is_some();
+    if snapshot {
+        // One ordered connection per peer: once queued, the snapshot arrives before any
+        // later append, so the leader may go on probing from it.
+        g.raw.report_snapshot(to, if ok { SnapshotStatus::Finish } else { SnapshotStatus::Failure });
+    } else if !ok {
+        g.raw.report_unreachable(to);
+    }
+}
+
+/// Send the group's held messages while its egress bucket allows (each send may leave a
+/// debt: the next waits); None when nothing is held any more, else when to look again. A
+/// group that is no longer the leader of the term its messages were made in drops them
+/// (raft-rs resends from the followers' answers; a dropped snapshot is reported failed).
+fn release_held(t: &Transport, gid: u64, g: &mut Group, now: Instant) -> Option<Instant> {
+    if let (Some(from), Some(tr)) = (g.held_counted_to, &g.traffic) {
+        tr.paced(now.saturating_duration_since(from).as_nanos() as u64);
+    }
+    g.held_counted_to = Some(now);
+    let leader_term = (g.raw.raft.state == StateRole::Leader).then_some(g.raw.raft.term);
+    while let Some(m) = g.held.pop_front() {
+        if Some(m.term) != leader_term {
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                g.raw.report_snapshot(m.to, SnapshotStatus::Failure);
+            }
+            continue;
+        }
+        let wait_ns = g.traffic.as_ref().map_or(0, |tr| tr.send_wait_ns());
+        if wait_ns > 0 {
+            g.held.push_front(m);
+            // A bucket with no rate answers u64::MAX: look again at least every PACING_LOOK.
+            return Some(now + Duration::from_nanos(wait_ns).min(PACING_LOOK));
+        }
+        send_one(t, gid, g, m);
+    }
+    g.held_counted_to = None;
+    None
 }
 
 fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) -> Result<(), (u64, String)> {

@@ -241,24 +241,32 @@ impl CommandExec for ApplyExec {
     }
 }
 
-/// A replicated tenant's raft traffic on this node, charged to the tenant's own buckets:
-/// messages sent to its egress bucket, received to its ingress bucket (Multes IV-D: the
-/// replication of a tenant travels through its own share, no side path). The debt this makes
-/// holds back the tenant's own client batches at the gate (`net/gate.rs`), which is what
-/// limits its proposals, so its replication cannot take another tenant's share. The charge is
-/// the tenancy rule for transfers outside the serving loops (`TenantShaper::charge_transfer`,
-/// as the shuffle service's); its `transfer_wait_ns` is not asked here: raft frames are never
-/// held back, since one connection per peer carries every group's frames and holding one
-/// tenant's would hold the others'.
+/// A replicated tenant's raft traffic on this node, charged to and paced by the tenant's own
+/// buckets: messages sent to its egress bucket, received to its ingress bucket (Multes IV-D:
+/// the replication of a tenant travels through its own share, no side path). The tenancy rule
+/// for transfers outside the serving loops (as the shuffle service's): before sending an
+/// append or snapshot the node asks `TenantShaper::transfer_wait_ns` (the node thread holds
+/// the group's appends and snapshots while the egress bucket is in debt; heartbeats, votes and
+/// responses are never held: see `Pacing` in slipstream_replication::node), and charges what
+/// it sent with `charge_transfer`. The debt also holds back the tenant's own client batches
+/// at the gate (`net/gate.rs`), so its replication cannot take another tenant's share.
+/// Received frames are charged, not held (one connection per peer carries every group's).
 pub struct TenantTraffic {
     shaper: Option<Arc<TenantShaper>>,
     pub sent_bytes: AtomicU64,
     pub received_bytes: AtomicU64,
+    /// Time this tenant's appends and snapshots waited for its egress bucket (ns).
+    pub paced_ns: AtomicU64,
 }
 
 impl TenantTraffic {
     pub fn new(shaper: Option<Arc<TenantShaper>>) -> TenantTraffic {
-        TenantTraffic { shaper, sent_bytes: AtomicU64::new(0), received_bytes: AtomicU64::new(0) }
+        TenantTraffic {
+            shaper,
+            sent_bytes: AtomicU64::new(0),
+            received_bytes: AtomicU64::new(0),
+            paced_ns: AtomicU64::new(0),
+        }
     }
 }
 
@@ -275,6 +283,14 @@ impl GroupTraffic for TenantTraffic {
         if let Some(s) = &self.shaper {
             s.charge_transfer(Direction::In, bytes);
         }
+    }
+
+    fn send_wait_ns(&self) -> u64 {
+        self.shaper.as_ref().map_or(0, |s| s.transfer_wait_ns(Direction::Out, slipstream_tenancy::since_start_ns()))
+    }
+
+    fn paced(&self, ns: u64) {
+        self.paced_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

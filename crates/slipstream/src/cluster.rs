@@ -101,7 +101,7 @@ pub fn metrics(table: &Arc<TenantTable>) -> Option<MetricsFn> {
     Some(Arc::new(move |out: &mut String| render(&table, out)))
 }
 
-const METRICS: [(&str, &str); 15] = [
+const METRICS: [(&str, &str); 16] = [
     (
         "slipstream_replica_role",
         "gauge|This node's role in the tenant's group: 0 follower, 1 candidate, 2 leader, 3 pre-candidate",
@@ -131,6 +131,10 @@ const METRICS: [(&str, &str); 15] = [
     (
         "slipstream_replica_raft_received_bytes_total",
         "counter|Bytes of the tenant's raft messages this node received, charged to the tenant's ingress bucket",
+    ),
+    (
+        "slipstream_replica_raft_paced_ns_total",
+        "counter|Nanoseconds the tenant's raft appends and snapshots waited on this node for its egress bucket (heartbeats and votes never wait)",
     ),
 ];
 
@@ -192,6 +196,7 @@ fn render(table: &TenantTable, out: &mut String) {
                 "slipstream_replica_read_barriers_total" => r.barriers.load(Ordering::Relaxed),
                 "slipstream_replica_raft_sent_bytes_total" => r.traffic.sent_bytes.load(Ordering::Relaxed),
                 "slipstream_replica_raft_received_bytes_total" => r.traffic.received_bytes.load(Ordering::Relaxed),
+                "slipstream_replica_raft_paced_ns_total" => r.traffic.paced_ns.load(Ordering::Relaxed),
                 _ => r.failures.load(Ordering::Relaxed),
             };
             let _ = writeln!(out, "{name}{{tenant=\"{tenant}\"}} {v}");
