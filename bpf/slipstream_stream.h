@@ -25,9 +25,9 @@
 /* ss_streams    BPF_MAP_TYPE_ARRAY, SS_STREAMS_MAX entries, value ss_stream (config)          */
 /* ss_sstats     BPF_MAP_TYPE_PERCPU_ARRAY, SS_STREAMS_MAX entries, value ss_stream_stats       */
 /* ss_wc         BPF_MAP_TYPE_PERCPU_HASH, SS_WC_ENTRIES, key ss_wc_key, value __u64 count      */
-/* ss_wcc        BPF_MAP_TYPE_ARRAY (BPF_F_MMAPABLE), SS_WCC_SLOTS per possible CPU (user space */
-/*               sets max_entries at load), value ss_wcc_slot: the word-count cache in front   */
-/*               of ss_wc (see ss_wcc_slot)                                                    */
+/* ss_wcc        BPF_MAP_TYPE_ARRAY (BPF_F_MMAPABLE), one entry per possible CPU (user space    */
+/*               sets max_entries at load), value ss_wcc_table (SS_WCC_SLOTS ss_wcc_slot): the */
+/*               word-count cache in front of ss_wc (see ss_wcc_slot)                          */
 /* ss_cp         BPF_MAP_TYPE_ARRAY, SS_STREAMS_MAX entries, value ss_cp_state (spin lock)     */
 /* ss_events     BPF_MAP_TYPE_RINGBUF, SS_RINGBUF_BYTES: ss_alert and ss_values records        */
 /* ss_sscratch   BPF_MAP_TYPE_PERCPU_ARRAY, 1 entry, value ss_sscratch (program-private)       */
@@ -121,8 +121,8 @@ struct ss_wc_key {
 	__u8 word[SS_WORD_KEY_BYTES]; /* zero padded */
 };                      /* 48 bytes */
 
-/* One word-count cache slot (words of at most SS_WCC_WORD_BYTES). CPU c's program owns slots
- * [c * SS_WCC_SLOTS, (c + 1) * SS_WCC_SLOTS): it counts a word of the current window in
+/* One word-count cache slot (words of at most SS_WCC_WORD_BYTES). CPU c's program owns the
+ * table ss_wcc[c], slots [c * SS_WCC_SLOTS, (c + 1) * SS_WCC_SLOTS) of the mapping: it counts a word of the current window in
  * whichever of the two slots its hash picks (SS_WCC_WAYS) has that tag and word (window,
  * stream, len, word), else claims the first empty one of the two (tag 0: word and count
  * first, then the tag with an atomic add, so a reader that sees the tag sees the word), and
@@ -137,6 +137,11 @@ struct ss_wcc_slot {
 	__u64 count;
 	__u8 word[SS_WCC_WORD_BYTES]; /* zero padded */
 };                      /* 32 bytes: two slots per 64-byte cache line */
+
+/* One CPU's slots: the value of ss_wcc (the mapping is the tables of CPU 0, 1, ... in turn). */
+struct ss_wcc_table {
+	struct ss_wcc_slot slot[SS_WCC_SLOTS];
+};
 
 struct ss_cp_state {
 	struct bpf_spin_lock lock;
@@ -208,6 +213,7 @@ _Static_assert(sizeof(struct ss_wc_key) == 16 + SS_WORD_KEY_BYTES, "ss_wc_key: n
 _Static_assert(sizeof(struct ss_wcc_slot) == 32, "ss_wcc_slot: two per cache line");
 _Static_assert(__builtin_offsetof(struct ss_wcc_slot, word) % 8 == 0, "ss_wcc_slot: word read as u64s");
 _Static_assert(SS_WCC_SLOTS == (1 << SS_WCC_SLOT_BITS), "cache slots: a power of two");
+_Static_assert(sizeof(struct ss_wcc_table) == SS_WCC_SLOTS * 32, "ss_wcc_table: the slots, no padding");
 _Static_assert(SS_WCC_WAYS == 2 && SS_WCC_SLOTS % SS_WCC_WAYS == 0, "a slot pair (i, i ^ 1) stays in one CPU's slots");
 _Static_assert(64 % (SS_WCC_WAYS * sizeof(struct ss_wcc_slot)) == 0, "a slot pair fits one cache line");
 _Static_assert(SS_WORD_KEY_BYTES == 32, "wc_key builds the key from four 8-byte words");

@@ -53,16 +53,17 @@ struct {
 	__type(value, __u64);
 } ss_wc SEC(".maps");
 
-/* The word-count cache in front of ss_wc (struct ss_wcc_slot says who writes what). An array
- * lookup is inlined by the verifier (no helper call, no jhash, no bucket walk); user space maps
- * it to drain without a system call per slot. max_entries is set at load to SS_WCC_SLOTS per
- * possible CPU; the value here only makes the object loadable as it is. */
+/* The word-count cache in front of ss_wc (struct ss_wcc_slot says who writes what): one
+ * element per CPU, that CPU's table, looked up once per datagram (a slot is then an offset from
+ * it: no lookup per word, and nothing for clang to keep across a call). User space maps it to
+ * drain without a system call per slot. max_entries is set at load to the possible CPUs; the
+ * value here only makes the object loadable as it is. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, SS_WCC_SLOTS);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct ss_wcc_slot);
+	__type(value, struct ss_wcc_table);
 } ss_wcc SEC(".maps");
 
 struct {
@@ -88,10 +89,12 @@ struct {
 #define SWORD_MASK (SS_WORDS_MAX - 1)
 #define SVAL_MASK (SS_VALUES_MAX - 1)
 
-/* bpf_loop's context must be on the stack; it only carries the scratch pointer, and the loop
- * state lives in s->work (a map value may not hold pointers). */
+/* bpf_loop's context must be on the stack; it only carries pointers (the scratch, and for word
+ * count this CPU's cache table), and the loop state lives in s->work (a map value may not hold
+ * pointers). */
 struct loop_arg {
 	struct ss_sscratch *s;
+	struct ss_wcc_table *wcc;
 };
 #define WORK(s, T) ((T *)(void *)(s)->work)
 
@@ -190,8 +193,6 @@ struct wc_count_ctx {
 	__u32 done;   /* words counted so far */
 	__u32 failed; /* 1: the map could not take a word */
 	__s64 delta;  /* +1 count, -1 undo */
-	__u32 cache_base; /* this CPU's first ss_wcc slot */
-	__u32 pad0;
 };
 
 static __always_inline void wc_key(struct ss_sscratch *s, struct wc_count_ctx *x, __u32 i, struct ss_wc_key *k)
@@ -270,17 +271,15 @@ static __always_inline int wc_slot_claim(struct ss_wcc_slot *c, __u64 tag, __u64
  * once the window has ended. The pair index mixes the word, stream and length but not the
  * window, so a word keeps its pair from window to window: multiply-xor, top bits of the last
  * product (no loop, no helper). */
-static __always_inline int wc_cache_add(struct wc_count_ctx *x, __u32 len, __u64 w0, __u64 w1)
+static __always_inline int wc_cache_add(struct ss_wcc_table *t, struct wc_count_ctx *x, __u32 len, __u64 w0,
+					__u64 w1)
 {
 	__u64 low = ((__u64)x->stream << SS_WCC_TAG_STREAM_SHIFT) | len;
 	__u64 tag = ((x->window + 1) << SS_WCC_TAG_WINDOW_SHIFT) | low;
 	__u64 h = ((w0 ^ low) * SS_WCC_MUL1 ^ w1) * SS_WCC_MUL2;
-	__u32 idx = x->cache_base + (__u32)(h >> (64 - SS_WCC_SLOT_BITS));
-	__u32 idx2 = idx ^ (SS_WCC_WAYS - 1);
-	struct ss_wcc_slot *c = bpf_map_lookup_elem(&ss_wcc, &idx);
-	struct ss_wcc_slot *d = bpf_map_lookup_elem(&ss_wcc, &idx2);
-	if (!c || !d)
-		return 0; /* CPU beyond the slots user space sized the map for */
+	__u32 idx = (__u32)(h >> (64 - SS_WCC_SLOT_BITS));
+	struct ss_wcc_slot *c = &t->slot[idx & (SS_WCC_SLOTS - 1)];
+	struct ss_wcc_slot *d = &t->slot[(idx ^ (SS_WCC_WAYS - 1)) & (SS_WCC_SLOTS - 1)];
 	struct ss_wcc_slot *hit = 0;
 	if (wc_slot_holds(c, tag, w0, w1))
 		hit = c;
@@ -298,6 +297,7 @@ static __always_inline int wc_cache_add(struct wc_count_ctx *x, __u32 len, __u64
 static long wc_count_step(__u32 i, void *c)
 {
 	struct ss_sscratch *s = ((struct loop_arg *)c)->s;
+	struct ss_wcc_table *t = ((struct loop_arg *)c)->wcc;
 	struct wc_count_ctx *x = WORK(s, struct wc_count_ctx);
 	if (i >= x->nwords)
 		return 1;
@@ -305,7 +305,7 @@ static long wc_count_step(__u32 i, void *c)
 	if (len <= SS_WCC_WORD_BYTES && x->window < SS_WCC_WINDOW_END) {
 		__u64 w0, w1;
 		wc_short_word(s, s->tstart[i & SWORD_MASK], len, &w0, &w1);
-		if (wc_cache_add(x, len, w0, w1)) {
+		if (wc_cache_add(t, x, len, w0, w1)) {
 			x->done = i + 1;
 			return 0;
 		}
@@ -335,7 +335,7 @@ static long wc_count_step(__u32 i, void *c)
 static __always_inline int ss_wordcount(struct ss_sscratch *s, struct ss_stream *cfg, __u32 slot, __u32 n,
 					struct ss_stream_stats *st)
 {
-	struct loop_arg arg = { .s = s };
+	struct loop_arg arg = { .s = s, .wcc = 0 };
 	struct wc_tok_ctx *t = WORK(s, struct wc_tok_ctx);
 	__builtin_memset(t, 0, sizeof(*t));
 	t->n = n;
@@ -352,13 +352,16 @@ static __always_inline int ss_wordcount(struct ss_sscratch *s, struct ss_stream 
 	__u64 window_ns = cfg->window_ns;
 	if (window_ns == 0)
 		return XDP_PASS;
+	__u32 cpu = bpf_get_smp_processor_id();
+	arg.wcc = bpf_map_lookup_elem(&ss_wcc, &cpu);
+	if (!arg.wcc)
+		return XDP_PASS; /* a CPU beyond those user space sized the cache for */
 	struct wc_count_ctx *c = WORK(s, struct wc_count_ctx);
 	__builtin_memset(c, 0, sizeof(*c));
 	c->window = bpf_ktime_get_ns() / window_ns;
 	c->stream = slot;
 	c->nwords = nwords;
 	c->delta = 1;
-	c->cache_base = bpf_get_smp_processor_id() * SS_WCC_SLOTS;
 	bpf_loop(SS_WORDS_MAX, wc_count_step, &arg, 0);
 	if (c->failed) {
 		/* Undo what this datagram counted: it is counted whole by user space instead. */
@@ -550,7 +553,7 @@ static __always_inline int ss_parse_numbers(struct ss_sscratch *s, struct ss_str
 	if (cfg->format == SS_FORMAT_AUTO && n % 8 == 4 && s->payload[0] == 'S' && s->payload[1] == 'S' &&
 	    s->payload[2] == 'F' && s->payload[3] == '1')
 		return 1;
-	struct loop_arg arg = { .s = s };
+	struct loop_arg arg = { .s = s, .wcc = 0 };
 	struct num_ctx *x = WORK(s, struct num_ctx);
 	__builtin_memset(x, 0, sizeof(*x));
 	x->n = n;

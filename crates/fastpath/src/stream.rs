@@ -328,9 +328,10 @@ fn dup(fd: RawFd) -> Result<OwnedFd, FastPathError> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-/// `max_entries` of the word-count cache for `cpus` possible CPUs.
+/// `max_entries` of the word-count cache for `cpus` possible CPUs: one table of WCC_SLOTS
+/// slots per CPU.
 pub(crate) fn wc_cache_entries(cpus: usize) -> Result<u32, FastPathError> {
-    u32::try_from(cpus).ok().and_then(|c| c.checked_mul(WCC_SLOTS)).ok_or_else(|| FastPathError::LoadRefused {
+    u32::try_from(cpus).ok().filter(|c| c.checked_mul(WCC_SLOTS).is_some()).ok_or_else(|| FastPathError::LoadRefused {
         detail: format!("{cpus} CPUs: the word-count cache would not fit a map"),
     })
 }
@@ -353,12 +354,13 @@ unsafe impl Sync for WcCache {}
 
 impl WcCache {
     fn map(fd: RawFd, cpus: usize) -> Result<WcCache, FastPathError> {
-        let slots = wc_cache_entries(cpus)? as usize;
+        let slots = wc_cache_entries(cpus)? as usize * WCC_SLOTS as usize;
         let len_bytes = slots * size_of::<WccSlot>();
         // SAFETY: mmap with a null hint creates a new mapping and touches no existing memory;
-        // fd is the live ss_wcc map (BPF_F_MMAPABLE) loaded with max_entries = slots, whose
-        // value area is slots * size_of::<WccSlot>() bytes (the array's stride for a value
-        // whose size is a multiple of 8), page aligned; failure is reported as MAP_FAILED.
+        // fd is the live ss_wcc map (BPF_F_MMAPABLE) loaded with one ss_wcc_table of WCC_SLOTS
+        // slots per CPU, whose value area is slots * size_of::<WccSlot>() bytes (the array's
+        // stride for a value whose size is a multiple of 8), page aligned; failure is reported
+        // as MAP_FAILED.
         let p = unsafe {
             libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
