@@ -45,9 +45,12 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     /** This JVM's read mappings of pool blocks, shared by its reduce tasks. */
     private final BlockMaps blockMaps;
     private final SlipstreamBlockResolver resolver = new SlipstreamBlockResolver();
+    /** Spark's conf of this JVM: the driver's gets spark.app.id after the manager is made. */
+    private final SparkConf conf;
     private volatile String appId;
 
     public SlipstreamShuffleManager(SparkConf conf, boolean isDriver) {
+        this.conf = conf;
         this.endpoint = conf.get(ENDPOINT, "127.0.0.1:7300");
         String t = conf.get(TENANT, "").trim();
         this.tenant = t.isEmpty() ? null : t;
@@ -150,12 +153,28 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     @Override
     public void stop() {
         blockMaps.dropAll();
-        if (isDriver && appId != null) {
+        String app = isDriver ? endedAppId() : null;
+        if (app != null) {
             try (ShuffleClient c = connect()) {
-                c.unregisterApp(appId);
+                c.unregisterApp(app);
             } catch (IOException | RuntimeException e) {
                 // The daemon is gone: nothing of ours is left in it.
             }
         }
+    }
+
+    /**
+     * The application the driver ends, as the daemon names it (null: it never got an id). Not
+     * appId() alone: on a cluster the driver's manager writes and reads nothing, so appId() may
+     * never have been asked there, and an application whose shuffles the ContextCleaner never
+     * dropped then left every block it had in the daemon's pool until the daemon restarted.
+     */
+    private String endedAppId() {
+        String a = appId;
+        if (a != null) {
+            return a;
+        }
+        scala.Option<String> id = conf.getOption("spark.app.id");
+        return id.isDefined() ? daemonAppId(id.get()) : null;
     }
 }

@@ -419,4 +419,35 @@ class LocalClusterShuffleTest {
                     return n;
                 }).collectAsync())));
     }
+
+    /** A metric of the daemon's text (the unlabelled sample), or the test fails. */
+    static long metric(String text, String name) {
+        java.util.regex.Matcher m = java.util.regex.Pattern.compile("(?m)^" + name + " (\\d+)$").matcher(text);
+        assertTrue(m.find(), name + " in\n" + text);
+        return Long.parseLong(m.group(1));
+    }
+
+    @Test
+    @Order(6)
+    void anApplicationsEndFreesEveryBlockAndFile() throws Exception {
+        // A new application whose shuffle stays registered (no driver GC, so Spark's
+        // ContextCleaner drops none of it): its end alone must give every block back. The
+        // driver's manager reads and writes nothing here, so it never looked its app id up.
+        spark.stop();
+        spark = session(SlipstreamShuffleManager.class.getName());
+        LongAccumulator mapped = sc().sc().longAccumulator("mapped-end");
+        assertEquals(sumsByTen(5000), SlipstreamShuffleManagerTest.sorted(within(sumsByTenRdd(5000, 3, mapped).collectAsync())));
+        assertTrue(metric(daemon.metrics(), "slipstream_shuffle_blocks_in_use") > 0, "the job's blocks are held");
+        spark.stop();
+        spark = null;
+        String m = daemon.metrics();
+        assertEquals(0, metric(m, "slipstream_shuffle_blocks_in_use"), m);
+        assertEquals(0, metric(m, "slipstream_shuffle_shuffles"), m);
+        // Files: only the freed ones the pool keeps for reuse (pool.rs free_keep).
+        long files;
+        try (Stream<Path> f = Files.list(daemon.dir)) {
+            files = f.filter(p -> p.getFileName().toString().startsWith("blk-")).count();
+        }
+        assertEquals(metric(m, "slipstream_shuffle_blocks_free"), files, m);
+    }
 }
