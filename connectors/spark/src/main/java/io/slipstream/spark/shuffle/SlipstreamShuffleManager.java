@@ -48,6 +48,9 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     /** Spark's conf of this JVM: the driver's gets spark.app.id after the manager is made. */
     private final SparkConf conf;
     private volatile String appId;
+    /** The driver's DRIVER connection, from its first registerShuffle until stop(). */
+    private DriverLink driverLink;
+    private boolean stopped;
 
     public SlipstreamShuffleManager(SparkConf conf, boolean isDriver) {
         this.conf = conf;
@@ -116,6 +119,9 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     public <K, V, C> ShuffleHandle registerShuffle(int shuffleId, ShuffleDependency<K, V, C> dependency) {
         // Writers register with the daemon themselves (idempotent), so a restarted daemon learns
         // the shuffle again from the recomputed map tasks.
+        if (isDriver) {
+            holdDriverLink();
+        }
         return new BaseShuffleHandle<>(shuffleId, dependency);
     }
 
@@ -150,6 +156,27 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
         return resolver;
     }
 
+    /**
+     * Opens the driver's link (DriverLink) once: an application that crashes after this frees
+     * its blocks in the daemon. From the first registerShuffle, not the constructor: Spark sets
+     * spark.app.id on the driver's conf after it makes the manager, and before a shuffle there
+     * are no blocks to free.
+     */
+    private synchronized void holdDriverLink() {
+        if (driverLink != null || stopped) {
+            return;
+        }
+        String app = endedAppId();
+        if (app != null) {
+            driverLink = new DriverLink(app, this::connect);
+        }
+    }
+
+    /** The driver's link, null before the first registerShuffle and after stop() (tests). */
+    synchronized DriverLink driverLink() {
+        return driverLink;
+    }
+
     @Override
     public void stop() {
         blockMaps.dropAll();
@@ -159,6 +186,13 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
                 c.unregisterApp(app);
             } catch (IOException | RuntimeException e) {
                 // The daemon is gone: nothing of ours is left in it.
+            }
+        }
+        synchronized (this) {
+            stopped = true;
+            if (driverLink != null) {
+                driverLink.close();
+                driverLink = null;
             }
         }
     }
