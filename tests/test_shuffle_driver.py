@@ -7,6 +7,8 @@ ending frees nothing committed; a second driver connection of the same applicati
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -113,9 +115,6 @@ def test_a_second_driver_connection_keeps_the_application_and_unregister_app_end
 
 def test_a_killed_driver_process_frees_its_application(daemon):
     """A real process killed by SIGKILL: the kernel closes its socket, the daemon sees the end."""
-    import subprocess
-    import sys
-
     code = (
         "import socket,sys,time\n"
         "s=socket.create_connection(('%s',%d))\n"
