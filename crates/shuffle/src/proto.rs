@@ -17,6 +17,9 @@
 //! LOST <app> <shuffle> <map> <attempt>    -> OK
 //! UNREGISTER <app> <shuffle>              -> OK
 //! UNREGISTER_APP <app>                    -> OK
+//! DRIVER <app>                            -> OK  (this connection is the application's driver:
+//!                                            when it ends without UNREGISTER_APP, the daemon
+//!                                            unregisters the application; no idle timeout)
 //! QUIT                                    -> (closes)
 //! FETCH <app> <shuffle> <reduce>          -> DATA <n>, n times: a line <map> <attempt> <length>
 //!                                            then <length> raw bytes; END   (daemon to daemon)
@@ -49,6 +52,7 @@ pub enum Request<'a> {
     Lost { app: &'a str, shuffle: u32, map: u32, attempt: u64 },
     Unregister { app: &'a str, shuffle: u32 },
     UnregisterApp { app: &'a str },
+    Driver { app: &'a str },
     Fetch { app: &'a str, shuffle: u32, reduce: u32 },
     Quit,
 }
@@ -136,6 +140,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
         "UNREGISTER_APP" => {
             arity(2)?;
             Ok(Request::UnregisterApp { app: w[1] })
+        }
+        "DRIVER" => {
+            arity(2)?;
+            Ok(Request::Driver { app: w[1] })
         }
         _ => Err(ShuffleError::Syntax(format!("unknown command {cmd:?}"))),
     }
@@ -235,6 +243,8 @@ mod tests {
         assert_eq!(parse_request(b"HELLO\r\n").unwrap(), Request::Hello { tenant: None });
         assert_eq!(parse_request(b"HELLO etl\r\n").unwrap(), Request::Hello { tenant: Some("etl") });
         assert!(parse_request(b"HELLO a b\r\n").is_err());
+        assert_eq!(parse_request(b"DRIVER app-1\r\n").unwrap(), Request::Driver { app: "app-1" });
+        assert!(parse_request(b"DRIVER\r\n").is_err());
         assert_eq!(
             parse_request(b"REGISTER a 1 8 etl\r\n").unwrap(),
             Request::Register { app: "a", shuffle: 1, partitions: 8, tenant: Some("etl") }

@@ -103,6 +103,8 @@ struct Block {
 struct Conn {
     pending: Vec<u32>,
     pins: HashSet<u32>,
+    /// The application whose driver this connection is (DRIVER): its end unregisters it.
+    driver_of: Option<String>,
 }
 
 /// Counters for the metrics endpoint.
@@ -528,9 +530,36 @@ impl Registry {
         }
     }
 
-    /// `conn` ended: its uncommitted blocks are freed and its pins dropped.
+    /// `conn` is `app`'s driver: when it ends (drop_conn) without UNREGISTER_APP, the application
+    /// is unregistered, so a driver that crashed does not leave its blocks in the pool. Executors'
+    /// connections never say DRIVER and so never end an application.
+    pub fn driver(&mut self, conn: u64, app: &str) -> Result<(), ShuffleError> {
+        self.check_app(app)?;
+        self.conns.entry(conn).or_default().driver_of = Some(app.to_string());
+        Ok(())
+    }
+
+    /// UNREGISTER_APP: the application ended cleanly; its driver connections are drivers of
+    /// nothing from now on (so their end cannot unregister a later application of the same id).
+    pub fn end_app(&mut self, app: &str) {
+        self.unregister_app(app);
+        for c in self.conns.values_mut() {
+            if c.driver_of.as_deref() == Some(app) {
+                c.driver_of = None;
+            }
+        }
+    }
+
+    /// `conn` ended: its uncommitted blocks are freed and its pins dropped; the application it
+    /// was the driver of is unregistered unless another of its driver connections is still open
+    /// (a driver that reconnected after a daemon restart, or a second SparkContext's manager).
     pub fn drop_conn(&mut self, conn: u64) {
         if let Some(c) = self.conns.remove(&conn) {
+            if let Some(app) = &c.driver_of {
+                if !self.conns.values().any(|o| o.driver_of.as_ref() == Some(app)) {
+                    self.unregister_app(app);
+                }
+            }
             for b in c.pending {
                 // Only if still this connection's: an unregistered shuffle's block may have been
                 // freed and handed to someone else since.
@@ -738,6 +767,34 @@ mod tests {
         let (_r, dir) = registry(1);
         let e = BlockPool::open(&dir, BLOCK, 1, 1).err().unwrap();
         assert!(e.to_string().contains("in use by another"), "{e}");
+    }
+
+    #[test]
+    fn a_drivers_hang_up_ends_its_application_and_an_executors_does_not() {
+        let (mut r, _dir) = registry(8);
+        r.register("a", 1, 2, None).unwrap();
+        r.register("b", 1, 2, None).unwrap();
+        r.driver(1, "a").unwrap();
+        r.driver(2, "a").unwrap(); // a second driver connection of the same application
+        assert!(r.driver(3, "bad id").is_err());
+        for (conn, app) in [(5, "a"), (5, "b")] {
+            let blk = r.alloc(conn, app, 1).unwrap();
+            r.commit(conn, app, 1, 0, 1, vec![seg(0, blk, 0, 10)]).unwrap();
+        }
+        r.drop_conn(5); // an executor: nothing of a or b goes
+        assert_eq!((r.pool().in_use(), r.shuffle_count()), (2, 2));
+        r.drop_conn(1); // a's other driver connection is still open
+        assert_eq!((r.pool().in_use(), r.shuffle_count()), (2, 2));
+        r.drop_conn(2);
+        assert_eq!((r.pool().in_use(), r.shuffle_count()), (1, 1), "a's driver gone: a freed, b kept");
+        assert!(r.lookup(6, "b", 1, 0).is_ok());
+        // UNREGISTER_APP first, then a new application of the same id, then the old driver's
+        // connection ends: the new application stays.
+        r.driver(7, "b").unwrap();
+        r.end_app("b");
+        r.register("b", 2, 2, None).unwrap();
+        r.drop_conn(7);
+        assert_eq!(r.shuffle_count(), 1, "a driver connection after UNREGISTER_APP ends nothing");
     }
 
     #[test]

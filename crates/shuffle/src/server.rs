@@ -431,7 +431,16 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
                 sent?;
                 continue;
             }
-            Ok(req) => handle(req, &mut r, shared, conn, &mut out)?,
+            Ok(req) => {
+                let driver = matches!(req, Request::Driver { .. });
+                let keep = handle(req, &mut r, shared, conn, &mut out)?;
+                if driver {
+                    // A driver's connection is idle between its application's jobs: closing it
+                    // would end the application (Registry::driver).
+                    r.get_ref().set_read_timeout(None)?;
+                }
+                keep
+            }
             Err(e) => {
                 proto::error(&mut out, &e);
                 true
@@ -537,9 +546,10 @@ fn handle(
             proto::ok(out);
         }
         Request::UnregisterApp { app } => {
-            shared.registry().unregister_app(app);
+            shared.registry().end_app(app);
             proto::ok(out);
         }
+        Request::Driver { app } => done(out, shared.registry().driver(conn, app)),
     }
     Ok(true)
 }

@@ -262,6 +262,27 @@ final class ShuffleClient implements Closeable {
         expectOk();
     }
 
+    /**
+     * DRIVER: this connection is `app`'s driver (the daemon unregisters the application when it
+     * ends without UNREGISTER_APP); from now on it waits for answers without a timeout.
+     */
+    void driver(String app) throws IOException {
+        send("DRIVER " + app);
+        expectOk();
+        socket.setSoTimeout(0);
+    }
+
+    /** Blocks until the daemon closes the connection (or this one is closed); a driver's link. */
+    void awaitClose() {
+        try {
+            while (in.read() >= 0) {
+                // nothing is sent on a driver's connection after DRIVER's answer
+            }
+        } catch (IOException closed) {
+            // closed from this side (stop) or reset: the same end
+        }
+    }
+
     @Override
     public void close() {
         try {

@@ -45,9 +45,15 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     /** This JVM's read mappings of pool blocks, shared by its reduce tasks. */
     private final BlockMaps blockMaps;
     private final SlipstreamBlockResolver resolver = new SlipstreamBlockResolver();
+    /** Spark's conf of this JVM: the driver's gets spark.app.id after the manager is made. */
+    private final SparkConf conf;
     private volatile String appId;
+    /** The driver's DRIVER connection, from its first registerShuffle until stop(). */
+    private DriverLink driverLink;
+    private boolean stopped;
 
     public SlipstreamShuffleManager(SparkConf conf, boolean isDriver) {
+        this.conf = conf;
         this.endpoint = conf.get(ENDPOINT, "127.0.0.1:7300");
         String t = conf.get(TENANT, "").trim();
         this.tenant = t.isEmpty() ? null : t;
@@ -113,6 +119,9 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
     public <K, V, C> ShuffleHandle registerShuffle(int shuffleId, ShuffleDependency<K, V, C> dependency) {
         // Writers register with the daemon themselves (idempotent), so a restarted daemon learns
         // the shuffle again from the recomputed map tasks.
+        if (isDriver) {
+            holdDriverLink();
+        }
         return new BaseShuffleHandle<>(shuffleId, dependency);
     }
 
@@ -147,15 +156,59 @@ public final class SlipstreamShuffleManager implements ShuffleManager {
         return resolver;
     }
 
+    /**
+     * Opens the driver's link (DriverLink) once: an application that crashes after this frees
+     * its blocks in the daemon. From the first registerShuffle, not the constructor: Spark sets
+     * spark.app.id on the driver's conf after it makes the manager, and before a shuffle there
+     * are no blocks to free.
+     */
+    private synchronized void holdDriverLink() {
+        if (driverLink != null || stopped) {
+            return;
+        }
+        String app = endedAppId();
+        if (app != null) {
+            driverLink = new DriverLink(app, this::connect);
+        }
+    }
+
+    /** The driver's link, null before the first registerShuffle and after stop() (tests). */
+    synchronized DriverLink driverLink() {
+        return driverLink;
+    }
+
     @Override
     public void stop() {
         blockMaps.dropAll();
-        if (isDriver && appId != null) {
+        String app = isDriver ? endedAppId() : null;
+        if (app != null) {
             try (ShuffleClient c = connect()) {
-                c.unregisterApp(appId);
+                c.unregisterApp(app);
             } catch (IOException | RuntimeException e) {
                 // The daemon is gone: nothing of ours is left in it.
             }
         }
+        synchronized (this) {
+            stopped = true;
+            if (driverLink != null) {
+                driverLink.close();
+                driverLink = null;
+            }
+        }
+    }
+
+    /**
+     * The application the driver ends, as the daemon names it (null: it never got an id). Not
+     * appId() alone: on a cluster the driver's manager writes and reads nothing, so appId() may
+     * never have been asked there, and an application whose shuffles the ContextCleaner never
+     * dropped then left every block it had in the daemon's pool until the daemon restarted.
+     */
+    private String endedAppId() {
+        String a = appId;
+        if (a != null) {
+            return a;
+        }
+        scala.Option<String> id = conf.getOption("spark.app.id");
+        return id.isDefined() ? daemonAppId(id.get()) : null;
     }
 }

@@ -6,7 +6,8 @@
 // same results with Spark's sort shuffle and with Slipstream; a segment the daemon loses raises
 // FetchFailed and Spark recomputes; an executor JVM killed (SIGKILL) while it runs a reduce task
 // is recomputed and the result is still the same; a daemon restarted between jobs, and a full
-// pool, behave as in local mode. Runs in the surefire execution "shuffle" (its own JVM).
+// pool, behave as in local mode; an application's end gives every block back even though its
+// driver wrote and read nothing. Runs in the surefire execution "shuffle" (its own JVM).
 // Both managers serialize with Kryo here, so Slipstream's aggregated shuffles take the merge path
 // (HashOrder/HashMerge) across JVMs, through the kill and restart tests; SlipstreamShuffleManagerTest
 // keeps Spark's default Java serializer (Spark's own aggregation on the reduce side).
@@ -418,5 +419,40 @@ class LocalClusterShuffleTest {
                     }
                     return n;
                 }).collectAsync())));
+    }
+
+    /** A metric of the daemon's text (the unlabelled sample), or the test fails. */
+    static long metric(String text, String name) {
+        java.util.regex.Matcher m = java.util.regex.Pattern.compile("(?m)^" + name + " (\\d+)$").matcher(text);
+        assertTrue(m.find(), name + " in\n" + text);
+        return Long.parseLong(m.group(1));
+    }
+
+    @Test
+    @Order(6)
+    void anApplicationsEndFreesEveryBlockAndFile() throws Exception {
+        // A new application whose shuffle stays registered (its RDD is held, so Spark's
+        // ContextCleaner drops none of it): its end alone must give every block back. The
+        // driver's manager reads and writes nothing here, so it never looked its app id up.
+        spark.stop();
+        spark = session(SlipstreamShuffleManager.class.getName());
+        LongAccumulator mapped = sc().sc().longAccumulator("mapped-end");
+        // Held until the application ends: a shuffle dependency the driver's GC collects is
+        // dropped by the ContextCleaner (its blocks freed, and the app id looked up) first.
+        JavaPairRDD<Integer, Integer> sums = sumsByTenRdd(5000, 3, mapped);
+        assertEquals(sumsByTen(5000), SlipstreamShuffleManagerTest.sorted(within(sums.collectAsync())));
+        assertTrue(metric(daemon.metrics(), "slipstream_shuffle_blocks_in_use") > 0, "the job's blocks are held");
+        spark.stop();
+        spark = null;
+        java.lang.ref.Reference.reachabilityFence(sums);
+        String m = daemon.metrics();
+        assertEquals(0, metric(m, "slipstream_shuffle_blocks_in_use"), m);
+        assertEquals(0, metric(m, "slipstream_shuffle_shuffles"), m);
+        // Files: only the freed ones the pool keeps for reuse (pool.rs free_keep).
+        long files;
+        try (Stream<Path> f = Files.list(daemon.dir)) {
+            files = f.filter(p -> p.getFileName().toString().startsWith("blk-")).count();
+        }
+        assertEquals(metric(m, "slipstream_shuffle_blocks_free"), files, m);
     }
 }
