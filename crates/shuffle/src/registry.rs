@@ -539,6 +539,11 @@ impl Registry {
         Ok(())
     }
 
+    /// Whether `conn` is some application's driver now (a DRIVER that was refused is not).
+    pub fn is_driver(&self, conn: u64) -> bool {
+        self.conns.get(&conn).is_some_and(|c| c.driver_of.is_some())
+    }
+
     /// UNREGISTER_APP: the application ended cleanly; its driver connections are drivers of
     /// nothing from now on (so their end cannot unregister a later application of the same id).
     pub fn end_app(&mut self, app: &str) {
@@ -777,6 +782,7 @@ mod tests {
         r.driver(1, "a").unwrap();
         r.driver(2, "a").unwrap(); // a second driver connection of the same application
         assert!(r.driver(3, "bad id").is_err());
+        assert!(r.is_driver(1) && !r.is_driver(3), "a refused DRIVER makes no driver");
         for (conn, app) in [(5, "a"), (5, "b")] {
             let blk = r.alloc(conn, app, 1).unwrap();
             r.commit(conn, app, 1, 0, 1, vec![seg(0, blk, 0, 10)]).unwrap();

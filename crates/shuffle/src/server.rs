@@ -434,9 +434,10 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
             Ok(req) => {
                 let driver = matches!(req, Request::Driver { .. });
                 let keep = handle(req, &mut r, shared, conn, &mut out)?;
-                if driver {
+                if driver && shared.registry().is_driver(conn) {
                     // A driver's connection is idle between its application's jobs: closing it
-                    // would end the application (Registry::driver).
+                    // would end the application (Registry::driver). A refused DRIVER keeps
+                    // the idle limit.
                     r.get_ref().set_read_timeout(None)?;
                 }
                 keep
