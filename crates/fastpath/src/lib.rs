@@ -753,13 +753,14 @@ impl Kernel {
         let read = |idx: u32| -> Result<u64, FastPathError> {
             Ok(self.percpu_sum(self.counters_fd, idx, 8, 1, "counters")?.first().copied().unwrap_or(0))
         };
+        let gate = self.gate.counters();
         Ok(FastPathCounters {
             fastpath_hits: read(abi::COUNTER_HITS)?,
             fastpath_misses: read(abi::COUNTER_MISSES)?,
             fastpath_throttled: read(abi::COUNTER_THROTTLED)?,
             fastpath_invalidations: self.invalidations.load(Ordering::Relaxed),
-            fastpath_fill_graces: self.gate.counters().graces,
-            fastpath_fills_deferred: self.gate.counters().skipped,
+            fastpath_fill_graces: gate.graces,
+            fastpath_fills_deferred: gate.skipped,
         })
     }
 

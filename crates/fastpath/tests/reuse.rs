@@ -18,9 +18,14 @@ const VALUE_BYTES: usize = 900;
 const RUN_FOR: Duration = Duration::from_secs(3);
 const READS_MAX: u64 = 2_000_000;
 
-fn root() -> bool {
+/// The program loaded with fresh maps, or None (said why) when not root.
+fn kernel() -> Option<Arc<Kernel>> {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: not root, cannot load BPF programs");
+        return None;
+    }
+    Some(Arc::new(Kernel::load(FastPathConfig { udp_port: PORT, entries_max: 1024 }).expect("load")))
 }
 
 fn value(generation: u64) -> Vec<u8> {
@@ -48,11 +53,7 @@ fn whole_value_of_key(reply: &[u8]) -> Result<(), String> {
 
 #[test]
 fn a_reader_never_sees_an_element_reused_for_another_fill() {
-    if !root() {
-        eprintln!("SKIP: not root, cannot load BPF programs");
-        return;
-    }
-    let k = Arc::new(Kernel::load(FastPathConfig { udp_port: PORT, entries_max: 1024 }).expect("load"));
+    let Some(k) = kernel() else { return };
     k.fill(KEY, 0, 1, &value(0), 0).expect("fill");
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -99,11 +100,7 @@ fn a_reader_never_sees_an_element_reused_for_another_fill() {
 #[test]
 fn an_insert_after_a_free_waits_for_every_reader() {
     use slipstream_fastpath::{Filled, GRACE_WAIT_NS_MAX};
-    if !root() {
-        eprintln!("SKIP: not root, cannot load BPF programs");
-        return;
-    }
-    let k = Arc::new(Kernel::load(FastPathConfig { udp_port: PORT, entries_max: 1024 }).expect("load"));
+    let Some(k) = kernel() else { return };
     let limit = Duration::from_nanos(GRACE_WAIT_NS_MAX);
     k.fill(b"a", 0, 1, b"1", 0).expect("fill");
     k.invalidate(b"a").expect("invalidate");
