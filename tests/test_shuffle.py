@@ -80,15 +80,21 @@ class Conn:
         self.s.close()
 
 
-@pytest.fixture
-def daemon():
+def one_daemon(cls):
+    """A `cls` daemon of 1 MiB (16 blocks of 64 KiB) for one test, stopped and removed after
+    it: the body of this file's and test_shuffle_driver.py's `daemon` fixtures."""
     if not mcwire.slipstream_available():
         pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
-    d = ShuffleDaemon(memory_mb=1).start()  # 16 blocks of 64 KiB
+    d = cls(memory_mb=1).start()
     yield d
     d.stop()
     d.remove_files()
     shutil.rmtree(d.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon():
+    yield from one_daemon(ShuffleDaemon)
 
 
 def test_commit_lookup_first_attempt_wins(daemon):

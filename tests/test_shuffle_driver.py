@@ -6,7 +6,6 @@ ending frees nothing committed; a second driver connection of the same applicati
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import time
 import pytest
 
 import mcwire
-from test_shuffle import Conn, ShuffleDaemon
+from test_shuffle import Conn, ShuffleDaemon, one_daemon
 
 #: Longest a test waits for the daemon to notice a closed connection (s).
 HANG_UP_WAIT_S = 5.0
@@ -29,13 +28,7 @@ class NoKeepShuffleDaemon(ShuffleDaemon):
 
 @pytest.fixture
 def daemon():
-    if not mcwire.slipstream_available():
-        pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
-    d = NoKeepShuffleDaemon(memory_mb=1).start()  # 16 blocks of 64 KiB
-    yield d
-    d.stop()
-    d.remove_files()
-    shutil.rmtree(d.dir, ignore_errors=True)
+    yield from one_daemon(NoKeepShuffleDaemon)
 
 
 def gauge(daemon, name):
