@@ -1,6 +1,6 @@
 //! A `BPF_F_MMAPABLE` array map mapped into this process and seen as a slice of `T`, so user
 //! space and the program on any CPU share its elements through atomic fields, with no syscall
-//! per access (the tenant table, the per-CPU reader counts).
+//! per access (the tenant table, the per-CPU reader counts, the word-count cache's slots).
 //!
 //! Not for: maps read or written through bpf(2) (`sys.rs`), or element types with plain
 //! (non-atomic) fields: the program writes them concurrently.
@@ -24,6 +24,11 @@ pub(crate) unsafe trait Shared: Sync {}
 unsafe impl Shared for crate::abi::Tenant {}
 // SAFETY: as above.
 unsafe impl Shared for crate::abi::Reader {}
+// SAFETY: repr(C), atomics only, all-zero valid (an empty slot), 8-byte multiple (stream.rs
+// asserts its size against the header's struct). The map's element is a table of these slots
+// with no padding between them (the table's size is a multiple of 8), so the mapping is one
+// array of slots.
+unsafe impl Shared for crate::stream::WccSlot {}
 
 pub(crate) struct MappedArray<T: Shared> {
     base: NonNull<T>,
@@ -57,14 +62,15 @@ impl<T: Shared> MappedArray<T> {
     }
 
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
-        if i >= self.len {
-            return None;
-        }
-        // SAFETY: i < len, so the element lies inside the mapping (the stride is size_of::<T>,
-        // a multiple of 8 by `Shared`); the mapping is page aligned, so the element is aligned
-        // for T (8); the kernel zero-fills it and all-zero is a valid T; the reference lives no
-        // longer than &self, and the mapping lives until self is dropped.
-        Some(unsafe { &*self.base.as_ptr().add(i) })
+        self.as_slice().get(i)
+    }
+
+    pub(crate) fn as_slice(&self) -> &[T] {
+        // SAFETY: the mapping holds `len` consecutive elements (the stride is size_of::<T>, a
+        // multiple of 8 by `Shared`); it is page aligned, so every element is aligned for T
+        // (8); the kernel zero-fills it and all-zero is a valid T; the slice lives no longer
+        // than &self, and the mapping lives until self is dropped.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
     }
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use aya::maps::{MapData, RingBuf};
 
 use crate::abi::header::{self as h, ss_alert, ss_ev_hdr, ss_values};
+use crate::mapped::MappedArray;
 use crate::{mirror, sys, AttachMode, FastPath, FastPathError};
 
 /// Map and limit names of `slipstream_stream.h`.
@@ -340,53 +341,22 @@ pub(crate) fn wc_cache_entries(cpus: usize) -> Result<u32, FastPathError> {
 type WindowCounts = std::collections::HashMap<(u64, Vec<u8>), u64>;
 
 /// The `ss_wcc` array map, mapped into this process (every field accessed atomically: the
-/// program writes it on every CPU).
+/// program writes it on every CPU): one table of `WCC_SLOTS` slots per CPU, seen as one slice.
 struct WcCache {
-    base: std::ptr::NonNull<WccSlot>,
-    slots: usize,
+    slots: MappedArray<WccSlot>,
 }
-
-// SAFETY: the mapping is shared memory that lives until Drop and is only accessed through the
-// atomic fields of `WccSlot`, which are Sync.
-unsafe impl Send for WcCache {}
-// SAFETY: as above.
-unsafe impl Sync for WcCache {}
 
 impl WcCache {
     fn map(fd: RawFd, cpus: usize) -> Result<WcCache, FastPathError> {
         let slots = wc_cache_entries(cpus)? as usize * WCC_SLOTS as usize;
-        let len_bytes = slots * size_of::<WccSlot>();
-        // SAFETY: mmap with a null hint creates a new mapping and touches no existing memory;
-        // fd is the live ss_wcc map (BPF_F_MMAPABLE) loaded with one ss_wcc_table of WCC_SLOTS
-        // slots per CPU, whose value area is slots * size_of::<WccSlot>() bytes (the array's
-        // stride for a value whose size is a multiple of 8), page aligned; failure is reported
-        // as MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(FastPathError::Map { op: "mmap word-count cache", error: io::Error::last_os_error() });
-        }
-        let base = std::ptr::NonNull::new(p.cast::<WccSlot>()).ok_or_else(|| FastPathError::Map {
-            op: "mmap word-count cache",
-            error: io::Error::other("null mapping"),
-        })?;
-        Ok(WcCache { base, slots })
-    }
-
-    fn slots(&self) -> &[WccSlot] {
-        // SAFETY: the mapping holds `slots` consecutive elements of WccSlot's size (checked
-        // against the header), page aligned so 8-byte aligned; the kernel zero-fills it and
-        // all-zero is a valid WccSlot (atomics); the slice lives no longer than &self, and the
-        // mapping lives until self is dropped.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.slots) }
+        Ok(WcCache { slots: MappedArray::map(fd, slots, "mmap word-count cache")? })
     }
 
     /// Takes every slot of `stream` holding a window below `before_window`, adding its count to
     /// `into` (wrapping: see the header). The order (count, then tag) is the one the program
     /// relies on: it never writes a slot whose tag is an older window, and claims only tag 0.
     fn take(&self, stream: u32, before_window: u64, into: &mut WindowCounts) {
-        for c in self.slots() {
+        for c in self.slots.as_slice() {
             let tag = c.tag.load(Ordering::Acquire);
             if tag == 0 {
                 continue;
@@ -405,14 +375,6 @@ impl WcCache {
             let e = into.entry((window, word)).or_insert(0);
             *e = e.wrapping_add(n);
         }
-    }
-}
-
-impl Drop for WcCache {
-    fn drop(&mut self) {
-        // SAFETY: base and slots * size_of::<WccSlot>() bytes are exactly what mmap returned and
-        // was given; no reference into the mapping outlives self (slots() borrows self).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.slots * size_of::<WccSlot>()) };
     }
 }
 

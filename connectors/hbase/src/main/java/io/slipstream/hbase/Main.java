@@ -151,17 +151,9 @@ public final class Main {
       done.countDown();
     }));
     // Stdin closing (the parent went away) ends the process too; its lines are commands.
-    Thread stdin = new Thread(() -> {
-      try {
-        java.io.BufferedReader r = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
-        for (String line = r.readLine(); line != null; line = r.readLine()) {
-          if (u != null) command(u, line.trim());
-        }
-      } catch (java.io.IOException e) { /* closed */ }
-      System.exit(0);
-    }, "stdin-watch");
-    stdin.setDaemon(true);
-    stdin.start();
+    StdinWatch.start(line -> {
+      if (u != null) command(u, line);
+    });
     done.await();
   }
 

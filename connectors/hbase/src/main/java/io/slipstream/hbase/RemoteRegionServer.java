@@ -48,14 +48,7 @@ final class RemoteRegionServer {
       }
       done.countDown();
     }));
-    Thread stdin = new Thread(() -> {
-      try {
-        while (System.in.read() >= 0) { /* no commands */ }
-      } catch (java.io.IOException e) { /* closed */ }
-      System.exit(0);
-    }, "stdin-watch");
-    stdin.setDaemon(true);
-    stdin.start();
+    StdinWatch.start(line -> { /* no commands in this mode */ });
     done.await();
   }
 
