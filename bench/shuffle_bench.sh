@@ -43,7 +43,10 @@
 #   PROFILE [0], TUNED_CONF ["k=v;k=v" replaces the tuned settings], KRYO [1: every manager
 #   serializes with Kryo, so Slipstream aggregates by merging (HashMerge); 0: Java serialization],
 #   CLEAN [0; 1: a driver GC and 3 s pause before each round, so the previous round's shuffle is
-#   cleaned first (16M records: two rounds' shuffles do not fit the pool)].
+#   cleaned first (16M records: two rounds' shuffles do not fit the pool)], EXECUTOR_MEMORY [unset:
+#   Spark's default 1g; e.g. 3g: spark.executor.memory for every manager. local-cluster's third
+#   number is the worker's memory, not the executor's heap: MASTER='local-cluster[2,1,3072]' alone
+#   still gives 1 GiB executors].
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SLIPSTREAM_BIN:-$ROOT/target/release/slipstream}"
@@ -51,6 +54,8 @@ RECORDS="${RECORDS:-1000000}" SHAPES="${SHAPES:-8x8}" VALUE_BYTES="${VALUE_BYTES
 MANAGERS="${MANAGERS:-sort,tuned,slipstream}"
 RUNS="${RUNS:-5}" MEMORY_MB="${MEMORY_MB:-4096}" MASTER="${MASTER:-local-cluster[2,1,1024]}"
 PAGERANK="${PAGERANK:-0}"
+DRIVER_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}"
+[[ -n "${EXECUTOR_MEMORY:-}" ]] && DRIVER_OPTS+=" -Dspark.executor.memory=$EXECUTOR_MEMORY"
 KIND=shuffle; [[ "$PAGERANK" == 1 ]] && KIND=pagerank
 OUT="$(realpath -m "${RESULTS_DIR:-$ROOT/bench/results/$KIND-$(date -u +%Y%m%dT%H%M%SZ)}")"  # absolute: executors run elsewhere
 mkdir -p "$OUT"
@@ -98,7 +103,7 @@ if [[ "$PAGERANK" == 1 ]]; then
     RC=0
     for order in "$MANAGERS" "$REVERSED"; do
         # The driver exits 1 when the managers' ranks differ: its rounds are still kept, then fail.
-        SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
+        SPARK_JAVA_OPTS="$DRIVER_OPTS" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
             io.slipstream.spark.bench.PageRankBench endpoint=127.0.0.1:"$PORT" vertices="${VERTICES:-200000}" \
             parts="${PARTS:-8}" mu="${MU:-2.0}" sigma="${SIGMA:-1.3}" skew="${SKEW:-3}" seed="${SEED:-17}" \
             iterations="${ITERATIONS:-10}" kryo="${KRYO:-1}" runs="$RUNS" master="$MASTER" jar="$JAR" \
@@ -113,7 +118,7 @@ fi
 for shape in $SHAPES; do
     MAPS=${shape%x*} REDUCES=${shape#*x}
     for order in "$MANAGERS" "$REVERSED"; do
-        SPARK_JAVA_OPTS="${SPARK_JAVA_OPTS:--Xmx4g}" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
+        SPARK_JAVA_OPTS="$DRIVER_OPTS" SKIP_COMPILE=1 bash "$ROOT/connectors/spark/bin/run-java.sh" \
             io.slipstream.spark.bench.ShuffleBench endpoint=127.0.0.1:"$PORT" records="$RECORDS" maps="$MAPS" \
             reduces="$REDUCES" value_bytes="$VALUE_BYTES" runs="$RUNS" warmups="${WARMUPS:-1}" master="$MASTER" jar="$JAR" managers="$order" kryo="${KRYO:-1}" clean="${CLEAN:-0}" \
             daemon_pid="$DAEMON" "${EXTRA[@]}" | grep '^{' | tee -a "$OUT/shuffle.jsonl"
