@@ -168,7 +168,7 @@ mod tests {
             f.send(&crate::proto::unregister_for_peer("app-1", i));
         }
         assert!(started.elapsed() < Duration::from_millis(100), "send waited for a peer");
-        let (sock, _) = live.accept().unwrap();
+        let sock = accept_within(&live, Duration::from_secs(20));
         let mut r = BufReader::new(sock.try_clone().unwrap());
         let mut w = sock;
         for i in 0..3 {
@@ -181,6 +181,26 @@ mod tests {
         while (f.counts.forwarded.load(Ordering::Relaxed), f.counts.errors.load(Ordering::Relaxed)) != (3, 3) {
             assert!(Instant::now() < deadline, "counts {:?}", f.counts);
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The first connection to `l`, waiting at most `wait` (a forwarder that never connects
+    /// fails the test instead of hanging it).
+    fn accept_within(l: &TcpListener, wait: Duration) -> std::net::TcpStream {
+        l.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + wait;
+        loop {
+            match l.accept() {
+                Ok((sock, _)) => {
+                    sock.set_nonblocking(false).unwrap();
+                    sock.set_read_timeout(Some(wait)).unwrap();
+                    return sock;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("no connection from the forwarder: {e}"),
+            }
         }
     }
 }
