@@ -44,6 +44,8 @@ pub const VERSION: u32 = 1;
 /// Longest request line, `\r\n` included.
 pub const LINE_BYTES_MAX: usize = 256;
 
+/// One request. `from_peer` (UNREGISTER, UNREGISTER_APP): marked PEER, passed on by another
+/// daemon, so not to be passed on again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
     Hello { tenant: Option<&'a str> },
@@ -53,7 +55,6 @@ pub enum Request<'a> {
     Lookup { app: &'a str, shuffle: u32, reduce: u32 },
     Release { blocks: Vec<u32> },
     Lost { app: &'a str, shuffle: u32, map: u32, attempt: u64 },
-    /// `from_peer`: marked PEER, passed on by another daemon (not to be passed on again).
     Unregister { app: &'a str, shuffle: u32, from_peer: bool },
     UnregisterApp { app: &'a str, from_peer: bool },
     Driver { app: &'a str },
@@ -279,12 +280,17 @@ mod tests {
             parse_request(unregister_for_peer("a", 3).as_bytes()).unwrap(),
             Request::Unregister { app: "a", shuffle: 3, from_peer: true }
         );
-        assert_eq!(parse_request(b"UNREGISTER_APP a\r\n").unwrap(), Request::UnregisterApp { app: "a", from_peer: false });
+        assert_eq!(
+            parse_request(b"UNREGISTER_APP a\r\n").unwrap(),
+            Request::UnregisterApp { app: "a", from_peer: false }
+        );
         assert_eq!(
             parse_request(unregister_app_for_peer("a").as_bytes()).unwrap(),
             Request::UnregisterApp { app: "a", from_peer: true }
         );
-        for bad in [&b"UNREGISTER a 3 peer\r\n"[..], b"UNREGISTER a\r\n", b"UNREGISTER_APP a X\r\n", b"UNREGISTER_APP\r\n"] {
+        for bad in
+            [&b"UNREGISTER a 3 peer\r\n"[..], b"UNREGISTER a\r\n", b"UNREGISTER_APP a X\r\n", b"UNREGISTER_APP\r\n"]
+        {
             assert!(parse_request(bad).is_err(), "{bad:?}");
         }
         assert_eq!(
