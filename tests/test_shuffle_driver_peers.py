@@ -82,7 +82,9 @@ def commit_on_both(ea, eb, app, shuffle):
 
 def test_unregister_and_the_applications_end_free_its_blocks_on_every_peer(peers):
     a, b = peers
-    both = lambda: (gauge(a, "blocks_in_use"), gauge(b, "blocks_in_use"))  # noqa: E731
+    def both():
+        return gauge(a, "blocks_in_use"), gauge(b, "blocks_in_use")
+
     driver, ea, eb = Conn(a.port), Conn(a.port), Conn(b.port)
     assert driver.ask("DRIVER app-1\r\n") == "OK"
     commit_on_both(ea, eb, "app-1", 0)
@@ -104,7 +106,9 @@ def test_unregister_and_the_applications_end_free_its_blocks_on_every_peer(peers
     assert becomes(both, (0, 0)) == (0, 0), "a lost driver's application is freed on both hosts"
     # A passed on 3 lines to B (and gave up on the dead peer for each); B, which got them marked
     # PEER, passed none on.
-    forwards = lambda d: (gauge(d, "peer_forwards_total"), gauge(d, "peer_forward_errors_total"))  # noqa: E731
+    def forwards(d):
+        return gauge(d, "peer_forwards_total"), gauge(d, "peer_forward_errors_total")
+
     assert becomes(lambda: forwards(a), (3, 3)) == (3, 3)
     assert forwards(b) == (0, 0)
     for c in (driver, ea, eb):
