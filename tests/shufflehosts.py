@@ -43,15 +43,16 @@ class Host:
     127.0.0.1 too, as Spark executors do), with a pool of `memory_mb` in blocks of `block_kb`
     (the benchmark sizes them up)."""
 
-    def __init__(self, name, ip, ns, port, peer, memory_mb=4, block_kb=64, listen=None):
+    def __init__(self, name, ip, ns, port, peer, memory_mb=4, block_kb=64, listen=None, extra=""):
         self.name, self.ip, self.ns, self.port = name, ip, ns, port
+        self.link = None  # its end of the veth pair (two_hosts sets it)
         self.admin_port = port + 1
         self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-%s-" % name, dir="/dev/shm")
         fd, self.config = tempfile.mkstemp(prefix="slipstream-shuffle-%s-" % name, suffix=".toml")
         with os.fdopen(fd, "w") as f:
             f.write('[server]\nadmin = "%s:%d"\n[shuffle]\nlisten = "%s"\ntcp_port = %d\nmemory_mb = %d\n'
                     'block_kb = %d\ndir = "%s"\npeers = ["%s"]\npeer_timeout_ms = 3000\n'
-                    % (ip, self.admin_port, listen or ip, port, memory_mb, block_kb, self.dir, peer))
+                    % (ip, self.admin_port, listen or ip, port, memory_mb, block_kb, self.dir, peer) + extra)
         self.log = self.config[:-5] + ".log"
         self.proc = None
 
@@ -97,10 +98,10 @@ class Host:
 
 
 @contextlib.contextmanager
-def two_hosts(memory_mb=4, block_kb=64, listen=None):
-    """Daemon A here and B in a fresh namespace over a veth pair, each the other's peer; yields
-    (a, b, namespace name); the namespace, link and daemons are removed on the way out, also on
-    failure."""
+def two_hosts(memory_mb=4, block_kb=64, listen=None, extra=""):
+    """Daemon A here and B in a fresh namespace over a veth pair, each the other's peer (`extra`:
+    more `[shuffle]` lines for both); yields (a, b, namespace name), each host's end of the veth
+    in its `link`; the namespace, link and daemons are removed on the way out, also on failure."""
     tag = "%d" % (os.getpid() % 100000)
     ns, here, there = "shfb" + tag, "sha" + tag, "shb" + tag
     made_ns = made_link = False
@@ -116,8 +117,9 @@ def two_hosts(memory_mb=4, block_kb=64, listen=None):
         sh("ip", "-n", ns, "addr", "add", B_IP + "/24", "dev", there)
         sh("ip", "-n", ns, "link", "set", there, "up")
         port = 17300 + int(tag) % 1000 * 2
-        a = Host("a", A_IP, None, port, "%s:%d" % (B_IP, port), memory_mb, block_kb, listen)
-        b = Host("b", B_IP, ns, port, "%s:%d" % (A_IP, port), memory_mb, block_kb, listen)
+        a = Host("a", A_IP, None, port, "%s:%d" % (B_IP, port), memory_mb, block_kb, listen, extra)
+        b = Host("b", B_IP, ns, port, "%s:%d" % (A_IP, port), memory_mb, block_kb, listen, extra)
+        a.link, b.link = here, there
         a.start()
         b.start()
         yield a, b, ns

@@ -30,9 +30,12 @@ class ShuffleDaemon(daemonlib.ConfigDaemon):
         self.memory_mb = memory_mb
         self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
+    #: The control port when it must be known before the start (peers name it); else a free one.
+    fixed_port = None
+
     def _pick_ports(self):
         self.kv_port = mcwire.free_port()
-        self.port = mcwire.free_port()
+        self.port = self.fixed_port or mcwire.free_port()
         self.admin_port = mcwire.free_port()
         return (
             '[server]\nadmin = "%s:%d"\n[shuffle]\ntcp_port = %d\nmemory_mb = %d\nblock_kb = 64\ndir = "%s"\n'

@@ -8,11 +8,13 @@
 //! Layout: [`pool`] (the block files and the memory limit), [`registry`] (apps, shuffles, map
 //! commits with first-successful-attempt-wins, lookups, pins), [`proto`] (the control protocol:
 //! parse and compose, no I/O), [`peer`] (the cross-host path: FETCH between daemons by
-//! sendfile/splice), [`tenants`] (a Spark application is a tenant: its share of the pool and
+//! sendfile/splice), [`forward`] (an application's or shuffle's end passed on to the peers),
+//! [`tenants`] (a Spark application is a tenant: its share of the pool and
 //! the buckets its bytes pay from), [`server`] (the TCP port, connection threads, metrics).
 //!
 //! Not for (yet): compressing shuffle data.
 
+pub mod forward;
 pub mod peer;
 pub mod pool;
 pub mod proto;

@@ -210,12 +210,13 @@ impl PeerConns {
     }
 }
 
-fn connect(peer: SocketAddr, limits: &FetchLimits, counts: &PeerCounts) -> std::io::Result<BufReader<TcpStream>> {
-    let sock = TcpStream::connect_timeout(&peer, limits.timeout)?;
-    sock.set_read_timeout(Some(limits.timeout))?;
-    sock.set_write_timeout(Some(limits.timeout))?;
+/// A connection to `peer` whose connect, reads and writes each give up after `timeout` (also
+/// crate::forward's).
+pub(crate) fn connect(peer: SocketAddr, timeout: Duration) -> std::io::Result<BufReader<TcpStream>> {
+    let sock = TcpStream::connect_timeout(&peer, timeout)?;
+    sock.set_read_timeout(Some(timeout))?;
+    sock.set_write_timeout(Some(timeout))?;
     sock.set_nodelay(true)?;
-    counts.connections_opened.fetch_add(1, Ordering::Relaxed);
     Ok(BufReader::new(sock))
 }
 
@@ -235,7 +236,12 @@ pub fn fetch(
     let mut kept = conns.take(peer);
     loop {
         let reused = kept.is_some();
-        let mut conn = match kept.take().map_or_else(|| connect(peer, limits, counts), Ok) {
+        let fresh = || {
+            let c = connect(peer, limits.timeout)?;
+            counts.connections_opened.fetch_add(1, Ordering::Relaxed);
+            Ok(c)
+        };
+        let mut conn = match kept.take().map_or_else(fresh, Ok) {
             Ok(c) => c,
             Err(e) => {
                 out.result = Err(FetchError::Io(e));
@@ -312,7 +318,8 @@ fn fetch_into(
     Ok(received)
 }
 
-fn read_line(r: &mut BufReader<TcpStream>, line: &mut Vec<u8>) -> std::io::Result<()> {
+/// One answer line (crate::forward's too); a closed stream or an overlong line is an error.
+pub(crate) fn read_line(r: &mut BufReader<TcpStream>, line: &mut Vec<u8>) -> std::io::Result<()> {
     line.clear();
     let n = Read::take(&mut *r, LINE_BYTES_MAX as u64).read_until(b'\n', line)?;
     if n == 0 || line.last() != Some(&b'\n') {

@@ -15,11 +15,14 @@
 //! RELEASE <block> [<block> ...]           -> OK  (CLIENT_ERROR names the first block not pinned;
 //!                                            the others are released all the same)
 //! LOST <app> <shuffle> <map> <attempt>    -> OK
-//! UNREGISTER <app> <shuffle>              -> OK
-//! UNREGISTER_APP <app>                    -> OK
+//! UNREGISTER <app> <shuffle> [PEER]       -> OK
+//! UNREGISTER_APP <app> [PEER]             -> OK  (both also passed on to every `[shuffle] peers`
+//!                                            daemon, marked PEER: a PEER line is applied, not
+//!                                            passed on again; crate::forward)
 //! DRIVER <app>                            -> OK  (this connection is the application's driver:
 //!                                            when it ends without UNREGISTER_APP, the daemon
-//!                                            unregisters the application; no idle timeout)
+//!                                            unregisters the application, here and on the
+//!                                            peers; no idle timeout, TCP keepalive instead)
 //! QUIT                                    -> (closes)
 //! FETCH <app> <shuffle> <reduce>          -> DATA <n>, n times: a line <map> <attempt> <length>
 //!                                            then <length> raw bytes; END   (daemon to daemon)
@@ -41,6 +44,8 @@ pub const VERSION: u32 = 1;
 /// Longest request line, `\r\n` included.
 pub const LINE_BYTES_MAX: usize = 256;
 
+/// One request. `from_peer` (UNREGISTER, UNREGISTER_APP): marked PEER, passed on by another
+/// daemon, so not to be passed on again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
     Hello { tenant: Option<&'a str> },
@@ -50,8 +55,8 @@ pub enum Request<'a> {
     Lookup { app: &'a str, shuffle: u32, reduce: u32 },
     Release { blocks: Vec<u32> },
     Lost { app: &'a str, shuffle: u32, map: u32, attempt: u64 },
-    Unregister { app: &'a str, shuffle: u32 },
-    UnregisterApp { app: &'a str },
+    Unregister { app: &'a str, shuffle: u32, from_peer: bool },
+    UnregisterApp { app: &'a str, from_peer: bool },
     Driver { app: &'a str },
     Fetch { app: &'a str, shuffle: u32, reduce: u32 },
     Quit,
@@ -134,12 +139,12 @@ pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
             })
         }
         "UNREGISTER" => {
-            arity(3)?;
-            Ok(Request::Unregister { app: w[1], shuffle: num(w[2], "shuffle")? })
+            let from_peer = peer_mark(&w, 3)?;
+            Ok(Request::Unregister { app: w[1], shuffle: num(w[2], "shuffle")?, from_peer })
         }
         "UNREGISTER_APP" => {
-            arity(2)?;
-            Ok(Request::UnregisterApp { app: w[1] })
+            let from_peer = peer_mark(&w, 2)?;
+            Ok(Request::UnregisterApp { app: w[1], from_peer })
         }
         "DRIVER" => {
             arity(2)?;
@@ -147,6 +152,28 @@ pub fn parse_request(line: &[u8]) -> Result<Request<'_>, ShuffleError> {
         }
         _ => Err(ShuffleError::Syntax(format!("unknown command {cmd:?}"))),
     }
+}
+
+/// The word that marks a request another daemon passed on (crate::forward).
+pub const PEER_MARK: &str = "PEER";
+
+/// Whether `w` (a command of `n` words, or `n + 1` with PEER_MARK last) is marked PEER.
+fn peer_mark(w: &[&str], n: usize) -> Result<bool, ShuffleError> {
+    match w.len() {
+        len if len == n => Ok(false),
+        len if len == n + 1 && w[n] == PEER_MARK => Ok(true),
+        _ => Err(ShuffleError::Syntax(format!("{} takes {} arguments, then optionally {PEER_MARK}", w[0], n - 1))),
+    }
+}
+
+/// A PEER-marked UNREGISTER for a peer (crate::forward).
+pub fn unregister_for_peer(app: &str, shuffle: u32) -> String {
+    format!("UNREGISTER {app} {shuffle} {PEER_MARK}\r\n")
+}
+
+/// A PEER-marked UNREGISTER_APP for a peer (crate::forward).
+pub fn unregister_app_for_peer(app: &str) -> String {
+    format!("UNREGISTER_APP {app} {PEER_MARK}\r\n")
 }
 
 /// One segment line of a COMMIT: `<partition> <block> <offset> <length>`.
@@ -245,6 +272,27 @@ mod tests {
         assert!(parse_request(b"HELLO a b\r\n").is_err());
         assert_eq!(parse_request(b"DRIVER app-1\r\n").unwrap(), Request::Driver { app: "app-1" });
         assert!(parse_request(b"DRIVER\r\n").is_err());
+        assert_eq!(
+            parse_request(b"UNREGISTER a 3\r\n").unwrap(),
+            Request::Unregister { app: "a", shuffle: 3, from_peer: false }
+        );
+        assert_eq!(
+            parse_request(unregister_for_peer("a", 3).as_bytes()).unwrap(),
+            Request::Unregister { app: "a", shuffle: 3, from_peer: true }
+        );
+        assert_eq!(
+            parse_request(b"UNREGISTER_APP a\r\n").unwrap(),
+            Request::UnregisterApp { app: "a", from_peer: false }
+        );
+        assert_eq!(
+            parse_request(unregister_app_for_peer("a").as_bytes()).unwrap(),
+            Request::UnregisterApp { app: "a", from_peer: true }
+        );
+        for bad in
+            [&b"UNREGISTER a 3 peer\r\n"[..], b"UNREGISTER a\r\n", b"UNREGISTER_APP a X\r\n", b"UNREGISTER_APP\r\n"]
+        {
+            assert!(parse_request(bad).is_err(), "{bad:?}");
+        }
         assert_eq!(
             parse_request(b"REGISTER a 1 8 etl\r\n").unwrap(),
             Request::Register { app: "a", shuffle: 1, partitions: 8, tenant: Some("etl") }

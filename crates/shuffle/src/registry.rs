@@ -558,25 +558,24 @@ impl Registry {
     /// `conn` ended: its uncommitted blocks are freed and its pins dropped; the application it
     /// was the driver of is unregistered unless another of its driver connections is still open
     /// (a driver that reconnected after a daemon restart, or a second SparkContext's manager).
-    pub fn drop_conn(&mut self, conn: u64) {
-        if let Some(c) = self.conns.remove(&conn) {
-            if let Some(app) = &c.driver_of {
-                if !self.conns.values().any(|o| o.driver_of.as_ref() == Some(app)) {
-                    self.unregister_app(app);
-                }
-            }
-            for b in c.pending {
-                // Only if still this connection's: an unregistered shuffle's block may have been
-                // freed and handed to someone else since.
-                if matches!(self.blocks.get(&b), Some(Block { owner: Owner::Pending { conn: c, .. }, .. }) if *c == conn)
-                {
-                    self.kill(b);
-                }
-            }
-            for b in c.pins {
-                self.unpin(b);
+    /// Returns the application it unregistered, for the server to pass on to the peers.
+    pub fn drop_conn(&mut self, conn: u64) -> Option<String> {
+        let c = self.conns.remove(&conn)?;
+        let ended = c.driver_of.filter(|app| !self.conns.values().any(|o| o.driver_of.as_ref() == Some(app)));
+        if let Some(app) = &ended {
+            self.unregister_app(app);
+        }
+        for b in c.pending {
+            // Only if still this connection's: an unregistered shuffle's block may have been
+            // freed and handed to someone else since.
+            if matches!(self.blocks.get(&b), Some(Block { owner: Owner::Pending { conn: c, .. }, .. }) if *c == conn) {
+                self.kill(b);
             }
         }
+        for b in c.pins {
+            self.unpin(b);
+        }
+        ended
     }
 
     fn free_pending(&mut self, conn: u64, key: &ShuffleKey) {
@@ -787,11 +786,11 @@ mod tests {
             let blk = r.alloc(conn, app, 1).unwrap();
             r.commit(conn, app, 1, 0, 1, vec![seg(0, blk, 0, 10)]).unwrap();
         }
-        r.drop_conn(5); // an executor: nothing of a or b goes
+        assert_eq!(r.drop_conn(5), None); // an executor: nothing of a or b goes
         assert_eq!((r.pool().in_use(), r.shuffle_count()), (2, 2));
-        r.drop_conn(1); // a's other driver connection is still open
+        assert_eq!(r.drop_conn(1), None); // a's other driver connection is still open
         assert_eq!((r.pool().in_use(), r.shuffle_count()), (2, 2));
-        r.drop_conn(2);
+        assert_eq!(r.drop_conn(2).as_deref(), Some("a"), "ended: for the peers too");
         assert_eq!((r.pool().in_use(), r.shuffle_count()), (1, 1), "a's driver gone: a freed, b kept");
         assert!(r.lookup(6, "b", 1, 0).is_ok());
         // UNREGISTER_APP first, then a new application of the same id, then the old driver's
@@ -799,7 +798,7 @@ mod tests {
         r.driver(7, "b").unwrap();
         r.end_app("b");
         r.register("b", 2, 2, None).unwrap();
-        r.drop_conn(7);
+        assert_eq!(r.drop_conn(7), None);
         assert_eq!(r.shuffle_count(), 1, "a driver connection after UNREGISTER_APP ends nothing");
     }
 

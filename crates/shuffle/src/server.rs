@@ -3,10 +3,24 @@
 //! request is a few table operations), the Prometheus metrics, and with tenants
 //! (crate::tenants) the waits and charges on each tenant's token buckets: an ALLOC waits while
 //! the tenant's ingress bucket is in debt, a LOOKUP while its egress bucket is; the bytes the
-//! registry counted are charged after each request.
+//! registry counted are charged after each request. UNREGISTER, UNREGISTER_APP and a driver's
+//! end are passed on to the peers (crate::forward).
+//!
+//! A driver connection (after `DRIVER <app>`) has no idle timeout: it is silent between jobs.
+//! Its peer's host is watched instead by TCP keepalive, so a host lost without a FIN or RST
+//! (power off, partition, a frozen VM) ends the connection, and so the application, within
+//! `driver_keepalive_s x (1 + driver_keepalive_probes)` (60 s by default): after
+//! `driver_keepalive_s` of silence the kernel probes every `driver_keepalive_s`, and after
+//! `driver_keepalive_probes` unanswered probes the read fails (ETIMEDOUT). TCP_USER_TIMEOUT is
+//! set to the same bound, so an answer the host never acknowledges ends it as soon (keepalive
+//! does not probe while data is unacknowledged). Keepalive rather than an application PING: the
+//! driver's kernel answers the probes, so the JVM (DriverLink) needs no change and an older
+//! manager is covered too, and a driver alive but paused (a long GC, SIGSTOP of the JVM alone)
+//! keeps its application, which is right: only its host's silence ends it.
 //!
 //! Not for: the rules (crate::registry) or the wire format (crate::proto).
 
+use crate::forward::Forwarder;
 use crate::peer;
 use crate::pool::BlockPool;
 use crate::proto::{self, Request, LINE_BYTES_MAX};
@@ -44,8 +58,12 @@ pub struct ShuffleConfig {
     /// The other hosts' shuffle daemons (`ip:port`), asked for their segments when a reducer
     /// here looks up a partition (crate::peer). Empty: one host.
     pub peers: Vec<String>,
-    /// Connect/read/write timeout of one FETCH from a peer.
+    /// Connect/read/write timeout of one FETCH from a peer (and of one line passed on).
     pub peer_timeout_ms: u64,
+    /// A driver connection's TCP keepalive: silence before the first probe, and between probes.
+    pub driver_keepalive_s: u64,
+    /// Unanswered keepalive probes after which a driver's host counts as gone.
+    pub driver_keepalive_probes: u32,
 }
 
 impl Default for ShuffleConfig {
@@ -61,6 +79,8 @@ impl Default for ShuffleConfig {
             idle_timeout_s: 600,
             peers: Vec::new(),
             peer_timeout_ms: 10_000,
+            driver_keepalive_s: 10,
+            driver_keepalive_probes: 5,
         }
     }
 }
@@ -78,10 +98,29 @@ pub struct Settings {
     pub limits: Limits,
     pub peers: Vec<SocketAddr>,
     pub peer_timeout: Duration,
+    pub driver_keepalive: DriverKeepalive,
+}
+
+/// How a driver connection's peer host is watched (TCP keepalive; the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverKeepalive {
+    pub interval: Duration,
+    pub probes: u32,
+}
+
+impl DriverKeepalive {
+    /// Longest a silent driver host goes unnoticed: the first probe's wait and each probe's.
+    pub fn dead_after(&self) -> Duration {
+        self.interval * (1 + self.probes)
+    }
 }
 
 /// Most `[shuffle] peers` (each LOOKUP asks every one of them).
 pub const PEERS_MAX: usize = 64;
+/// Longest `driver_keepalive_s` (Linux's TCP_KEEPIDLE and TCP_KEEPINTVL limit).
+pub const DRIVER_KEEPALIVE_S_MAX: u64 = 32_767;
+/// Most `driver_keepalive_probes` (Linux's TCP_KEEPCNT limit).
+pub const DRIVER_KEEPALIVE_PROBES_MAX: u32 = 127;
 /// Longest an ALLOC or LOOKUP waits for its tenant's bucket to come out of debt before it is
 /// refused (`TenantBusy`); under the JVM client's read timeout (120 s).
 pub const TENANT_WAIT_MS_MAX: u64 = 60_000;
@@ -115,6 +154,13 @@ impl ShuffleConfig {
         if self.peers.len() > PEERS_MAX || self.peer_timeout_ms == 0 {
             return Err(format!("at most {PEERS_MAX} peers, and peer_timeout_ms must be set"));
         }
+        if !(1..=DRIVER_KEEPALIVE_S_MAX).contains(&self.driver_keepalive_s)
+            || !(1..=DRIVER_KEEPALIVE_PROBES_MAX).contains(&self.driver_keepalive_probes)
+        {
+            return Err(format!(
+                "driver_keepalive_s must be 1..={DRIVER_KEEPALIVE_S_MAX} and driver_keepalive_probes 1..={DRIVER_KEEPALIVE_PROBES_MAX}"
+            ));
+        }
         let peers = self
             .peers
             .iter()
@@ -131,6 +177,10 @@ impl ShuffleConfig {
             limits: Limits::default(),
             peers,
             peer_timeout: Duration::from_millis(self.peer_timeout_ms),
+            driver_keepalive: DriverKeepalive {
+                interval: Duration::from_secs(self.driver_keepalive_s),
+                probes: self.driver_keepalive_probes,
+            },
         })
     }
 }
@@ -147,6 +197,8 @@ struct Shared {
     fetch_limits: peer::FetchLimits,
     peer_counts: peer::PeerCounts,
     peer_conns: peer::PeerConns,
+    forwarder: Forwarder,
+    driver_keepalive: DriverKeepalive,
     /// Per tenant (the registry's order): its buckets, and its waits (count, nanoseconds).
     shapers: Vec<Option<Arc<TenantShaper>>>,
     waits: Vec<(AtomicU64, AtomicU64)>,
@@ -195,6 +247,8 @@ impl ShuffleService {
             },
             peer_counts: peer::PeerCounts::default(),
             peer_conns: peer::PeerConns::default(),
+            forwarder: Forwarder::start(&settings.peers, settings.peer_timeout)?,
+            driver_keepalive: settings.driver_keepalive,
             waits: tenants.iter().map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
             shapers: tenants.into_iter().map(|t| t.shaper).collect(),
         });
@@ -262,7 +316,8 @@ impl ShuffleService {
                 self.shared.connections.load(Ordering::Relaxed) as u64,
             ),
         ];
-        for (name, kind, help, v) in rows.into_iter().chain(self.shared.peer_counts.rows()) {
+        let peers = self.shared.peer_counts.rows().into_iter().chain(self.shared.forwarder.counts.rows());
+        for (name, kind, help, v) in rows.into_iter().chain(peers) {
             let _ = writeln!(out, "# HELP slipstream_shuffle_{name} {help}\n# TYPE slipstream_shuffle_{name} {kind}");
             let _ = writeln!(out, "slipstream_shuffle_{name} {v}");
         }
@@ -381,7 +436,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, max: usize, idle: Dur
         let spawned = std::thread::Builder::new().name("shuffle-conn".into()).spawn(move || {
             let conn = sh.next_conn.fetch_add(1, Ordering::Relaxed);
             let _ = serve(stream, &sh, conn, idle);
-            sh.registry().drop_conn(conn);
+            let ended = sh.registry().drop_conn(conn);
+            if let Some(app) = ended {
+                // The driver is gone: its application's blocks on the other hosts go too.
+                sh.forwarder.send(&proto::unregister_app_for_peer(&app));
+            }
             sh.connections.fetch_sub(1, Ordering::SeqCst);
         });
         if spawned.is_err() {
@@ -436,9 +495,10 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
                 let keep = handle(req, &mut r, shared, conn, &mut out)?;
                 if driver && shared.registry().is_driver(conn) {
                     // A driver's connection is idle between its application's jobs: closing it
-                    // would end the application (Registry::driver). A refused DRIVER keeps
-                    // the idle limit.
+                    // would end the application (Registry::driver). Keepalive watches its host
+                    // instead (module doc). A refused DRIVER keeps the idle limit.
                     r.get_ref().set_read_timeout(None)?;
+                    watch_driver_host(r.get_ref(), &shared.driver_keepalive)?;
                 }
                 keep
             }
@@ -457,6 +517,15 @@ fn serve(stream: TcpStream, shared: &Shared, conn: u64, idle: Duration) -> std::
             return Ok(());
         }
     }
+}
+
+/// Turns on TCP keepalive (and TCP_USER_TIMEOUT) on a driver connection: its host silent for
+/// `k.dead_after()` ends it (module doc).
+fn watch_driver_host(stream: &TcpStream, k: &DriverKeepalive) -> std::io::Result<()> {
+    let sock = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new().with_time(k.interval).with_interval(k.interval).with_retries(k.probes);
+    sock.set_tcp_keepalive(&keepalive)?;
+    sock.set_tcp_user_timeout(Some(k.dead_after()))
 }
 
 /// Most bytes of answers held for pipelined requests before they are written anyway.
@@ -542,12 +611,21 @@ fn handle(
             done(out, res)
         }
         Request::Lost { app, shuffle, map, attempt } => done(out, shared.registry().lost(app, shuffle, map, attempt)),
-        Request::Unregister { app, shuffle } => {
+        Request::Unregister { app, shuffle, from_peer } => {
             shared.registry().unregister(app, shuffle);
+            if !from_peer {
+                shared.forwarder.send(&proto::unregister_for_peer(app, shuffle));
+            }
             proto::ok(out);
         }
-        Request::UnregisterApp { app } => {
+        // From a peer: the blocks go; this daemon's own driver connections are left as they are.
+        Request::UnregisterApp { app, from_peer: true } => {
+            shared.registry().unregister_app(app);
+            proto::ok(out);
+        }
+        Request::UnregisterApp { app, from_peer: false } => {
             shared.registry().end_app(app);
+            shared.forwarder.send(&proto::unregister_app_for_peer(app));
             proto::ok(out);
         }
         Request::Driver { app } => done(out, shared.registry().driver(conn, app)),
@@ -663,5 +741,10 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("holds no block"));
         let c: ShuffleConfig = toml::from_str("block_kb = 100\n").unwrap();
         assert!(c.validate().is_err());
+        assert_eq!(s.driver_keepalive.dead_after(), Duration::from_secs(60));
+        for bad in ["driver_keepalive_s = 0\n", "driver_keepalive_probes = 0\n", "driver_keepalive_probes = 128\n"] {
+            let c: ShuffleConfig = toml::from_str(bad).unwrap();
+            assert!(c.validate().unwrap_err().contains("driver_keepalive"), "{bad}");
+        }
     }
 }
