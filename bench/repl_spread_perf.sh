@@ -22,7 +22,7 @@ for _ in $(seq 1 150); do ok=1
 PIDS=$(pgrep -f "slipstream serve --config $DIR" | paste -sd,)
 uptime
 for k in 0 1 2; do n=${L[$k]}; target/release/slipstream-loadgen --server 127.0.0.1:$((BASE+100*n+k)) --ratio 1:0 --value-bytes 64 --conns 50 --pipeline 16 --duration-s $DUR --warmup-s 1 --keys 10000 --seed $k > $DIR/lg$k.json & done
-if [ $PERF = 1 ]; then sleep 2; perf record -F 499 -p $PIDS -o $DIR/perf.data -- sleep $((DUR-3)) 2>/dev/null >/dev/null; fi
+if [ $PERF = 1 ]; then sleep 2; perf record -F 499 ${PERF_ARGS:-} -p $PIDS -o $DIR/perf.data -- sleep $((DUR-3)) 2>/dev/null >/dev/null; fi
 wait $(jobs -p | grep -v "^$CPID$") 2>/dev/null
 uptime
 python3 - $DIR <<'PY'
