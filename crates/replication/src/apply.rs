@@ -36,7 +36,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Batches (one per group per raft-thread step, each a turn's entries of a group) queued for
+/// Jobs (at most two per raft-thread turn, each the turn's entries of its groups) queued for
 /// the apply thread before the raft thread waits.
 pub const APPLY_BATCHES_MAX: usize = 256;
 
@@ -71,7 +71,9 @@ pub enum Item {
 }
 
 enum Job {
-    Batch { group: u64, items: Vec<Item> },
+    /// Groups' items, in order (one job per hand-over point of a raft-thread turn: one wake-up
+    /// of this thread, not one per group).
+    Batch(Vec<(u64, Vec<Item>)>),
     Drain(mpsc::Sender<()>),
 }
 
@@ -98,13 +100,20 @@ impl Applier {
 
     /// Queue a group's items (waits while the queue is full).
     pub fn send(&self, group: u64, items: Vec<Item>) {
-        if items.is_empty() {
+        if !items.is_empty() {
+            self.send_groups(vec![(group, items)]);
+        }
+    }
+
+    /// Queue several groups' items as one job (waits while the queue is full).
+    pub fn send_groups(&self, batch: Vec<(u64, Vec<Item>)>) {
+        if batch.is_empty() {
             return;
         }
         if let Some(tx) = &self.tx {
             // The thread only ends when this handle is dropped; a send error means it
             // panicked (in a caller's callback): the callers queued here are lost with it.
-            let _ = tx.send(Job::Batch { group, items });
+            let _ = tx.send(Job::Batch(batch));
         }
     }
 
@@ -130,9 +139,11 @@ impl Drop for Applier {
 fn run(rx: Receiver<Job>, targets: HashMap<u64, Target>) {
     while let Ok(job) = rx.recv() {
         match job {
-            Job::Batch { group, items } => {
-                if let Some(t) = targets.get(&group) {
-                    apply_items(t, items);
+            Job::Batch(batch) => {
+                for (group, items) in batch {
+                    if let Some(t) = targets.get(&group) {
+                        apply_items(t, items);
+                    }
                 }
             }
             Job::Drain(done) => {

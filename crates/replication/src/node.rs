@@ -11,7 +11,7 @@
 //! follower's connection to its leader: see `notice_leader_loss`), propose each group's
 //! proposals of the turn as one raft-rs proposal of many entries, then for every group with a
 //! Ready: send the leader's messages, install a snapshot, hand committed entries to the
-//! node's apply thread ([`crate::apply`]: it applies them to the stores and answers their
+//! node's apply thread (`crate::apply`: it applies them to the stores and answers their
 //! callers while this thread goes on), append new entries and the hard state; then sync every group written this turn
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
 //! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
@@ -887,8 +887,6 @@ impl Loop {
                 answer_lost_forwards(g, term);
             }
             apply_entries(gid, g, rd.take_committed_entries())?;
-            // Applied while this thread appends and syncs.
-            self.applier.send(gid, std::mem::take(&mut g.to_apply));
             if !rd.entries().is_empty() {
                 g.raw.mut_store().append(rd.entries()).map_err(|e| (gid, e.to_string()))?;
             }
@@ -897,6 +895,8 @@ impl Loop {
             }
             readied.push((gid, rd));
         }
+        // Applied while this thread syncs.
+        self.flush_apply();
         // Group commit point: everything written this turn reaches the disk before any
         // message that depends on it leaves and before Raft counts it persisted.
         for (gid, _) in &readied {
@@ -913,18 +913,28 @@ impl Loop {
             }
             send_all(&transport, gid, g, light.take_messages());
             apply_entries(gid, g, light.take_committed_entries())?;
-            self.applier.send(gid, std::mem::take(&mut g.to_apply));
             g.raw.advance_apply();
-            maybe_compact(g, &self.applier).map_err(|e| (gid, e.to_string()))?;
+            maybe_compact(gid, g, &self.applier).map_err(|e| (gid, e.to_string()))?;
             for (peer, addr) in g.learned_peers.drain(..) {
                 transport.add_peer(peer, addr);
             }
         }
-        for (&gid, g) in self.groups.iter_mut() {
+        for g in self.groups.values_mut() {
             release_reads(g);
-            self.applier.send(gid, std::mem::take(&mut g.to_apply));
         }
+        self.flush_apply();
         Ok(())
+    }
+
+    /// Hand every group's queued items to the apply thread as one job.
+    fn flush_apply(&mut self) {
+        let batch: Vec<(u64, Vec<Item>)> = self
+            .groups
+            .iter_mut()
+            .filter(|(_, g)| !g.to_apply.is_empty())
+            .map(|(&gid, g)| (gid, std::mem::take(&mut g.to_apply)))
+            .collect();
+        self.applier.send_groups(batch);
     }
 
     /// Send what the groups' buckets allow of their held messages; the earliest time a group
@@ -1377,7 +1387,7 @@ fn restore_preferred_leader(g: &mut Group, t: &Transport) {
     }
 }
 
-fn maybe_compact(g: &mut Group, applier: &Applier) -> Result<(), StorageFault> {
+fn maybe_compact(gid: u64, g: &mut Group, applier: &Applier) -> Result<(), StorageFault> {
     let applied = g.raw.raft.raft_log.applied;
     let store = g.raw.store();
     let due = applied.saturating_sub(store.snapshot_index()) > g.log_entries_max;
@@ -1403,7 +1413,9 @@ fn maybe_compact(g: &mut Group, applier: &Applier) -> Result<(), StorageFault> {
     g.compact_soon = false;
     g.compacted_at = Instant::now();
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
-    // The store must be at `applied`: wait for the apply thread to get there.
+    // The store must be at `applied`: hand over what this group has queued and wait for the
+    // apply thread to get there.
+    applier.send(gid, std::mem::take(&mut g.to_apply));
     applier.drain();
     let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
     let m = snap.mut_metadata();
