@@ -5,7 +5,7 @@
 //! ([`storage`]), the encoding of a memcached mutation as a log entry and its deterministic
 //! application to the tenant's [`slipstream_store::Store`] ([`mutation`], [`machine`]), the
 //! raft messages between nodes ([`transport`]) and the node that drives all groups
-//! ([`node`]), applying committed entries on a thread of their own (`apply`). What it is not for: carrying client requests (the server crate parses them
+//! ([`node`]). What it is not for: carrying client requests (the server crate parses them
 //! and hands this crate a [`mutation::Mutation`]), forwarding, or traffic shaping.
 //!
 //! Why raft-rs (`raft` 0.7, TiKV's implementation) rather than openraft: raft-rs is a plain
@@ -21,7 +21,6 @@
 
 #![forbid(unsafe_code)]
 
-mod apply;
 pub mod cluster;
 pub mod machine;
 pub mod mutation;

@@ -10,9 +10,8 @@
 //! One turn of the loop: take the events that arrived (bounded), tick if due (and check each
 //! follower's connection to its leader: see `notice_leader_loss`), propose each group's
 //! proposals of the turn as one raft-rs proposal of many entries, then for every group with a
-//! Ready: send the leader's messages, install a snapshot, hand committed entries to the
-//! node's apply thread (`crate::apply`: it applies them to the stores and answers their
-//! callers while this thread goes on), append new entries and the hard state; then sync every group written this turn
+//! Ready: send the leader's messages, install a snapshot, apply committed
+//! entries, append new entries and the hard state; then sync every group written this turn
 //! (group commit for `fsync = batch`), then send the messages that needed persistence and
 //! advance. A group whose log grew past `log_entries_max` entries beyond its snapshot, and
 //! whose log is at least twice the snapshot's size (so a snapshot's cost stays proportional to
@@ -61,10 +60,9 @@
 //! caller is completed with `ReadBarrier` once this replica has applied up to the index the
 //! leader returned, so a read of the local store after it is linearizable.
 
-use crate::apply::{AppliedIndex, Applier, Item, Target};
 use crate::cluster::Timing;
 use crate::machine::{Applied, CommandOutcome, Recalled, TenantMachine};
-use crate::mutation::Mutation;
+use crate::mutation::{Decoded, Mutation};
 use crate::storage::{FsyncMode, GroupStorage, StorageFault};
 use crate::transport::{Deliver, Incoming, Transport};
 use protobuf::Message as PbMessage;
@@ -300,11 +298,6 @@ struct Unsent {
 struct Group {
     raw: RawNode<GroupStorage>,
     machine: TenantMachine,
-    /// Up to where the apply thread has applied this group's entries (raft-rs's applied
-    /// index is what was handed to it).
-    applied: AppliedIndex,
-    /// Committed entries and read barriers for the apply thread, sent at the end of a step.
-    to_apply: Vec<Item>,
     traffic: Option<Arc<dyn GroupTraffic>>,
     /// Proposed here as leader: index → waiter.
     pending: BTreeMap<u64, Waiter>,
@@ -368,7 +361,6 @@ pub struct ReplicationNode {
     transport: Arc<Transport>,
     status: Arc<Mutex<HashMap<u64, GroupStatus>>>,
     stores: HashMap<u64, TenantMachine>,
-    applied: HashMap<u64, AppliedIndex>,
 }
 
 impl ReplicationNode {
@@ -379,7 +371,6 @@ impl ReplicationNode {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let mut built = BTreeMap::new();
         let mut stores = HashMap::new();
-        let mut targets = HashMap::new();
         for g in groups {
             let id = g.group_id;
             let dir = cfg.data_dir.join(format!("group-{id}"));
@@ -403,15 +394,11 @@ impl ReplicationNode {
             };
             let raw = RawNode::new(&rc, storage, &logger).map_err(|e| NodeError::Raft(id, e))?;
             stores.insert(id, machine.clone());
-            let applied = AppliedIndex::new(applied);
-            targets.insert(id, Target { machine: machine.clone(), applied: applied.clone() });
             built.insert(
                 id,
                 Group {
                     raw,
                     machine,
-                    applied,
-                    to_apply: Vec::new(),
                     traffic: g.traffic.clone(),
                     pending: BTreeMap::new(),
                     forwarded: HashMap::new(),
@@ -456,16 +443,14 @@ impl ReplicationNode {
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let next_id = (cfg.node_id << 56) | (nanos & ((1 << 56) - 1));
-        let applied = targets.iter().map(|(&id, t)| (id, t.applied.clone())).collect();
-        let applier = Applier::start(cfg.node_id, targets).map_err(NodeError::Io)?;
-        let mut lp = Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id, applier };
+        let mut lp = Loop { groups: built, transport: transport.clone(), status: status.clone(), next_id };
         lp.publish();
         let tick = Duration::from_millis(cfg.tick_ms.max(1));
         let thread = std::thread::Builder::new()
             .name(format!("raft-node-{}", cfg.node_id))
             .spawn(move || lp.run(rx, tick))
             .map_err(NodeError::Io)?;
-        Ok(ReplicationNode { tx, thread: Some(thread), transport, status, stores, applied })
+        Ok(ReplicationNode { tx, thread: Some(thread), transport, status, stores })
     }
 
     /// Propose `m` for `group`. The completion reports the applied result, or why not.
@@ -540,16 +525,8 @@ impl ReplicationNode {
         }
     }
 
-    /// The group's status as the node thread last published it, with the applied index as
-    /// the apply thread has it now (which may be past the published commit index: that one
-    /// is raised to it).
     pub fn status(&self, group: u64) -> Option<GroupStatus> {
-        let mut st = self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied()?;
-        if let Some(a) = self.applied.get(&group) {
-            st.applied_index = a.index();
-            st.commit_index = st.commit_index.max(st.applied_index);
-        }
-        Some(st)
+        self.status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied()
     }
 
     /// The group's state machine (its store) on this node.
@@ -669,9 +646,6 @@ struct Loop {
     transport: Arc<Transport>,
     status: Arc<Mutex<HashMap<u64, GroupStatus>>>,
     next_id: u64,
-    /// Applies committed entries off this thread (see `crate::apply`); dropped (joined) when
-    /// the loop ends, after what it was handed is applied.
-    applier: Applier,
 }
 
 impl Loop {
@@ -833,10 +807,7 @@ impl Loop {
     }
 
     fn fail_all_pending(&mut self) {
-        for (&gid, g) in self.groups.iter_mut() {
-            // Committed entries already taken from raft-rs are applied (and their callers
-            // answered) as they would have been.
-            self.applier.send(gid, std::mem::take(&mut g.to_apply));
+        for g in self.groups.values_mut() {
             for (done, r) in g.replies.drain(..) {
                 done(r);
             }
@@ -874,14 +845,9 @@ impl Loop {
             if !rd.snapshot().is_empty() {
                 let snap: Snapshot = rd.snapshot().clone();
                 let term = snap.get_metadata().term;
-                // The store is replaced whole: nothing handed to the apply thread may land on
-                // top of it afterwards.
-                self.applier.send(gid, std::mem::take(&mut g.to_apply));
-                self.applier.drain();
                 g.machine.restore(&snap.data).map_err(|e| (gid, e.to_string()))?;
                 g.raw.mut_store().apply_snapshot(snap).map_err(|e| (gid, e.to_string()))?;
                 let idx = g.raw.store().snapshot_index();
-                g.applied.set(idx);
                 g.snapshots_installed += 1;
                 complete_from_snapshot(g, idx);
                 answer_lost_forwards(g, term);
@@ -895,8 +861,6 @@ impl Loop {
             }
             readied.push((gid, rd));
         }
-        // Applied while this thread syncs.
-        self.flush_apply();
         // Group commit point: everything written this turn reaches the disk before any
         // message that depends on it leaves and before Raft counts it persisted.
         for (gid, _) in &readied {
@@ -914,7 +878,7 @@ impl Loop {
             send_all(&transport, gid, g, light.take_messages());
             apply_entries(gid, g, light.take_committed_entries())?;
             g.raw.advance_apply();
-            maybe_compact(gid, g, &self.applier).map_err(|e| (gid, e.to_string()))?;
+            maybe_compact(g).map_err(|e| (gid, e.to_string()))?;
             for (peer, addr) in g.learned_peers.drain(..) {
                 transport.add_peer(peer, addr);
             }
@@ -922,19 +886,7 @@ impl Loop {
         for g in self.groups.values_mut() {
             release_reads(g);
         }
-        self.flush_apply();
         Ok(())
-    }
-
-    /// Hand every group's queued items to the apply thread as one job.
-    fn flush_apply(&mut self) {
-        let batch: Vec<(u64, Vec<Item>)> = self
-            .groups
-            .iter_mut()
-            .filter(|(_, g)| !g.to_apply.is_empty())
-            .map(|(&gid, g)| (gid, std::mem::take(&mut g.to_apply)))
-            .collect();
-        self.applier.send_groups(batch);
     }
 
     /// Send what the groups' buckets allow of their held messages; the earliest time a group
@@ -973,7 +925,7 @@ impl Loop {
                     leader_id: r.leader_id,
                     term: r.term,
                     commit_index: r.raft_log.committed,
-                    applied_index: g.applied.index(),
+                    applied_index: r.raft_log.applied,
                     snapshot_index: r.raft_log.store.snapshot_index(),
                     log_bytes: r.raft_log.store.log_bytes(),
                     elections_won: g.elections_won,
@@ -1060,77 +1012,84 @@ fn release_held(t: &Transport, gid: u64, g: &mut Group, now: Instant) -> Option<
     None
 }
 
-/// Hand a step's committed entries to the apply thread (through `g.to_apply`, in order): a
-/// command entry goes with the callers waiting for it here; entries that change raft itself
-/// (membership, preferred leader) and a new leader's empty entry are handled here.
 fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) -> Result<(), (u64, String)> {
-    for mut e in entries {
+    for e in entries {
         match e.get_entry_type() {
             EntryType::EntryNormal => {
                 if e.context[..] == *PREFER_CTX {
                     apply_preference(g, &e.data);
-                    complete_up_to(g, e.index);
-                    g.to_apply.push(Item::Mark(e.index));
+                    complete_up_to(g, e.index, None);
                     continue;
                 }
                 if e.data.is_empty() {
-                    complete_up_to(g, e.index); // a new leader's empty entry
+                    complete_up_to(g, e.index, None); // a new leader's empty entry
                     answer_lost_forwards(g, e.term);
-                    g.to_apply.push(Item::Mark(e.index));
                     continue;
                 }
+                let result = match Mutation::decode_entry(&e.data) {
+                    Ok(Decoded::Command(c)) => Ok(Applied::Command(g.machine.apply_command(e.index, c))),
+                    Ok(Decoded::Other(m)) => Ok(g.machine.apply(e.index, &m)),
+                    Err(_) => Err(ProposeError::Corrupt),
+                };
                 let id = id_of(&e.context);
-                let mut waiters = Vec::new();
-                if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
-                    waiters.push(w.done);
+                if let Some(id) = id {
+                    // Nobody waits here for most entries (every follower's, and a restarted
+                    // node's re-applied log): the result moves into the kept results, no copy.
+                    let waited = g.forwarded.contains_key(&id)
+                        || g.pending.first_key_value().is_some_and(|(&i, w)| i == e.index && w.id == id);
+                    if !waited {
+                        let outcome = match result {
+                            Ok(Applied::Command(o)) => Some(o),
+                            _ => None,
+                        };
+                        g.machine.remember(e.index, id, outcome);
+                        complete_up_to(g, e.index, None);
+                        continue;
+                    }
+                    let outcome = match &result {
+                        Ok(Applied::Command(o)) => Some(o.clone()),
+                        _ => None,
+                    };
+                    g.machine.remember(e.index, id, outcome);
                 }
-                waiters.extend(take_pending_up_to(g, e.index, id));
-                let data = std::mem::take(&mut e.data);
-                g.to_apply.push(Item::Entry { index: e.index, data, id, waiters });
+                if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
+                    g.replies.push((w.done, result.clone()));
+                }
+                complete_up_to(g, e.index, id.map(|id| (id, result)));
             }
             EntryType::EntryConfChange => {
                 let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
                 learn_peer(g, &cc);
                 let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
                 g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
-                complete_up_to(g, e.index);
-                g.to_apply.push(Item::Mark(e.index));
+                complete_up_to(g, e.index, None);
             }
             EntryType::EntryConfChangeV2 => {
                 let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
                 let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
                 g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
-                complete_up_to(g, e.index);
-                g.to_apply.push(Item::Mark(e.index));
+                complete_up_to(g, e.index, None);
             }
         }
     }
     Ok(())
 }
 
-/// Entry `index` carried no proposal: every proposal waiting here up to it was lost.
-fn complete_up_to(g: &mut Group, index: u64) {
-    let none = take_pending_up_to(g, index, None);
-    debug_assert!(none.is_none());
-}
-
-/// Entry `index` (with proposal id `id`) is being applied: every proposal waiting here at a
-/// lower index was lost (`Dropped`, answered now); the one at `index` is returned if it is the
-/// same proposal (it waits for the apply), else it was lost too.
-fn take_pending_up_to(g: &mut Group, index: u64, id: Option<u64>) -> Option<Done> {
-    let mut same = None;
+/// Entry `index` was applied (with `applied` = its proposal id and result, if it had an id):
+/// every proposal waiting at a lower index was lost; the one at `index` completes if it is
+/// the same proposal, else it was lost too.
+fn complete_up_to(g: &mut Group, index: u64, applied: Option<(u64, Result<Applied, ProposeError>)>) {
     while let Some((&i, _)) = g.pending.first_key_value() {
         if i > index {
             break;
         }
         let Some((_, w)) = g.pending.pop_first() else { break };
-        if i == index && id == Some(w.id) {
-            same = Some(w.done);
-        } else {
-            g.replies.push((w.done, Err(ProposeError::Dropped)));
-        }
+        let r = match &applied {
+            Some((aid, r)) if i == index && *aid == w.id => r.clone(),
+            _ => Err(ProposeError::Dropped),
+        };
+        g.replies.push((w.done, r));
     }
-    same
 }
 
 /// A snapshot up to `index` was installed: its entries were never applied here one by one,
@@ -1322,9 +1281,8 @@ fn release_reads(g: &mut Group) {
     let (now, later): (Vec<_>, Vec<_>) =
         std::mem::take(&mut g.reads_ready).into_iter().partition(|(i, _)| *i <= applied);
     g.reads_ready = later;
-    // Through the apply thread: answered once it has applied the entries handed to it so far.
     for (_, w) in now {
-        g.to_apply.push(Item::Reply(w.done, Ok(Applied::ReadBarrier)));
+        g.replies.push((w.done, Ok(Applied::ReadBarrier)));
     }
 }
 
@@ -1387,7 +1345,7 @@ fn restore_preferred_leader(g: &mut Group, t: &Transport) {
     }
 }
 
-fn maybe_compact(gid: u64, g: &mut Group, applier: &Applier) -> Result<(), StorageFault> {
+fn maybe_compact(g: &mut Group) -> Result<(), StorageFault> {
     let applied = g.raw.raft.raft_log.applied;
     let store = g.raw.store();
     let due = applied.saturating_sub(store.snapshot_index()) > g.log_entries_max;
@@ -1413,10 +1371,6 @@ fn maybe_compact(gid: u64, g: &mut Group, applier: &Applier) -> Result<(), Stora
     g.compact_soon = false;
     g.compacted_at = Instant::now();
     let Ok(term) = g.raw.raft.raft_log.term(applied) else { return Ok(()) };
-    // The store must be at `applied`: hand over what this group has queued and wait for the
-    // apply thread to get there.
-    applier.send(gid, std::mem::take(&mut g.to_apply));
-    applier.drain();
     let mut snap = Snapshot { data: g.machine.snapshot_data().into(), ..Snapshot::default() };
     let m = snap.mut_metadata();
     m.index = applied;
