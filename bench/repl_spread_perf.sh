@@ -6,8 +6,10 @@
 # one leader), waits for the leaders, runs one slipstream-loadgen per tenant at once through
 # the tenant's leader (sets only, 64 B, 50 connections x 16 in flight, DUR s), perf on the
 # daemons from 2 s to DUR-1 s when PERF=1 (perf.data in the printed directory), prints each
-# loadgen's sets/s and the sum. Env: BASE (21000, below the ephemeral port range), DUR (10), FSYNC (batch), PERF (1),
-# LEADERS ("1 2 3"), SLIPSTREAM_BIN. The cluster is stopped on exit; its directory is kept.
+# loadgen's sets/s and the sum. Env: BASE (21000, below the ephemeral port range), DUR (10), FSYNC (batch), PERF (1), PERF_ARGS (extra `perf record` options, e.g. -g),
+# LEADERS ("1 2 3"), SLIPSTREAM_BIN (a file named `slipstream`: the daemons are found by
+# `slipstream serve`), CLUSTER_RAFT_BASE (raft ports, scripts/cluster.sh). The cluster is stopped on
+# exit; its directory is kept.
 set -u
 cd "$(dirname "$0")/.."
 BASE=${BASE:-21000}; DUR=${DUR:-10}; FSYNC=${FSYNC:-batch}; PERF=${PERF:-1}; LEADERS=${LEADERS:-1 2 3}
