@@ -6,8 +6,10 @@
 # one leader), waits for the leaders, runs one slipstream-loadgen per tenant at once through
 # the tenant's leader (sets only, 64 B, 50 connections x 16 in flight, DUR s), perf on the
 # daemons from 2 s to DUR-1 s when PERF=1 (perf.data in the printed directory), prints each
-# loadgen's sets/s and the sum. Env: BASE (21000, below the ephemeral port range), DUR (10), FSYNC (batch), PERF (1),
-# LEADERS ("1 2 3"), SLIPSTREAM_BIN. The cluster is stopped on exit; its directory is kept.
+# loadgen's sets/s and the sum. Env: BASE (21000, below the ephemeral port range), DUR (10), FSYNC (batch), PERF (1), PERF_ARGS (extra `perf record` options, e.g. -g),
+# LEADERS ("1 2 3"), SLIPSTREAM_BIN (a file named `slipstream`: the daemons are found by
+# `slipstream serve`), CLUSTER_RAFT_BASE (raft ports, scripts/cluster.sh). The cluster is stopped on
+# exit; its directory is kept.
 set -u
 cd "$(dirname "$0")/.."
 BASE=${BASE:-21000}; DUR=${DUR:-10}; FSYNC=${FSYNC:-batch}; PERF=${PERF:-1}; LEADERS=${LEADERS:-1 2 3}
@@ -22,7 +24,7 @@ for _ in $(seq 1 150); do ok=1
 PIDS=$(pgrep -f "slipstream serve --config $DIR" | paste -sd,)
 uptime
 for k in 0 1 2; do n=${L[$k]}; target/release/slipstream-loadgen --server 127.0.0.1:$((BASE+100*n+k)) --ratio 1:0 --value-bytes 64 --conns 50 --pipeline 16 --duration-s $DUR --warmup-s 1 --keys 10000 --seed $k > $DIR/lg$k.json & done
-if [ $PERF = 1 ]; then sleep 2; perf record -F 499 -p $PIDS -o $DIR/perf.data -- sleep $((DUR-3)) 2>/dev/null >/dev/null; fi
+if [ $PERF = 1 ]; then sleep 2; perf record -F 499 ${PERF_ARGS:-} -p $PIDS -o $DIR/perf.data -- sleep $((DUR-3)) 2>/dev/null >/dev/null; fi
 wait $(jobs -p | grep -v "^$CPID$") 2>/dev/null
 uptime
 python3 - $DIR <<'PY'

@@ -7,7 +7,7 @@
 #
 # Ports (CLUSTER_BASE_PORT, default 12000): node n serves tenant tk on BASE + 100*n + k
 # (node 1: 12100 t0, 12101 t1, 12102 t2), its admin endpoint on BASE + 100*n + 90, raft on
-# BASE + 1000 + n (13001..13003). fsync: CLUSTER_FSYNC (default batch). Shaping capacity:
+# RAFT_BASE + n (RAFT_BASE: CLUSTER_RAFT_BASE, default BASE + 1000: 13001..13003). fsync: CLUSTER_FSYNC (default batch). Shaping capacity:
 # CLUSTER_CAPACITY bytes/s each way (default 4e9: never binding).
 # CLUSTER_LEADERS: the preferred leaders of t0 t1 t2 (default "1 2 3": spread; "1 1 1" puts
 # all three on node 1, the single-leader layout of bench/replication_bench.sh).
@@ -21,6 +21,7 @@ BIN=${SLIPSTREAM_BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/slipstrea
 BASE=${CLUSTER_BASE_PORT:-12000}
 FSYNC=${CLUSTER_FSYNC:-batch}
 DIR=${CLUSTER_DIR:-$(mktemp -d /tmp/slipstream-cluster.XXXXXX)}
+RAFT_BASE=${CLUSTER_RAFT_BASE:-$((BASE + 1000))}
 NODES=3
 read -r -a LEADERS <<< "${CLUSTER_LEADERS:-1 2 3}"
 
@@ -29,7 +30,7 @@ mkdir -p "$DIR"
 
 peers=""
 for n in $(seq 1 $NODES); do
-    peers="${peers:+$peers, }\"$n=127.0.0.1:$((BASE + 1000 + n))\""
+    peers="${peers:+$peers, }\"$n=127.0.0.1:$((RAFT_BASE + n))\""
 done
 
 config() { # node id -> config text
@@ -97,7 +98,7 @@ done
 
 echo "cluster: 3 nodes, data/configs/logs in $DIR"
 for n in $(seq 1 $NODES); do
-    echo "  node $n (pid ${pids[$((n - 1))]}): t0 127.0.0.1:$((BASE + 100 * n)) t1 :$((BASE + 100 * n + 1)) t2 :$((BASE + 100 * n + 2)), admin http://127.0.0.1:$((BASE + 100 * n + 90))/metrics, raft :$((BASE + 1000 + n))"
+    echo "  node $n (pid ${pids[$((n - 1))]}): t0 127.0.0.1:$((BASE + 100 * n)) t1 :$((BASE + 100 * n + 1)) t2 :$((BASE + 100 * n + 2)), admin http://127.0.0.1:$((BASE + 100 * n + 90))/metrics, raft :$((RAFT_BASE + n))"
 done
 echo "  preferred leaders: t0 on node ${LEADERS[0]}, t1 on node ${LEADERS[1]}, t2 on node ${LEADERS[2]}. Ctrl-C stops the cluster."
 echo "  kill a node to see a failover; restart it by hand with: $BIN serve --config $DIR/node<n>.toml"
