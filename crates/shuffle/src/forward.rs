@@ -143,7 +143,7 @@ fn try_once(
     c.get_mut().write_all(line.as_bytes())?;
     let mut answer = Vec::with_capacity(LINE_BYTES_MAX);
     peer::read_line(c, &mut answer)?;
-    Ok(answer == b"OK\r\n")
+    Ok(answer == crate::proto::OK.as_bytes())
 }
 
 #[cfg(test)]
@@ -175,7 +175,7 @@ mod tests {
             let mut line = String::new();
             r.read_line(&mut line).unwrap();
             assert_eq!(line, crate::proto::unregister_for_peer("app-1", i));
-            w.write_all(b"OK\r\n").unwrap();
+            w.write_all(crate::proto::OK.as_bytes()).unwrap();
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         while (f.counts.forwarded.load(Ordering::Relaxed), f.counts.errors.load(Ordering::Relaxed)) != (3, 3) {

@@ -227,8 +227,11 @@ pub fn record(out: &mut String, r: &Record) {
 /// The line after a FETCH answer's last record.
 pub const END: &[u8] = b"END\r\n";
 
+/// The answer of a request that succeeded with nothing to say (also what crate::forward expects).
+pub const OK: &str = "OK\r\n";
+
 pub fn ok(out: &mut String) {
-    out.push_str("OK\r\n");
+    out.push_str(OK);
 }
 
 pub fn hello(out: &mut String, block_bytes: usize, dir: &str) {
