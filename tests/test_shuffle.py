@@ -30,6 +30,12 @@ class ShuffleDaemon(daemonlib.ConfigDaemon):
         self.memory_mb = memory_mb
         self.dir = tempfile.mkdtemp(prefix="slipstream-shuffle-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
+    def remove(self):
+        """Stops the daemon and removes its config, log and pool directory (every test's teardown)."""
+        self.stop()
+        self.remove_files()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     #: The control port when it must be known before the start (peers name it); else a free one.
     fixed_port = None
 
@@ -90,9 +96,7 @@ def one_daemon(cls):
         pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
     d = cls(memory_mb=1).start()
     yield d
-    d.stop()
-    d.remove_files()
-    shutil.rmtree(d.dir, ignore_errors=True)
+    d.remove()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ black-box on the real binary.
 Every wait is bounded; daemons, the namespace and the veth go even on failure.
 """
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -69,7 +68,7 @@ def peers():
         yield a, b
     finally:
         for d in (a, b):
-            stop(d)
+            d.remove()
 
 
 def commit_on_both(ea, eb, app, shuffle):
@@ -184,10 +183,5 @@ def test_a_refused_driver_keeps_the_idle_timeout_and_an_accepted_one_lifts_it():
         refused.close()
         accepted.close()
     finally:
-        stop(d)
+        d.remove()
 
-
-def stop(d):
-    d.stop()
-    d.remove_files()
-    shutil.rmtree(d.dir, ignore_errors=True)

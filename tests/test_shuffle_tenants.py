@@ -11,7 +11,6 @@ lines as the connector sends them (HELLO/REGISTER name the tenant: spark.slipstr
 """
 
 import os
-import shutil
 import socket
 import time
 
@@ -68,9 +67,7 @@ def daemon():
         pytest.skip("slipstream binary not built: %s" % mcwire.SLIPSTREAM_BIN)
     d = TenantShuffleDaemon().start()
     yield d
-    d.stop()
-    d.remove_files()
-    shutil.rmtree(d.dir, ignore_errors=True)
+    d.remove()
 
 
 def alloc_and_commit(c, app, map_id, blocks):
