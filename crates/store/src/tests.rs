@@ -1277,3 +1277,44 @@ fn malloced_bytes_flat_under_replacement_and_kept_after_removal() {
     assert_eq!(after.bytes, 0);
     assert!(after.malloced_bytes > 0 && after.malloced_bytes < first.malloced_bytes, "{after:?}");
 }
+
+/// Everything `Store::warm` may change is visible here: items with their values, CAS,
+/// flags, expiry and LRU order (export walks each shard's LRU), and the counters.
+fn observed(s: &Store) -> (Vec<(Vec<u8>, Vec<u8>, u32, u64, i64, bool)>, String) {
+    let mut items = Vec::new();
+    s.export(|i| items.push((i.key.to_vec(), i.value.to_vec(), i.flags, i.cas, i.exptime_unix_s, i.stale)));
+    (items, format!("{:?}", s.stats()))
+}
+
+/// `warm` is only a hint: warming present, absent, expired and repeated keys across shards
+/// leaves the store as it was, and the writes after it behave as without it.
+#[test]
+fn warm_leaves_items_lru_order_and_counters_as_they_were() {
+    let s = store_with(|c| c.shards = 4);
+    for i in 0..200 {
+        assert!(matches!(set(&s, &format!("k{i}"), &format!("v{i}"), if i % 7 == 0 { 1 } else { 0 }), StoreResult::Stored(_)));
+    }
+    for i in (0..200).step_by(3) {
+        let _ = get(&s, &format!("k{i}"));
+    }
+    s.clock().advance(2);
+    let before = observed(&s);
+    let keys: Vec<String> = (0..260).map(|i| format!("k{}", i % 230)).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    s.warm(&refs);
+    s.warm(&[]);
+    assert_eq!(observed(&s), before);
+    let t = store_with(|c| c.shards = 4);
+    for i in 0..200 {
+        let _ = set(&t, &format!("k{i}"), &format!("v{i}"), if i % 7 == 0 { 1 } else { 0 });
+    }
+    for i in (0..200).step_by(3) {
+        let _ = get(&t, &format!("k{i}"));
+    }
+    t.clock().advance(2);
+    for i in (0..230).rev() {
+        let (k, v) = (format!("k{i}"), format!("w{i}"));
+        assert_eq!(set(&s, &k, &v, 0), set(&t, &k, &v, 0), "{k}");
+    }
+    assert_eq!(observed(&s), observed(&t));
+}
