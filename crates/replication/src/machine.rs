@@ -70,12 +70,6 @@ pub struct CommandOutcome {
 /// exptimes).
 pub trait CommandExec: Send + Sync {
     fn execute(&self, store: &Arc<Store>, protocol: u8, now_unix_s: i64, request: &[u8]) -> CommandOutcome;
-
-    /// The key a command entry's request writes, if it is a single-key write this executor
-    /// can tell cheaply (for [`TenantMachine::warm`]; None: not warmed, nothing else changes).
-    fn key_of<'a>(&self, _store: &Store, _protocol: u8, _request: &'a [u8]) -> Option<&'a [u8]> {
-        None
-    }
 }
 
 /// One tenant's store as a replicated state machine.
@@ -203,21 +197,6 @@ impl TenantMachine {
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
-    }
-
-    /// Before applying the entries `entries` (their data, in log order) one by one: bring
-    /// what their writes will touch in the store into the cache at once ([`Store::warm`]), so
-    /// the cache misses of a batch overlap instead of stalling each apply in turn. A hint:
-    /// the applies that follow decide everything, as without it.
-    pub fn warm<'a>(&self, entries: impl Iterator<Item = &'a [u8]>) {
-        let Some(x) = &self.exec else { return };
-        let keys: Vec<&[u8]> = entries
-            .filter_map(Mutation::command_of)
-            .filter_map(|c| x.key_of(&self.store, c.protocol, c.request))
-            .collect();
-        if !keys.is_empty() {
-            self.store.warm(&keys);
-        }
     }
 
     /// Apply the mutation committed at log `index`.
@@ -445,7 +424,7 @@ fn parse_snapshot(data: &[u8]) -> Result<Snap<'_>, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutation::{absolute_exptime, Decoded};
+    use crate::mutation::absolute_exptime;
     use slipstream_store::{Clock, GetOpts, SetMode, StoreConfig, StoreOpts};
 
     fn machine(started_unix_s: i64) -> TenantMachine {
@@ -591,10 +570,6 @@ mod tests {
             let reply = if matches!(r, StoreResult::NoMemory) { b"OOM".to_vec() } else { b"OK".to_vec() };
             CommandOutcome { reply, swallow_bytes: 0 }
         }
-
-        fn key_of<'a>(&self, _store: &Store, _protocol: u8, request: &'a [u8]) -> Option<&'a [u8]> {
-            Some(request)
-        }
     }
 
     fn small(started_unix_s: i64, deterministic: bool) -> TenantMachine {
@@ -609,32 +584,6 @@ mod tests {
 
     fn cmd(key: &str, now_unix_s: i64) -> Mutation {
         Mutation::Command { protocol: 1, now_unix_s, request: key.as_bytes().to_vec() }
-    }
-
-    /// Warming a batch before applying it (as the node does per turn) is only a hint: the
-    /// results and contents are those of the same entries applied without it, full or not.
-    #[test]
-    fn warming_before_applying_changes_no_result() {
-        let t0 = 1_700_000_000;
-        let (a, b) = (small(t0, true), small(t0, true));
-        let entries: Vec<Vec<u8>> = (0..60)
-            .map(|i| if i % 9 == 4 { Mutation::FlushAll { delay: 0 } } else { cmd(&format!("k{}", i % 23), t0 + i / 10) })
-            .map(|m| m.encode())
-            .collect();
-        for (n, batch) in entries.chunks(8).enumerate() {
-            a.warm(batch.iter().map(Vec::as_slice));
-            for (i, e) in batch.iter().enumerate() {
-                let index = (n * 8 + i + 1) as u64;
-                let apply = |m: &TenantMachine| match Mutation::decode_entry(e) {
-                    Ok(Decoded::Command(c)) => Applied::Command(m.apply_command(index, c)),
-                    Ok(Decoded::Other(x)) => m.apply(index, &x),
-                    Err(x) => panic!("{x:?}"),
-                };
-                assert_eq!(apply(&a), apply(&b), "entry {index}");
-            }
-        }
-        assert_eq!(a.content_hash(), b.content_hash());
-        assert_ne!(a.content_hash(), small(t0, true).content_hash());
     }
 
     /// Full replicated tenants refuse the same writes on every replica, although one replica

@@ -245,17 +245,6 @@ impl Mutation {
         Ok(Decoded::Command(c))
     }
 
-    /// A command entry's fields (None for any other entry, which is not decoded).
-    pub fn command_of(buf: &[u8]) -> Option<CommandRef<'_>> {
-        if buf.get(1) != Some(&OP_COMMAND) {
-            return None;
-        }
-        match Mutation::decode_entry(buf) {
-            Ok(Decoded::Command(c)) => Some(c),
-            _ => None,
-        }
-    }
-
     pub fn decode(buf: &[u8]) -> Result<Mutation, DecodeError> {
         let mut r = Reader { buf, at: 0 };
         let v = r.u8()?;

@@ -91,10 +91,6 @@ pub const PENDING_PROPOSALS_MAX: usize = 65536;
 pub const PROPOSAL_WAIT_DEFAULT: Duration = Duration::from_secs(10);
 /// Events handled per loop turn before the groups' Readies are processed.
 const EVENTS_PER_TURN_MAX: usize = 4096;
-/// Committed entries applied after one [`TenantMachine::warm`]: enough for their cache
-/// misses to overlap, few enough that what it loads (~5 lines each) is still cached when
-/// they are applied.
-const WARM_ENTRIES_MAX: usize = 64;
 /// Longest the node thread sleeps while a group has held messages (a bucket whose rate was
 /// set to 0 answers "forever"; an admin change may reopen it).
 const PACING_LOOK: Duration = Duration::from_millis(10);
@@ -1017,72 +1013,63 @@ fn release_held(t: &Transport, gid: u64, g: &mut Group, now: Instant) -> Option<
 }
 
 fn apply_entries(gid: u64, g: &mut Group, entries: Vec<raft::eraftpb::Entry>) -> Result<(), (u64, String)> {
-    for chunk in entries.chunks(WARM_ENTRIES_MAX) {
-        let normal = chunk.iter().filter(|e| e.get_entry_type() == EntryType::EntryNormal);
-        g.machine.warm(normal.map(|e| &e.data[..]));
-        for e in chunk {
-            apply_entry(gid, g, e)?;
-        }
-    }
-    Ok(())
-}
-
-fn apply_entry(gid: u64, g: &mut Group, e: &Entry) -> Result<(), (u64, String)> {
-    match e.get_entry_type() {
-        EntryType::EntryNormal => {
-            if e.context[..] == *PREFER_CTX {
-                apply_preference(g, &e.data);
-                complete_up_to(g, e.index, None);
-                return Ok(());
-            }
-            if e.data.is_empty() {
-                complete_up_to(g, e.index, None); // a new leader's empty entry
-                answer_lost_forwards(g, e.term);
-                return Ok(());
-            }
-            let result = match Mutation::decode_entry(&e.data) {
-                Ok(Decoded::Command(c)) => Ok(Applied::Command(g.machine.apply_command(e.index, c))),
-                Ok(Decoded::Other(m)) => Ok(g.machine.apply(e.index, &m)),
-                Err(_) => Err(ProposeError::Corrupt),
-            };
-            let id = id_of(&e.context);
-            if let Some(id) = id {
-                // Nobody waits here for most entries (every follower's, and a restarted
-                // node's re-applied log): the result moves into the kept results, no copy.
-                let waited = g.forwarded.contains_key(&id)
-                    || g.pending.first_key_value().is_some_and(|(&i, w)| i == e.index && w.id == id);
-                if !waited {
-                    let outcome = match result {
-                        Ok(Applied::Command(o)) => Some(o),
+    for e in entries {
+        match e.get_entry_type() {
+            EntryType::EntryNormal => {
+                if e.context[..] == *PREFER_CTX {
+                    apply_preference(g, &e.data);
+                    complete_up_to(g, e.index, None);
+                    continue;
+                }
+                if e.data.is_empty() {
+                    complete_up_to(g, e.index, None); // a new leader's empty entry
+                    answer_lost_forwards(g, e.term);
+                    continue;
+                }
+                let result = match Mutation::decode_entry(&e.data) {
+                    Ok(Decoded::Command(c)) => Ok(Applied::Command(g.machine.apply_command(e.index, c))),
+                    Ok(Decoded::Other(m)) => Ok(g.machine.apply(e.index, &m)),
+                    Err(_) => Err(ProposeError::Corrupt),
+                };
+                let id = id_of(&e.context);
+                if let Some(id) = id {
+                    // Nobody waits here for most entries (every follower's, and a restarted
+                    // node's re-applied log): the result moves into the kept results, no copy.
+                    let waited = g.forwarded.contains_key(&id)
+                        || g.pending.first_key_value().is_some_and(|(&i, w)| i == e.index && w.id == id);
+                    if !waited {
+                        let outcome = match result {
+                            Ok(Applied::Command(o)) => Some(o),
+                            _ => None,
+                        };
+                        g.machine.remember(e.index, id, outcome);
+                        complete_up_to(g, e.index, None);
+                        continue;
+                    }
+                    let outcome = match &result {
+                        Ok(Applied::Command(o)) => Some(o.clone()),
                         _ => None,
                     };
                     g.machine.remember(e.index, id, outcome);
-                    complete_up_to(g, e.index, None);
-                    return Ok(());
                 }
-                let outcome = match &result {
-                    Ok(Applied::Command(o)) => Some(o.clone()),
-                    _ => None,
-                };
-                g.machine.remember(e.index, id, outcome);
+                if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
+                    g.replies.push((w.done, result.clone()));
+                }
+                complete_up_to(g, e.index, id.map(|id| (id, result)));
             }
-            if let Some(w) = id.and_then(|id| g.forwarded.remove(&id)) {
-                g.replies.push((w.done, result.clone()));
+            EntryType::EntryConfChange => {
+                let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
+                learn_peer(g, &cc);
+                let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
+                g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
+                complete_up_to(g, e.index, None);
             }
-            complete_up_to(g, e.index, id.map(|id| (id, result)));
-        }
-        EntryType::EntryConfChange => {
-            let cc = ConfChange::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
-            learn_peer(g, &cc);
-            let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
-            g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
-            complete_up_to(g, e.index, None);
-        }
-        EntryType::EntryConfChangeV2 => {
-            let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
-            let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
-            g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
-            complete_up_to(g, e.index, None);
+            EntryType::EntryConfChangeV2 => {
+                let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|x| (gid, x.to_string()))?;
+                let cs = g.raw.apply_conf_change(&cc).map_err(|x| (gid, x.to_string()))?;
+                g.raw.mut_store().set_conf_state(cs).map_err(|x| (gid, x.to_string()))?;
+                complete_up_to(g, e.index, None);
+            }
         }
     }
     Ok(())

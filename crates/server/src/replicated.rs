@@ -239,24 +239,6 @@ impl CommandExec for ApplyExec {
         slipstream_store::with_proposer_now(now_unix_s, || execute_one(&mut ctx, request, &mut out));
         CommandOutcome { reply: out, swallow_bytes: conn.swallow_bytes as u64 }
     }
-
-    /// The key of a text single-key write (set/add/replace/append/prepend/cas, delete,
-    /// incr/decr, touch), parsed by the text parser the apply then runs; others: None.
-    fn key_of<'a>(&self, store: &Store, protocol: u8, request: &'a [u8]) -> Option<&'a [u8]> {
-        if protocol == PROTOCOL_BINARY {
-            return None;
-        }
-        match text::parse(request, &text_limits_of(store, &self.settings)) {
-            Parsed::Complete { request, .. } => match request {
-                Request::Store { key, .. }
-                | Request::Delete { key, .. }
-                | Request::Arith { key, .. }
-                | Request::Touch { key, .. } => Some(key),
-                _ => None,
-            },
-            _ => None,
-        }
-    }
 }
 
 /// A replicated tenant's raft traffic on this node, charged to and paced by the tenant's own
@@ -515,28 +497,6 @@ mod tests {
         let o = x.execute(&store, PROTOCOL_TEXT, now, b"set big 0 0 5000000\r\n");
         assert!(o.reply.starts_with(b"SERVER_ERROR object too large"));
         assert_eq!(o.swallow_bytes, 5_000_002);
-    }
-
-    /// The key a text write's apply will touch (warmed before a batch is applied); other
-    /// requests (reads, multi-key, meta, binary) have none.
-    #[test]
-    fn the_apply_executor_names_the_key_of_a_text_write() {
-        let x = ApplyExec::new(
-            Arc::new(Settings::default()),
-            Arc::new(ServerInfo::detached(vec![Arc::new(ThreadStats::default())], 1 << 20)),
-        );
-        let store = Store::new(StoreConfig::default());
-        let key = |p: u8, r: &'static [u8]| x.key_of(&store, p, r);
-        assert_eq!(key(PROTOCOL_TEXT, b"set ka 0 0 1\r\nx\r\n"), Some(&b"ka"[..]));
-        assert_eq!(key(PROTOCOL_TEXT, b"cas kb 0 0 1 7 noreply\r\nx\r\n"), Some(&b"kb"[..]));
-        assert_eq!(key(PROTOCOL_TEXT, b"delete kc\r\n"), Some(&b"kc"[..]));
-        assert_eq!(key(PROTOCOL_TEXT, b"incr kd 1\r\n"), Some(&b"kd"[..]));
-        assert_eq!(key(PROTOCOL_TEXT, b"touch ke 10\r\n"), Some(&b"ke"[..]));
-        assert_eq!(key(PROTOCOL_TEXT, b"gat 10 kf\r\n"), None);
-        assert_eq!(key(PROTOCOL_TEXT, b"ms kg 1\r\nx\r\n"), None);
-        assert_eq!(key(PROTOCOL_TEXT, b"flush_all\r\n"), None);
-        assert_eq!(key(PROTOCOL_TEXT, b"set kh 0 0 1\r\n"), None); // incomplete
-        assert_eq!(key(PROTOCOL_BINARY, b"set ki 0 0 1\r\nx\r\n"), None);
     }
 
     /// A mirror that holds what it was offered and drops what it is told to.

@@ -56,14 +56,6 @@ impl Index {
         }
     }
 
-    /// The entry slot at `tag`'s home position if that position holds `tag` (most keys sit
-    /// there: the table is at most 3/4 full). For [`crate::Store::warm`]: a hint, not a lookup.
-    #[inline]
-    pub(crate) fn home(&self, tag: u32) -> Option<u32> {
-        let s = self.slots[tag as usize & self.mask];
-        (s != 0 && tag_of(s) == tag).then(|| idx_of(s))
-    }
-
     /// Insert a mapping; the caller guarantees the key is not present.
     pub(crate) fn insert(&mut self, tag: u32, idx: u32) {
         if (self.len + 1) * LOAD_DEN > self.slots.len() * LOAD_NUM {
@@ -135,20 +127,6 @@ impl Index {
 mod tests {
     use super::Index;
     use std::collections::HashMap;
-
-    /// `home` answers only for the tag that sits at its home position: a tag pushed past it
-    /// by a collision, or one whose home holds another tag, gets None, never another slot.
-    #[test]
-    fn home_answers_only_the_tag_at_its_home_position() {
-        let mut ix = Index::new();
-        ix.insert(1, 10);
-        ix.insert(1 + 64, 11); // same home as tag 1 in the 64-slot table: one position on
-        assert_eq!(ix.home(1), Some(10));
-        assert_eq!(ix.home(1 + 64), None);
-        assert_eq!(ix.home(2), None, "position 2 holds tag 65");
-        assert_eq!(ix.home(3), None, "empty position");
-        assert_eq!(ix.find(1 + 64, |i| i == 11), Some(11));
-    }
 
     #[test]
     fn random_insert_remove_matches_hashmap() {

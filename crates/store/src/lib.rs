@@ -1023,29 +1023,6 @@ impl Store {
         }
     }
 
-    /// Bring what writes to `keys` will touch (index slots, entries, item bytes, LRU
-    /// neighbours) into the cache, taking each shard's lock once: for a batch of writes applied
-    /// one after another (a replica applying a turn's committed entries), whose cache misses
-    /// otherwise come one write at a time. Only a hint: it changes nothing, and a key it does
-    /// not find at once is skipped.
-    pub fn warm(&self, keys: &[&[u8]]) {
-        let mut by_shard: Vec<(usize, u32)> = keys
-            .iter()
-            .map(|k| {
-                let h = hash_key(k);
-                (self.shard_index(h), h as u32)
-            })
-            .collect();
-        by_shard.sort_unstable();
-        let mut tags = Vec::with_capacity(by_shard.len());
-        for run in by_shard.chunk_by(|a, b| a.0 == b.0) {
-            tags.clear();
-            tags.extend(run.iter().map(|&(_, tag)| tag));
-            let sum = self.lock(run[0].0).warm(&tags);
-            std::hint::black_box(sum);
-        }
-    }
-
     /// Store `value` under `key`. `exptime` is the raw protocol value.
     ///
     /// Mode rules follow memcached's do_store_item: a supplied `opts.cas` turns Set/Replace

@@ -260,28 +260,6 @@ impl Shard {
         self.index.find(tag, |i| entries[i as usize].key() == key)
     }
 
-    /// Load the index slots, entries, item bytes and LRU neighbours of the items tagged
-    /// `tags` (see [`crate::Store::warm`]). In passes, so that each pass's loads do not depend
-    /// on one another and their cache misses overlap; returns a sum of what was loaded (for
-    /// `black_box`, so the loads are not optimised away).
-    pub(crate) fn warm(&self, tags: &[u32]) -> u64 {
-        let found: Vec<u32> = tags.iter().filter_map(|&t| self.index.home(t)).collect();
-        let mut sum = 0u64;
-        let mut neighbours = Vec::with_capacity(found.len() * 2);
-        for &i in &found {
-            let e = &self.entries[i as usize];
-            sum = sum.wrapping_add(u64::from(e.key_len));
-            neighbours.extend([e.prev, e.next].into_iter().filter(|&n| n != NIL));
-        }
-        for &i in &found {
-            sum = sum.wrapping_add(u64::from(self.entries[i as usize].data.first().copied().unwrap_or(0)));
-        }
-        for e in neighbours.iter().filter_map(|&n| self.entries.get(n as usize)) {
-            sum = sum.wrapping_add(u64::from(e.stamp));
-        }
-        sum
-    }
-
     /// Slot of `key` if it is visible now. Expired or flushed items met here are unlinked and
     /// counted as memcached's do_item_get does (get_flushed is checked first).
     #[inline(always)]
