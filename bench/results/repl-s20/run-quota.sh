@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # main's binary (/tmp/h15s20-base, eb76763) under bench/repl_emulation_ab.sh at NODE_CPU 0.4 and
-# 0.5 alternated (ORDER, default 0.4 0.5 0.5 0.4; runs 13-18 used ORDER="0.33 0.4 0.4 0.33 0.33 0.4"):
+# 0.5 alternated (ORDER, default 0.4 0.5 0.5 0.4; runs 13-18 used ORDER="0.33 0.4 0.4 0.33 0.33 0.4", runs 19-24 ORDER="0.33 0.5 0.5 0.33 0.33 0.5"):
 # does the spread layout get its quota when the quotas
 # leave the 2-core machine headroom (3 x 0.4 + 0.5 clients = 1.7 cores)?
 cd /work/wt/repl
