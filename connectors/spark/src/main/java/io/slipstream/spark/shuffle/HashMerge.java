@@ -426,8 +426,6 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
      * exactly its end, as with Feed.
      */
     static final class KryoRecords {
-        /** KryoSerializerInstance's useUnsafe (private: read once by reflection; null if it cannot be). */
-        private static final java.lang.reflect.Field USE_UNSAFE = useUnsafeField();
         /** Where the Kryo goes when the merge is done. */
         private final Consumer<Kryo> giveBack;
         private Kryo kryo;
@@ -464,28 +462,11 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
          * goes to `giveBack` at close().
          */
         static KryoRecords of(SerializerInstance ser, Kryo kept, Consumer<Kryo> giveBack) {
-            if (ser.getClass() != KryoSerializerInstance.class || USE_UNSAFE == null) {
+            Boolean unsafe = ThreadKryo.useUnsafe(ser);
+            if (unsafe == null) {
                 return null;
             }
-            try {
-                boolean unsafe = USE_UNSAFE.getBoolean(ser);
-                return new KryoRecords(kept != null ? kept : ((KryoSerializerInstance) ser).borrowKryo(), giveBack, unsafe);
-            } catch (IllegalAccessException e) {
-                return null;
-            }
-        }
-
-        private static java.lang.reflect.Field useUnsafeField() {
-            try {
-                java.lang.reflect.Field f = KryoSerializerInstance.class.getDeclaredField("useUnsafe");
-                if (f.getType() != boolean.class) {
-                    return null;
-                }
-                f.setAccessible(true);
-                return f;
-            } catch (ReflectiveOperationException | RuntimeException e) {
-                return null;
-            }
+            return new KryoRecords(kept != null ? kept : ((KryoSerializerInstance) ser).borrowKryo(), giveBack, unsafe);
         }
 
         /** Reads `c`'s entry `next` into key and value. */

@@ -27,6 +27,7 @@ import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.serializer.DeserializationStream;
+import org.apache.spark.serializer.KryoSerializerInstance;
 import org.apache.spark.serializer.SerializerInstance;
 import org.apache.spark.shuffle.BaseShuffleHandle;
 import org.apache.spark.shuffle.FetchFailedException;
@@ -144,8 +145,7 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
             it = new InterruptibleIterator(context, new HashMerge(sources, ser, kept, giveBack,
                     (org.apache.spark.Aggregator) dep.aggregator().get(), dep.mapSideCombine(), metrics::incRecordsRead));
         } else {
-            ThreadKryo.give(kryoKey, kept);
-            it = new InterruptibleIterator(context, new Records(blocks, groups, ser));
+            it = new InterruptibleIterator(context, new Records(blocks, groups, ser, kryoKey, kept));
         }
         if (!merge && dep.aggregator().isDefined()) {
             it = dep.mapSideCombine()
@@ -306,20 +306,35 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
         }
     }
 
-    /** The records of every group in turn (write order). */
+    /**
+     * The records of every group in turn (write order). With Spark's Kryo every group is read with
+     * one Kryo — the thread's kept one (ThreadKryo), else one borrowed from `ser` — reset before
+     * each group as Spark's stream borrows it, and kept for the thread's next task once every
+     * group is read; other serializers open their own stream per group.
+     */
     private final class Records extends AbstractIterator<Product2<Object, Object>> {
         private final Blocks blocks;
         private final List<Group> groups;
         private final SerializerInstance ser;
+        private final ThreadKryo.Key kryoKey;
+        private final Boolean unsafe;
+        private Kryo kryo;
         private int next;
         private Group group;
         private DeserializationStream stream;
         private Iterator<Tuple2<Object, Object>> current;
 
-        Records(Blocks blocks, List<Group> groups, SerializerInstance ser) {
+        Records(Blocks blocks, List<Group> groups, SerializerInstance ser, ThreadKryo.Key kryoKey, Kryo kept) {
             this.blocks = blocks;
             this.groups = groups;
             this.ser = ser;
+            this.kryoKey = kryoKey;
+            this.unsafe = ThreadKryo.useUnsafe(ser);
+            if (kryoKey != null && unsafe != null) {
+                kryo = kept != null ? kept : ((KryoSerializerInstance) ser).borrowKryo();
+            } else {
+                ThreadKryo.give(kryoKey, kept);
+            }
         }
 
         @Override
@@ -329,6 +344,8 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
                     finishGroup();
                 }
                 if (next >= groups.size()) {
+                    ThreadKryo.give(kryoKey, kryo);
+                    kryo = null;
                     return false;
                 }
                 openGroup(groups.get(next++));
@@ -347,7 +364,13 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
 
         private void openGroup(Group g) {
             group = g;
-            stream = ser.deserializeStream(new SegmentInput(blocks.open(g)));
+            SegmentInput in = new SegmentInput(blocks.open(g));
+            if (kryo != null) {
+                kryo.reset();
+                stream = KryoStreams.in(kryo, in, unsafe);
+            } else {
+                stream = ser.deserializeStream(in);
+            }
             current = stream.asKeyValueIterator();
         }
 

@@ -1,8 +1,8 @@
 // SlipstreamShuffleWriter: a map task's output, serialized with the job's serializer straight
 // into mapped pool blocks, then committed to the daemon as (partition -> block, offset, length).
 //
-// Partitioning: one serialization stream per non-empty partition, each writing into its own
-// chunks of the shared blocks (Spark's bypass-merge writer keeps one stream per partition too).
+// Partitioning: each non-empty partition writes into its own chunks of the shared blocks
+// (Spark's bypass-merge writer keeps one file segment per partition too).
 // Sorting by partition id instead would hold every record on the heap until the end (or spill
 // it), which is the copy this design exists to avoid; per-partition chunks cost at most one
 // partly filled chunk per partition (4 KiB for a small one). Map-side combine runs first, with
@@ -11,14 +11,17 @@
 // A shuffle the reducer aggregates by merging (HashOrder.applies: an aggregator and a serializer
 // whose records can be reordered) flushes the serializer after each record, notes its key hash
 // and byte range, and appends each partition's HashOrder index after its records: the records
-// stay where they were written. That path uses one serialization stream for all partitions
-// (pointed at each record's partition; Switch), the other one stream per partition.
+// stay where they were written. That path, and any shuffle serialized by Spark's Kryo with
+// auto-reset, uses one serialization stream for all partitions (pointed at each record's
+// partition; Switch) with the Kryo the executor thread kept (ThreadKryo, KryoStreams); other
+// serializers (Java's keeps references across a stream's records) one stream per partition.
 //
 // First successful attempt wins: the commit's answer names the winning attempt, and the
 // MapStatus reports that attempt and its sizes, so Spark's map output tracker and the daemon
 // agree whichever attempt Spark keeps.
 package io.slipstream.spark.shuffle;
 
+import com.esotericsoftware.kryo.Kryo;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.List;
@@ -28,6 +31,7 @@ import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.scheduler.MapStatus;
 import org.apache.spark.scheduler.MapStatus$;
+import org.apache.spark.serializer.KryoSerializerInstance;
 import org.apache.spark.serializer.SerializationStream;
 import org.apache.spark.serializer.SerializerInstance;
 import org.apache.spark.shuffle.BaseShuffleHandle;
@@ -78,14 +82,23 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
         List<int[]> segments = new ArrayList<>();
         PartitionOutput[] outs = new PartitionOutput[parts];
         SerializationStream[] streams = new SerializationStream[parts];
-        boolean ordered = HashOrder.applies(dep, ser, manager.mergeAggregation());
+        ThreadKryo.Key kryoKey = ThreadKryo.key(dep.serializer());
+        Boolean unsafe = ThreadKryo.useUnsafe(ser);
+        Kryo kryo = kryoKey != null && unsafe != null ? ThreadKryo.takeOrBorrow(kryoKey, (KryoSerializerInstance) ser) : null;
+        boolean ordered = HashOrder.applies(dep, ser, kryo, manager.mergeAggregation());
+        // Kryo with records that stand alone (auto-reset) writes every partition with one Kryo.
+        boolean kryoOne = kryo != null && ThreadKryo.autoReset(kryo);
+        if (kryo != null && !kryoOne) {
+            ThreadKryo.give(kryoKey, kryo);
+        }
         HashOrder.Builder[] index = ordered ? new HashOrder.Builder[parts] : null;
         try (BlockArena arena = new BlockArena(client, app, shuffle, manager.blockDir(), manager.blockBytes())) {
-            // Ordered: one stream for every partition, pointed at the record's partition before
-            // each record and flushed after it (a Kryo stream per partition would build a Kryo
-            // instance per partition and task: 200 per map task at 200 reducers).
-            Switch sw = ordered ? new Switch() : null;
-            SerializationStream one = ordered ? ser.serializeStream(sw) : null;
+            // Ordered or Kryo: one stream for every partition, pointed at the record's partition
+            // before each record and flushed after it (a Kryo stream per partition built a Kryo
+            // per partition and task: 200 per map task at 200 reducers).
+            Switch sw = ordered || kryoOne ? new Switch() : null;
+            SerializationStream one = kryoOne ? KryoStreams.out(kryo, sw, unsafe, k -> ThreadKryo.give(kryoKey, k))
+                    : ordered ? ser.serializeStream(sw) : null;
             while (it.hasNext()) {
                 Product2<K, ?> r = it.next();
                 int p = partitioner.getPartition(r._1());
@@ -93,25 +106,27 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
                     outs[p] = new PartitionOutput(p, arena, segments);
                     if (ordered) {
                         index[p] = new HashOrder.Builder();
-                    } else {
+                    } else if (one == null) {
                         streams[p] = ser.serializeStream(outs[p]);
                     }
                 }
-                if (ordered) {
+                if (one != null) {
                     sw.target = outs[p];
                     long start = outs[p].written();
                     one.writeKey(r._1(), ANY);
                     one.writeValue(r._2(), ANY);
                     // The record's bytes end here (Spark's relocation contract: flush per record).
                     one.flush();
-                    index[p].add(HashOrder.hash(r._1()), start, outs[p].written() - start);
+                    if (ordered) {
+                        index[p].add(HashOrder.hash(r._1()), start, outs[p].written() - start);
+                    }
                 } else {
                     streams[p].writeKey(r._1(), ANY);
                     streams[p].writeValue(r._2(), ANY);
                 }
                 metrics.incRecordsWritten(1);
             }
-            if (ordered) {
+            if (one != null) {
                 sw.target = null;
                 one.close();
             }
@@ -123,7 +138,7 @@ final class SlipstreamShuffleWriter<K, V> extends ShuffleWriter<K, V> {
                 if (ordered) {
                     outs[p].write(index[p].finish());
                     index[p] = null;
-                } else {
+                } else if (one == null) {
                     streams[p].close();
                 }
                 outs[p].close();

@@ -10,10 +10,13 @@
 // Spark adds is part of the key too; a field without value equality only makes the key never
 // match) and the class loader newKryo would use (the serializer's default loader, else the
 // thread's context loader, compared by identity: another application's or session's loader never
-// gets this one's Kryo). One holder at a time: take() empties the thread's slot, give() fills it,
-// so two merges interleaved on one thread never share a Kryo; a task that fails mid-read never
-// gives its Kryo back. Not for: map tasks (their Kryo lives inside Spark's serialization stream),
-// serializers other than KryoSerializer itself (a subclass may build differently).
+// gets this one's Kryo). One holder per Kryo: take() removes it from the thread's slot, give()
+// puts it back, so two users on one thread never share a Kryo; a task that fails mid-read or
+// mid-write never gives its Kryo back. The slot keeps up to KEPT_MAX: a task that reads one
+// shuffle and writes the next (a GraphX iteration's middle stage) holds two at once, and map tasks
+// take theirs here too (session 20's PageRank profile: Kryos built in map tasks' serialization
+// streams, one per partition, were 9% of the task threads). Not for: serializers other than
+// KryoSerializer itself (a subclass may build differently).
 package io.slipstream.spark.shuffle;
 
 import com.esotericsoftware.kryo.Kryo;
@@ -22,7 +25,9 @@ import java.lang.reflect.Modifier;
 import java.util.ArrayList;
 import java.util.List;
 import org.apache.spark.serializer.KryoSerializer;
+import org.apache.spark.serializer.KryoSerializerInstance;
 import org.apache.spark.serializer.Serializer;
+import org.apache.spark.serializer.SerializerInstance;
 import scala.Option;
 
 final class ThreadKryo {
@@ -49,8 +54,20 @@ final class ThreadKryo {
     /** How many take()s found a kept Kryo (each one a Kryo not built); for tests. */
     private static final java.util.concurrent.atomic.LongAdder TAKEN = new java.util.concurrent.atomic.LongAdder();
 
-    /** The thread's kept Kryo and the key it was built for (one slot per thread). */
-    private static final ThreadLocal<Object[]> SLOT = ThreadLocal.withInitial(() -> new Object[2]);
+    /** Kryos kept per thread: a reader and a writer of one task each hold one. */
+    static final int KEPT_MAX = 2;
+
+    /** KryoSerializerInstance's useUnsafe (private: read once by reflection; null if it cannot be). */
+    private static final Field USE_UNSAFE = useUnsafeField();
+
+    /** The thread's kept Kryos, all built for `key`. */
+    private static final class Slot {
+        Key key;
+        final Kryo[] kept = new Kryo[KEPT_MAX];
+        int n;
+    }
+
+    private static final ThreadLocal<Slot> SLOT = ThreadLocal.withInitial(Slot::new);
 
     /** `s`'s key, or null when its Kryos are not kept (not KryoSerializer itself, or reflection refused). */
     static Key key(Serializer s) {
@@ -70,32 +87,66 @@ final class ThreadKryo {
         }
     }
 
-    /** The thread's kept Kryo if it was built for `key` (reset, and no longer kept), else null. */
+    /** A Kryo the thread kept for `key` (reset, and no longer kept), else null. */
     static Kryo take(Key key) {
         if (key == null) {
             return null;
         }
-        Object[] slot = SLOT.get();
-        if (slot[1] == null || !key.equals(slot[0])) {
+        Slot slot = SLOT.get();
+        if (slot.n == 0 || !key.equals(slot.key)) {
             return null;
         }
-        Kryo k = (Kryo) slot[1];
-        slot[0] = null;
-        slot[1] = null;
+        Kryo k = slot.kept[--slot.n];
+        slot.kept[slot.n] = null;
         // As Spark's pool does on every borrow: no state of the last use carries over.
         k.reset();
         TAKEN.increment();
         return k;
     }
 
-    /** Keeps `kryo` (built for `key`) for the thread's next take; replaces what was kept. */
+    /**
+     * A Kryo for `ser` (an instance of the serializer `key` was made for): the thread's kept one,
+     * else one borrowed from `ser`'s own pool (which builds it).
+     */
+    static Kryo takeOrBorrow(Key key, KryoSerializerInstance ser) {
+        Kryo k = take(key);
+        return k != null ? k : ser.borrowKryo();
+    }
+
+    /**
+     * Keeps `kryo` (built for `key`) for the thread's next take. Kryos kept for another key are
+     * dropped first (one application's settings at a time); beyond KEPT_MAX it is dropped.
+     */
     static void give(Key key, Kryo kryo) {
         if (key == null || kryo == null) {
             return;
         }
-        Object[] slot = SLOT.get();
-        slot[0] = key;
-        slot[1] = kryo;
+        Slot slot = SLOT.get();
+        if (!key.equals(slot.key)) {
+            java.util.Arrays.fill(slot.kept, null);
+            slot.n = 0;
+            slot.key = key;
+        }
+        if (slot.n < KEPT_MAX) {
+            slot.kept[slot.n++] = kryo;
+        }
+    }
+
+    /** `ser`'s useUnsafe if it is Spark's KryoSerializerInstance itself (not a subclass), else null. */
+    static Boolean useUnsafe(SerializerInstance ser) {
+        if (ser.getClass() != KryoSerializerInstance.class || USE_UNSAFE == null) {
+            return null;
+        }
+        try {
+            return USE_UNSAFE.getBoolean(ser);
+        } catch (IllegalAccessException e) {
+            return null;
+        }
+    }
+
+    private static Field useUnsafeField() {
+        Field f = field(KryoSerializerInstance.class, "useUnsafe");
+        return f != null && f.getType() == boolean.class ? f : null;
     }
 
     /** How many take()s so far (all threads) found a kept Kryo. */

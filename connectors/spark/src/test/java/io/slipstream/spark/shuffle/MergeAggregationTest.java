@@ -65,7 +65,8 @@ class MergeAggregationTest {
 
     static SparkSession session(String shuffleManager) {
         SparkSession.Builder b = SlipstreamShuffleManagerTest.base()
-                .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer");
+                .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")
+                .config("spark.kryo.registrator", CountingRegistrator.class.getName());
         if (shuffleManager != null) {
             b.config("spark.shuffle.manager", shuffleManager).config(SlipstreamShuffleManager.ENDPOINT, daemon.endpoint());
         }
@@ -191,6 +192,37 @@ class MergeAggregationTest {
         // The merge path ran: Spark's map reports peak memory for the sort shuffle, none here.
         assertTrue(sortPeakBytes > 0, "the sort shuffle's tasks report peak execution memory: " + sortPeakBytes);
         assertEquals(0, peakBytes(spark, () -> groupJob(spark)), "Slipstream's reduce tasks built no aggregation map");
+    }
+
+    /** Counts the Kryos built in this JVM (Spark runs the registrator once per new Kryo). */
+    public static final class CountingRegistrator implements org.apache.spark.serializer.KryoRegistrator {
+        static final AtomicLong BUILT = new AtomicLong();
+
+        @Override
+        public void registerClasses(com.esotericsoftware.kryo.Kryo kryo) {
+            BUILT.incrementAndGet();
+        }
+    }
+
+    @Test
+    void mapTasksWriteEveryPartitionWithOneKeptKryo() {
+        JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+        List<Integer> ids = new ArrayList<>();
+        for (int i = 0; i < 20_000; i++) {
+            ids.add(i);
+        }
+        int maps = 4;
+        int reduces = 50;
+        // No aggregator: the records go through the writer's stream per record, not the merge.
+        JavaPairRDD<Integer, Integer> pairs = sc.parallelize(ids, maps).mapToPair(i -> new Tuple2<>(i, i));
+        assertEquals(20_000, pairs.partitionBy(new HashPartitioner(reduces)).count());
+        long before = CountingRegistrator.BUILT.get();
+        long kept = ThreadKryo.taken();
+        assertEquals(20_000, pairs.partitionBy(new HashPartitioner(reduces)).count());
+        long built = CountingRegistrator.BUILT.get() - before;
+        // A Kryo per partition stream would build maps x reduces; the threads' kept ones build none.
+        assertTrue(built < maps, "Kryos built in the second job: " + built + " (kept ones taken: " + (ThreadKryo.taken() - kept) + ")");
+        assertTrue(ThreadKryo.taken() - kept >= maps, "map tasks took kept Kryos: " + (ThreadKryo.taken() - kept));
     }
 
     /** Reduce tasks per executor thread in kryoKeptAcrossReduceTasks (local mode: the executor is this JVM). */

@@ -32,7 +32,33 @@ import org.junit.jupiter.api.Test;
 class ThreadKryoTest {
     @AfterEach
     void emptySlot() {
-        ThreadKryo.take(ThreadKryo.key(new KryoSerializer(new SparkConf(false))));
+        ThreadKryo.Key k = ThreadKryo.key(new KryoSerializer(new SparkConf(false)));
+        for (int i = 0; i < ThreadKryo.KEPT_MAX && ThreadKryo.take(k) != null; i++) {
+            // a test may leave up to KEPT_MAX kept
+        }
+    }
+
+    @Test
+    void theSlotKeepsUpToKeptMaxAndOneKeyAtATime() {
+        KryoSerializer s = kryo();
+        ThreadKryo.Key key = ThreadKryo.key(s);
+        List<Kryo> given = new ArrayList<>();
+        for (int i = 0; i <= ThreadKryo.KEPT_MAX; i++) {
+            given.add(s.newKryo());
+            ThreadKryo.give(key, given.get(i));
+        }
+        // Last kept first; the one beyond KEPT_MAX was dropped.
+        for (int i = ThreadKryo.KEPT_MAX - 1; i >= 0; i--) {
+            assertSame(given.get(i), ThreadKryo.take(key));
+        }
+        assertNull(ThreadKryo.take(key));
+        // A Kryo kept for other settings drops what was kept for these.
+        ThreadKryo.give(key, given.get(0));
+        KryoSerializer other = kryo("spark.kryo.referenceTracking", "false");
+        Kryo o = other.newKryo();
+        ThreadKryo.give(ThreadKryo.key(other), o);
+        assertNull(ThreadKryo.take(key));
+        assertSame(o, ThreadKryo.take(ThreadKryo.key(other)));
     }
 
     /** The copy a task gets: the serializer Java-serialized and read back. */
