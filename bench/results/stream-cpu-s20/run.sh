@@ -6,7 +6,7 @@
 # (the first two warm the JVMs' JIT; the third is reported).
 cd "$(dirname "$0")/../../.."
 common=(GEN=xdp PARTS=wc WC_WORDS=16 WC_RATE=20000 RUNS=3 STEP_S=10 IDLE_S=5 SKIP_BUILD=1 SLIP_TRIGGER_MS=10000)
-n=1
+n=${START:-1}
 for what in ${ORDER:-plain xdp1 xdp1 plain}; do
   out=bench/results/stream-cpu-s20/$n-$what
   echo "== $n $what $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
