@@ -112,10 +112,7 @@ class MergeAggregationTest {
     static Map<String, List<String>> jobs(SparkSession s) {
         Map<String, List<String>> out = new LinkedHashMap<>(SlipstreamShuffleManagerTest.jobs(s));
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(s.sparkContext());
-        List<Integer> ids = new ArrayList<>();
-        for (int i = 0; i < 30_000; i++) {
-            ids.add(i);
-        }
+        List<Integer> ids = ids(30_000);
         JavaPairRDD<Collide, Integer> colliding = sc.parallelize(ids, 5).mapToPair(i -> new Tuple2<>(new Collide(i % 3000), i));
         out.put("collidingGroupByKey", SlipstreamShuffleManagerTest.sorted(
                 colliding.groupByKey(4).mapValues(MergeAggregationTest::summary).collect()));
@@ -149,10 +146,7 @@ class MergeAggregationTest {
     /** A groupByKey whose reduce side Spark aggregates in ExternalAppendOnlyMap (peak memory > 0). */
     static void groupJob(SparkSession s) {
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(s.sparkContext());
-        List<Integer> ids = new ArrayList<>();
-        for (int i = 0; i < 20_000; i++) {
-            ids.add(i);
-        }
+        List<Integer> ids = ids(20_000);
         sc.parallelize(ids, 4).mapToPair(i -> new Tuple2<>(i % 5000, i)).groupByKey(3).count();
     }
 
@@ -204,13 +198,19 @@ class MergeAggregationTest {
         }
     }
 
+    /** 0 .. n-1. */
+    static List<Integer> ids(int n) {
+        List<Integer> ids = new ArrayList<>(n);
+        for (int i = 0; i < n; i++) {
+            ids.add(i);
+        }
+        return ids;
+    }
+
     @Test
     void mapTasksWriteEveryPartitionWithOneKeptKryo() {
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
-        List<Integer> ids = new ArrayList<>();
-        for (int i = 0; i < 20_000; i++) {
-            ids.add(i);
-        }
+        List<Integer> ids = ids(20_000);
         int maps = 4;
         int reduces = 50;
         // No aggregator: the records go through the writer's stream per record, not the merge.
@@ -231,10 +231,7 @@ class MergeAggregationTest {
     @Test
     void kryoKeptAcrossReduceTasksOnOneThread() {
         JavaSparkContext sc = JavaSparkContext.fromSparkContext(spark.sparkContext());
-        List<Integer> ids = new ArrayList<>();
-        for (int i = 0; i < 20_000; i++) {
-            ids.add(i);
-        }
+        List<Integer> ids = ids(20_000);
         int reduces = 40;
         TASKS_BY_THREAD.clear();
         long before = ThreadKryo.taken();
