@@ -4,7 +4,7 @@
 # daemon builds (SLIPSTREAM_BIN=... alternated), without replication_bench.sh's other runs.
 # Starts scripts/cluster.sh (fsync FSYNC, preferred leaders LEADERS: "1 2 3" spread, "1 1 1"
 # one leader), waits for the leaders, runs one slipstream-loadgen per tenant at once through
-# the tenant's leader (sets only, 64 B, 50 connections x 16 in flight, DUR s), perf on the
+# the tenant's leader (sets only, VALUE_BYTES [64] B, 50 connections x 16 in flight, DUR s), perf on the
 # daemons from 2 s to DUR-1 s when PERF=1 (perf.data in the printed directory), prints each
 # loadgen's sets/s and the sum. Env: BASE (21000, below the ephemeral port range), DUR (10), FSYNC (batch), PERF (1), PERF_ARGS (extra `perf record` options, e.g. -g),
 # LEADERS ("1 2 3"), SLIPSTREAM_BIN (a file named `slipstream`: the daemons are found by
@@ -23,7 +23,7 @@ for _ in $(seq 1 150); do ok=1
   [ $ok = 1 ] && break; sleep 0.2; done
 PIDS=$(pgrep -f "slipstream serve --config $DIR" | paste -sd,)
 uptime
-for k in 0 1 2; do n=${L[$k]}; target/release/slipstream-loadgen --server 127.0.0.1:$((BASE+100*n+k)) --ratio 1:0 --value-bytes 64 --conns 50 --pipeline 16 --duration-s $DUR --warmup-s 1 --keys 10000 --seed $k > $DIR/lg$k.json & done
+for k in 0 1 2; do n=${L[$k]}; target/release/slipstream-loadgen --server 127.0.0.1:$((BASE+100*n+k)) --ratio 1:0 --value-bytes ${VALUE_BYTES:-64} --conns 50 --pipeline 16 --duration-s $DUR --warmup-s 1 --keys 10000 --seed $k > $DIR/lg$k.json & done
 if [ $PERF = 1 ]; then sleep 2; perf record -F 499 ${PERF_ARGS:-} -p $PIDS -o $DIR/perf.data -- sleep $((DUR-3)) 2>/dev/null >/dev/null; fi
 wait $(jobs -p | grep -v "^$CPID$") 2>/dev/null
 uptime
