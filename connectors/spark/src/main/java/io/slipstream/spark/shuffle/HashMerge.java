@@ -466,7 +466,7 @@ final class HashMerge extends AbstractIterator<Product2<Object, Object>> {
             if (unsafe == null) {
                 return null;
             }
-            return new KryoRecords(kept != null ? kept : ((KryoSerializerInstance) ser).borrowKryo(), giveBack, unsafe);
+            return new KryoRecords(ThreadKryo.orBorrow(kept, (KryoSerializerInstance) ser), giveBack, unsafe);
         }
 
         /** Reads `c`'s entry `next` into key and value. */

@@ -331,7 +331,7 @@ final class SlipstreamShuffleReader<K, C> implements ShuffleReader<K, C> {
             this.kryoKey = kryoKey;
             this.unsafe = ThreadKryo.useUnsafe(ser);
             if (kryoKey != null && unsafe != null) {
-                kryo = kept != null ? kept : ((KryoSerializerInstance) ser).borrowKryo();
+                kryo = ThreadKryo.orBorrow(kept, (KryoSerializerInstance) ser);
             } else {
                 ThreadKryo.give(kryoKey, kept);
             }

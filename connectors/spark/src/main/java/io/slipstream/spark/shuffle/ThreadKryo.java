@@ -109,8 +109,12 @@ final class ThreadKryo {
      * else one borrowed from `ser`'s own pool (which builds it).
      */
     static Kryo takeOrBorrow(Key key, KryoSerializerInstance ser) {
-        Kryo k = take(key);
-        return k != null ? k : ser.borrowKryo();
+        return orBorrow(take(key), ser);
+    }
+
+    /** `kept` (a Kryo already taken for `ser`'s settings) if not null, else one borrowed from `ser`'s pool. */
+    static Kryo orBorrow(Kryo kept, KryoSerializerInstance ser) {
+        return kept != null ? kept : ser.borrowKryo();
     }
 
     /**
