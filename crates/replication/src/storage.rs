@@ -26,12 +26,26 @@ use protobuf::Message as PbMessage;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Largest record accepted on replay (a snapshot of a large tenant is one record).
 pub const RECORD_BYTES_MAX: usize = 1 << 30;
 const RECORD_HEADER_BYTES: usize = 9;
+
+/// A turn's records are encoded straight into one buffer (no buffer per record) and reach the
+/// file with one `write`. Its capacity is kept from turn to turn (the allocator returns freed
+/// large blocks to the kernel at once, so a fresh buffer per turn costs page faults), but
+/// bounded: the buffer is written out whenever it holds this much, and a larger capacity (one
+/// record bigger than this) is shrunk back to it once written.
+pub const APPEND_REUSE_BYTES_MAX: usize = 1 << 20;
+
+/// A compaction writes its snapshot into the previous snapshot's buffer when nothing else
+/// holds it (no fresh pages to fault in, a store's size each time), unless that buffer has
+/// more than this spare beyond twice what it holds (a slice of something larger, e.g. of a
+/// log file read whole at open): such a buffer is freed, not kept.
+const SNAPSHOT_REUSE_SPARE_BYTES_MAX: usize = 1 << 20;
 
 const KIND_SNAPSHOT: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
@@ -93,7 +107,9 @@ impl From<io::Error> for StorageFault {
 /// One group's durable Raft state (see the module doc).
 pub struct GroupStorage {
     dir: PathBuf,
-    file: BufWriter<File>,
+    file: File,
+    /// Records encoded but not yet written to `file` (see [`APPEND_REUSE_BYTES_MAX`]).
+    pending: Vec<u8>,
     fsync: FsyncMode,
     /// Bytes written since the last fsync (Batch mode).
     unsynced: bool,
@@ -118,7 +134,8 @@ impl GroupStorage {
         let fresh = !path.exists();
         let mut s = GroupStorage {
             dir: dir.to_path_buf(),
-            file: BufWriter::new(OpenOptions::new().create(true).append(true).open(&path)?),
+            file: OpenOptions::new().create(true).append(true).open(&path)?,
+            pending: Vec::new(),
             fsync,
             unsynced: false,
             hard: HardState::default(),
@@ -215,7 +232,7 @@ impl GroupStorage {
         }
         self.append_in_memory(ents)?;
         for e in ents {
-            self.write_record(KIND_ENTRY, &pb_bytes(e)?)?;
+            self.write_record(KIND_ENTRY, e)?;
         }
         self.after_write()
     }
@@ -243,7 +260,7 @@ impl GroupStorage {
 
     pub fn set_hard_state(&mut self, hs: &HardState) -> Result<(), StorageFault> {
         self.hard = hs.clone();
-        self.write_record(KIND_HARD_STATE, &pb_bytes(hs)?)?;
+        self.write_record(KIND_HARD_STATE, hs)?;
         self.after_write()
     }
 
@@ -255,7 +272,7 @@ impl GroupStorage {
     }
 
     pub fn set_conf_state(&mut self, cs: ConfState) -> Result<(), StorageFault> {
-        self.write_record(KIND_CONF_STATE, &pb_bytes(&cs)?)?;
+        self.write_record(KIND_CONF_STATE, &cs)?;
         self.conf = cs;
         self.after_write()
     }
@@ -277,6 +294,47 @@ impl GroupStorage {
         self.rewrite()
     }
 
+    /// [`GroupStorage::compact_to`] a snapshot at `index` (of `term`, with the current
+    /// configuration) whose data `fill` writes into the buffer it is given: the previous
+    /// snapshot's, cleared, when nothing else holds it (see [`SNAPSHOT_REUSE_SPARE_BYTES_MAX`]),
+    /// else a new one. `fill` is not called when the compaction would be ignored.
+    pub fn compact_with(&mut self, index: u64, term: u64, fill: impl FnOnce(&mut Vec<u8>)) -> Result<(), StorageFault> {
+        if index <= self.snapshot_index() || index > self.last() {
+            return Ok(());
+        }
+        let mut data = self.take_snapshot_buffer();
+        fill(&mut data);
+        let mut snap = Snapshot { data: data.into(), ..Snapshot::default() };
+        let m = snap.mut_metadata();
+        m.index = index;
+        m.term = term;
+        m.set_conf_state(self.conf.clone());
+        self.compact_to(snap)
+    }
+
+    /// The current snapshot's data buffer for reuse (empty), leaving the snapshot without
+    /// data; or a new empty buffer, leaving it alone, when something else still holds the
+    /// data (a message on its way to a follower) or the buffer is mostly spare. Only for a
+    /// caller about to install a new snapshot.
+    fn take_snapshot_buffer(&mut self) -> Vec<u8> {
+        let data = std::mem::take(&mut self.snap.data);
+        match data.try_into_mut() {
+            Ok(m) => {
+                let mut v = Vec::from(m);
+                let spare_max = v.len().saturating_mul(2).saturating_add(SNAPSHOT_REUSE_SPARE_BYTES_MAX);
+                if v.capacity() > spare_max {
+                    return Vec::new();
+                }
+                v.clear();
+                v
+            }
+            Err(shared) => {
+                self.snap.data = shared;
+                Vec::new()
+            }
+        }
+    }
+
     fn install_snapshot_in_memory(&mut self, snap: Snapshot, keep_later: bool) {
         let m = snap.get_metadata();
         let (idx, term) = (m.index, m.term);
@@ -295,17 +353,12 @@ impl GroupStorage {
 
     /// Write snapshot + state + remaining entries to a new file and rename it into place.
     fn rewrite(&mut self) -> Result<(), StorageFault> {
-        self.file.flush()?;
+        self.flush()?;
         let tmp = self.dir.join(TMP_FILE);
-        let mut w = BufWriter::new(File::create(&tmp)?);
-        let mut bytes = 0u64;
-        bytes += write_record_to(&mut w, KIND_SNAPSHOT, &pb_bytes(&self.snap)?)?;
-        bytes += write_record_to(&mut w, KIND_HARD_STATE, &pb_bytes(&self.hard)?)?;
-        bytes += write_record_to(&mut w, KIND_CONF_STATE, &pb_bytes(&self.conf)?)?;
-        for e in &self.entries {
-            bytes += write_record_to(&mut w, KIND_ENTRY, &pb_bytes(e)?)?;
-        }
-        let f = w.into_inner().map_err(|e| e.into_error())?;
+        let written = self.write_tmp(&tmp);
+        // A failed rewrite must not leave its records to be appended to the live log.
+        self.pending.clear();
+        let (f, bytes) = written?;
         if self.fsync != FsyncMode::Never {
             f.sync_all()?;
         }
@@ -315,16 +368,41 @@ impl GroupStorage {
         if self.fsync != FsyncMode::Never {
             sync_dir(&self.dir)?;
         }
-        self.file = BufWriter::new(OpenOptions::new().append(true).open(&path)?);
+        self.file = OpenOptions::new().append(true).open(&path)?;
         self.log_bytes = bytes;
         self.unsynced = false;
         Ok(())
     }
 
-    fn write_record(&mut self, kind: u8, payload: &[u8]) -> Result<(), StorageFault> {
-        self.log_bytes += write_record_to(&mut self.file, kind, payload)?;
+    /// The rewritten log in `tmp`: the snapshot streamed from its buffer (not copied into a
+    /// record buffer: it is a store's size), then the rest through `pending`.
+    fn write_tmp(&mut self, tmp: &Path) -> Result<(File, u64), StorageFault> {
+        let mut f = File::create(tmp)?;
+        let mut bytes = write_streamed_record(&mut f, KIND_SNAPSHOT, &self.snap)?;
+        bytes += encode_record(&mut self.pending, KIND_HARD_STATE, &self.hard)?;
+        bytes += encode_record(&mut self.pending, KIND_CONF_STATE, &self.conf)?;
+        for e in &self.entries {
+            bytes += encode_record(&mut self.pending, KIND_ENTRY, e)?;
+            if self.pending.len() >= APPEND_REUSE_BYTES_MAX {
+                write_out(&mut f, &mut self.pending)?;
+            }
+        }
+        write_out(&mut f, &mut self.pending)?;
+        Ok((f, bytes))
+    }
+
+    fn write_record<M: PbMessage>(&mut self, kind: u8, m: &M) -> Result<(), StorageFault> {
+        self.log_bytes += encode_record(&mut self.pending, kind, m)?;
         self.unsynced = true;
+        if self.pending.len() >= APPEND_REUSE_BYTES_MAX {
+            self.flush()?;
+        }
         Ok(())
+    }
+
+    /// Write the pending records to the log file (the page cache; no fsync).
+    fn flush(&mut self) -> Result<(), StorageFault> {
+        Ok(write_out(&mut self.file, &mut self.pending)?)
     }
 
     fn after_write(&mut self) -> Result<(), StorageFault> {
@@ -332,22 +410,22 @@ impl GroupStorage {
             FsyncMode::Always => self.sync_now(),
             // Batch: the node calls sync() once per turn; Never: the page cache must see the
             // bytes before Raft counts them persisted (a process crash must not lose them).
-            FsyncMode::Batch | FsyncMode::Never => Ok(self.file.flush()?),
+            FsyncMode::Batch | FsyncMode::Never => self.flush(),
         }
     }
 
     /// Make every write so far durable per the fsync mode (Batch: the group commit point).
     pub fn sync(&mut self) -> Result<(), StorageFault> {
         match self.fsync {
-            FsyncMode::Never => Ok(self.file.flush()?),
+            FsyncMode::Never => self.flush(),
             FsyncMode::Always | FsyncMode::Batch => self.sync_now(),
         }
     }
 
     fn sync_now(&mut self) -> Result<(), StorageFault> {
-        self.file.flush()?;
+        self.flush()?;
         if self.unsynced {
-            self.file.get_ref().sync_data()?;
+            self.file.sync_data()?;
             self.unsynced = false;
         }
         Ok(())
@@ -359,23 +437,82 @@ impl GroupStorage {
     }
 }
 
-fn pb_bytes<M: PbMessage>(m: &M) -> Result<Vec<u8>, StorageFault> {
-    m.write_to_bytes().map_err(|e| StorageFault::Corrupt(e.to_string()))
+/// Append record `kind` of `m` to `out` (header, kind, protobuf encoded in place); the
+/// record's bytes.
+fn encode_record<M: PbMessage>(out: &mut Vec<u8>, kind: u8, m: &M) -> Result<u64, StorageFault> {
+    let at = out.len();
+    out.extend_from_slice(&[0u8; RECORD_HEADER_BYTES - 1]);
+    out.push(kind);
+    if let Err(e) = m.write_to_vec(out) {
+        out.truncate(at);
+        return Err(StorageFault::Corrupt(e.to_string()));
+    }
+    let len = out.len() - at - (RECORD_HEADER_BYTES - 1);
+    if len > RECORD_BYTES_MAX {
+        out.truncate(at);
+        return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
+    }
+    let crc = crc32fast::hash(&out[at + RECORD_HEADER_BYTES - 1..]);
+    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    out[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok((out.len() - at) as u64)
 }
 
-fn write_record_to(w: &mut impl Write, kind: u8, payload: &[u8]) -> Result<u64, StorageFault> {
-    let len = payload.len() + 1;
+/// Write `buf` to `f` and empty it, keeping at most [`APPEND_REUSE_BYTES_MAX`] of capacity.
+fn write_out(f: &mut File, buf: &mut Vec<u8>) -> io::Result<()> {
+    if !buf.is_empty() {
+        f.write_all(buf)?;
+        buf.clear();
+    }
+    if buf.capacity() > APPEND_REUSE_BYTES_MAX {
+        buf.shrink_to(APPEND_REUSE_BYTES_MAX);
+    }
+    Ok(())
+}
+
+/// Write record `kind` of `m` at `f`'s position, its protobuf streamed to the file (for a
+/// snapshot: no copy of its data in memory); the header is written after the payload, once
+/// its CRC is known. The record's bytes.
+fn write_streamed_record<M: PbMessage>(f: &mut File, kind: u8, m: &M) -> Result<u64, StorageFault> {
+    let at = f.stream_position()?;
+    let len = m.compute_size() as usize + 1;
     if len > RECORD_BYTES_MAX {
         return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
     }
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[kind]);
-    h.update(payload);
-    w.write_all(&(len as u32).to_le_bytes())?;
-    w.write_all(&h.finalize().to_le_bytes())?;
+    let mut w = CrcWriter { inner: BufWriter::new(&mut *f), crc: crc32fast::Hasher::new(), bytes: 0 };
+    w.inner.write_all(&[0u8; RECORD_HEADER_BYTES - 1])?;
     w.write_all(&[kind])?;
-    w.write_all(payload)?;
-    Ok((RECORD_HEADER_BYTES + payload.len()) as u64)
+    m.write_to_writer(&mut w).map_err(|e| StorageFault::Corrupt(e.to_string()))?;
+    let CrcWriter { inner, crc, bytes } = w;
+    let f = inner.into_inner().map_err(|e| e.into_error())?;
+    if bytes != len {
+        return Err(StorageFault::Corrupt(format!("record streamed {bytes} bytes, sized {len}")));
+    }
+    let mut head = [0u8; RECORD_HEADER_BYTES - 1];
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    head[4..].copy_from_slice(&crc.finalize().to_le_bytes());
+    f.write_all_at(&head, at)?;
+    Ok((RECORD_HEADER_BYTES - 1 + len) as u64)
+}
+
+/// A writer that passes bytes on and keeps their CRC and count.
+struct CrcWriter<W: Write> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    bytes: usize,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// The next whole, CRC-valid record; None at the end or at a torn/corrupt tail.
