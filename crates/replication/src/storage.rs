@@ -680,6 +680,81 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
+    /// One turn far over APPEND_REUSE_BYTES_MAX (a 3 MiB entry and many small ones): its
+    /// buffer is written out in pieces and shrunk back under the limit, small turns after it
+    /// keep it there, and a reopen reads exactly the entries written.
+    #[test]
+    fn append_buffer_falls_back_under_its_limit_after_a_huge_turn() {
+        let d = tmpdir("append-reuse");
+        let big = vec![7u8; 3 << 20];
+        let mut want = Vec::new();
+        {
+            let mut s = GroupStorage::open(&d, FsyncMode::Batch, &[1]).unwrap();
+            let mut turn = vec![entry(1, 1, &big)];
+            turn.extend((2..=2000).map(|i| entry(i, 1, format!("small-{i}").as_bytes())));
+            s.append(&turn).unwrap();
+            s.sync().unwrap();
+            assert!(s.pending.is_empty());
+            assert!(s.pending.capacity() <= APPEND_REUSE_BYTES_MAX, "capacity {}", s.pending.capacity());
+            want.extend(turn);
+            for i in 2001..=2100 {
+                let e = entry(i, 1, b"after");
+                s.append(std::slice::from_ref(&e)).unwrap();
+                s.sync().unwrap();
+                assert!(s.pending.capacity() <= APPEND_REUSE_BYTES_MAX);
+                want.push(e);
+            }
+            assert_eq!(s.log_bytes(), fs::metadata(d.join(LOG_FILE)).unwrap().len());
+        }
+        let s = GroupStorage::open(&d, FsyncMode::Batch, &[1]).unwrap();
+        assert_eq!(s.torn_bytes_dropped, 0);
+        let got = s.entries(1, 2101, None, GetEntriesContext::empty(false)).unwrap();
+        assert_eq!(got, want);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A compaction writes its snapshot into the previous snapshot's buffer when nothing else
+    /// holds it, a new one when something does (the held snapshot is left intact), and either
+    /// way the log reopens to the snapshot and the entries after it.
+    #[test]
+    fn compaction_reuses_an_unshared_snapshot_buffer_and_reopens_exactly() {
+        let d = tmpdir("snap-reuse");
+        let ents: Vec<Entry> = (1..=30).map(|i| entry(i, 1, format!("e{i}").as_bytes())).collect();
+        let state = |n: u8| vec![n; 64 << 10];
+        {
+            let mut s = GroupStorage::open(&d, FsyncMode::Always, &[1, 2]).unwrap();
+            s.append(&ents).unwrap();
+            s.compact_with(10, 1, |b| b.extend_from_slice(&state(1))).unwrap();
+            let first = s.latest_snapshot().data.as_ptr();
+            let mut given = (std::ptr::null(), 0);
+            s.compact_with(20, 1, |b| {
+                given = (b.as_ptr(), b.capacity());
+                assert!(b.is_empty());
+                b.extend_from_slice(&state(2));
+            })
+            .unwrap();
+            assert_eq!(given, (first, state(1).len()), "the previous snapshot's buffer, emptied");
+            // Held elsewhere (a snapshot message on its way): a new buffer, the held one intact.
+            let held = s.latest_snapshot().clone();
+            s.compact_with(25, 1, |b| {
+                assert_eq!(b.capacity(), 0);
+                b.extend_from_slice(&state(3));
+            })
+            .unwrap();
+            assert_eq!(&held.data[..], &state(2)[..]);
+            // Not newer than the snapshot: ignored, `fill` not called.
+            s.compact_with(25, 1, |_| panic!("fill called for an ignored compaction")).unwrap();
+        }
+        let s = GroupStorage::open(&d, FsyncMode::Always, &[]).unwrap();
+        assert_eq!(s.torn_bytes_dropped, 0);
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (26, 30));
+        assert_eq!(s.term(25).unwrap(), 1);
+        assert_eq!(&s.latest_snapshot().data[..], &state(3)[..]);
+        assert_eq!(s.latest_snapshot().get_metadata().get_conf_state().voters, vec![1, 2]);
+        assert_eq!(s.entries(26, 31, None, GetEntriesContext::empty(false)).unwrap(), ents[25..].to_vec());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn compaction_and_received_snapshot_survive_reopen() {
         let d = tmpdir("snap");
