@@ -25,6 +25,7 @@
 use protobuf::Message as PbMessage;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+use std::cell::RefCell;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Seek, Write};
 use std::os::unix::fs::FileExt;
@@ -34,12 +35,18 @@ use std::path::{Path, PathBuf};
 pub const RECORD_BYTES_MAX: usize = 1 << 30;
 const RECORD_HEADER_BYTES: usize = 9;
 
-/// A turn's records are encoded straight into one buffer (no buffer per record) and reach the
-/// file with one `write`. Its capacity is kept from turn to turn (the allocator returns freed
-/// large blocks to the kernel at once, so a fresh buffer per turn costs page faults), but
-/// bounded: the buffer is written out whenever it holds this much, and a larger capacity (one
-/// record bigger than this) is shrunk back to it once written.
+/// A write's records are encoded straight into one buffer (no buffer per record) and reach the
+/// file with one `write`. The buffer is the thread's (a node drives all its groups from one
+/// thread: one buffer per node, not per group) and keeps its capacity from write to write (the
+/// allocator returns freed large blocks to the kernel at once, so a fresh buffer per turn
+/// costs page faults), but bounded: it is written out whenever it holds this much, and a
+/// larger capacity (one record bigger than this) is shrunk back to it once written.
 pub const APPEND_REUSE_BYTES_MAX: usize = 1 << 20;
+
+thread_local! {
+    /// See [`APPEND_REUSE_BYTES_MAX`]; empty between writes.
+    static APPEND_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// A compaction writes its snapshot into the previous snapshot's buffer when nothing else
 /// holds it (no fresh pages to fault in, a store's size each time), unless that buffer has
@@ -108,8 +115,6 @@ impl From<io::Error> for StorageFault {
 pub struct GroupStorage {
     dir: PathBuf,
     file: File,
-    /// Records encoded but not yet written to `file` (see [`APPEND_REUSE_BYTES_MAX`]).
-    pending: Vec<u8>,
     fsync: FsyncMode,
     /// Bytes written since the last fsync (Batch mode).
     unsynced: bool,
@@ -135,7 +140,6 @@ impl GroupStorage {
         let mut s = GroupStorage {
             dir: dir.to_path_buf(),
             file: OpenOptions::new().create(true).append(true).open(&path)?,
-            pending: Vec::new(),
             fsync,
             unsynced: false,
             hard: HardState::default(),
@@ -231,9 +235,7 @@ impl GroupStorage {
             return Ok(());
         }
         self.append_in_memory(ents)?;
-        for e in ents {
-            self.write_record(KIND_ENTRY, e)?;
-        }
+        self.write_records(|r| ents.iter().try_for_each(|e| r.put(KIND_ENTRY, e)))?;
         self.after_write()
     }
 
@@ -260,7 +262,7 @@ impl GroupStorage {
 
     pub fn set_hard_state(&mut self, hs: &HardState) -> Result<(), StorageFault> {
         self.hard = hs.clone();
-        self.write_record(KIND_HARD_STATE, hs)?;
+        self.write_records(|r| r.put(KIND_HARD_STATE, hs))?;
         self.after_write()
     }
 
@@ -272,7 +274,7 @@ impl GroupStorage {
     }
 
     pub fn set_conf_state(&mut self, cs: ConfState) -> Result<(), StorageFault> {
-        self.write_record(KIND_CONF_STATE, &cs)?;
+        self.write_records(|r| r.put(KIND_CONF_STATE, &cs))?;
         self.conf = cs;
         self.after_write()
     }
@@ -353,12 +355,8 @@ impl GroupStorage {
 
     /// Write snapshot + state + remaining entries to a new file and rename it into place.
     fn rewrite(&mut self) -> Result<(), StorageFault> {
-        self.flush()?;
         let tmp = self.dir.join(TMP_FILE);
-        let written = self.write_tmp(&tmp);
-        // A failed rewrite must not leave its records to be appended to the live log.
-        self.pending.clear();
-        let (f, bytes) = written?;
+        let (f, bytes) = self.write_tmp(&tmp)?;
         if self.fsync != FsyncMode::Never {
             f.sync_all()?;
         }
@@ -375,55 +373,47 @@ impl GroupStorage {
     }
 
     /// The rewritten log in `tmp`: the snapshot streamed from its buffer (not copied into a
-    /// record buffer: it is a store's size), then the rest through `pending`.
+    /// record buffer: it is a store's size), then the rest through the append buffer.
     fn write_tmp(&mut self, tmp: &Path) -> Result<(File, u64), StorageFault> {
         let mut f = File::create(tmp)?;
-        let mut bytes = write_streamed_record(&mut f, KIND_SNAPSHOT, &self.snap)?;
-        bytes += encode_record(&mut self.pending, KIND_HARD_STATE, &self.hard)?;
-        bytes += encode_record(&mut self.pending, KIND_CONF_STATE, &self.conf)?;
-        for e in &self.entries {
-            bytes += encode_record(&mut self.pending, KIND_ENTRY, e)?;
-            if self.pending.len() >= APPEND_REUSE_BYTES_MAX {
-                write_out(&mut f, &mut self.pending)?;
-            }
-        }
-        write_out(&mut f, &mut self.pending)?;
-        Ok((f, bytes))
+        let snap_bytes = write_streamed_record(&mut f, KIND_SNAPSHOT, &self.snap)?;
+        let rest = with_records(&mut f, |r| {
+            r.put(KIND_HARD_STATE, &self.hard)?;
+            r.put(KIND_CONF_STATE, &self.conf)?;
+            self.entries.iter().try_for_each(|e| r.put(KIND_ENTRY, e))
+        })?;
+        Ok((f, snap_bytes + rest))
     }
 
-    fn write_record<M: PbMessage>(&mut self, kind: u8, m: &M) -> Result<(), StorageFault> {
-        self.log_bytes += encode_record(&mut self.pending, kind, m)?;
+    /// Append the records `put` makes to the log file (the page cache; no fsync).
+    fn write_records(
+        &mut self,
+        put: impl FnOnce(&mut Records<'_>) -> Result<(), StorageFault>,
+    ) -> Result<(), StorageFault> {
+        // Set first: a failed write may have written part of them.
         self.unsynced = true;
-        if self.pending.len() >= APPEND_REUSE_BYTES_MAX {
-            self.flush()?;
-        }
+        self.log_bytes += with_records(&mut self.file, put)?;
         Ok(())
-    }
-
-    /// Write the pending records to the log file (the page cache; no fsync).
-    fn flush(&mut self) -> Result<(), StorageFault> {
-        Ok(write_out(&mut self.file, &mut self.pending)?)
     }
 
     fn after_write(&mut self) -> Result<(), StorageFault> {
         match self.fsync {
             FsyncMode::Always => self.sync_now(),
-            // Batch: the node calls sync() once per turn; Never: the page cache must see the
-            // bytes before Raft counts them persisted (a process crash must not lose them).
-            FsyncMode::Batch | FsyncMode::Never => self.flush(),
+            // Batch: the node calls sync() once per turn; Never: the bytes are in the page
+            // cache already (written before this), so a process crash does not lose them.
+            FsyncMode::Batch | FsyncMode::Never => Ok(()),
         }
     }
 
     /// Make every write so far durable per the fsync mode (Batch: the group commit point).
     pub fn sync(&mut self) -> Result<(), StorageFault> {
         match self.fsync {
-            FsyncMode::Never => self.flush(),
+            FsyncMode::Never => Ok(()),
             FsyncMode::Always | FsyncMode::Batch => self.sync_now(),
         }
     }
 
     fn sync_now(&mut self) -> Result<(), StorageFault> {
-        self.flush()?;
         if self.unsynced {
             self.file.sync_data()?;
             self.unsynced = false;
@@ -458,16 +448,55 @@ fn encode_record<M: PbMessage>(out: &mut Vec<u8>, kind: u8, m: &M) -> Result<u64
     Ok((out.len() - at) as u64)
 }
 
-/// Write `buf` to `f` and empty it, keeping at most [`APPEND_REUSE_BYTES_MAX`] of capacity.
-fn write_out(f: &mut File, buf: &mut Vec<u8>) -> io::Result<()> {
-    if !buf.is_empty() {
-        f.write_all(buf)?;
+/// Records on their way to a file through the thread's append buffer (see
+/// [`APPEND_REUSE_BYTES_MAX`]).
+struct Records<'a> {
+    file: &'a mut File,
+    buf: &'a mut Vec<u8>,
+    bytes: u64,
+}
+
+impl Records<'_> {
+    fn put<M: PbMessage>(&mut self, kind: u8, m: &M) -> Result<(), StorageFault> {
+        self.bytes += encode_record(self.buf, kind, m)?;
+        if self.buf.len() >= APPEND_REUSE_BYTES_MAX {
+            self.file.write_all(self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Write the records `put` makes to `file`, encoded in the thread's append buffer; their
+/// bytes. The buffer is empty afterwards, failed or not (nothing of one file's write is left
+/// for the next), and its capacity at most [`APPEND_REUSE_BYTES_MAX`].
+fn with_records(
+    file: &mut File,
+    put: impl FnOnce(&mut Records<'_>) -> Result<(), StorageFault>,
+) -> Result<u64, StorageFault> {
+    APPEND_BUF.with(|cell| {
+        // Not re-entered (no write runs inside another); if it were, a buffer of its own.
+        let mut own = Vec::new();
+        let mut borrowed = cell.try_borrow_mut();
+        let buf = match borrowed.as_mut() {
+            Ok(b) => &mut **b,
+            Err(_) => &mut own,
+        };
+        let mut r = Records { file, buf, bytes: 0 };
+        let written = put(&mut r).and_then(|()| Ok(r.file.write_all(r.buf)?));
+        let bytes = r.bytes;
         buf.clear();
-    }
-    if buf.capacity() > APPEND_REUSE_BYTES_MAX {
-        buf.shrink_to(APPEND_REUSE_BYTES_MAX);
-    }
-    Ok(())
+        if buf.capacity() > APPEND_REUSE_BYTES_MAX {
+            buf.shrink_to(APPEND_REUSE_BYTES_MAX);
+        }
+        written.map(|()| bytes)
+    })
+}
+
+/// The calling thread's append buffer's capacity (tests of its bound).
+#[cfg(test)]
+fn append_buf_capacity() -> usize {
+    APPEND_BUF.with(|cell| cell.borrow().capacity())
 }
 
 /// Write record `kind` of `m` at `f`'s position, its protobuf streamed to the file (for a
@@ -680,9 +709,9 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
-    /// One turn far over APPEND_REUSE_BYTES_MAX (a 3 MiB entry and many small ones): its
-    /// buffer is written out in pieces and shrunk back under the limit, small turns after it
-    /// keep it there, and a reopen reads exactly the entries written.
+    /// One turn far over APPEND_REUSE_BYTES_MAX (a 3 MiB entry and many small ones): the
+    /// append buffer is written out in pieces and shrunk back under the limit, small turns
+    /// after it keep it there (and keep it), and a reopen reads exactly the entries written.
     #[test]
     fn append_buffer_falls_back_under_its_limit_after_a_huge_turn() {
         let d = tmpdir("append-reuse");
@@ -694,16 +723,17 @@ mod tests {
             turn.extend((2..=2000).map(|i| entry(i, 1, format!("small-{i}").as_bytes())));
             s.append(&turn).unwrap();
             s.sync().unwrap();
-            assert!(s.pending.is_empty());
-            assert!(s.pending.capacity() <= APPEND_REUSE_BYTES_MAX, "capacity {}", s.pending.capacity());
+            assert!(append_buf_capacity() <= APPEND_REUSE_BYTES_MAX, "capacity {}", append_buf_capacity());
             want.extend(turn);
             for i in 2001..=2100 {
                 let e = entry(i, 1, b"after");
                 s.append(std::slice::from_ref(&e)).unwrap();
                 s.sync().unwrap();
-                assert!(s.pending.capacity() <= APPEND_REUSE_BYTES_MAX);
+                assert!(append_buf_capacity() <= APPEND_REUSE_BYTES_MAX);
                 want.push(e);
             }
+            // Kept between writes (not freed and allocated again each time).
+            assert!(append_buf_capacity() > 0);
             assert_eq!(s.log_bytes(), fs::metadata(d.join(LOG_FILE)).unwrap().len());
         }
         let s = GroupStorage::open(&d, FsyncMode::Batch, &[1]).unwrap();
