@@ -20,7 +20,11 @@
 //! stays within about the larger of the store's size and that floor, plus `log_entries_max`
 //! entries). After a restart they are slices of
 //! the file, read whole at open (no copy per record); that buffer is freed once compaction
-//! has dropped everything replayed from it.
+//! has dropped everything replayed from it. Buffers: records are encoded straight into the
+//! thread's append buffer ([`APPEND_REUSE_BYTES_MAX`]); a compaction's snapshot is built in
+//! the previous snapshot's buffer ([`GroupStorage::compact_with`]) and streamed to the new
+//! file, so compacting allocates no store-sized buffer (with the daemon's jemalloc returning
+//! freed pages at once, each such buffer was faulted in anew).
 
 use protobuf::Message as PbMessage;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
