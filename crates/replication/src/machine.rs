@@ -281,19 +281,28 @@ impl TenantMachine {
     /// outcome kept, 1 command) and for a command `swallow_bytes: u64`, reply (`u32` len).
     /// Integers little-endian.
     pub fn snapshot_data(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        let mut count = 0u64;
-        self.store.export(|i| {
-            count += 1;
-            i.encode(&mut body);
-        });
-        let mut out = Vec::with_capacity(body.len() + 33);
+        let mut out = Vec::new();
+        self.snapshot_data_into(&mut out);
+        out
+    }
+
+    /// [`TenantMachine::snapshot_data`] written into `out` (cleared first), so a compaction
+    /// can reuse the previous snapshot's buffer: the items are encoded once, straight into
+    /// it (the count is patched in after them), with no second buffer to grow and copy.
+    pub fn snapshot_data_into(&self, out: &mut Vec<u8>) {
+        out.clear();
         out.push(SNAPSHOT_VERSION);
         out.extend_from_slice(&self.store.cas_last().to_le_bytes());
         out.extend_from_slice(&(self.store.memory_used_deterministic() as u64).to_le_bytes());
         out.extend_from_slice(&self.last_sweep_s.load(Ordering::Relaxed).to_le_bytes());
-        out.extend_from_slice(&count.to_le_bytes());
-        out.extend_from_slice(&body);
+        let count_at = out.len();
+        out.extend_from_slice(&0u64.to_le_bytes());
+        let mut count = 0u64;
+        self.store.export(|i| {
+            count += 1;
+            i.encode(out);
+        });
+        out[count_at..count_at + 8].copy_from_slice(&count.to_le_bytes());
         let r = self.recent();
         out.extend_from_slice(&r.from_index.to_le_bytes());
         out.extend_from_slice(&(r.ring.len() as u32).to_le_bytes());
@@ -310,7 +319,6 @@ impl TenantMachine {
                 }
             }
         }
-        out
     }
 
     /// Replace the store's contents with snapshot `data` (empty data = empty store). The data
@@ -528,6 +536,23 @@ mod tests {
         assert_eq!(a.content_hash(), b.content_hash());
         b.restore(&[]).unwrap();
         assert_eq!(b.store().stats().curr_items, 0);
+    }
+
+    /// A compaction reuses the previous snapshot's buffer: whatever it held is replaced, and
+    /// the bytes are those of a fresh snapshot (the patched-in count included).
+    #[test]
+    fn snapshot_into_a_used_buffer_equals_a_fresh_snapshot() {
+        let a = machine(1_700_000_000);
+        a.apply(1, &set("k", "v", 0));
+        a.apply(2, &set("e", "w", 0));
+        a.remember(2, 77, None);
+        let mut buf = vec![0xAB; 4096];
+        a.snapshot_data_into(&mut buf);
+        assert_eq!(buf, a.snapshot_data());
+        let b = machine(1_700_000_000);
+        b.restore(&buf).unwrap();
+        assert_eq!(a.content_hash(), b.content_hash());
+        assert_eq!(b.store().stats().curr_items, 2);
     }
 
     #[test]

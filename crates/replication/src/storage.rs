@@ -20,18 +20,43 @@
 //! stays within about the larger of the store's size and that floor, plus `log_entries_max`
 //! entries). After a restart they are slices of
 //! the file, read whole at open (no copy per record); that buffer is freed once compaction
-//! has dropped everything replayed from it.
+//! has dropped everything replayed from it. Buffers: records are encoded straight into the
+//! thread's append buffer ([`APPEND_REUSE_BYTES_MAX`]); a compaction's snapshot is built in
+//! the previous snapshot's buffer ([`GroupStorage::compact_with`]) and streamed to the new
+//! file, so compacting allocates no store-sized buffer (with the daemon's jemalloc returning
+//! freed pages at once, each such buffer was faulted in anew).
 
 use protobuf::Message as PbMessage;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+use std::cell::RefCell;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Largest record accepted on replay (a snapshot of a large tenant is one record).
 pub const RECORD_BYTES_MAX: usize = 1 << 30;
 const RECORD_HEADER_BYTES: usize = 9;
+
+/// A write's records are encoded straight into one buffer (no buffer per record) and reach the
+/// file with one `write`. The buffer is the thread's (a node drives all its groups from one
+/// thread: one buffer per node, not per group) and keeps its capacity from write to write (the
+/// allocator returns freed large blocks to the kernel at once, so a fresh buffer per turn
+/// costs page faults), but bounded: it is written out whenever it holds this much, and a
+/// larger capacity (one record bigger than this) is shrunk back to it once written.
+pub const APPEND_REUSE_BYTES_MAX: usize = 1 << 20;
+
+thread_local! {
+    /// See [`APPEND_REUSE_BYTES_MAX`]; empty between writes.
+    static APPEND_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A compaction writes its snapshot into the previous snapshot's buffer when nothing else
+/// holds it (no fresh pages to fault in, a store's size each time), unless that buffer has
+/// more than this spare beyond twice what it holds (a slice of something larger, e.g. of a
+/// log file read whole at open): such a buffer is freed, not kept.
+const SNAPSHOT_REUSE_SPARE_BYTES_MAX: usize = 1 << 20;
 
 const KIND_SNAPSHOT: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
@@ -93,7 +118,7 @@ impl From<io::Error> for StorageFault {
 /// One group's durable Raft state (see the module doc).
 pub struct GroupStorage {
     dir: PathBuf,
-    file: BufWriter<File>,
+    file: File,
     fsync: FsyncMode,
     /// Bytes written since the last fsync (Batch mode).
     unsynced: bool,
@@ -118,7 +143,7 @@ impl GroupStorage {
         let fresh = !path.exists();
         let mut s = GroupStorage {
             dir: dir.to_path_buf(),
-            file: BufWriter::new(OpenOptions::new().create(true).append(true).open(&path)?),
+            file: OpenOptions::new().create(true).append(true).open(&path)?,
             fsync,
             unsynced: false,
             hard: HardState::default(),
@@ -214,9 +239,7 @@ impl GroupStorage {
             return Ok(());
         }
         self.append_in_memory(ents)?;
-        for e in ents {
-            self.write_record(KIND_ENTRY, &pb_bytes(e)?)?;
-        }
+        self.write_records(|r| ents.iter().try_for_each(|e| r.put(KIND_ENTRY, e)))?;
         self.after_write()
     }
 
@@ -243,7 +266,7 @@ impl GroupStorage {
 
     pub fn set_hard_state(&mut self, hs: &HardState) -> Result<(), StorageFault> {
         self.hard = hs.clone();
-        self.write_record(KIND_HARD_STATE, &pb_bytes(hs)?)?;
+        self.write_records(|r| r.put(KIND_HARD_STATE, hs))?;
         self.after_write()
     }
 
@@ -255,7 +278,7 @@ impl GroupStorage {
     }
 
     pub fn set_conf_state(&mut self, cs: ConfState) -> Result<(), StorageFault> {
-        self.write_record(KIND_CONF_STATE, &pb_bytes(&cs)?)?;
+        self.write_records(|r| r.put(KIND_CONF_STATE, &cs))?;
         self.conf = cs;
         self.after_write()
     }
@@ -277,6 +300,47 @@ impl GroupStorage {
         self.rewrite()
     }
 
+    /// [`GroupStorage::compact_to`] a snapshot at `index` (of `term`, with the current
+    /// configuration) whose data `fill` writes into the buffer it is given: the previous
+    /// snapshot's, cleared, when nothing else holds it (see [`SNAPSHOT_REUSE_SPARE_BYTES_MAX`]),
+    /// else a new one. `fill` is not called when the compaction would be ignored.
+    pub fn compact_with(&mut self, index: u64, term: u64, fill: impl FnOnce(&mut Vec<u8>)) -> Result<(), StorageFault> {
+        if index <= self.snapshot_index() || index > self.last() {
+            return Ok(());
+        }
+        let mut data = self.take_snapshot_buffer();
+        fill(&mut data);
+        let mut snap = Snapshot { data: data.into(), ..Snapshot::default() };
+        let m = snap.mut_metadata();
+        m.index = index;
+        m.term = term;
+        m.set_conf_state(self.conf.clone());
+        self.compact_to(snap)
+    }
+
+    /// The current snapshot's data buffer for reuse (empty), leaving the snapshot without
+    /// data; or a new empty buffer, leaving it alone, when something else still holds the
+    /// data (a message on its way to a follower) or the buffer is mostly spare. Only for a
+    /// caller about to install a new snapshot.
+    fn take_snapshot_buffer(&mut self) -> Vec<u8> {
+        let data = std::mem::take(&mut self.snap.data);
+        match data.try_into_mut() {
+            Ok(m) => {
+                let mut v = Vec::from(m);
+                let spare_max = v.len().saturating_mul(2).saturating_add(SNAPSHOT_REUSE_SPARE_BYTES_MAX);
+                if v.capacity() > spare_max {
+                    return Vec::new();
+                }
+                v.clear();
+                v
+            }
+            Err(shared) => {
+                self.snap.data = shared;
+                Vec::new()
+            }
+        }
+    }
+
     fn install_snapshot_in_memory(&mut self, snap: Snapshot, keep_later: bool) {
         let m = snap.get_metadata();
         let (idx, term) = (m.index, m.term);
@@ -295,17 +359,8 @@ impl GroupStorage {
 
     /// Write snapshot + state + remaining entries to a new file and rename it into place.
     fn rewrite(&mut self) -> Result<(), StorageFault> {
-        self.file.flush()?;
         let tmp = self.dir.join(TMP_FILE);
-        let mut w = BufWriter::new(File::create(&tmp)?);
-        let mut bytes = 0u64;
-        bytes += write_record_to(&mut w, KIND_SNAPSHOT, &pb_bytes(&self.snap)?)?;
-        bytes += write_record_to(&mut w, KIND_HARD_STATE, &pb_bytes(&self.hard)?)?;
-        bytes += write_record_to(&mut w, KIND_CONF_STATE, &pb_bytes(&self.conf)?)?;
-        for e in &self.entries {
-            bytes += write_record_to(&mut w, KIND_ENTRY, &pb_bytes(e)?)?;
-        }
-        let f = w.into_inner().map_err(|e| e.into_error())?;
+        let (f, bytes) = self.write_tmp(&tmp)?;
         if self.fsync != FsyncMode::Never {
             f.sync_all()?;
         }
@@ -315,39 +370,56 @@ impl GroupStorage {
         if self.fsync != FsyncMode::Never {
             sync_dir(&self.dir)?;
         }
-        self.file = BufWriter::new(OpenOptions::new().append(true).open(&path)?);
+        self.file = OpenOptions::new().append(true).open(&path)?;
         self.log_bytes = bytes;
         self.unsynced = false;
         Ok(())
     }
 
-    fn write_record(&mut self, kind: u8, payload: &[u8]) -> Result<(), StorageFault> {
-        self.log_bytes += write_record_to(&mut self.file, kind, payload)?;
+    /// The rewritten log in `tmp`: the snapshot streamed from its buffer (not copied into a
+    /// record buffer: it is a store's size), then the rest through the append buffer.
+    fn write_tmp(&mut self, tmp: &Path) -> Result<(File, u64), StorageFault> {
+        let mut f = File::create(tmp)?;
+        let snap_bytes = write_streamed_record(&mut f, KIND_SNAPSHOT, &self.snap)?;
+        let rest = with_records(&mut f, |r| {
+            r.put(KIND_HARD_STATE, &self.hard)?;
+            r.put(KIND_CONF_STATE, &self.conf)?;
+            self.entries.iter().try_for_each(|e| r.put(KIND_ENTRY, e))
+        })?;
+        Ok((f, snap_bytes + rest))
+    }
+
+    /// Append the records `put` makes to the log file (the page cache; no fsync).
+    fn write_records(
+        &mut self,
+        put: impl FnOnce(&mut Records<'_>) -> Result<(), StorageFault>,
+    ) -> Result<(), StorageFault> {
+        // Set first: a failed write may have written part of them.
         self.unsynced = true;
+        self.log_bytes += with_records(&mut self.file, put)?;
         Ok(())
     }
 
     fn after_write(&mut self) -> Result<(), StorageFault> {
         match self.fsync {
             FsyncMode::Always => self.sync_now(),
-            // Batch: the node calls sync() once per turn; Never: the page cache must see the
-            // bytes before Raft counts them persisted (a process crash must not lose them).
-            FsyncMode::Batch | FsyncMode::Never => Ok(self.file.flush()?),
+            // Batch: the node calls sync() once per turn; Never: the bytes are in the page
+            // cache already (written before this), so a process crash does not lose them.
+            FsyncMode::Batch | FsyncMode::Never => Ok(()),
         }
     }
 
     /// Make every write so far durable per the fsync mode (Batch: the group commit point).
     pub fn sync(&mut self) -> Result<(), StorageFault> {
         match self.fsync {
-            FsyncMode::Never => Ok(self.file.flush()?),
+            FsyncMode::Never => Ok(()),
             FsyncMode::Always | FsyncMode::Batch => self.sync_now(),
         }
     }
 
     fn sync_now(&mut self) -> Result<(), StorageFault> {
-        self.file.flush()?;
         if self.unsynced {
-            self.file.get_ref().sync_data()?;
+            self.file.sync_data()?;
             self.unsynced = false;
         }
         Ok(())
@@ -359,23 +431,121 @@ impl GroupStorage {
     }
 }
 
-fn pb_bytes<M: PbMessage>(m: &M) -> Result<Vec<u8>, StorageFault> {
-    m.write_to_bytes().map_err(|e| StorageFault::Corrupt(e.to_string()))
+/// Append record `kind` of `m` to `out` (header, kind, protobuf encoded in place); the
+/// record's bytes.
+fn encode_record<M: PbMessage>(out: &mut Vec<u8>, kind: u8, m: &M) -> Result<u64, StorageFault> {
+    let at = out.len();
+    out.extend_from_slice(&[0u8; RECORD_HEADER_BYTES - 1]);
+    out.push(kind);
+    if let Err(e) = m.write_to_vec(out) {
+        out.truncate(at);
+        return Err(StorageFault::Corrupt(e.to_string()));
+    }
+    let len = out.len() - at - (RECORD_HEADER_BYTES - 1);
+    if len > RECORD_BYTES_MAX {
+        out.truncate(at);
+        return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
+    }
+    let crc = crc32fast::hash(&out[at + RECORD_HEADER_BYTES - 1..]);
+    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    out[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok((out.len() - at) as u64)
 }
 
-fn write_record_to(w: &mut impl Write, kind: u8, payload: &[u8]) -> Result<u64, StorageFault> {
-    let len = payload.len() + 1;
+/// Records on their way to a file through the thread's append buffer (see
+/// [`APPEND_REUSE_BYTES_MAX`]).
+struct Records<'a> {
+    file: &'a mut File,
+    buf: &'a mut Vec<u8>,
+    bytes: u64,
+}
+
+impl Records<'_> {
+    fn put<M: PbMessage>(&mut self, kind: u8, m: &M) -> Result<(), StorageFault> {
+        self.bytes += encode_record(self.buf, kind, m)?;
+        if self.buf.len() >= APPEND_REUSE_BYTES_MAX {
+            self.file.write_all(self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Write the records `put` makes to `file`, encoded in the thread's append buffer; their
+/// bytes. The buffer is empty afterwards, failed or not (nothing of one file's write is left
+/// for the next), and its capacity at most [`APPEND_REUSE_BYTES_MAX`].
+fn with_records(
+    file: &mut File,
+    put: impl FnOnce(&mut Records<'_>) -> Result<(), StorageFault>,
+) -> Result<u64, StorageFault> {
+    APPEND_BUF.with(|cell| {
+        // Not re-entered (no write runs inside another); if it were, a buffer of its own.
+        let mut own = Vec::new();
+        let mut borrowed = cell.try_borrow_mut();
+        let buf = match borrowed.as_mut() {
+            Ok(b) => &mut **b,
+            Err(_) => &mut own,
+        };
+        let mut r = Records { file, buf, bytes: 0 };
+        let written = put(&mut r).and_then(|()| Ok(r.file.write_all(r.buf)?));
+        let bytes = r.bytes;
+        buf.clear();
+        if buf.capacity() > APPEND_REUSE_BYTES_MAX {
+            buf.shrink_to(APPEND_REUSE_BYTES_MAX);
+        }
+        written.map(|()| bytes)
+    })
+}
+
+/// The calling thread's append buffer's capacity (tests of its bound).
+#[cfg(test)]
+fn append_buf_capacity() -> usize {
+    APPEND_BUF.with(|cell| cell.borrow().capacity())
+}
+
+/// Write record `kind` of `m` at `f`'s position, its protobuf streamed to the file (for a
+/// snapshot: no copy of its data in memory); the header is written after the payload, once
+/// its CRC is known. The record's bytes.
+fn write_streamed_record<M: PbMessage>(f: &mut File, kind: u8, m: &M) -> Result<u64, StorageFault> {
+    let at = f.stream_position()?;
+    let len = m.compute_size() as usize + 1;
     if len > RECORD_BYTES_MAX {
         return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
     }
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[kind]);
-    h.update(payload);
-    w.write_all(&(len as u32).to_le_bytes())?;
-    w.write_all(&h.finalize().to_le_bytes())?;
+    let mut w = CrcWriter { inner: BufWriter::new(&mut *f), crc: crc32fast::Hasher::new(), bytes: 0 };
+    w.inner.write_all(&[0u8; RECORD_HEADER_BYTES - 1])?;
     w.write_all(&[kind])?;
-    w.write_all(payload)?;
-    Ok((RECORD_HEADER_BYTES + payload.len()) as u64)
+    m.write_to_writer(&mut w).map_err(|e| StorageFault::Corrupt(e.to_string()))?;
+    let CrcWriter { inner, crc, bytes } = w;
+    let f = inner.into_inner().map_err(|e| e.into_error())?;
+    if bytes != len {
+        return Err(StorageFault::Corrupt(format!("record streamed {bytes} bytes, sized {len}")));
+    }
+    let mut head = [0u8; RECORD_HEADER_BYTES - 1];
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    head[4..].copy_from_slice(&crc.finalize().to_le_bytes());
+    f.write_all_at(&head, at)?;
+    Ok((RECORD_HEADER_BYTES - 1 + len) as u64)
+}
+
+/// A writer that passes bytes on and keeps their CRC and count.
+struct CrcWriter<W: Write> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    bytes: usize,
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// The next whole, CRC-valid record; None at the end or at a torn/corrupt tail.
@@ -540,6 +710,82 @@ mod tests {
         fs::write(&path, &bad).unwrap();
         let s = GroupStorage::open(&d, FsyncMode::Never, &[1]).unwrap();
         assert_eq!(s.last_index().unwrap(), 2);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// One turn far over APPEND_REUSE_BYTES_MAX (a 3 MiB entry and many small ones): the
+    /// append buffer is written out in pieces and shrunk back under the limit, small turns
+    /// after it keep it there (and keep it), and a reopen reads exactly the entries written.
+    #[test]
+    fn append_buffer_falls_back_under_its_limit_after_a_huge_turn() {
+        let d = tmpdir("append-reuse");
+        let big = vec![7u8; 3 << 20];
+        let mut want = Vec::new();
+        {
+            let mut s = GroupStorage::open(&d, FsyncMode::Batch, &[1]).unwrap();
+            let mut turn = vec![entry(1, 1, &big)];
+            turn.extend((2..=2000).map(|i| entry(i, 1, format!("small-{i}").as_bytes())));
+            s.append(&turn).unwrap();
+            s.sync().unwrap();
+            assert!(append_buf_capacity() <= APPEND_REUSE_BYTES_MAX, "capacity {}", append_buf_capacity());
+            want.extend(turn);
+            for i in 2001..=2100 {
+                let e = entry(i, 1, b"after");
+                s.append(std::slice::from_ref(&e)).unwrap();
+                s.sync().unwrap();
+                assert!(append_buf_capacity() <= APPEND_REUSE_BYTES_MAX);
+                want.push(e);
+            }
+            // Kept between writes (not freed and allocated again each time).
+            assert!(append_buf_capacity() > 0);
+            assert_eq!(s.log_bytes(), fs::metadata(d.join(LOG_FILE)).unwrap().len());
+        }
+        let s = GroupStorage::open(&d, FsyncMode::Batch, &[1]).unwrap();
+        assert_eq!(s.torn_bytes_dropped, 0);
+        let got = s.entries(1, 2101, None, GetEntriesContext::empty(false)).unwrap();
+        assert_eq!(got, want);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A compaction writes its snapshot into the previous snapshot's buffer when nothing else
+    /// holds it, a new one when something does (the held snapshot is left intact), and either
+    /// way the log reopens to the snapshot and the entries after it.
+    #[test]
+    fn compaction_reuses_an_unshared_snapshot_buffer_and_reopens_exactly() {
+        let d = tmpdir("snap-reuse");
+        let ents: Vec<Entry> = (1..=30).map(|i| entry(i, 1, format!("e{i}").as_bytes())).collect();
+        let state = |n: u8| vec![n; 64 << 10];
+        {
+            let mut s = GroupStorage::open(&d, FsyncMode::Always, &[1, 2]).unwrap();
+            s.append(&ents).unwrap();
+            s.compact_with(10, 1, |b| b.extend_from_slice(&state(1))).unwrap();
+            let first = s.latest_snapshot().data.as_ptr();
+            let mut given = (std::ptr::null(), 0);
+            s.compact_with(20, 1, |b| {
+                given = (b.as_ptr(), b.capacity());
+                assert!(b.is_empty());
+                b.extend_from_slice(&state(2));
+            })
+            .unwrap();
+            assert_eq!(given, (first, state(1).len()), "the previous snapshot's buffer, emptied");
+            // Held elsewhere (a snapshot message on its way): a new buffer, the held one intact.
+            let held = s.latest_snapshot().clone();
+            s.compact_with(25, 1, |b| {
+                assert_eq!(b.capacity(), 0);
+                b.extend_from_slice(&state(3));
+            })
+            .unwrap();
+            assert_eq!(&held.data[..], &state(2)[..]);
+            // Not newer than the snapshot: ignored, `fill` not called.
+            s.compact_with(25, 1, |_| panic!("fill called for an ignored compaction")).unwrap();
+        }
+        let s = GroupStorage::open(&d, FsyncMode::Always, &[]).unwrap();
+        assert_eq!(s.torn_bytes_dropped, 0);
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (26, 30));
+        assert_eq!(s.term(25).unwrap(), 1);
+        assert_eq!(&s.latest_snapshot().data[..], &state(3)[..]);
+        assert_eq!(s.latest_snapshot().get_metadata().get_conf_state().voters, vec![1, 2]);
+        assert_eq!(s.entries(26, 31, None, GetEntriesContext::empty(false)).unwrap(), ents[25..].to_vec());
         fs::remove_dir_all(&d).unwrap();
     }
 
