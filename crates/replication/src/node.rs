@@ -500,19 +500,25 @@ impl ReplicationNode {
     /// Make an admin change to `group` (through its log, from any node: a follower forwards
     /// it) and wait up to `wait` until this node sees the effect: `to` leads, the voter is in
     /// or out of the group's configuration. One membership change at a time (raft-rs ignores
-    /// a second one while the first is not applied; it then times out here).
+    /// a second one while the first is not applied; it then times out here). A proposal the
+    /// leader dropped or that found no leader (a leadership transfer in progress, e.g. the
+    /// preferred leader being restored, or an election) is proposed again until `wait` is
+    /// over: a dropped proposal never reached the log, so proposing it again cannot apply it
+    /// twice, and the effect is checked first (an earlier proposal may have taken effect).
     pub fn admin(&self, group: u64, op: AdminOp, wait: Duration) -> Result<(), AdminError> {
         let deadline = Instant::now() + wait;
-        let (tx, rx) = mpsc::channel();
-        self.tx.try_send(Event::Admin { group, op: op.clone(), done: tx }).map_err(|e| {
-            AdminError::Group(match e {
-                TrySendError::Full(_) => ProposeError::Busy,
-                TrySendError::Disconnected(_) => ProposeError::Stopped,
-            })
-        })?;
-        match rx.recv_timeout(wait) {
-            Ok(r) => r?,
-            Err(_) => return Err(AdminError::Group(ProposeError::Timeout)),
+        loop {
+            match self.propose_admin_once(group, &op, deadline) {
+                Err(AdminError::Group(ProposeError::NotLeader(_) | ProposeError::NoLeader))
+                    if Instant::now() + ADMIN_RETRY_PAUSE < deadline =>
+                {
+                    std::thread::sleep(ADMIN_RETRY_PAUSE);
+                    if self.status(group).is_some_and(|st| op.seen_in(&st)) {
+                        return Ok(());
+                    }
+                }
+                r => break r?,
+            }
         }
         loop {
             if self.status(group).is_some_and(|st| op.seen_in(&st)) {
@@ -522,6 +528,21 @@ impl ReplicationNode {
                 return Err(AdminError::Group(ProposeError::Timeout));
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Hand `op` to the node thread once and wait (until `deadline`) for its proposal's fate.
+    fn propose_admin_once(&self, group: u64, op: &AdminOp, deadline: Instant) -> Result<(), AdminError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.try_send(Event::Admin { group, op: op.clone(), done: tx }).map_err(|e| {
+            AdminError::Group(match e {
+                TrySendError::Full(_) => ProposeError::Busy,
+                TrySendError::Disconnected(_) => ProposeError::Stopped,
+            })
+        })?;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(_) => Err(AdminError::Group(ProposeError::Timeout)),
         }
     }
 
@@ -1401,6 +1422,10 @@ impl AdminOp {
         }
     }
 }
+
+/// How long an admin change waits before proposing again after its leader dropped it (see
+/// `ReplicationNode::admin`): about a tick, the pace at which a transfer or election moves.
+const ADMIN_RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// Why an admin change was refused or did not take effect in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
