@@ -442,14 +442,30 @@ fn encode_record<M: PbMessage>(out: &mut Vec<u8>, kind: u8, m: &M) -> Result<u64
         return Err(StorageFault::Corrupt(e.to_string()));
     }
     let len = out.len() - at - (RECORD_HEADER_BYTES - 1);
-    if len > RECORD_BYTES_MAX {
+    if let Err(e) = check_record_len(len) {
         out.truncate(at);
-        return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
+        return Err(e);
     }
     let crc = crc32fast::hash(&out[at + RECORD_HEADER_BYTES - 1..]);
-    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
-    out[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+    out[at..at + RECORD_HEADER_BYTES - 1].copy_from_slice(&record_head(len, crc));
     Ok((out.len() - at) as u64)
+}
+
+/// A record's length (kind byte + payload) within [`RECORD_BYTES_MAX`], or why not.
+fn check_record_len(len: usize) -> Result<(), StorageFault> {
+    if len > RECORD_BYTES_MAX {
+        return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
+    }
+    Ok(())
+}
+
+/// The header before a record's kind byte: its length (kind + payload) and the CRC of kind +
+/// payload, both u32 LE (what `record_at` reads back).
+fn record_head(len: usize, crc: u32) -> [u8; RECORD_HEADER_BYTES - 1] {
+    let mut head = [0u8; RECORD_HEADER_BYTES - 1];
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    head[4..].copy_from_slice(&crc.to_le_bytes());
+    head
 }
 
 /// Records on their way to a file through the thread's append buffer (see
@@ -509,9 +525,7 @@ fn append_buf_capacity() -> usize {
 fn write_streamed_record<M: PbMessage>(f: &mut File, kind: u8, m: &M) -> Result<u64, StorageFault> {
     let at = f.stream_position()?;
     let len = m.compute_size() as usize + 1;
-    if len > RECORD_BYTES_MAX {
-        return Err(StorageFault::Corrupt(format!("record of {len} bytes over RECORD_BYTES_MAX")));
-    }
+    check_record_len(len)?;
     let mut w = CrcWriter { inner: BufWriter::new(&mut *f), crc: crc32fast::Hasher::new(), bytes: 0 };
     w.inner.write_all(&[0u8; RECORD_HEADER_BYTES - 1])?;
     w.write_all(&[kind])?;
@@ -521,10 +535,7 @@ fn write_streamed_record<M: PbMessage>(f: &mut File, kind: u8, m: &M) -> Result<
     if bytes != len {
         return Err(StorageFault::Corrupt(format!("record streamed {bytes} bytes, sized {len}")));
     }
-    let mut head = [0u8; RECORD_HEADER_BYTES - 1];
-    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    head[4..].copy_from_slice(&crc.finalize().to_le_bytes());
-    f.write_all_at(&head, at)?;
+    f.write_all_at(&record_head(len, crc.finalize()), at)?;
     Ok((RECORD_HEADER_BYTES - 1 + len) as u64)
 }
 
