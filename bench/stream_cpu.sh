@@ -254,7 +254,7 @@ run_java() { # SETUP PART MODE ARGS...: the driver in the server namespace, one 
         "sample_cmd=${SAMPLER[*]} out=$out $dpid $metrics" "${SEND_CMD[@]}" \
         >"$TMP/java.out" 2>"$TMP/java.err" &
     JAVA_PID=$!
-    wait "$JAVA_PID" || { echo "SparkBench $mode ($setup) failed:"; tail -30 "$TMP/java.err"; }
+    wait "$JAVA_PID" || { echo "SparkBench $mode ($setup) failed:"; grep -v "^\s*at " "$TMP/java.err" | tail -60; }
     JAVA_PID=""
     grep '^{' "$TMP/java.out" | python3 -c '
 import json, sys
