@@ -128,6 +128,17 @@ impl<'a> MetaFlags<'a> {
     pub fn has(&self, letter: u8) -> bool {
         self.tokens().iter().any(|f| f.letter == letter)
     }
+
+    /// How far memcached's mg and ma get when they walk the flags in request order after the
+    /// fetch or the arithmetic: to a too-long `O` token, where they stop with the error (flags
+    /// before it have acted, later ones not), else past the last flag.
+    pub fn walk_end(&self) -> usize {
+        let all = self.tokens();
+        match self.opaque_too_long {
+            true => all.iter().position(|f| f.letter == b'O').unwrap_or(all.len()),
+            false => all.len(),
+        }
+    }
 }
 
 /// The key of a request: as sent, or base64-decoded into an inline buffer (no allocation).

@@ -238,7 +238,7 @@ impl TenantMachine {
                 key,
                 *incr,
                 *delta,
-                ArithOpts { vivify: *vivify, cas: *cas, touch_exptime: *touch_exptime },
+                ArithOpts { vivify: *vivify, cas: *cas, touch_exptime: *touch_exptime, ..ArithOpts::default() },
             )),
             Mutation::Touch { key, exptime } => Applied::Touch(s.touch(key, *exptime)),
             Mutation::FlushAll { delay } => {

@@ -192,7 +192,7 @@ fn arith(ctx: &mut Ctx<'_>, h: &Header, a: ArithArgs<'_>, quiet: bool, out: &mut
     let ArithArgs { incr, key, delta, initial, exptime } = a;
     // 0xffffffff means "fail on a miss instead of creating the item".
     let vivify = (exptime != u32::MAX).then_some((initial, exptime as i64));
-    let opts = ArithOpts { vivify, cas: nonzero(h.cas), touch_exptime: None };
+    let opts = ArithOpts { vivify, cas: nonzero(h.cas), ..ArithOpts::default() };
     let (hits, misses) =
         if incr { (&stats.incr_hits, &stats.incr_misses) } else { (&stats.decr_hits, &stats.decr_misses) };
     ctx.log_lookup(key);

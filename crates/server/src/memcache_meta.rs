@@ -58,42 +58,72 @@ pub fn execute(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Step {
     }
 }
 
+/// How memcached 1.6.18 applies `T` and `N` in mg and ma: after the fetch (mg) or the
+/// arithmetic (ma) it walks the flags in request order, up to a too-long opaque token where it
+/// stops with the error. `T` sets the exptime; `N` sets it on an item this request created
+/// (created with exptime 0); `t` prints it as it is at that point. So for a created item the
+/// later of T and N wins, and a `t` before both prints -1.
+struct TtlPlan {
+    /// The T reached: the touch for an item that was there.
+    touch: Option<i64>,
+    /// N anywhere (memcached's pre-parse decides to create): on a miss create the item with
+    /// this final exptime (the later of the T and N reached; 0 if neither).
+    vivify: Option<i64>,
+    /// For a created item, the raw exptime `t` prints (None: -1).
+    t_created: Option<i64>,
+    /// `t` or `R` come before the T reached, and none after it: read before touching.
+    touch_after_read: bool,
+}
+
+impl TtlPlan {
+    fn new(req: &MetaRequest<'_>) -> TtlPlan {
+        let f = &req.flags;
+        let end = f.walk_end();
+        let reached = |letter| flag_pos(req, letter).filter(|&p| p < end);
+        let touch_at = reached(b'T').zip(f.ttl.map(i64::from));
+        let vivify_at = reached(b'N').zip(f.vivify.map(i64::from));
+        // For a created item: the exptime as of position `p` (the last T or N before it).
+        let created_at = |p: usize| {
+            let before = |x: Option<(usize, i64)>| x.filter(|&(at, _)| at < p);
+            match (before(touch_at), before(vivify_at)) {
+                (Some(t), Some(n)) => Some(if t.0 > n.0 { t.1 } else { n.1 }),
+                (t, n) => t.or(n).map(|(_, v)| v),
+            }
+        };
+        let touch_after_read = touch_at.is_some_and(|(tp, _)| {
+            let (t, r) = (reached(b't'), reached(b'R'));
+            (t.is_some() || r.is_some()) && t.is_none_or(|p| p < tp) && r.is_none_or(|p| p < tp)
+        });
+        TtlPlan {
+            touch: touch_at.map(|(_, v)| v),
+            vivify: f.vivify.map(|_| created_at(end).unwrap_or(0)),
+            t_created: reached(b't').and_then(created_at),
+            touch_after_read,
+        }
+    }
+}
+
 fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
     let f = &req.flags;
+    let plan = TtlPlan::new(req);
     if f.opaque_too_long {
-        // memcached notices while composing: an item fetched without the "locked" flags
-        // (h, l, N, R, T) has been bumped by then; nothing is counted.
-        let locked = [b'h', b'l', b'N', b'R', b'T'].iter().any(|&c| f.has(c));
-        if !locked && !f.no_bump {
-            let bump = GetOpts { bump: true, ..GetOpts::default() };
-            ctx.store.get(req.key.bytes(), bump, |_| ());
-        }
-        meta::compose_error_line(out, OPAQUE_TOO_LONG);
+        meta_get_refused(ctx, req, &plan, out);
         return;
     }
-    // memcached applies flags in request order: a `t` or `R` before `T` sees the TTL from
-    // before the touch. The store applies T first, so in that case touch in a second step.
-    let touch_later = match flag_pos(req, b'T') {
-        Some(touch) => {
-            let (t, r) = (flag_pos(req, b't'), flag_pos(req, b'R'));
-            (t.is_some() || r.is_some()) && !matches!(t, Some(p) if p > touch) && !matches!(r, Some(p) if p > touch)
-        }
-        None => false,
-    };
     let opts = GetOpts {
-        touch_exptime: if touch_later { None } else { f.ttl.map(i64::from) },
-        vivify_exptime: f.vivify.map(i64::from),
+        touch_exptime: if plan.touch_after_read { None } else { plan.touch },
+        vivify_exptime: plan.vivify,
+        vivify_exptime_final: true,
         recache_below_s: f.recache.map(i64::from),
         bump: !f.no_bump,
         win_tokens: true,
         // The kernel fast path can answer `mg <key> v [f]` from a copy of this item.
         kernel_fill: f.has(b'v') && f.ttl.is_none() && f.vivify.is_none() && f.recache.is_none(),
+        ..GetOpts::default()
     };
-    // A vivified item has no exptime until memcached reaches the N flag, so a `t` before
-    // N prints -1.
-    let t_before_n = matches!((flag_pos(req, b't'), flag_pos(req, b'N')), (Some(t), Some(n)) if t < n);
     ctx.log_lookup(req.key.bytes());
     let store = ctx.store;
+    let mut created = false;
     let found = store.get(req.key.bytes(), opts, |outcome| match outcome.item {
         Some(item) => {
             // Charge the connection-buffer budget before copying the value out (the flags a
@@ -106,13 +136,16 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             }
             // The store does not say "created"; a fresh vivified item is the only kind that
             // wins while empty, unfetched and not stale.
-            let created =
+            created =
                 f.vivify.is_some() && outcome.won && !outcome.stale && !item.fetched_before && item.value.is_empty();
             let hit = meta::GetHit {
                 value: item.value,
                 client_flags: item.flags,
                 cas: item.cas,
-                ttl_remaining_s: if created && t_before_n { -1 } else { item.ttl_remaining_s },
+                ttl_remaining_s: match created {
+                    true => plan.t_created.map_or(-1, |raw| store.ttl_remaining_for(raw)),
+                    false => item.ttl_remaining_s,
+                },
                 last_access_ago_s: item.last_access_ago_s,
                 fetched_before: item.fetched_before,
                 won: outcome.won,
@@ -135,8 +168,9 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         meta::compose_error_line(out, GET_REPLY_OOM);
         return;
     };
-    if hit && touch_later {
-        let touch = GetOpts { touch_exptime: f.ttl.map(i64::from), bump: !f.no_bump, ..GetOpts::default() };
+    // A created item already has its final exptime (plan.vivify).
+    if hit && plan.touch_after_read && !created {
+        let touch = GetOpts { touch_exptime: plan.touch, bump: !f.no_bump, ..GetOpts::default() };
         ctx.store.get(req.key.bytes(), touch, |_| ());
     }
     let s = ctx.stats;
@@ -156,6 +190,28 @@ fn meta_get(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
             meta::compose_get_miss(out, req);
         }
     }
+}
+
+/// mg with a too-long opaque token: memcached notices while it walks the flags, after the
+/// fetch. By then a missing item is created if N was given, the T and N before the token have
+/// set its exptime, and an item fetched without the "locked" flags (h, l, N, R, T) has been
+/// bumped (a locked fetch's delayed bump is skipped); no win token is handed out and nothing is
+/// counted.
+fn meta_get_refused(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, plan: &TtlPlan, out: &mut Vec<u8>) {
+    let f = &req.flags;
+    let locked = [b'h', b'l', b'N', b'R', b'T'].iter().any(|&c| f.has(c));
+    let opts = GetOpts {
+        touch_exptime: plan.touch,
+        vivify_exptime: plan.vivify,
+        vivify_exptime_final: true,
+        vivify_without_token: true,
+        bump: !locked && !f.no_bump,
+        ..GetOpts::default()
+    };
+    if opts.bump || opts.touch_exptime.is_some() || opts.vivify_exptime.is_some() {
+        ctx.store.get(req.key.bytes(), opts, |_| ());
+    }
+    meta::compose_error_line(out, OPAQUE_TOO_LONG);
 }
 
 fn flag_pos(req: &MetaRequest<'_>, letter: u8) -> Option<usize> {
@@ -302,10 +358,12 @@ fn meta_arith(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
         Some(_) => ctx.store.get(key, GetOpts::default(), |o| o.item.is_some()),
         None => true,
     };
+    let plan = TtlPlan::new(req);
     let opts = ArithOpts {
-        vivify: f.vivify.map(|ttl| (f.initial, i64::from(ttl))),
+        vivify: plan.vivify.map(|exptime| (f.initial, exptime)),
         cas: f.cas,
-        touch_exptime: f.ttl.map(i64::from),
+        touch_exptime: if plan.touch_after_read { None } else { plan.touch },
+        vivify_exptime_final: true,
     };
     ctx.log_lookup(key);
     let result = ctx.store.arith(key, incr, f.delta, opts);
@@ -319,10 +377,16 @@ fn meta_arith(ctx: &mut Ctx<'_>, req: &MetaRequest<'_>, out: &mut Vec<u8>) {
                 ThreadStats::incr(if incr { &s.incr_hits } else { &s.decr_hits });
                 hide = f.quiet;
             }
-            // As in mg: a created item has no exptime until memcached reaches N.
-            let t_before_n = matches!((flag_pos(req, b't'), flag_pos(req, b'N')), (Some(t), Some(n)) if t < n);
-            let ttl = if created && t_before_n { -1 } else { ttl_remaining_s };
+            // As in mg: `t` prints the exptime as of its place among the flags.
+            let ttl = match created {
+                true => plan.t_created.map_or(-1, |raw| ctx.store.ttl_remaining_for(raw)),
+                false => ttl_remaining_s,
+            };
             meta::compose_arith_ok(out, req, value, cas, ttl);
+            if plan.touch_after_read && !created {
+                let touch = GetOpts { touch_exptime: plan.touch, ..GetOpts::default() };
+                ctx.store.get(key, touch, |_| ());
+            }
         }
         ArithResult::NotFound => {
             ThreadStats::incr(if incr { &s.incr_misses } else { &s.decr_misses });
@@ -472,6 +536,68 @@ mod tests {
             (b"me foo\r\n", b"ME foo exp=-1 la=0 cas=1 fetch=yes cls=1 size=63\r\n"),
         ]);
         assert_eq!(h.counter("cmd_get"), 0);
+    }
+
+    /// memcached walks mg's and ma's flags in request order after the fetch or the arithmetic:
+    /// T sets the exptime, N sets it on an item the request created, t prints it as it is at
+    /// that point (memcached's own clock ticked once during the recording: t29 there, t30 here).
+    #[test]
+    fn t_and_n_apply_in_request_order_on_created_items() {
+        let mut h = Harness::new();
+        h.expect(&[
+            (b"mg m5 T60 t N30\r\n", b"HD t60 W\r\n"),
+            (b"mg m5 t\r\n", b"HD t30 Z\r\n"),
+            (b"mg m6 t T60 N30\r\n", b"HD t-1 W\r\n"),
+            (b"mg m6 t\r\n", b"HD t30 Z\r\n"),
+            (b"mg u1 T60 N30 t\r\n", b"HD t30 W\r\n"),
+            (b"mg u1 t\r\n", b"HD t30 Z\r\n"),
+            (b"mg u2 N30 T60 t\r\n", b"HD t60 W\r\n"),
+            (b"mg u2 t\r\n", b"HD t60 Z\r\n"),
+            (b"ms m1 1 T100\r\n5\r\n", b"HD\r\n"),
+            (b"ma m1 t T30\r\n", b"HD t100\r\n"),
+            (b"mg m1 t\r\n", b"HD t30\r\n"),
+            (b"ma m2 N30 T60 t\r\n", b"HD t60\r\n"),
+            (b"mg m2 t\r\n", b"HD t60\r\n"),
+            (b"ma m3 T60 N30 t\r\n", b"HD t30\r\n"),
+            (b"mg m3 t\r\n", b"HD t30\r\n"),
+            (b"ma m4 T60 t N30\r\n", b"HD t60\r\n"),
+            (b"mg m4 t\r\n", b"HD t30\r\n"),
+        ]);
+    }
+
+    /// A too-long opaque token stops that walk with the error: what came before it has acted
+    /// (a T touched, N created the item, with its TTL only if N came first; ma's arithmetic
+    /// happened), what came after has not; an item mg created this way holds no win token, and
+    /// a locked fetch (h) is not bumped.
+    #[test]
+    fn long_opaque_stops_the_flag_walk() {
+        let mut h = Harness::new();
+        let o = [b"O".as_slice(), &[b'a'; 40]].concat();
+        let line = |head: &str, tail: &str| [head.as_bytes(), &o, tail.as_bytes()].concat();
+        let err: &[u8] = b"CLIENT_ERROR opaque token too long\r\n";
+        let script: Vec<(Vec<u8>, &[u8])> = vec![
+            (b"ms wa 1\r\n5\r\n".to_vec(), b"HD\r\n"),
+            (line("mg wa T99 ", "\r\n"), err),
+            (b"mg wa t v\r\n".to_vec(), b"VA 1 t99\r\n5\r\n"),
+            (line("mg wb N30 ", " v\r\n"), err),
+            (b"mg wb t v\r\n".to_vec(), b"VA 0 t30\r\n\r\n"),
+            (line("mg wc ", " N30 v t\r\n"), err),
+            (b"mg wc v t\r\n".to_vec(), b"VA 0 t-1\r\n\r\n"),
+            (line("mg vz ", " N30\r\n"), err),
+            (b"mg vz N30 v t\r\n".to_vec(), b"VA 0 t-1\r\n\r\n"),
+            (b"ms vx 1\r\n5\r\n".to_vec(), b"HD\r\n"),
+            (line("mg vx ", " h\r\n"), err),
+            (b"mg vx h\r\n".to_vec(), b"HD h0\r\n"),
+            (line("ma wd N30 ", "\r\n"), err),
+            (b"mg wd t v\r\n".to_vec(), b"VA 1 t30\r\n0\r\n"),
+            (line("ma we ", " N30 J4\r\n"), err),
+            (b"mg we t v\r\n".to_vec(), b"VA 1 t-1\r\n4\r\n"),
+            (b"ms wf 1 T100\r\n5\r\n".to_vec(), b"HD\r\n"),
+            (line("ma wf ", " T30\r\n"), err),
+            (b"mg wf t v\r\n".to_vec(), b"VA 1 t100\r\n6\r\n"),
+        ];
+        let script: Vec<(&[u8], &[u8])> = script.iter().map(|(r, w)| (r.as_slice(), *w)).collect();
+        h.expect(&script);
     }
 
     #[test]

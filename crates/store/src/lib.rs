@@ -227,6 +227,12 @@ pub struct GetOpts {
     /// `mg N<ttl>`: on miss, create an empty item with this raw exptime and hand the caller the
     /// win token (`GetOutcome::won`).
     pub vivify_exptime: Option<i64>,
+    /// The created item keeps `vivify_exptime` (the caller worked out which of T and N comes
+    /// last, as memcached applies them in request order); otherwise T applies to it as well.
+    pub vivify_exptime_final: bool,
+    /// A created item gets no win token: the request fails after the fetch (memcached's mg
+    /// with a too-long opaque token creates the item, then answers with the error).
+    pub vivify_without_token: bool,
     /// `mg R<ttl>`: if the item's remaining TTL is below this many seconds, hand out the win
     /// token once (recache).
     pub recache_below_s: Option<i64>,
@@ -315,6 +321,9 @@ pub struct ArithOpts {
     pub cas: Option<u64>,
     /// `ma T<ttl>`: update exptime on success.
     pub touch_exptime: Option<i64>,
+    /// A created item keeps the `vivify` exptime (see [`GetOpts::vivify_exptime_final`]);
+    /// otherwise T wins over N for it.
+    pub vivify_exptime_final: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -658,6 +667,12 @@ impl Store {
         self.realtime(raw, self.clock.now_rel_s())
     }
 
+    /// What `mg t` would print for an item given exptime `raw` now (-1: never expires).
+    pub fn ttl_remaining_for(&self, raw: i64) -> i64 {
+        let now = self.clock.now_rel_s();
+        ttl_remaining(self.realtime(raw, now), now)
+    }
+
     #[inline]
     fn realtime(&self, raw: i64, now: u32) -> u32 {
         let raw = if raw < 0 { REALTIME_MAXDELTA_S + 1 } else { raw };
@@ -935,7 +950,7 @@ impl Store {
         let last_access_ago_s = t.now.saturating_sub(e.atime) as u64;
         let win_token_sent = e.bits & TOKEN_SENT != 0;
         let stale = e.bits & STALE != 0;
-        let mut won = created;
+        let mut won = created && !opts.vivify_without_token;
         if let Some(r) = recache_at {
             if !win_token_sent && !created && e.exptime != 0 && e.exptime < r {
                 won = true;
@@ -952,7 +967,7 @@ impl Store {
             sh.kernel_invalidate(idx);
         }
         let e = &mut sh.entries[idx as usize];
-        if let Some(x) = touch_to {
+        if let Some(x) = touch_to.filter(|_| !(created && opts.vivify_exptime_final)) {
             e.exptime = x;
         }
         if won {
@@ -1201,8 +1216,9 @@ impl Store {
             if !self.fits_limits(key.len(), digits.len(), 0) {
                 return ArithResult::NotFound;
             }
-            // As in get, T (when given) wins over N for the new item.
-            let exp = self.realtime(opts.touch_exptime.unwrap_or(viv), t.now);
+            // As in get, T (when given) wins over N for the new item unless the caller decided.
+            let raw = if opts.vivify_exptime_final { viv } else { opts.touch_exptime.unwrap_or(viv) };
+            let exp = self.realtime(raw, t.now);
             let cas = self.next_cas();
             return match self.insert_new(si, sh, item_data(&[key, digits]), key.len(), tag, 0, exp, cas, 0, &t) {
                 Some(_) => ArithResult::Ok { value: initial, cas, ttl_remaining_s: ttl_remaining(exp, t.now) },
