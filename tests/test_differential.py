@@ -314,6 +314,62 @@ case("line_long_with_newline", b"set " + b"a" * 3000 + b" 0 0 1\r\nx\r\nget a\r\
 case("get_long_line_many_keys", b"get " + b" ".join(b"k%04d" % i for i in range(800)) + b"\r\n")
 case("line_2048_boundary", b"y" * 2047 + b"\r\n" + b"version\r\n")
 
+# ---------------------------------------------------------------- meta: the flag walk
+# mg and ma apply T and N in request order after the fetch / the arithmetic (for a created item
+# the later wins; t prints the TTL as of its place), and a too-long opaque token stops the walk
+# with the error: what came before it acted, what came after did not.
+LONG_O = b"O" + b"a" * 40
+case("meta_ttl_request_order", L(b"mg m5 T60 t N30", b"mg m5 t", b"mg m6 t T60 N30", b"mg m6 t",
+                                 b"mg u1 T60 N30 t", b"mg u1 t", b"ms m1 1 T100", b"5", b"ma m1 t T30",
+                                 b"mg m1 t", b"ma m3 T60 N30 t", b"mg m3 t", b"ma m4 T60 t N30", b"mg m4 t"))
+case("meta_long_opaque_walk", L(b"ms wa 1", b"5", b"mg wa T99 " + LONG_O, b"mg wa t v",
+                                b"mg wb N30 " + LONG_O + b" v", b"mg wb t v", b"mg vz " + LONG_O + b" N30",
+                                b"mg vz N30 v t", b"ms vx 1", b"5", b"mg vx " + LONG_O + b" h", b"mg vx h",
+                                b"ma we " + LONG_O + b" N30 J4", b"mg we t v", b"ms wf 1 T100", b"5",
+                                b"ma wf " + LONG_O + b" T30", b"mg wf t v"))
+
+
+def meta_random_steps(seed, n):
+    """n random meta commands (each followed by mn) on a few keys: flag letters, values and
+    orders drawn from what memcached accepts and refuses, sizes right and wrong."""
+    rng = random.Random(seed)
+    keys = [b"k0", b"k1", b"k2", b"a" * 250, b"bG9uZw=="]
+    pool = {b"mg": b"b c f h k l O q s t v E N R T u".split(), b"ms": b"b c C E F I k O q s S T M".split(),
+            b"md": b"b C E I k O q T x".split(), b"ma": b"b C E N J D T M O q t c v k".split()}
+    values = [b"0", b"1", b"30", b"-1", b"18446744073709551615", b"x", b"", b"99999999999999999999"]
+
+    def flag(letter):
+        if letter == b"O":
+            return letter + rng.choice([b"x", b"123", b"", b"a" * 40])
+        if letter in (b"N", b"T", b"R", b"J", b"D", b"C", b"E", b"F", b"S"):
+            return letter + rng.choice(values)
+        if letter == b"M":
+            return letter + rng.choice([b"S", b"E", b"A", b"P", b"R", b"I", b"D", b"+", b"-", b"s", b"x", b""])
+        return letter
+
+    steps = []
+    for _ in range(n):
+        cmd = rng.choice([b"mg", b"ms", b"md", b"ma", b"mn", b"me"])
+        key = rng.choice(keys)
+        flags = b" ".join(flag(rng.choice(pool[cmd])) for _ in range(rng.randrange(0, 5))) if cmd in pool else b""
+        if cmd == b"mn":
+            line = b"mn\r\n"
+        elif cmd == b"me":
+            line = b"me " + key + b"\r\n"
+        elif cmd == b"ms":
+            data = bytes(rng.choice(b"0123456789ab") for _ in range(rng.choice([0, 1, 3, 5])))
+            size = str(len(data)).encode() if rng.random() < 0.9 else rng.choice([b"x", b"-1", b"%d" % (len(data) + 1)])
+            line = b"ms " + key + b" " + size + b" " + flags + b"\r\n" + data + b"\r\n"
+        else:
+            line = cmd + b" " + key + b" " + flags + b"\r\n"
+        steps.append(line + b"mn\r\n")
+    return steps
+
+
+# A seeded random meta session (MC_META_SEED to replay another one; the seed is in the name).
+META_SEED = int(os.environ.get("MC_META_SEED", "2211"))
+case("meta_random_seed%d" % META_SEED, *meta_random_steps(META_SEED, 150))
+
 # ---------------------------------------------------------------- byte rules at their edges
 # One home for these rules: crates/proto/src/rules (limits, item size, numbers, tokens).
 SMALL = dict(settings={"item_size": "1k"}, memcached_extra=("-o", "slab_chunk_max=1024"))

@@ -83,6 +83,17 @@ use std::time::Instant;
 
 /// memcached's REALTIME_MAXDELTA: exptimes above this many seconds are absolute Unix times.
 pub const REALTIME_MAXDELTA_S: i64 = 60 * 60 * 24 * 30;
+/// The last-access time after a fetch or touch at `now` of an item with these `bits`: memcached's
+/// segmented LRU (do_item_bump) only marks an item's first fetch (FETCHED) and moves the time on
+/// a later one. (Its LRU maintainer can delay that move for an item already in the COLD queue;
+/// Slipstream has no such queues and moves it at once.)
+fn accessed_at(bits: u8, atime: u32, now: u32) -> u32 {
+    if bits & FETCHED != 0 {
+        now
+    } else {
+        atime
+    }
+}
 /// One item allocation holding `parts` back to back (key, then value). Built from an
 /// exact-length iterator, so the `Arc` is allocated once (zeroed, then filled: this crate has
 /// no unsafe code to skip the zeroing).
@@ -974,8 +985,8 @@ impl Store {
             e.bits |= TOKEN_SENT;
         }
         if opts.bump {
+            e.atime = accessed_at(e.bits, e.atime, t.now);
             e.bits |= FETCHED;
-            e.atime = t.now;
             sh.lru_touch(idx, self.lru.now());
         }
         if opts.kernel_fill && !created && touch_to.is_none() {
@@ -1286,8 +1297,8 @@ impl Store {
         let exp = self.realtime(exptime, t.now);
         let e = &mut sh.entries[idx as usize];
         e.exptime = exp;
+        e.atime = accessed_at(e.bits, e.atime, t.now);
         e.bits |= FETCHED;
-        e.atime = t.now;
         sh.lru_touch(idx, self.lru.now());
         true
     }
