@@ -600,7 +600,6 @@ mod tests {
         h.expect(&script);
     }
 
-    #[test]
     /// memcached marks an item's first fetch and moves its last-access time on a later one
     /// (do_item_bump), so `l` counts from the store until the second fetch. Recorded from a
     /// fresh memcached 1.6.18 (3 s sleep; an item its LRU maintainer has already moved to the
